@@ -1,0 +1,44 @@
+# spillway — the two commands a new user needs are `make run` and `make test`;
+# each sets up its own environment (.venv) first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+ARGS   ?=
+PYTEST_ARGS ?=
+
+.PHONY: run test test-fast bench bench-short protos venv clean
+
+$(STAMP): requirements/dev.txt client/pyproject.toml sidecar/pyproject.toml spark_integration/pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "spillway needs Python 3.11+ (found $$($(PYTHON) --version))"; exit 1; }
+	@command -v java >/dev/null || { echo "spillway's Spark job needs Java 17 on PATH"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements/dev.txt
+	# --no-deps: the three share one repo and their dependencies are pinned above
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps \
+		-e client -e sidecar -e spark_integration
+	@touch $@
+
+venv: $(STAMP)
+
+run: $(STAMP)  ## the main job on the embedded default (Tansu broker + sidecar + local Spark)
+	$(BIN)/python examples/demo_job.py $(ARGS)
+
+test: $(STAMP)  ## the whole suite: unit, integration and end-to-end tiers
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench $(ARGS)
+
+bench-short: $(STAMP)
+	$(BIN)/python -m bench --short $(ARGS)
+
+protos: $(STAMP)  ## regenerate client/src/spillway/v1 from protos/
+	PYTHON=$(BIN)/python scripts/gen_protos.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache

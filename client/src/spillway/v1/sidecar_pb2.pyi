@@ -1,0 +1,316 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STAGE_UNSPECIFIED: _ClassVar[Stage]
+    STAGE_DESERIALIZATION: _ClassVar[Stage]
+    STAGE_KEY_CONVERTER: _ClassVar[Stage]
+    STAGE_VALUE_CONVERTER: _ClassVar[Stage]
+    STAGE_HEADER_CONVERTER: _ClassVar[Stage]
+    STAGE_TRANSFORMATION: _ClassVar[Stage]
+    STAGE_SINK: _ClassVar[Stage]
+    STAGE_PRODUCE: _ClassVar[Stage]
+    STAGE_CUSTOM: _ClassVar[Stage]
+
+class Category(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CATEGORY_UNSPECIFIED: _ClassVar[Category]
+    CATEGORY_RETRIABLE: _ClassVar[Category]
+    CATEGORY_REFRESH_RETRIABLE: _ClassVar[Category]
+    CATEGORY_ABORTABLE: _ClassVar[Category]
+    CATEGORY_APPLICATION_RECOVERABLE: _ClassVar[Category]
+    CATEGORY_INVALID_CONFIGURATION: _ClassVar[Category]
+    CATEGORY_DATA: _ClassVar[Category]
+
+class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACTION_UNSPECIFIED: _ClassVar[Action]
+    ACTION_RETRY: _ClassVar[Action]
+    ACTION_SKIP: _ClassVar[Action]
+    ACTION_FAIL: _ClassVar[Action]
+STAGE_UNSPECIFIED: Stage
+STAGE_DESERIALIZATION: Stage
+STAGE_KEY_CONVERTER: Stage
+STAGE_VALUE_CONVERTER: Stage
+STAGE_HEADER_CONVERTER: Stage
+STAGE_TRANSFORMATION: Stage
+STAGE_SINK: Stage
+STAGE_PRODUCE: Stage
+STAGE_CUSTOM: Stage
+CATEGORY_UNSPECIFIED: Category
+CATEGORY_RETRIABLE: Category
+CATEGORY_REFRESH_RETRIABLE: Category
+CATEGORY_ABORTABLE: Category
+CATEGORY_APPLICATION_RECOVERABLE: Category
+CATEGORY_INVALID_CONFIGURATION: Category
+CATEGORY_DATA: Category
+ACTION_UNSPECIFIED: Action
+ACTION_RETRY: Action
+ACTION_SKIP: Action
+ACTION_FAIL: Action
+
+class RegisterJobRequest(_message.Message):
+    __slots__ = ("job", "properties")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    properties: _containers.ScalarMap[str, str]
+    def __init__(self, job: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class RegisterJobResponse(_message.Message):
+    __slots__ = ("job", "effective_properties")
+    class EffectivePropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    effective_properties: _containers.ScalarMap[str, str]
+    def __init__(self, job: _Optional[str] = ..., effective_properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SourceCoordinates(_message.Message):
+    __slots__ = ("topic", "partition", "offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class Header(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: bytes
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class TaskIdentity(_message.Message):
+    __slots__ = ("stage_id", "partition_id", "attempt_number", "task_attempt_id", "executor_id", "host")
+    STAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    TASK_ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    stage_id: int
+    partition_id: int
+    attempt_number: int
+    task_attempt_id: int
+    executor_id: str
+    host: str
+    def __init__(self, stage_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., attempt_number: _Optional[int] = ..., task_attempt_id: _Optional[int] = ..., executor_id: _Optional[str] = ..., host: _Optional[str] = ...) -> None: ...
+
+class ExceptionInfo(_message.Message):
+    __slots__ = ("class_name", "class_chain", "message", "stack_trace", "grpc_status_code", "http_status_code", "kafka_retriable", "kafka_fatal", "kafka_txn_requires_abort", "marker_category", "causes")
+    CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
+    CLASS_CHAIN_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STACK_TRACE_FIELD_NUMBER: _ClassVar[int]
+    GRPC_STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    HTTP_STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    KAFKA_RETRIABLE_FIELD_NUMBER: _ClassVar[int]
+    KAFKA_FATAL_FIELD_NUMBER: _ClassVar[int]
+    KAFKA_TXN_REQUIRES_ABORT_FIELD_NUMBER: _ClassVar[int]
+    MARKER_CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    CAUSES_FIELD_NUMBER: _ClassVar[int]
+    class_name: str
+    class_chain: _containers.RepeatedScalarFieldContainer[str]
+    message: str
+    stack_trace: str
+    grpc_status_code: int
+    http_status_code: int
+    kafka_retriable: bool
+    kafka_fatal: bool
+    kafka_txn_requires_abort: bool
+    marker_category: Category
+    causes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, class_name: _Optional[str] = ..., class_chain: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., stack_trace: _Optional[str] = ..., grpc_status_code: _Optional[int] = ..., http_status_code: _Optional[int] = ..., kafka_retriable: _Optional[bool] = ..., kafka_fatal: _Optional[bool] = ..., kafka_txn_requires_abort: _Optional[bool] = ..., marker_category: _Optional[_Union[Category, str]] = ..., causes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FailedRecord(_message.Message):
+    __slots__ = ("record_id", "stage", "custom_stage", "function_name", "source", "key", "value", "headers", "timestamp_ms", "exception", "attempt", "traceparent", "tracestate")
+    RECORD_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_STAGE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    EXCEPTION_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    record_id: str
+    stage: Stage
+    custom_stage: str
+    function_name: str
+    source: SourceCoordinates
+    key: bytes
+    value: bytes
+    headers: _containers.RepeatedCompositeFieldContainer[Header]
+    timestamp_ms: int
+    exception: ExceptionInfo
+    attempt: int
+    traceparent: str
+    tracestate: str
+    def __init__(self, record_id: _Optional[str] = ..., stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., function_name: _Optional[str] = ..., source: _Optional[_Union[SourceCoordinates, _Mapping]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., exception: _Optional[_Union[ExceptionInfo, _Mapping]] = ..., attempt: _Optional[int] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+
+class ReportFailuresRequest(_message.Message):
+    __slots__ = ("job", "task", "records", "recovered_record_ids")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERED_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    task: TaskIdentity
+    records: _containers.RepeatedCompositeFieldContainer[FailedRecord]
+    recovered_record_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., records: _Optional[_Iterable[_Union[FailedRecord, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Verdict(_message.Message):
+    __slots__ = ("record_id", "action", "retry_delay_ms", "category", "reason", "dead_lettered", "attempt", "job_failed")
+    RECORD_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    RETRY_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    JOB_FAILED_FIELD_NUMBER: _ClassVar[int]
+    record_id: str
+    action: Action
+    retry_delay_ms: int
+    category: Category
+    reason: str
+    dead_lettered: bool
+    attempt: int
+    job_failed: bool
+    def __init__(self, record_id: _Optional[str] = ..., action: _Optional[_Union[Action, str]] = ..., retry_delay_ms: _Optional[int] = ..., category: _Optional[_Union[Category, str]] = ..., reason: _Optional[str] = ..., dead_lettered: _Optional[bool] = ..., attempt: _Optional[int] = ..., job_failed: _Optional[bool] = ...) -> None: ...
+
+class ReportFailuresResponse(_message.Message):
+    __slots__ = ("verdicts",)
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    verdicts: _containers.RepeatedCompositeFieldContainer[Verdict]
+    def __init__(self, verdicts: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ...) -> None: ...
+
+class StageCount(_message.Message):
+    __slots__ = ("stage", "custom_stage", "records")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_STAGE_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    stage: Stage
+    custom_stage: str
+    records: int
+    def __init__(self, stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., records: _Optional[int] = ...) -> None: ...
+
+class FlushTaskRequest(_message.Message):
+    __slots__ = ("job", "task", "processed", "recovered_record_ids")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    PROCESSED_FIELD_NUMBER: _ClassVar[int]
+    RECOVERED_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    task: TaskIdentity
+    processed: _containers.RepeatedCompositeFieldContainer[StageCount]
+    recovered_record_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., processed: _Optional[_Iterable[_Union[StageCount, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FlushTaskResponse(_message.Message):
+    __slots__ = ("dlq_records_acknowledged",)
+    DLQ_RECORDS_ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
+    dlq_records_acknowledged: int
+    def __init__(self, dlq_records_acknowledged: _Optional[int] = ...) -> None: ...
+
+class GetJobSummaryRequest(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    def __init__(self, job: _Optional[str] = ...) -> None: ...
+
+class CountEntry(_message.Message):
+    __slots__ = ("key", "count")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    count: int
+    def __init__(self, key: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class JobSummary(_message.Message):
+    __slots__ = ("job", "failed", "failure_reason", "records_processed", "total_record_failures", "total_record_errors", "total_records_skipped", "total_retries", "total_errors_logged", "dlq_records_written", "last_error_timestamp_ms", "by_stage", "by_category", "by_exception_class", "sidecar_id", "dropped_records")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_PROCESSED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_RECORD_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_RECORD_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_RECORDS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ERRORS_LOGGED_FIELD_NUMBER: _ClassVar[int]
+    DLQ_RECORDS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    BY_STAGE_FIELD_NUMBER: _ClassVar[int]
+    BY_CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    BY_EXCEPTION_CLASS_FIELD_NUMBER: _ClassVar[int]
+    SIDECAR_ID_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    failed: bool
+    failure_reason: str
+    records_processed: int
+    total_record_failures: int
+    total_record_errors: int
+    total_records_skipped: int
+    total_retries: int
+    total_errors_logged: int
+    dlq_records_written: int
+    last_error_timestamp_ms: int
+    by_stage: _containers.RepeatedCompositeFieldContainer[CountEntry]
+    by_category: _containers.RepeatedCompositeFieldContainer[CountEntry]
+    by_exception_class: _containers.RepeatedCompositeFieldContainer[CountEntry]
+    sidecar_id: str
+    dropped_records: int
+    def __init__(self, job: _Optional[str] = ..., failed: _Optional[bool] = ..., failure_reason: _Optional[str] = ..., records_processed: _Optional[int] = ..., total_record_failures: _Optional[int] = ..., total_record_errors: _Optional[int] = ..., total_records_skipped: _Optional[int] = ..., total_retries: _Optional[int] = ..., total_errors_logged: _Optional[int] = ..., dlq_records_written: _Optional[int] = ..., last_error_timestamp_ms: _Optional[int] = ..., by_stage: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_category: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_exception_class: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., sidecar_id: _Optional[str] = ..., dropped_records: _Optional[int] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SidecarStatus(_message.Message):
+    __slots__ = ("sidecar_id", "version", "counters", "jobs")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    SIDECAR_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    sidecar_id: str
+    version: str
+    counters: _containers.ScalarMap[str, float]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobSummary]
+    def __init__(self, sidecar_id: _Optional[str] = ..., version: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""spillway sidecar: the per-node process that decides, spools and dead-letters."""

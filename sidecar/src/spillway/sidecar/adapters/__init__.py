@@ -1,0 +1,1 @@
+"""Adapters: translate between the pure core and grpc, Kafka, OpenTelemetry."""

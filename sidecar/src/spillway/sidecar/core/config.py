@@ -1,0 +1,317 @@
+"""Configuration: KIP property names are the public vocabulary.
+
+Two scopes share one table:
+- job properties (``errors.*`` and the retry knobs) arrive with RegisterJob; the sidecar's own
+  config may set them too, as defaults for every job;
+- sidecar properties (``listen.*``, ``bootstrap.servers``, ``spool.*``, ``producer.*``) only
+  come from the sidecar's flags, environment and file.
+
+Precedence: explicit argument (flag / RegisterJob), then environment (``SPILLWAY_`` + the name
+upper-cased with dots as underscores), then file (Java properties), then default. Every value is
+parsed and checked once; a bad one raises ConfigError naming the property and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+ENV_PREFIX = "SPILLWAY_"
+
+
+@dataclass(frozen=True, slots=True)
+class Prop:
+    name: str
+    parse: Callable[[str, str], Any]  # (property name, raw text) -> value; raises ConfigError
+    default: str
+    doc: str
+    job: bool = True  # settable per job (else sidecar-only)
+
+
+# --- parsers -------------------------------------------------------------------------------
+
+
+def p_bool(name: str, raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in ("true", "false"):
+        return v == "true"
+    raise ConfigError(name, f"must be true or false, got {raw!r}")
+
+
+def p_int(lo: int | None = None, hi: int | None = None, extra: Iterable[int] = ()):
+    allowed = tuple(extra)
+
+    def parse(name: str, raw: str) -> int:
+        try:
+            v = int(raw.strip())
+        except ValueError:
+            raise ConfigError(name, f"must be an integer, got {raw!r}") from None
+        if v in allowed:
+            return v
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+            also = f" or one of {list(allowed)}" if allowed else ""
+            raise ConfigError(name, f"must be in {rng}{also}, got {v}")
+        return v
+
+    return parse
+
+
+def p_float(lo: float | None = None, hi: float | None = None, extra: Iterable[float] = ()):
+    allowed = tuple(extra)
+
+    def parse(name: str, raw: str) -> float:
+        try:
+            v = float(raw.strip())
+        except ValueError:
+            raise ConfigError(name, f"must be a number, got {raw!r}") from None
+        if math.isnan(v) or math.isinf(v):
+            raise ConfigError(name, f"must be a finite number, got {raw!r}")
+        if v in allowed:
+            return v
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+            also = f" or one of {list(allowed)}" if allowed else ""
+            raise ConfigError(name, f"must be in {rng}{also}, got {raw.strip()}")
+        return v
+
+    return parse
+
+
+def p_choice(*choices: str):
+    def parse(name: str, raw: str) -> str:
+        v = raw.strip().lower()
+        if v not in choices:
+            raise ConfigError(name, f"must be one of {', '.join(choices)}; got {raw!r}")
+        return v
+
+    return parse
+
+
+def p_str(name: str, raw: str) -> str:
+    return raw.strip()
+
+
+def p_optional_int(lo: int):
+    """Unset ("") means 'not configured' (None): lets the two retry families be told apart."""
+    inner = p_int(lo)
+
+    def parse(name: str, raw: str) -> int | None:
+        return None if raw.strip() == "" else inner(name, raw)
+
+    return parse
+
+
+def p_optional_float(lo: float, hi: float | None = None):
+    inner = p_float(lo, hi)
+
+    def parse(name: str, raw: str) -> float | None:
+        return None if raw.strip() == "" else inner(name, raw)
+
+    return parse
+
+
+# --- the table -----------------------------------------------------------------------------
+
+CATEGORY_NAMES = (
+    "retriable",
+    "refresh-retriable",
+    "abortable",
+    "application-recoverable",
+    "invalid-configuration",
+    "data",
+)
+
+_PROPS: list[Prop] = [
+    # KIP-298 tolerance, logging, retry
+    Prop("errors.tolerance", p_choice("none", "all"), "none",
+         "none: fail on the first error (fail fast); all: skip failed records within the limits"),
+    Prop("errors.tolerance.max.errors", p_int(-1), "-1",
+         "with errors.tolerance=all: fail the job past this many errors (-1: no count limit)"),
+    Prop("errors.tolerance.max.ratio", p_float(0.0, 1.0, extra=(-1.0,)), "-1",
+         "with errors.tolerance=all: fail the job past this ratio of errors to processed records "
+         "(-1: no ratio limit)"),
+    Prop("errors.tolerance.min.records", p_int(0), "100",
+         "the ratio limit applies once this many records were processed in the window"),
+    Prop("errors.tolerance.window.ms", p_int(0), "0",
+         "sliding window of the limits in ms (0: the whole job)"),
+    Prop("errors.tolerance.per.stage", p_bool, "false",
+         "apply the count and ratio limits to each stage separately as well as to the job"),
+    Prop("errors.retry.timeout", p_int(-1), "0",
+         "KIP-298: total ms a failed operation is retried (0: no retry, -1: no limit)"),
+    Prop("errors.retry.delay.max.ms", p_int(1), "60000",
+         "KIP-298: max delay between two consecutive retries, ms"),
+    Prop("errors.retry.max.retries", p_optional_int(0), "",
+         "status-store KIP: max retries of one record (unset: bounded by errors.retry.timeout)"),
+    Prop("errors.retry.initial.backoff.ms", p_optional_int(0), "",
+         "status-store KIP: first backoff, ms (unset: 300, KIP-298's start)"),
+    Prop("errors.retry.max.backoff.ms", p_optional_int(0), "",
+         "status-store KIP: backoff cap, ms (unset: errors.retry.delay.max.ms)"),
+    Prop("errors.retry.backoff.multiplier", p_optional_float(1.0), "",
+         "status-store KIP: multiplier per attempt, >= 1 (unset: 2.0)"),
+    Prop("errors.retry.jitter.factor", p_optional_float(0.0, 1.0), "",
+         "status-store KIP: jitter factor in [0, 1] (unset: 0.25 for the finer family, "
+         "KIP-298's jitter once the cap is reached otherwise)"),
+    Prop("errors.retry.budget.ratio", p_float(0.0, 1.0, extra=(-1.0,)), "0.2",
+         "retries may be at most this fraction of recent reports of the job (-1: no budget)"),
+    Prop("errors.retry.budget.min.retries", p_int(0), "10",
+         "retries always allowed per budget window, whatever the ratio"),
+    Prop("errors.retry.budget.window.ms", p_int(1), "10000",
+         "the window over which the retry budget is measured, ms"),
+    Prop("errors.circuit.enable", p_bool, "true",
+         "share one wait among all executors when an error class fails for many at once"),
+    Prop("errors.circuit.failure.threshold", p_int(1), "20",
+         "retriable failures of one error class within the window that open the circuit"),
+    Prop("errors.circuit.min.tasks", p_int(1), "2",
+         "distinct task attempts that must see those failures (one task alone never opens it)"),
+    Prop("errors.circuit.window.ms", p_int(1), "10000",
+         "the window in which failures are counted, ms"),
+    Prop("errors.circuit.open.ms", p_int(1), "5000",
+         "how long an open circuit holds everyone back before one probe goes through, ms"),
+    Prop("errors.circuit.success.threshold", p_int(1), "3",
+         "successes in half-open state that close the circuit again"),
+    Prop("errors.log.enable", p_bool, "false",
+         "KIP-298: log one structured line with the context of each error"),
+    Prop("errors.log.include.messages", p_bool, "false",
+         "KIP-298: include the record's key, value and headers in that line"),
+    # KIP-1033 handler and KIP-1050 classification
+    Prop("errors.handler.class", p_str, "",
+         "KIP-1033 handler: LogAndContinue, LogAndFail or module:Class of a user handler "
+         "(unset: follows errors.tolerance)"),
+    Prop("errors.classification.default", p_choice(*CATEGORY_NAMES), "data",
+         "category of exceptions no rule matches (KIP-298 tolerates any exception in a stage)"),
+    Prop("errors.classification.rules", p_str, "",
+         "user rules: comma-separated qualified.ExceptionClass=category; any class in the "
+         "reported class chain matches"),
+    # DLQ (KIP-298, KIP-1191)
+    Prop("errors.deadletterqueue.topic.name", p_str, "",
+         "the DLQ topic; empty: no DLQ (skipped records are only logged and counted)"),
+    Prop("errors.deadletterqueue.topic.name.prefix", p_str, "dlq.",
+         "KIP-1191: DLQ topic names must start with this ('' disables the check)"),
+    Prop("errors.deadletterqueue.context.headers.enable", p_bool, "false",
+         "KIP-298: add the error-context headers to DLQ records"),
+    Prop("errors.deadletterqueue.headers.format", p_choice("connect", "dlq"), "connect",
+         "context header family: connect (__connect.errors.*, KIP-298) or dlq "
+         "(__dlq.errors.*, KIP-1191)"),
+    Prop("errors.deadletterqueue.copy.record.enable", p_bool, "true",
+         "KIP-1191: copy the original key, value and headers (false: context-only records)"),
+    Prop("errors.deadletterqueue.auto.create.topics.enable", p_bool, "false",
+         "KIP-1191: create a missing DLQ topic (never by default)"),
+    Prop("errors.deadletterqueue.topic.replication.factor", p_int(1, 32767), "3",
+         "replication factor of an auto-created DLQ topic"),
+    Prop("errors.deadletterqueue.topic.partitions", p_int(1), "1",
+         "partition count of an auto-created DLQ topic"),
+    Prop("errors.deadletterqueue.stacktrace.max.bytes", p_int(0), "8192",
+         "stack traces in headers are cut to this many bytes (oversized headers break consumers)"),
+    # sidecar-only
+    Prop("listen.address", p_str, "127.0.0.1:50051",
+         "TCP host:port to serve on ('' disables TCP); loopback by default, never all interfaces",
+         job=False),
+    Prop("listen.unix.socket", p_str, "", "Unix socket path to serve on ('' disables)", job=False),
+    Prop("bootstrap.servers", p_str, "", "Kafka bootstrap servers for DLQ writes", job=False),
+    Prop("sidecar.id", p_str, "", "this sidecar's name in summaries (default: host name)",
+         job=False),
+    Prop("spool.dir", p_str, "", "directory of the durable DLQ spool (default: a per-user "
+         "state directory)", job=False),
+    Prop("spool.enable", p_bool, "true", "spool DLQ records to disk before acknowledging",
+         job=False),
+    Prop("spool.max.bytes", p_int(1), str(512 * 1024 * 1024),
+         "spool high-water mark in bytes: backpressure past it", job=False),
+    Prop("spool.max.records", p_int(1), "2000000",
+         "spool high-water mark in records: backpressure past it", job=False),
+    Prop("producer.linger.ms", p_int(0), "20", "DLQ producer linger, ms", job=False),
+    Prop("producer.batch.size", p_int(1), "1000000", "DLQ producer batch size, bytes", job=False),
+    Prop("flush.timeout.ms", p_int(1), "60000",
+         "default flush-barrier deadline when the client sets none, ms", job=False),
+    Prop("shutdown.grace.ms", p_int(0), "10000", "graceful stop: time for in-flight calls, ms",
+         job=False),
+]
+
+PROPERTIES: dict[str, Prop] = {p.name: p for p in _PROPS}
+JOB_PROPERTIES = frozenset(p.name for p in _PROPS if p.job)
+# librdkafka settings for the DLQ producer pass through under this prefix: producer.kafka.<key>
+PRODUCER_PASSTHROUGH = "producer.kafka."
+
+
+def env_name(prop: str) -> str:
+    return ENV_PREFIX + prop.upper().replace(".", "_").replace("-", "_")
+
+
+def _check_known(name: str, scope: str, allowed: frozenset[str] | None) -> None:
+    if name.startswith(PRODUCER_PASSTHROUGH) and allowed is None:
+        return
+    if name not in PROPERTIES or (allowed is not None and name not in allowed):
+        choices = sorted(allowed if allowed is not None else PROPERTIES)
+        close = [c for c in choices if c.split(".")[-1] == name.split(".")[-1]]
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(name, f"unknown {scope} property{hint}")
+
+
+def resolve(
+    *,
+    explicit: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+    file: Mapping[str, str] | None = None,
+    defaults: Mapping[str, str] | None = None,
+    scope: str = "sidecar",
+) -> dict[str, str]:
+    """Merge the layers (explicit > env > file > defaults > table default) into raw strings.
+
+    Unknown names in explicit/file layers are refused; env is scanned only for known names.
+    """
+    allowed = JOB_PROPERTIES if scope == "job" else None
+    out: dict[str, str] = {
+        name: p.default for name, p in PROPERTIES.items() if allowed is None or name in allowed
+    }
+    for layer in (defaults or {},):
+        for k, v in layer.items():
+            if allowed is None or k in allowed:
+                out[k] = v
+    for k, v in (file or {}).items():
+        _check_known(k, scope, allowed)
+        out[k] = v
+    if env is not None:
+        for name in out.keys() | set():
+            ev = env.get(env_name(name))
+            if ev is not None:
+                out[name] = ev
+        if allowed is None:
+            for ek, ev in env.items():
+                if ek.startswith(env_name(PRODUCER_PASSTHROUGH)):
+                    out[PRODUCER_PASSTHROUGH + ek[len(env_name(PRODUCER_PASSTHROUGH)):].lower()
+                        .replace("_", ".")] = ev
+    for k, v in (explicit or {}).items():
+        _check_known(k, scope, allowed)
+        out[k] = v
+    return out
+
+
+def parse(raw: Mapping[str, str]) -> dict[str, Any]:
+    """Parse every known property; unknown producer passthrough keys stay strings."""
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        p = PROPERTIES.get(k)
+        out[k] = p.parse(k, v) if p else v
+    return out
+
+
+def load_properties_file(path: str) -> dict[str, str]:
+    """Read a Java-properties file (the format Kafka's own configs use)."""
+    import javaproperties
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return dict(javaproperties.load(fh))
+    except FileNotFoundError:
+        raise ConfigError("config", f"file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read {path}: {exc}") from exc
+
+
+def from_environment() -> dict[str, str]:
+    return dict(os.environ)

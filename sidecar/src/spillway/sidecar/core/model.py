@@ -1,0 +1,181 @@
+"""Domain values of the policy core: what a failed record is and what the sidecar answers.
+
+These mirror `spillway.v1` messages but import nothing from grpc or protobuf: the servicer
+translates at the boundary (`spillway.sidecar.adapters.convert`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Stage(enum.Enum):
+    """Where a failure happened. Values are the KIP-298 stage names written to DLQ headers."""
+
+    DESERIALIZATION = "DESERIALIZATION"
+    KEY_CONVERTER = "KEY_CONVERTER"
+    VALUE_CONVERTER = "VALUE_CONVERTER"
+    HEADER_CONVERTER = "HEADER_CONVERTER"
+    TRANSFORMATION = "TRANSFORMATION"
+    SINK = "TASK_PUT"  # Connect's name for the sink's put() stage
+    PRODUCE = "KAFKA_PRODUCE"
+    CUSTOM = "CUSTOM"
+
+
+class Category(enum.Enum):
+    """KIP-1050 categories, plus DATA for poison records (never retried; tolerance decides)."""
+
+    RETRIABLE = "retriable"
+    REFRESH_RETRIABLE = "refresh-retriable"
+    ABORTABLE = "abortable"
+    APPLICATION_RECOVERABLE = "application-recoverable"
+    INVALID_CONFIGURATION = "invalid-configuration"
+    DATA = "data"
+
+    @property
+    def retriable(self) -> bool:
+        return self in (Category.RETRIABLE, Category.REFRESH_RETRIABLE)
+
+
+class Action(enum.Enum):
+    RETRY = "RETRY"
+    SKIP = "SKIP"
+    FAIL = "FAIL"
+
+
+@dataclass(frozen=True, slots=True)
+class StageRef:
+    """A stage plus, for CUSTOM, its user-given name. `name` is what headers and counters show."""
+
+    stage: Stage
+    custom: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.custom if self.stage is Stage.CUSTOM and self.custom else self.stage.value
+
+
+@dataclass(frozen=True, slots=True)
+class SourceCoordinates:
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskIdentity:
+    stage_id: int = 0
+    partition_id: int = 0
+    attempt_number: int = 0
+    task_attempt_id: int = 0
+    executor_id: str = ""
+    host: str = ""
+
+    @property
+    def task_id(self) -> str:
+        """Connect's task.id analogue: Spark's stage and partition (stable across attempts)."""
+        return f"{self.stage_id}.{self.partition_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class ExceptionInfo:
+    class_name: str
+    class_chain: tuple[str, ...] = ()
+    message: str = ""
+    stack_trace: str = ""
+    grpc_status_code: int | None = None
+    http_status_code: int | None = None
+    kafka_retriable: bool | None = None
+    kafka_fatal: bool | None = None
+    kafka_txn_requires_abort: bool | None = None
+    marker_category: Category | None = None
+    causes: tuple[str, ...] = ()
+
+
+Header = tuple[str, bytes | None]
+
+
+@dataclass(frozen=True, slots=True)
+class FailedRecord:
+    record_id: str
+    stage: StageRef
+    exception: ExceptionInfo
+    function_name: str = ""
+    source: SourceCoordinates | None = None
+    key: bytes | None = None
+    value: bytes | None = None
+    headers: tuple[Header, ...] = ()
+    timestamp_ms: int | None = None
+    attempt: int = 1
+    traceparent: str = ""
+    tracestate: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    record_id: str
+    action: Action
+    category: Category
+    reason: str
+    attempt: int
+    retry_delay_ms: int = 0
+    dead_lettered: bool = False
+    job_failed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The policy's answer for one record: the verdict, and whether to dead-letter it.
+
+    `dead_letter` is True only for SKIP verdicts of jobs with a DLQ topic; the servicer spools
+    the DLQ record before it answers, then sets `Verdict.dead_lettered`.
+    """
+
+    verdict: Verdict
+    dead_letter: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DlqRecord:
+    """A record ready for the DLQ topic: produce exactly this."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+    record_id: str
+    job: str
+    task_key: str  # identifies the task attempt whose flush barrier waits for this record
+    traceparent: str = ""
+
+
+@dataclass(slots=True)
+class Counts:
+    """KIP-298 task-error-metrics plus KIP-1033 dropped-records, for one scope."""
+
+    total_record_failures: int = 0
+    total_record_errors: int = 0
+    total_records_skipped: int = 0
+    total_retries: int = 0
+    total_errors_logged: int = 0
+    dropped_records: int = 0
+    last_error_timestamp_ms: int = 0
+
+
+@dataclass(slots=True)
+class JobSummary:
+    job: str
+    failed: bool = False
+    failure_reason: str = ""
+    records_processed: int = 0
+    counts: Counts = field(default_factory=Counts)
+    dlq_records_written: int = 0
+    by_stage: dict[str, int] = field(default_factory=dict)
+    by_category: dict[str, int] = field(default_factory=dict)
+    by_exception_class: dict[str, int] = field(default_factory=dict)
+
+
+def task_key(job: str, task: TaskIdentity) -> str:
+    """The flush barrier's key: one task attempt of one job."""
+    return f"{job}/{task.stage_id}.{task.partition_id}.{task.attempt_number}/{task.task_attempt_id}"

@@ -1,0 +1,177 @@
+"""Typed, validated settings built once from raw properties (see `config.py` for the table).
+
+Cross-property invariants are checked here, at sidecar start-up or job registration; a violation
+raises ConfigError naming the property. Nothing is clamped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from . import config
+from .model import Category
+
+
+@dataclass(frozen=True, slots=True)
+class RetrySettings:
+    timeout_ms: int               # errors.retry.timeout: 0 no retry, -1 unlimited
+    delay_max_ms: int             # errors.retry.delay.max.ms
+    max_retries: int | None       # errors.retry.max.retries (None: unset)
+    initial_backoff_ms: int | None
+    max_backoff_ms: int | None
+    multiplier: float | None
+    jitter_factor: float | None
+    budget_ratio: float           # -1 disables
+    budget_min_retries: int
+    budget_window_ms: int
+
+    @property
+    def fine_grained(self) -> bool:
+        """True when any knob of the status-store KIP family is set."""
+        return any(v is not None for v in (self.max_retries, self.initial_backoff_ms,
+                                           self.max_backoff_ms, self.multiplier,
+                                           self.jitter_factor))
+
+
+@dataclass(frozen=True, slots=True)
+class CircuitSettings:
+    enable: bool
+    failure_threshold: int
+    min_tasks: int
+    window_ms: int
+    open_ms: int
+    success_threshold: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToleranceSettings:
+    mode: str                  # none | all
+    max_errors: int            # -1: no count limit
+    max_ratio: float           # -1: no ratio limit
+    min_records: int
+    window_ms: int             # 0: whole job
+    per_stage: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DlqSettings:
+    topic: str                 # '' : no DLQ
+    prefix: str
+    context_headers: bool
+    header_format: str         # connect | dlq
+    copy_record: bool
+    auto_create: bool
+    replication_factor: int
+    partitions: int
+    stacktrace_max_bytes: int
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.topic)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    job: str
+    raw: Mapping[str, str]     # the effective properties, as strings (echoed to the client)
+    tolerance: ToleranceSettings
+    retry: RetrySettings
+    circuit: CircuitSettings
+    dlq: DlqSettings
+    log_enable: bool
+    log_include_messages: bool
+    handler_class: str
+    default_category: Category
+    classification_rules: tuple[tuple[str, Category], ...]
+
+    @classmethod
+    def from_properties(cls, job: str, raw: Mapping[str, str]) -> JobSettings:
+        if not job or not job.strip():
+            raise ConfigError("job", "a job name is required")
+        v = config.parse(raw)
+        retry = RetrySettings(
+            timeout_ms=v["errors.retry.timeout"],
+            delay_max_ms=v["errors.retry.delay.max.ms"],
+            max_retries=v["errors.retry.max.retries"],
+            initial_backoff_ms=v["errors.retry.initial.backoff.ms"],
+            max_backoff_ms=v["errors.retry.max.backoff.ms"],
+            multiplier=v["errors.retry.backoff.multiplier"],
+            jitter_factor=v["errors.retry.jitter.factor"],
+            budget_ratio=v["errors.retry.budget.ratio"],
+            budget_min_retries=v["errors.retry.budget.min.retries"],
+            budget_window_ms=v["errors.retry.budget.window.ms"],
+        )
+        if (retry.initial_backoff_ms is not None and retry.max_backoff_ms is not None
+                and retry.initial_backoff_ms > retry.max_backoff_ms):
+            raise ConfigError(
+                "errors.retry.initial.backoff.ms",
+                f"must be <= errors.retry.max.backoff.ms ({retry.initial_backoff_ms} > "
+                f"{retry.max_backoff_ms})",
+            )
+        tolerance = ToleranceSettings(
+            mode=v["errors.tolerance"],
+            max_errors=v["errors.tolerance.max.errors"],
+            max_ratio=v["errors.tolerance.max.ratio"],
+            min_records=v["errors.tolerance.min.records"],
+            window_ms=v["errors.tolerance.window.ms"],
+            per_stage=v["errors.tolerance.per.stage"],
+        )
+        dlq = DlqSettings(
+            topic=v["errors.deadletterqueue.topic.name"],
+            prefix=v["errors.deadletterqueue.topic.name.prefix"],
+            context_headers=v["errors.deadletterqueue.context.headers.enable"],
+            header_format=v["errors.deadletterqueue.headers.format"],
+            copy_record=v["errors.deadletterqueue.copy.record.enable"],
+            auto_create=v["errors.deadletterqueue.auto.create.topics.enable"],
+            replication_factor=v["errors.deadletterqueue.topic.replication.factor"],
+            partitions=v["errors.deadletterqueue.topic.partitions"],
+            stacktrace_max_bytes=v["errors.deadletterqueue.stacktrace.max.bytes"],
+        )
+        return cls(
+            job=job,
+            raw=dict(raw),
+            tolerance=tolerance,
+            retry=retry,
+            circuit=CircuitSettings(
+                enable=v["errors.circuit.enable"],
+                failure_threshold=v["errors.circuit.failure.threshold"],
+                min_tasks=v["errors.circuit.min.tasks"],
+                window_ms=v["errors.circuit.window.ms"],
+                open_ms=v["errors.circuit.open.ms"],
+                success_threshold=v["errors.circuit.success.threshold"],
+            ),
+            dlq=dlq,
+            log_enable=v["errors.log.enable"],
+            log_include_messages=v["errors.log.include.messages"],
+            handler_class=v["errors.handler.class"],
+            default_category=Category(v["errors.classification.default"]),
+            classification_rules=parse_rules(v["errors.classification.rules"]),
+        )
+
+
+def parse_rules(text: str) -> tuple[tuple[str, Category], ...]:
+    """'a.B=retriable, c.D=data' -> ((a.B, RETRIABLE), (c.D, DATA)); order kept (first wins)."""
+    rules: list[tuple[str, Category]] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        cls, sep, cat = part.partition("=")
+        cls, cat = cls.strip(), cat.strip().lower()
+        if not sep or not cls:
+            raise ConfigError("errors.classification.rules",
+                              f"each rule is qualified.ExceptionClass=category; got {part!r}")
+        try:
+            rules.append((cls, Category(cat)))
+        except ValueError:
+            raise ConfigError(
+                "errors.classification.rules",
+                f"unknown category {cat!r} in {part!r}; allowed: {', '.join(config.CATEGORY_NAMES)}",
+            ) from None
+    return tuple(rules)
+
+
+def job_settings(job: str, properties: Mapping[str, str],
+                 sidecar_defaults: Mapping[str, str] | None = None) -> JobSettings:
+    """Resolve a job's properties over the sidecar's job defaults, then parse and validate."""
+    raw = config.resolve(explicit=properties, defaults=sidecar_defaults, scope="job")
+    return JobSettings.from_properties(job, raw)

@@ -1,0 +1,1 @@
+"""spillway for PySpark: wrappers that route failed records to the sidecar."""
