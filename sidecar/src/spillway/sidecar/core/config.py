@@ -13,6 +13,7 @@ parsed and checked once; a bad one raises ConfigError naming the property and wh
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -247,7 +248,7 @@ def _check_known(name: str, scope: str, allowed: frozenset[str] | None) -> None:
         return
     if name not in PROPERTIES or (allowed is not None and name not in allowed):
         choices = sorted(allowed if allowed is not None else PROPERTIES)
-        close = [c for c in choices if c.split(".")[-1] == name.split(".")[-1]]
+        close = difflib.get_close_matches(name, choices, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise ConfigError(name, f"unknown {scope} property{hint}")
 
