@@ -1,0 +1,141 @@
+"""`spillway` command line: serve the sidecar, read its status, operate the DLQ.
+
+    spillway serve  [--config FILE] [--listen HOST:PORT] [--unix-socket PATH]
+                    [--bootstrap-servers HOST:PORT] [--set key=value ...]
+    spillway status [--sidecar ADDR] [--json]
+    spillway dlq tail|redrive ...
+
+Configuration precedence for `serve`: flags (and --set), then SPILLWAY_* environment variables,
+then the --config file (Java properties, KIP property names), then defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+
+from .core import config
+from .errors import ConfigError, SpillwayError
+
+
+def _parse_set(values: list[str]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("--set", f"expected key=value, got {item!r}")
+        out[key.strip()] = value
+    return out
+
+
+def serve_properties(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
+    explicit = _parse_set(args.set or [])
+    if args.listen is not None:
+        explicit["listen.address"] = args.listen
+    if args.unix_socket is not None:
+        explicit["listen.unix.socket"] = args.unix_socket
+    if args.bootstrap_servers is not None:
+        explicit["bootstrap.servers"] = args.bootstrap_servers
+    config_path = args.config or env.get("SPILLWAY_CONFIG")
+    file_props = config.load_properties_file(config_path) if config_path else {}
+    return config.resolve(explicit=explicit, env=env, file=file_props)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import start_server
+
+    raw = serve_properties(args, dict(os.environ))
+    running = start_server(raw)
+    # Tell whoever started us where we listen (port 0 picks a free one): one parseable line.
+    print(f"spillway sidecar listening on {running.address}", flush=True)
+    done = threading.Event()
+
+    def _stop(signum, _frame):
+        logging.getLogger("spillway.sidecar").info("signal %s: stopping", signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    done.wait()
+    running.stop()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from spillway.client import SidecarClient
+
+    client = SidecarClient(args.sidecar, timeout_s=args.timeout)
+    status = client.status()
+    if args.json:
+        from google.protobuf.json_format import MessageToDict
+
+        print(json.dumps(MessageToDict(status), indent=2, sort_keys=True))
+        return 0
+    print(f"sidecar {status.sidecar_id} (spillway {status.version}) at {client.target}")
+    width = max((len(k) for k in status.counters), default=10)
+    for name in sorted(status.counters):
+        value = status.counters[name]
+        shown = int(value) if float(value).is_integer() else round(value, 3)
+        print(f"  {name:<{width}}  {shown:>14}")
+    for job in status.jobs:
+        state = f"FAILED: {job.failure_reason}" if job.failed else "running"
+        print(f"job {job.job}: {state}")
+        print(f"  processed={job.records_processed} failures={job.total_record_failures} "
+              f"errors={job.total_record_errors} skipped={job.total_records_skipped} "
+              f"retries={job.total_retries} dlq-written={job.dlq_records_written}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="spillway", description=__doc__.split("\n")[0])
+    p.add_argument("--log-level", default=os.environ.get("SPILLWAY_LOG_LEVEL", "INFO"))
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the sidecar")
+    s.add_argument("--config", help="Java-properties file with KIP property names")
+    s.add_argument("--listen", help="TCP host:port (default 127.0.0.1:50051; '' disables)")
+    s.add_argument("--unix-socket", help="also (or only) serve on this Unix socket path")
+    s.add_argument("--bootstrap-servers", help="Kafka for DLQ writes")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="any property, e.g. --set errors.tolerance=all (repeatable)")
+    s.set_defaults(func=cmd_serve)
+
+    st = sub.add_parser("status", help="live counters of a running sidecar")
+    st.add_argument("--sidecar", help="address (default $SPILLWAY_SIDECAR_ADDRESS or "
+                                      "127.0.0.1:50051)")
+    st.add_argument("--timeout", type=float, default=5.0)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+
+    try:
+        from .dlq_cli import add_dlq_commands
+    except ImportError:  # pragma: no cover - only while the DLQ tools are absent
+        add_dlq_commands = None
+    if add_dlq_commands is not None:
+        add_dlq_commands(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (SpillwayError, ValueError) as exc:
+        print(f"spillway: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # client errors (unreachable sidecar) print cleanly too
+        if type(exc).__module__.startswith("spillway."):
+            print(f"spillway: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

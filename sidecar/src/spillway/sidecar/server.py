@@ -1,0 +1,331 @@
+"""The gRPC adapter: serves spillway.v1 over the policy engine and the DLQ pipeline.
+
+The servicer only translates (protobuf <-> core values) and maps errors to status codes with
+`context.abort(code, details)`; decisions belong to `core.policy`, durability to `dlq.pipeline`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import socket
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from spillway.v1 import sidecar_pb2 as pb
+from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+
+from . import __version__
+from .adapters import convert
+from .core import config
+from .core.dlq_record import build_dlq_record
+from .core.guardrails import check_topic_name
+from .core.model import StageRef, task_key
+from .core.policy import PolicyEngine
+from .core.ports import SystemClock
+from .core.settings import JobSettings, job_settings
+from .errors import (
+    BackpressureError,
+    ConfigError,
+    DlqError,
+    FlushTimeoutError,
+    JobConflictError,
+    UnknownJobError,
+)
+
+log = logging.getLogger("spillway.sidecar")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ErrorSidecar"].full_name
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Flush barriers answer a little before the caller's deadline so the caller sees our error.
+_DEADLINE_MARGIN_S = 0.05
+
+
+class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
+    def __init__(self, sidecar: Sidecar) -> None:
+        self._s = sidecar
+
+    def RegisterJob(self, request, context):
+        try:
+            settings = self._s.register_job(request.job, dict(request.properties))
+        except JobConflictError as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except ConfigError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except DlqError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"DLQ topic check failed: {exc}")
+        return pb.RegisterJobResponse(job=request.job, effective_properties=dict(settings.raw))
+
+    def ReportFailures(self, request, context):
+        try:
+            task = convert.task_identity(request.task)
+            records = [convert.failed_record(r, i) for i, r in enumerate(request.records)]
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            verdicts = self._s.report(request.job, task, records, list(request.recovered_record_ids))
+        except UnknownJobError as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except BackpressureError as exc:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        return pb.ReportFailuresResponse(verdicts=[convert.verdict_to_pb(v) for v in verdicts])
+
+    def FlushTask(self, request, context):
+        try:
+            task = convert.task_identity(request.task)
+            processed = {}
+            for i, sc in enumerate(request.processed):
+                ref = convert.stage_ref(sc.stage, sc.custom_stage, f"processed[{i}]")
+                processed[ref] = processed.get(ref, 0) + sc.records
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        remaining = context.time_remaining()
+        timeout_s = self._s.flush_timeout_s if remaining is None else max(
+            0.0, remaining - _DEADLINE_MARGIN_S)
+        try:
+            acked = self._s.flush(request.job, task, processed,
+                                  list(request.recovered_record_ids), timeout_s)
+        except UnknownJobError as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except FlushTimeoutError as exc:
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        return pb.FlushTaskResponse(dlq_records_acknowledged=acked)
+
+    def GetJobSummary(self, request, context):
+        try:
+            return self._s.summary_pb(request.job)
+        except UnknownJobError as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+
+    def GetStatus(self, request, context):
+        return self._s.status_pb()
+
+
+@dataclass
+class Sidecar:
+    """The sidecar's parts wired together, independent of how it is served."""
+
+    props: dict
+    engine: PolicyEngine
+    pipeline: object | None  # DlqPipeline when bootstrap.servers is set
+    sidecar_id: str
+    flush_timeout_s: float
+    _topics_checked: set = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def register_job(self, job: str, properties: Mapping[str, str]) -> JobSettings:
+        job = job.strip()
+        settings = job_settings(job, properties, self.props.get("_job_defaults"))
+        if settings.dlq.enabled:
+            check_topic_name(settings.dlq)
+            if self.pipeline is None:
+                raise ConfigError(
+                    "errors.deadletterqueue.topic.name",
+                    f"job {job!r} names DLQ topic {settings.dlq.topic!r} but this sidecar has "
+                    "no bootstrap.servers to write it to",
+                )
+            self._ensure_topic(settings)
+        return self.engine.register_job(job, properties)
+
+    def _ensure_topic(self, settings: JobSettings) -> None:
+        from .dlq.admin import ensure_topic
+
+        key = (settings.dlq.topic, settings.dlq.auto_create)
+        with self._lock:
+            if key in self._topics_checked:
+                return
+        ensure_topic({"bootstrap.servers": self.props["bootstrap.servers"],
+                      **self.props.get("_kafka_overrides", {})}, settings.dlq, timeout_s=15.0)
+        with self._lock:
+            self._topics_checked.add(key)
+
+    def report(self, job, task, records, recovered: Sequence[str]):
+        if recovered:
+            self.engine.record_recovered(job, task, recovered)
+        if not records:
+            return []
+        decisions = self.engine.decide(job, task, records)
+        verdicts = [d.verdict for d in decisions]
+        to_dlq = [i for i, d in enumerate(decisions) if d.dead_letter]
+        if to_dlq:
+            settings = self.engine.settings(job)
+            now_ms = SystemClock().wall_ms()
+            dlq = [build_dlq_record(settings, records[i], verdicts[i], task, now_ms=now_ms,
+                                    sidecar_id=self.sidecar_id) for i in to_dlq]
+            self.pipeline.submit(dlq)  # durable (spooled) before we answer
+            for i in to_dlq:
+                v = verdicts[i]
+                verdicts[i] = type(v)(**{**_fields(v), "dead_lettered": True})
+        return verdicts
+
+    def flush(self, job, task, processed: Mapping[StageRef, int], recovered, timeout_s) -> int:
+        self.engine.settings(job)  # raises UnknownJobError
+        if recovered:
+            self.engine.record_recovered(job, task, recovered)
+        if processed:
+            self.engine.record_progress(job, task, processed)
+        if self.pipeline is None:
+            return 0
+        return self.pipeline.wait_task(task_key(job, task), timeout_s)
+
+    def summary_pb(self, job: str) -> pb.JobSummary:
+        return convert.summary_to_pb(self.engine.summary(job), self.sidecar_id)
+
+    def status_pb(self) -> pb.SidecarStatus:
+        counters = dict(self.engine.counters())
+        if self.pipeline is not None:
+            counters.update(self.pipeline.stats())
+        return pb.SidecarStatus(
+            sidecar_id=self.sidecar_id, version=__version__, counters=counters,
+            jobs=[self.summary_pb(j) for j in self.engine.jobs()],
+        )
+
+
+def _fields(v) -> dict:
+    return {f: getattr(v, f) for f in v.__slots__}
+
+
+class _Random:
+    def __init__(self) -> None:
+        self._r = random.Random()
+
+    def random(self) -> float:
+        return self._r.random()
+
+
+def default_spool_dir(props: Mapping[str, str]) -> str:
+    """Per-user state dir, one spool per listen address (two sidecars never share a spool)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
+    where = props.get("listen.address") or props.get("listen.unix.socket") or "default"
+    return os.path.join(base, "spillway", "spool-" + re.sub(r"[^A-Za-z0-9._-]", "_", where))
+
+
+@dataclass
+class RunningSidecar:
+    server: grpc.Server
+    sidecar: Sidecar
+    health: health.HealthServicer
+    address: str  # what a client dials: host:port or unix:///path
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _watch: threading.Thread | None = None
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Graceful: refuse new calls, let in-flight ones finish, drain what the DLQ can."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        grace = grace_s if grace_s is not None else self.sidecar.props["shutdown.grace.ms"] / 1000
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+        if self.sidecar.pipeline is not None:
+            self.sidecar.pipeline.shutdown(timeout=max(1.0, grace))
+        log.info("spillway sidecar %s stopped", self.sidecar.sidecar_id)
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()
+
+    def _watch_backpressure(self) -> None:
+        """Health follows the spool: NOT_SERVING at its high-water mark, SERVING below it."""
+        last = None
+        while not self._stop.wait(0.5):
+            stats = self.sidecar.pipeline.stats()
+            full = bool(stats.get("spool-high-water", 0))
+            status = (health_pb2.HealthCheckResponse.NOT_SERVING if full
+                      else health_pb2.HealthCheckResponse.SERVING)
+            if status != last:
+                for name in ("", SERVICE_NAME):
+                    self.health.set(name, status)
+                last = status
+
+
+def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
+    """Parse sidecar properties (already layered) and construct the engine and pipeline."""
+    props = config.parse(raw)
+    job_defaults = {k: v for k, v in raw.items() if k in config.JOB_PROPERTIES}
+    # A sidecar-level job default must itself be valid: check it once, at start-up.
+    job_settings("sidecar-defaults", {}, job_defaults)
+    props["_job_defaults"] = job_defaults
+    kafka_overrides = {k[len(config.PRODUCER_PASSTHROUGH):]: v for k, v in raw.items()
+                       if k.startswith(config.PRODUCER_PASSTHROUGH)}
+    props["_kafka_overrides"] = kafka_overrides
+    if not props["listen.address"] and not props["listen.unix.socket"]:
+        raise ConfigError("listen.address", "set listen.address or listen.unix.socket")
+    engine = PolicyEngine(clock=SystemClock(), rng=_Random(), job_defaults=job_defaults)
+    pipeline = None
+    if props["bootstrap.servers"]:
+        from .dlq.pipeline import DlqPipeline
+
+        pipeline = DlqPipeline(
+            props["bootstrap.servers"],
+            spool_dir=props["spool.dir"] or default_spool_dir(raw),
+            spool_enable=props["spool.enable"],
+            max_bytes=props["spool.max.bytes"],
+            max_records=props["spool.max.records"],
+            linger_ms=props["producer.linger.ms"],
+            batch_size=props["producer.batch.size"],
+            producer_overrides=kafka_overrides,
+            on_ack=engine.note_dead_letter_acked,
+        )
+    return Sidecar(
+        props=props, engine=engine, pipeline=pipeline,
+        sidecar_id=props["sidecar.id"] or socket.gethostname(),
+        flush_timeout_s=props["flush.timeout.ms"] / 1000,
+    )
+
+
+def start_server(
+    raw: Mapping[str, str] | None = None,
+    *,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    max_workers: int = 32,
+) -> RunningSidecar:
+    """Build and start a sidecar from layered raw properties (see `config.resolve`)."""
+    raw = config.resolve(explicit=raw or {})  # idempotent over an already-layered mapping
+    sidecar = build_sidecar(raw)
+    if sidecar.pipeline is not None:
+        sidecar.pipeline.start()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="spillway-rpc"),
+        interceptors=list(interceptors),
+        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.so_reuseport", 0)],
+    )
+    pb_grpc.add_ErrorSidecarServicer_to_server(ErrorSidecarServicer(sidecar), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    address = ""
+    if sidecar.props["listen.unix.socket"]:
+        path = sidecar.props["listen.unix.socket"]
+        if os.path.exists(path):
+            os.unlink(path)  # a stale socket from a crashed run
+        server.add_insecure_port(f"unix://{path}")
+        address = f"unix://{path}"
+    if sidecar.props["listen.address"]:
+        host, _, port = sidecar.props["listen.address"].rpartition(":")
+        bound = server.add_insecure_port(sidecar.props["listen.address"])
+        if bound == 0:
+            raise ConfigError("listen.address",
+                              f"cannot bind {sidecar.props['listen.address']}")
+        address = f"{host}:{bound}"  # port 0 picks a free port: report the real one
+    server.start()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    running = RunningSidecar(server, sidecar, health_servicer, address)
+    if sidecar.pipeline is not None:
+        running._watch = threading.Thread(target=running._watch_backpressure,
+                                          name="spillway-health", daemon=True)
+        running._watch.start()
+    log.info("spillway sidecar %s serving on %s", sidecar.sidecar_id, address)
+    return running
+
+
+__all__ = ["start_server", "build_sidecar", "RunningSidecar", "Sidecar"]
