@@ -1,0 +1,12 @@
+"""docs/CONFIGURATION.md is generated from the property table and must match it."""
+
+import runpy
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_configuration_doc_matches_the_property_table():
+    render = runpy.run_path(str(ROOT / "scripts" / "gen_config_doc.py"))["render"]
+    assert (ROOT / "docs" / "CONFIGURATION.md").read_text() == render(), (
+        "docs/CONFIGURATION.md is stale: run `.venv/bin/python scripts/gen_config_doc.py`")
