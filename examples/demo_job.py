@@ -145,9 +145,12 @@ def main(argv: list[str] | None = None) -> int:
 
         from spillway.spark import Job
 
+        if args.master.startswith("local"):
+            # Local executors live on this node: its sidecar is theirs. On a cluster each
+            # worker's own SPILLWAY_SIDECAR_ADDRESS (one sidecar per node) is left alone.
+            os.environ["SPILLWAY_SIDECAR_ADDRESS"] = sidecar
         spark = (SparkSession.builder.master(args.master).appName("spillway-demo")
                  .config("spark.ui.enabled", "false")
-                 .config("spark.executorEnv.SPILLWAY_SIDECAR_ADDRESS", sidecar)
                  .getOrCreate())
         stack.callback(spark.stop)
         spark.sparkContext.setLogLevel("ERROR")
