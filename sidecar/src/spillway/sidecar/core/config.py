@@ -144,11 +144,13 @@ _PROPS: list[Prop] = [
     Prop("errors.tolerance.per.stage", p_bool, "false",
          "apply the count and ratio limits to each stage separately as well as to the job"),
     Prop("errors.retry.timeout", p_int(-1), "0",
-         "KIP-298: total ms a failed operation is retried (0: no retry, -1: no limit)"),
+         "KIP-298: total ms a failed record is retried for, from its first failure (0: no "
+         "retry unless errors.retry.max.retries is set, then no time bound; -1: no limit)"),
     Prop("errors.retry.delay.max.ms", p_int(1), "60000",
          "KIP-298: max delay between two consecutive retries, ms"),
     Prop("errors.retry.max.retries", p_optional_int(0), "",
-         "status-store KIP: max retries of one record (unset: bounded by errors.retry.timeout)"),
+         "status-store KIP: max retries of one record; with errors.retry.timeout both bound, "
+         "whichever is reached first (unset: errors.retry.timeout alone decides)"),
     Prop("errors.retry.initial.backoff.ms", p_optional_int(0), "",
          "status-store KIP: first backoff, ms (unset: 300, KIP-298's start)"),
     Prop("errors.retry.max.backoff.ms", p_optional_int(0), "",
@@ -158,8 +160,9 @@ _PROPS: list[Prop] = [
     Prop("errors.retry.jitter.factor", p_optional_float(0.0, 1.0), "",
          "status-store KIP: jitter factor in [0, 1] (unset: 0.25 for the finer family, "
          "KIP-298's jitter once the cap is reached otherwise)"),
-    Prop("errors.retry.budget.ratio", p_float(0.0, 1.0, extra=(-1.0,)), "0.2",
-         "retries may be at most this fraction of recent reports of the job (-1: no budget)"),
+    Prop("errors.retry.budget.ratio", p_float(0.0, 1.0, extra=(-1.0,)), "0.5",
+         "retries in the window may be at most errors.retry.budget.min.retries plus this "
+         "fraction of the job's failure reports in the window (-1: no budget)"),
     Prop("errors.retry.budget.min.retries", p_int(0), "10",
          "retries always allowed per budget window, whatever the ratio"),
     Prop("errors.retry.budget.window.ms", p_int(1), "10000",
@@ -169,21 +172,26 @@ _PROPS: list[Prop] = [
     Prop("errors.circuit.failure.threshold", p_int(1), "20",
          "retriable failures of one error class within the window that open the circuit"),
     Prop("errors.circuit.min.tasks", p_int(1), "2",
-         "distinct task attempts that must see those failures (one task alone never opens it)"),
+         "distinct Spark tasks (stage.partition) that must see those failures (one task "
+         "retrying alone never opens it)"),
     Prop("errors.circuit.window.ms", p_int(1), "10000",
          "the window in which failures are counted, ms"),
     Prop("errors.circuit.open.ms", p_int(1), "5000",
          "how long an open circuit holds everyone back before one probe goes through, ms"),
     Prop("errors.circuit.success.threshold", p_int(1), "3",
-         "successes in half-open state that close the circuit again"),
+         "recoveries in half-open state that close the circuit again"),
+    Prop("errors.circuit.max.holds", p_int(0), "10",
+         "waits an open circuit may impose on one record without charging its retries; "
+         "later ones count against errors.retry.max.retries and the retry budget"),
     Prop("errors.log.enable", p_bool, "false",
          "KIP-298: log one structured line with the context of each error"),
     Prop("errors.log.include.messages", p_bool, "false",
          "KIP-298: include the record's key, value and headers in that line"),
     # KIP-1033 handler and KIP-1050 classification
     Prop("errors.handler.class", p_str, "",
-         "KIP-1033 handler: LogAndContinue, LogAndFail or module:Class of a user handler "
-         "(unset: follows errors.tolerance)"),
+         "KIP-1033 handler for records whose retries are exhausted: LogAndContinue, LogAndFail, "
+         "or a user class as package.module:Class (unset: follows errors.tolerance, "
+         "none -> LogAndFail, all -> LogAndContinue)"),
     Prop("errors.classification.default", p_choice(*CATEGORY_NAMES), "data",
          "category of exceptions no rule matches (KIP-298 tolerates any exception in a stage)"),
     Prop("errors.classification.rules", p_str, "",

@@ -6,7 +6,7 @@ raises ConfigError naming the property. Nothing is clamped silently.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ..errors import ConfigError
@@ -43,6 +43,7 @@ class CircuitSettings:
     window_ms: int
     open_ms: int
     success_threshold: int
+    max_holds: int = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +88,14 @@ class JobSettings:
     classification_rules: tuple[tuple[str, Category], ...]
 
     @classmethod
-    def from_properties(cls, job: str, raw: Mapping[str, str]) -> JobSettings:
+    def from_properties(cls, job: str, raw: Mapping[str, str],
+                        explicit: Collection[str] | None = None) -> JobSettings:
+        """Parse and validate the effective properties of a job.
+
+        ``explicit`` names the properties the job set itself (None: all of them). Settings that
+        contradict ``errors.tolerance=none`` are refused only when the job set them itself; a
+        sidecar-wide default limit simply does not apply to a fail-fast job.
+        """
         if not job or not job.strip():
             raise ConfigError("job", "a job name is required")
         v = config.parse(raw)
@@ -103,13 +111,7 @@ class JobSettings:
             budget_min_retries=v["errors.retry.budget.min.retries"],
             budget_window_ms=v["errors.retry.budget.window.ms"],
         )
-        if (retry.initial_backoff_ms is not None and retry.max_backoff_ms is not None
-                and retry.initial_backoff_ms > retry.max_backoff_ms):
-            raise ConfigError(
-                "errors.retry.initial.backoff.ms",
-                f"must be <= errors.retry.max.backoff.ms ({retry.initial_backoff_ms} > "
-                f"{retry.max_backoff_ms})",
-            )
+        _check_retry(retry)
         tolerance = ToleranceSettings(
             mode=v["errors.tolerance"],
             max_errors=v["errors.tolerance.max.errors"],
@@ -129,6 +131,8 @@ class JobSettings:
             partitions=v["errors.deadletterqueue.topic.partitions"],
             stacktrace_max_bytes=v["errors.deadletterqueue.stacktrace.max.bytes"],
         )
+        _check_tolerance(tolerance, v["errors.handler.class"],
+                         raw.keys() if explicit is None else explicit)
         return cls(
             job=job,
             raw=dict(raw),
@@ -141,6 +145,7 @@ class JobSettings:
                 window_ms=v["errors.circuit.window.ms"],
                 open_ms=v["errors.circuit.open.ms"],
                 success_threshold=v["errors.circuit.success.threshold"],
+                max_holds=v["errors.circuit.max.holds"],
             ),
             dlq=dlq,
             log_enable=v["errors.log.enable"],
@@ -149,6 +154,52 @@ class JobSettings:
             default_category=Category(v["errors.classification.default"]),
             classification_rules=parse_rules(v["errors.classification.rules"]),
         )
+
+
+def _check_retry(retry: RetrySettings) -> None:
+    """initial <= max backoff, where an unset max is errors.retry.delay.max.ms (the KIP-298 cap
+    the finer family falls back to). Nothing is clamped."""
+    if retry.initial_backoff_ms is None:
+        return
+    if retry.max_backoff_ms is not None:
+        if retry.initial_backoff_ms > retry.max_backoff_ms:
+            raise ConfigError(
+                "errors.retry.initial.backoff.ms",
+                f"must be <= errors.retry.max.backoff.ms ({retry.initial_backoff_ms} > "
+                f"{retry.max_backoff_ms})",
+            )
+    elif retry.initial_backoff_ms > retry.delay_max_ms:
+        raise ConfigError(
+            "errors.retry.initial.backoff.ms",
+            f"must be <= the backoff cap, errors.retry.delay.max.ms when "
+            f"errors.retry.max.backoff.ms is unset ({retry.initial_backoff_ms} > "
+            f"{retry.delay_max_ms})",
+        )
+
+
+def _check_tolerance(t: ToleranceSettings, handler_class: str, explicit: Collection[str]) -> None:
+    """Limits only mean something with errors.tolerance=all; say so instead of ignoring them."""
+    if t.mode == "none":
+        for prop, value, unset in (("errors.tolerance.max.errors", t.max_errors, -1),
+                                   ("errors.tolerance.max.ratio", t.max_ratio, -1.0)):
+            if value != unset and prop in explicit:
+                raise ConfigError(prop, (
+                    f"is set to {value:g} but errors.tolerance=none fails the job on the first "
+                    f"error; set errors.tolerance=all to tolerate errors within this limit"))
+        name = handler_class.strip().lower()
+        if "errors.handler.class" in explicit and name in ("logandcontinue", "logandcontinueexceptionhandler", "log-and-continue"):
+            raise ConfigError("errors.handler.class", (
+                f"{handler_class.strip()} cannot continue under errors.tolerance=none (the first "
+                f"error fails the job); set errors.tolerance=all"))
+    if handler_class.strip():
+        _check_handler_spec(handler_class)
+
+
+def _check_handler_spec(spec: str) -> None:
+    from .handlers import is_builtin, split_spec
+
+    if not is_builtin(spec):
+        split_spec(spec)
 
 
 def parse_rules(text: str) -> tuple[tuple[str, Category], ...]:
@@ -165,7 +216,8 @@ def parse_rules(text: str) -> tuple[tuple[str, Category], ...]:
         except ValueError:
             raise ConfigError(
                 "errors.classification.rules",
-                f"unknown category {cat!r} in {part!r}; allowed: {', '.join(config.CATEGORY_NAMES)}",
+                f"unknown category {cat!r} in {part!r}; "
+                f"allowed: {', '.join(config.CATEGORY_NAMES)}",
             ) from None
     return tuple(rules)
 
@@ -174,4 +226,4 @@ def job_settings(job: str, properties: Mapping[str, str],
                  sidecar_defaults: Mapping[str, str] | None = None) -> JobSettings:
     """Resolve a job's properties over the sidecar's job defaults, then parse and validate."""
     raw = config.resolve(explicit=properties, defaults=sidecar_defaults, scope="job")
-    return JobSettings.from_properties(job, raw)
+    return JobSettings.from_properties(job, raw, explicit=frozenset(properties))

@@ -1,0 +1,229 @@
+"""KIP-1050 classification: which category a reported exception belongs to, as tables.
+
+Precedence (first match wins; the verdict's reason names the rule that matched):
+
+1. user rules, ``errors.classification.rules`` (``qualified.Class=category``), matched against
+   the reported class and every ancestor in ``class_chain``, most specific class first;
+2. ``ExceptionInfo.marker_category``: the executor saw one of spillway's marker classes
+   (``RetriableError`` …), which the user raised on purpose;
+3. confluent-kafka flags: ``kafka_txn_requires_abort`` → abortable, ``kafka_fatal`` →
+   application-recoverable, ``kafka_retriable`` → retriable (KIP-1050's producer mapping);
+4. the gRPC status code (``_GRPC_CODES``);
+5. the HTTP status (``_HTTP_CODES``, then any other 5xx → retriable);
+6. built-in class rules (``BUILTIN_RULES``), matched along the chain, most specific first;
+7. ``errors.classification.default`` (default ``data``).
+
+Codes (3–5) come before class names (6) because they are more precise: an HTTP 400 raised as
+``requests.HTTPError`` is an ``OSError`` by ancestry, yet a data error. The default is ``data``
+because KIP-298 tolerates any exception in a stage: an unknown error is skipped or fails the job
+according to ``errors.tolerance``, and is never retried blindly. (KIP-1050 suggests
+application-recoverable for unknown *client* errors; a Spark task restart rarely fixes an
+unknown record-level error, so we do not default to it. Set the property to choose otherwise.)
+
+Names: a class is matched by its qualified name (``json.decoder.JSONDecodeError``); builtins
+may be given bare (``ValueError``) or qualified (``builtins.ValueError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from .model import Category, ExceptionInfo
+
+R = Category.RETRIABLE
+RR = Category.REFRESH_RETRIABLE
+AB = Category.ABORTABLE
+AR = Category.APPLICATION_RECOVERABLE
+IC = Category.INVALID_CONFIGURATION
+D = Category.DATA
+
+
+def _table(groups: Iterable[tuple[Category, tuple[str, ...]]]) -> Mapping[str, Category]:
+    out: dict[str, Category] = {}
+    for category, names in groups:
+        for name in names:
+            key = qualify(name)
+            if key in out:
+                raise ValueError(f"duplicate classification rule for {key}")
+            out[key] = category
+    return MappingProxyType(out)
+
+
+def qualify(name: str) -> str:
+    """'ValueError' -> 'builtins.ValueError'; qualified names are kept."""
+    name = name.strip()
+    return name if "." in name else f"builtins.{name}"
+
+
+BUILTIN_RULES: Mapping[str, Category] = _table([
+    (R, (
+        "ConnectionError", "ConnectionResetError", "ConnectionRefusedError",
+        "ConnectionAbortedError", "BrokenPipeError", "TimeoutError", "socket.timeout",
+        "socket.gaierror", "ssl.SSLZeroReturnError", "ssl.SSLEOFError",
+        "http.client.RemoteDisconnected", "http.client.IncompleteRead",
+        "urllib3.exceptions.ProtocolError", "urllib3.exceptions.TimeoutError",
+        "urllib3.exceptions.NewConnectionError", "urllib3.exceptions.MaxRetryError",
+        "requests.exceptions.ConnectionError", "requests.exceptions.Timeout",
+        "requests.exceptions.ChunkedEncodingError",
+        "httpx.TransportError", "httpx.TimeoutException", "httpx.NetworkError",
+        "aiohttp.client_exceptions.ClientConnectionError",
+        "aiohttp.client_exceptions.ServerTimeoutError",
+        "botocore.exceptions.EndpointConnectionError",
+        "botocore.exceptions.ConnectTimeoutError", "botocore.exceptions.ReadTimeoutError",
+        "botocore.exceptions.ConnectionClosedError",
+        "redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError",
+        "py4j.protocol.Py4JNetworkError",
+        "org.apache.kafka.common.errors.RetriableException",
+        "org.apache.kafka.connect.errors.RetriableException",
+        "org.apache.kafka.common.errors.TimeoutException",
+    )),
+    (RR, (
+        "org.apache.kafka.common.errors.RefreshRetriableException",
+        "org.apache.kafka.common.errors.InvalidMetadataException",
+        "org.apache.kafka.common.errors.UnknownTopicOrPartitionException",
+        "org.apache.kafka.common.errors.NotLeaderOrFollowerException",
+        "org.apache.kafka.common.errors.NotCoordinatorException",
+        "org.apache.kafka.common.errors.CoordinatorNotAvailableException",
+        "botocore.exceptions.TokenRetrievalError",
+    )),
+    (AB, (
+        "org.apache.kafka.common.errors.TransactionAbortableException",
+    )),
+    (AR, (
+        "MemoryError",
+        "org.apache.kafka.common.errors.ApplicationRecoverableException",
+        "org.apache.kafka.common.errors.ProducerFencedException",
+        "org.apache.kafka.common.errors.InvalidProducerEpochException",
+        "org.apache.kafka.common.KafkaException",
+        "confluent_kafka.error.KafkaException", "cimpl.KafkaException",
+    )),
+    (IC, (
+        "PermissionError", "ImportError", "ModuleNotFoundError",
+        "ssl.SSLCertVerificationError",
+        "botocore.exceptions.NoCredentialsError", "botocore.exceptions.PartialCredentialsError",
+        "google.auth.exceptions.DefaultCredentialsError",
+        "psycopg2.errors.InsufficientPrivilege", "psycopg2.errors.InvalidPassword",
+        "org.apache.kafka.common.errors.InvalidConfigurationException",
+        "org.apache.kafka.common.errors.AuthenticationException",
+        "org.apache.kafka.common.errors.AuthorizationException",
+        "org.apache.kafka.common.errors.SaslAuthenticationException",
+        "org.apache.kafka.common.errors.UnsupportedVersionException",
+    )),
+    (D, (
+        "ValueError", "KeyError", "IndexError", "TypeError", "AttributeError",
+        "UnicodeError", "UnicodeDecodeError", "UnicodeEncodeError",
+        "ArithmeticError", "ZeroDivisionError", "OverflowError", "RecursionError",
+        "json.decoder.JSONDecodeError", "orjson.JSONDecodeError", "struct.error",
+        "binascii.Error", "csv.Error", "xml.etree.ElementTree.ParseError",
+        "decimal.InvalidOperation", "pydantic_core._pydantic_core.ValidationError",
+        "pydantic.ValidationError", "jsonschema.exceptions.ValidationError",
+        "pyarrow.lib.ArrowInvalid", "pyarrow.lib.ArrowTypeError",
+        "org.apache.kafka.common.errors.SerializationException",
+        "org.apache.kafka.common.errors.RecordTooLargeException",
+        "org.apache.kafka.connect.errors.DataException",
+    )),
+])
+
+# grpc.StatusCode numeric values (grpc is never imported by the core).
+GRPC_STATUS_NAMES: Mapping[int, str] = MappingProxyType({
+    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
+    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+})
+
+_GRPC_CODES: Mapping[int, Category] = MappingProxyType({
+    14: R,   # UNAVAILABLE
+    4: R,    # DEADLINE_EXCEEDED
+    8: R,    # RESOURCE_EXHAUSTED
+    10: R,   # ABORTED
+    13: R,   # INTERNAL (google api_core retries it too)
+    16: IC,  # UNAUTHENTICATED
+    7: IC,   # PERMISSION_DENIED
+    12: IC,  # UNIMPLEMENTED: wrong endpoint or version
+    3: D,    # INVALID_ARGUMENT
+    11: D,   # OUT_OF_RANGE
+    5: D,    # NOT_FOUND
+    6: D,    # ALREADY_EXISTS
+    9: D,    # FAILED_PRECONDITION
+})
+
+_HTTP_CODES: Mapping[int, Category] = MappingProxyType({
+    408: R, 425: R, 429: R, 500: R, 502: R, 503: R, 504: R,
+    401: IC, 403: IC, 405: IC, 407: IC,
+    400: D, 404: D, 409: D, 410: D, 413: D, 415: D, 422: D,
+})
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    category: Category
+    rule: str        # the rule that matched, for the verdict's reason
+
+    def describe(self) -> str:
+        return f"{self.category.value} ({self.rule})"
+
+
+def chain_of(exc: ExceptionInfo) -> tuple[str, ...]:
+    """The class and its ancestors, most specific first, qualified, without duplicates."""
+    seen: dict[str, None] = {}
+    for name in (exc.class_name, *exc.class_chain):
+        if name and name.strip():
+            seen.setdefault(qualify(name), None)
+    return tuple(seen)
+
+
+def _match_chain(chain: tuple[str, ...],
+                 table: Mapping[str, Category]) -> tuple[str, Category] | None:
+    for name in chain:
+        category = table.get(name)
+        if category is not None:
+            return name, category
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Classifier:
+    """One job's classification: its user rules over the built-in tables, then its default."""
+
+    user_rules: Mapping[str, Category]
+    default: Category = Category.DATA
+
+    @classmethod
+    def build(cls, rules: Iterable[tuple[str, Category]], default: Category) -> Classifier:
+        table: dict[str, Category] = {}
+        for name, category in rules:
+            table.setdefault(qualify(name), category)   # first rule for a class wins
+        return cls(MappingProxyType(table), default)
+
+    def classify(self, exc: ExceptionInfo) -> Classification:
+        chain = chain_of(exc)
+        hit = _match_chain(chain, self.user_rules)
+        if hit is not None:
+            return Classification(hit[1], f"user rule {hit[0]}={hit[1].value}")
+        if exc.marker_category is not None:
+            return Classification(exc.marker_category,
+                                  f"marker class {exc.marker_category.value}")
+        if exc.kafka_txn_requires_abort:
+            return Classification(AB, "Kafka error: transaction requires abort")
+        if exc.kafka_fatal:
+            return Classification(AR, "Kafka error: fatal")
+        if exc.kafka_retriable:
+            return Classification(R, "Kafka error: retriable")
+        code = exc.grpc_status_code
+        if code is not None and code in _GRPC_CODES:
+            return Classification(_GRPC_CODES[code],
+                                  f"gRPC status {GRPC_STATUS_NAMES.get(code, code)}")
+        http = exc.http_status_code
+        if http is not None:
+            if http in _HTTP_CODES:
+                return Classification(_HTTP_CODES[http], f"HTTP {http}")
+            if 500 <= http <= 599:
+                return Classification(R, f"HTTP {http} (5xx)")
+        hit = _match_chain(chain, BUILTIN_RULES)
+        if hit is not None:
+            return Classification(hit[1], f"built-in rule {hit[0]}")
+        return Classification(
+            self.default, f"no rule matched; errors.classification.default={self.default.value}")

@@ -1,0 +1,495 @@
+"""The policy engine: the sidecar's decision for every failed record. Pure: clock, randomness
+and the error log are injected; nothing here imports grpc, confluent_kafka or pyspark.
+
+For each reported record, in order (docs/POLICY.md has the user-facing version):
+
+1. The job has failed → FAIL (job_failed) with the job's failure reason.
+2. The record was already skipped by an earlier attempt of its task → SKIP again (dead-lettered
+   again if the job has a DLQ: duplicates are possible, loss is not), counted once.
+3. Classify (`classify.py`, KIP-1050) and act on the category:
+   - invalid-configuration → the job fails at once;
+   - abortable → FAIL this task attempt only; Spark re-runs the task;
+   - application-recoverable → FAIL this task attempt only: Spark restarts the task with fresh
+     clients and state, which is the recovery KIP-1050 asks the application for;
+   - retriable / refresh-retriable → RETRY while the schedule allows (`backoff.py`), the retry
+     budget allows (`budget.py`) and, if its circuit is open, with the circuit's shared wait
+     (`breaker.py`); otherwise the record's retries are exhausted;
+   - data → never retried.
+4. An exhausted or data record goes to the KIP-1033 handler (`handlers.py`): FAIL fails the
+   job; CONTINUE is subject to the tolerance limits (`tolerance.py`): within them → SKIP
+   (dead-lettered when the job has a DLQ topic), past them → the job fails.
+
+The sidecar owns each record's schedule, keyed by (job, record id), so a re-attempted Spark task
+(new attempt number, same record ids) continues the record's retry count, retry clock and
+budget instead of restarting them. Memory is bounded: per job at most
+``MAX_TRACKED_RECORDS`` schedules (least recently reported evicted; recovered and skipped
+records leave at once) and ``MAX_SKIPPED_IDS`` skipped ids.
+
+Threads: the engine's own lock guards only the job table; each job has its lock, held while its
+records are decided (the KIP-1033 handler is called under it, so handlers need not be
+thread-safe) and released before error log lines are written.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import HandlerError, JobConflictError, UnknownJobError
+from .backoff import RetryState, schedule_from_settings
+from .breaker import Breakers
+from .budget import RetryBudget
+from .classify import Classification, Classifier
+from .counters import ScopedCounts, add_counts, as_kip_dict, copy_counts
+from .errorlog import JsonErrorLogger, error_fields
+from .handlers import ErrorHandlerContext, HandlerResponse, LoadedHandler, invoke, load_handler
+from .model import (Action, Category, Counts, Decision, FailedRecord, JobSummary, StageRef,
+                    TaskIdentity, Verdict)
+from .ports import Clock, ErrorLogger, RandomSource
+from .settings import JobSettings, job_settings
+from .tolerance import ToleranceTracker
+
+MAX_TRACKED_RECORDS = 100_000
+MAX_SKIPPED_IDS = 100_000
+MAX_BREAKDOWN_KEYS = 1_000
+OTHER_KEY = "(other)"
+MAX_MESSAGE_CHARS = 300
+
+
+@dataclass(slots=True)
+class _RecordState:
+    first_ms: float
+    attempts: int = 0          # failed attempts reported (Verdict.attempt)
+    retries: int = 0           # retries charged to the record's schedule
+    holds: int = 0             # free waits imposed by an open circuit
+    last_delay_ms: float = 0.0
+    last_class: str = ""
+
+
+@dataclass(slots=True)
+class _Skipped:
+    category: Category
+    reason: str
+    attempts: int
+
+
+class _Job:
+    def __init__(self, settings: JobSettings, handler: LoadedHandler) -> None:
+        self.settings = settings
+        self.handler = handler
+        self.lock = threading.Lock()
+        self.classifier = Classifier.build(settings.classification_rules,
+                                           settings.default_category)
+        self.schedule = schedule_from_settings(settings.retry)
+        r = settings.retry
+        self.budget = RetryBudget(r.budget_ratio, r.budget_min_retries, r.budget_window_ms)
+        self.breakers = Breakers(settings.circuit)
+        self.tolerance = ToleranceTracker(settings.job, settings.tolerance)
+        self.records: OrderedDict[str, _RecordState] = OrderedDict()
+        self.skipped: OrderedDict[str, _Skipped] = OrderedDict()
+        self.counts = ScopedCounts()
+        self.by_stage: dict[str, int] = {}
+        self.by_category: dict[str, int] = {}
+        self.by_class: dict[str, int] = {}
+        self.failure_reason = ""
+        self.dlq_acked = 0
+        self.recovered = 0
+        self.records_evicted = 0
+        self.handler_failures = 0
+        self.log_failures = 0
+
+    def state_for(self, record_id: str, now_ms: float) -> _RecordState:
+        st = self.records.get(record_id)
+        if st is None:
+            st = self.records[record_id] = _RecordState(first_ms=now_ms)
+            if len(self.records) > MAX_TRACKED_RECORDS:
+                self.records.popitem(last=False)
+                self.records_evicted += 1
+        else:
+            self.records.move_to_end(record_id)
+        return st
+
+    def remember_skipped(self, record_id: str, skipped: _Skipped) -> None:
+        self.records.pop(record_id, None)
+        self.skipped[record_id] = skipped
+        if len(self.skipped) > MAX_SKIPPED_IDS:
+            self.skipped.popitem(last=False)
+
+
+def _bump(table: dict[str, int], key: str) -> None:
+    if key not in table and len(table) >= MAX_BREAKDOWN_KEYS:
+        key = OTHER_KEY
+    table[key] = table.get(key, 0) + 1
+
+
+def _describe(record: FailedRecord) -> str:
+    exc = record.exception
+    msg = exc.message if len(exc.message) <= MAX_MESSAGE_CHARS else (
+        exc.message[:MAX_MESSAGE_CHARS] + "…")
+    return f"{exc.class_name or '<unknown exception>'}: {msg}" if msg else (
+        exc.class_name or "<unknown exception>")
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """One record's answer, plus what to log after the lock is released."""
+
+    decision: Decision
+    log: bool = False
+    rule: str = ""
+
+
+class PolicyEngine:
+    def __init__(self, *, clock: Clock, rng: RandomSource, logger: ErrorLogger | None = None,
+                 job_defaults: Mapping[str, str] | None = None) -> None:
+        self._clock = clock
+        self._rng = rng
+        self._logger: ErrorLogger = logger if logger is not None else JsonErrorLogger()
+        self._job_defaults = dict(job_defaults or {})
+        self._lock = threading.Lock()
+        self._jobs: dict[str, _Job] = {}
+
+    # --- jobs -----------------------------------------------------------------------------
+
+    def register_job(self, job: str, properties: Mapping[str, str]) -> JobSettings:
+        """Validate and register; idempotent for the same effective properties."""
+        settings = job_settings(job, properties, self._job_defaults)
+        with self._lock:
+            existing = self._jobs.get(job)
+        if existing is not None:
+            return self._same_or_conflict(existing, settings)
+        handler = load_handler(settings.handler_class, settings.tolerance.mode, settings.raw)
+        with self._lock:
+            existing = self._jobs.get(job)
+            if existing is None:
+                self._jobs[job] = _Job(settings, handler)
+                return settings
+        return self._same_or_conflict(existing, settings)
+
+    @staticmethod
+    def _same_or_conflict(existing: _Job, settings: JobSettings) -> JobSettings:
+        old, new = existing.settings.raw, settings.raw
+        if old == new:
+            return existing.settings
+        diffs = [f"{k}: {old.get(k, '')!r} -> {new.get(k, '')!r}"
+                 for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+        raise JobConflictError(
+            f"job {settings.job!r} is already registered with a different policy "
+            f"({'; '.join(diffs)}); a live job's policy cannot change: use a new job name")
+
+    def settings(self, job: str) -> JobSettings:
+        return self._job(job).settings
+
+    def jobs(self) -> list[str]:
+        with self._lock:
+            return sorted(self._jobs)
+
+    def _job(self, job: str) -> _Job:
+        with self._lock:
+            j = self._jobs.get(job)
+        if j is None:
+            raise UnknownJobError(job)
+        return j
+
+    # --- decisions ------------------------------------------------------------------------
+
+    def decide(self, job: str, task: TaskIdentity,
+               records: Sequence[FailedRecord]) -> list[Decision]:
+        j = self._job(job)
+        now = self._clock.monotonic() * 1000.0
+        wall = self._clock.wall_ms()
+        with j.lock:
+            outcomes = [self._decide_one(j, task, r, now, wall) for r in records]
+        if j.settings.log_enable:
+            self._write_logs(j, task, records, outcomes, wall)
+        return [o.decision for o in outcomes]
+
+    def _write_logs(self, j: _Job, task: TaskIdentity, records: Sequence[FailedRecord],
+                    outcomes: Sequence[_Outcome], wall: int) -> None:
+        failures = 0
+        for record, outcome in zip(records, outcomes, strict=True):
+            if not outcome.log:
+                continue
+            try:
+                self._logger.log_error(error_fields(
+                    job=j.settings.job, task=task, record=record,
+                    verdict=outcome.decision.verdict,
+                    include_messages=j.settings.log_include_messages, wall_ms=wall,
+                    rule=outcome.rule))
+            except Exception:  # a broken log sink must not change verdicts; it is counted
+                failures += 1
+        if failures:
+            with j.lock:
+                j.log_failures += failures
+
+    def _decide_one(self, j: _Job, task: TaskIdentity, record: FailedRecord,
+                    now: float, wall: int) -> _Outcome:
+        s = j.settings
+        stage, tid, rid = record.stage.name, task.task_id, record.record_id
+        j.counts.bump(stage, tid, "total_record_failures")
+        j.counts.error_at(stage, tid, wall)
+        _bump(j.by_stage, stage)
+        _bump(j.by_class, record.exception.class_name or "<unknown>")
+        cls = j.classifier.classify(record.exception)
+        _bump(j.by_category, cls.category.value)
+        j.budget.on_report(now)
+
+        skipped = j.skipped.get(rid)
+        if skipped is not None and not j.failure_reason:
+            # a re-attempted task met a record an earlier attempt already skipped: same answer,
+            # counted once; dead-lettered again (duplicates are possible, loss is not)
+            j.skipped.move_to_end(rid)
+            skipped.attempts += 1
+            return _Outcome(Decision(Verdict(
+                record_id=rid, action=Action.SKIP, category=skipped.category,
+                reason=f"already skipped by an earlier task attempt: {skipped.reason}",
+                attempt=skipped.attempts), dead_letter=s.dlq.enabled))
+
+        state = j.state_for(rid, now)
+        state.attempts += 1
+        state.last_class = record.exception.class_name
+
+        def verdict(action: Action, reason: str, *, delay: int = 0,
+                    job_failed: bool = False) -> Verdict:
+            return Verdict(record_id=rid, action=action, category=cls.category, reason=reason,
+                           attempt=state.attempts, retry_delay_ms=delay, job_failed=job_failed)
+
+        if j.failure_reason:
+            return _Outcome(Decision(verdict(
+                Action.FAIL, f"job {s.job!r} has failed: {j.failure_reason}", job_failed=True)))
+
+        category = cls.category
+        what = f"{_describe(record)} [{cls.describe()}]"
+        if category is Category.INVALID_CONFIGURATION:
+            reason = self._fail_job(j, (
+                f"job {s.job!r} failed on an invalid-configuration error in stage {stage} "
+                f"(record {rid!r}): {what}; fix the configuration and re-run"))
+            return self._error(j, stage, tid, verdict(Action.FAIL, reason, job_failed=True), cls)
+        if category is Category.ABORTABLE:
+            return self._error(j, stage, tid, verdict(Action.FAIL, (
+                f"abortable error in stage {stage}: {what}; failing this task attempt only, "
+                f"Spark will re-run the task")), cls)
+        if category is Category.APPLICATION_RECOVERABLE:
+            return self._error(j, stage, tid, verdict(Action.FAIL, (
+                f"application-recoverable error in stage {stage}: {what}; failing this task "
+                f"attempt only, Spark will restart the task with fresh clients and state")), cls)
+
+        if category.retriable:
+            retry = self._try_retry(j, task, record, state, cls, now)
+            if isinstance(retry, Verdict):
+                j.counts.bump(stage, tid, "total_retries")
+                return _Outcome(Decision(retry))
+            why = f"retries exhausted: {retry}"
+        else:
+            why = "data error: never retried"
+        return self._handle(j, task, record, state, cls, why, what, now, wall)
+
+    def _try_retry(self, j: _Job, task: TaskIdentity, record: FailedRecord,
+                   state: _RecordState, cls: Classification, now: float) -> Verdict | str:
+        """A RETRY verdict, or the reason the record's retries are exhausted."""
+        s = j.settings
+        rs = RetryState(retries=state.retries, elapsed_ms=now - state.first_ms,
+                        last_delay_ms=state.last_delay_ms)
+        if not j.schedule.enabled:
+            return j.schedule.stop(rs) or "retries are disabled"
+        hold = None
+        if s.circuit.enable and record.exception.class_name:
+            cb = j.breakers.get(record.exception.class_name, now)
+            hold = cb.on_failure(now, task.task_id, self._rng)
+        charged = hold is None or state.holds >= s.circuit.max_holds
+        if charged:
+            stop = j.schedule.stop(rs)
+            if stop is not None:
+                return stop
+        decision = (j.schedule.next(rs, self._rng) if hold is None
+                    else j.schedule.hold(rs, hold.wait_ms))
+        if decision.delay_ms is None:
+            return decision.reason
+        if charged:
+            budget = j.budget.try_acquire(now)
+            if not budget.allowed:
+                return budget.reason
+            state.retries += 1
+        else:
+            state.holds += 1
+        state.last_delay_ms = decision.delay_ms
+        limit = s.retry.max_retries
+        of = f" of {limit}" if limit is not None else ""
+        refresh = ("run the stage's refresh hook, then " if cls.category
+                   is Category.REFRESH_RETRIABLE else "")
+        note = f" ({decision.reason})" if decision.reason else ""
+        what = f"{cls.category.value} {_describe(record)} [{cls.rule}]"
+        if hold is None:
+            reason = f"{what}: {refresh}retry {state.retries}{of} in {decision.delay_ms} ms{note}"
+        elif charged:
+            reason = (f"{what}: {hold.reason}; {refresh}retry {state.retries}{of} in "
+                      f"{decision.delay_ms} ms (charged: errors.circuit.max.holds="
+                      f"{s.circuit.max_holds} reached){note}")
+        else:
+            reason = (f"{what}: {hold.reason}; {refresh}retry in {decision.delay_ms} ms "
+                      f"(hold {state.holds}, not charged to the record's retries){note}")
+        return Verdict(record_id=record.record_id, action=Action.RETRY, category=cls.category,
+                       reason=reason, attempt=state.attempts, retry_delay_ms=decision.delay_ms)
+
+    def _handle(self, j: _Job, task: TaskIdentity, record: FailedRecord, state: _RecordState,
+                cls: Classification, why: str, what: str, now: float, wall: int) -> _Outcome:
+        """KIP-1033 handler, then tolerance, for a record that will not be retried."""
+        s = j.settings
+        stage, tid, rid = record.stage.name, task.task_id, record.record_id
+
+        def verdict(action: Action, reason: str, job_failed: bool = False) -> Verdict:
+            return Verdict(record_id=rid, action=action, category=cls.category, reason=reason,
+                           attempt=state.attempts, job_failed=job_failed)
+
+        src = record.source
+        context = ErrorHandlerContext(
+            job=s.job, record_id=rid, topic=src.topic if src else None,
+            partition=src.partition if src else -1, offset=src.offset if src else -1,
+            headers=record.headers, processor_node_id=record.function_name, task_id=tid,
+            timestamp=record.timestamp_ms if record.timestamp_ms is not None else wall,
+            stage=stage, exception=record.exception, category=cls.category,
+            attempt=state.attempts, reason=why, record=record)
+        try:
+            response = invoke(j.handler, context)
+        except HandlerError as exc:
+            j.handler_failures += 1
+            reason = self._fail_job(j, f"job {s.job!r} failed: {exc} (stage {stage})")
+            return self._error(j, stage, tid, verdict(Action.FAIL, reason, True), cls)
+
+        if response is HandlerResponse.FAIL:
+            if j.handler.derived:
+                reason = (f"job {s.job!r} failed on its first error: errors.tolerance=none "
+                          f"(stage {stage}, record {rid!r}): {what}; {why}")
+            else:
+                reason = (f"job {s.job!r} failed: errors.handler.class={j.handler.name} returned "
+                          f"FAIL for record {rid!r} (stage {stage}): {what}; {why}")
+            return self._error(j, stage, tid,
+                               verdict(Action.FAIL, self._fail_job(j, reason), True), cls)
+
+        tol = j.tolerance.admit(rid, stage, now, (task.stage_id, task.partition_id))
+        if tol.exceeded:
+            reason = self._fail_job(j, f"{tol.reason}; last error: {what} (record {rid!r})")
+            return self._error(j, stage, tid, verdict(Action.FAIL, reason, True), cls)
+
+        dead_letter = s.dlq.enabled
+        where = (f"dead-lettered to {s.dlq.topic}" if dead_letter
+                 else "dropped (no errors.deadletterqueue.topic.name)")
+        reason = f"skipped, {where}: {what}; {why}"
+        j.remember_skipped(rid, _Skipped(cls.category, reason, state.attempts))
+        j.counts.bump(stage, tid, "total_records_skipped")
+        if not dead_letter:
+            j.counts.bump(stage, tid, "dropped_records")
+        return self._error(j, stage, tid, verdict(Action.SKIP, reason), cls,
+                           dead_letter=dead_letter)
+
+    def _error(self, j: _Job, stage: str, tid: str, v: Verdict, cls: Classification, *,
+               dead_letter: bool = False) -> _Outcome:
+        """Count one KIP-298 error (and its log / DLQ hand-off)."""
+        j.counts.bump(stage, tid, "total_record_errors")
+        logged = j.settings.log_enable
+        if logged or dead_letter:
+            j.counts.bump(stage, tid, "total_errors_logged")
+        return _Outcome(Decision(v, dead_letter=dead_letter), log=logged, rule=cls.rule)
+
+    @staticmethod
+    def _fail_job(j: _Job, reason: str) -> str:
+        if not j.failure_reason:
+            j.failure_reason = reason
+        return j.failure_reason
+
+    # --- progress, recoveries, DLQ acks -----------------------------------------------------
+
+    def record_recovered(self, job: str, task: TaskIdentity, record_ids: Sequence[str]) -> None:
+        j = self._job(job)
+        now = self._clock.monotonic() * 1000.0
+        with j.lock:
+            for rid in record_ids:
+                st = j.records.pop(rid, None)
+                if st is None:
+                    continue
+                j.recovered += 1
+                cb = j.breakers.find(st.last_class) if st.last_class else None
+                if cb is not None:
+                    cb.on_success(now)
+
+    def record_progress(self, job: str, task: TaskIdentity,
+                        processed: Mapping[StageRef, int]) -> None:
+        j = self._job(job)
+        now = self._clock.monotonic() * 1000.0
+        counts: dict[str, int] = {}
+        for ref, n in processed.items():
+            counts[ref.name] = counts.get(ref.name, 0) + int(n)
+        with j.lock:
+            j.tolerance.record_progress((task.stage_id, task.partition_id), counts, now)
+            if not j.failure_reason:
+                result = j.tolerance.check(now)
+                if result.exceeded:
+                    self._fail_job(j, result.reason)
+
+    def note_dead_letter_acked(self, job: str, n: int) -> None:
+        j = self._job(job)
+        with j.lock:
+            j.dlq_acked += int(n)
+
+    # --- reporting --------------------------------------------------------------------------
+
+    def summary(self, job: str) -> JobSummary:
+        j = self._job(job)
+        with j.lock:
+            return JobSummary(
+                job=job,
+                failed=bool(j.failure_reason),
+                failure_reason=j.failure_reason,
+                records_processed=j.tolerance.records_processed,
+                counts=copy_counts(j.counts.job),
+                dlq_records_written=j.dlq_acked,
+                by_stage=dict(j.by_stage),
+                by_category=dict(j.by_category),
+                by_exception_class=dict(j.by_class),
+            )
+
+    def stage_counts(self, job: str, stage: str) -> Counts:
+        """KIP-298 counts of one stage of a job (zeros if it never failed)."""
+        j = self._job(job)
+        with j.lock:
+            c = j.counts.stages.get(stage)
+            return copy_counts(c) if c is not None else Counts()
+
+    def task_counts(self, job: str, task_id: str) -> Counts:
+        """KIP-298 counts of one Spark task (``stage.partition``) of a job."""
+        j = self._job(job)
+        with j.lock:
+            c = j.counts.tasks.get(task_id)
+            return copy_counts(c) if c is not None else Counts()
+
+    def counters(self) -> dict[str, float]:
+        """Sidecar-wide counters by KIP metric name, plus spillway's own."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        now = self._clock.monotonic() * 1000.0
+        total = Counts()
+        extra = dict.fromkeys((
+            "jobs", "jobs-failed", "records-processed", "total-records-recovered",
+            "dlq-records-written", "retry-budget-exhausted", "circuit-breaker-opened",
+            "circuits-open", "records-tracked", "records-evicted", "handler-failures",
+            "error-log-failures"), 0.0)
+        for j in jobs:
+            with j.lock:
+                add_counts(total, j.counts.job)
+                extra["jobs"] += 1
+                extra["jobs-failed"] += bool(j.failure_reason)
+                extra["records-processed"] += j.tolerance.records_processed
+                extra["total-records-recovered"] += j.recovered
+                extra["dlq-records-written"] += j.dlq_acked
+                extra["retry-budget-exhausted"] += j.budget.exhausted_total
+                extra["circuit-breaker-opened"] += j.breakers.times_opened()
+                extra["circuits-open"] += j.breakers.open_count(now)
+                extra["records-tracked"] += len(j.records)
+                extra["records-evicted"] += j.records_evicted
+                extra["handler-failures"] += j.handler_failures
+                extra["error-log-failures"] += j.log_failures
+        out = as_kip_dict(total)
+        out.update(extra)
+        return out

@@ -1,0 +1,193 @@
+"""KIP-298 tolerance: how many errors a job may skip before it fails.
+
+An *error* is a record whose retries are exhausted or that was never retriable, and which the
+handler chose to CONTINUE. ``errors.tolerance=none`` (the default) allows none: the first error
+fails the job. ``errors.tolerance=all`` skips errors within these limits:
+
+- ``errors.tolerance.max.errors`` (-1: none): more errors than this fails the job; every error
+  counts the moment it is reported;
+- ``errors.tolerance.max.ratio`` (-1: none): errors / processed records above this fails the
+  job, checked once ``errors.tolerance.min.records`` records were processed;
+- both over ``errors.tolerance.window.ms`` (0: the whole job), a sliding window;
+- with ``errors.tolerance.per.stage=true``, both also apply to each stage on its own.
+
+The ratio compares like with like. Processed counts arrive with FlushTask, when a task attempt
+ends, while its errors arrive as they happen; dividing the errors of running tasks by the
+records of finished ones would fail healthy jobs (100 errors, 0 processed, "ratio 1.0"). So the
+ratio counts a task's errors once that task reported its processed records ("settled" errors),
+and is checked at every error and at every FlushTask. A task's errors are settled when it
+flushes, or at once if it already has.
+
+Counting is idempotent by record id: a re-attempted Spark task re-reporting a record that was
+already counted does not count it again (``MAX_COUNTED_IDS`` ids are remembered per job, least
+recently seen evicted first). Processed counts are per Spark task (stage, partition): the same
+attempt reporting twice, or a new attempt of the task, replaces the earlier count
+(``MAX_TASK_SLOTS`` tasks remembered; an evicted task's counts stay but can no longer be
+replaced).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .counters import WindowedCounter
+from .settings import ToleranceSettings
+
+MAX_COUNTED_IDS = 200_000
+MAX_TASK_SLOTS = 100_000
+
+TaskKey = tuple[int, int]   # (Spark stage id, partition id): stable across task attempts
+
+
+@dataclass(frozen=True, slots=True)
+class ToleranceResult:
+    exceeded: bool
+    reason: str = ""
+    counted: bool = True       # False: this record id had already been counted
+
+
+@dataclass(slots=True)
+class _Slot:
+    flushed: bool = False
+    at_ms: float = 0.0                                          # when processed was reported
+    processed: dict[str, int] = field(default_factory=dict)     # by stage name
+    errors: dict[str, int] = field(default_factory=dict)        # by stage name
+    settled: dict[str, int] = field(default_factory=dict)       # errors moved into the ratio
+
+
+class _Pair:
+    """Errors (all, settled) and processed records over the window, for one scope."""
+
+    __slots__ = ("errors", "processed", "settled")
+
+    def __init__(self, window_ms: int) -> None:
+        self.errors = WindowedCounter(window_ms)
+        self.settled = WindowedCounter(window_ms)
+        self.processed = WindowedCounter(window_ms)
+
+
+class ToleranceTracker:
+    def __init__(self, job: str, settings: ToleranceSettings, *,
+                 max_ids: int = MAX_COUNTED_IDS, max_slots: int = MAX_TASK_SLOTS) -> None:
+        self.job = job
+        self.s = settings
+        self.max_ids = max_ids
+        self.max_slots = max_slots
+        self._counted: OrderedDict[str, None] = OrderedDict()
+        self._job = _Pair(settings.window_ms)
+        self._stages: dict[str, _Pair] = {}
+        self._slots: OrderedDict[TaskKey, _Slot] = OrderedDict()
+        self.records_processed = 0       # whole-job total, for the summary
+        self.errors_total = 0
+        self.ids_evicted = 0
+        self.slots_evicted = 0
+
+    # --- errors ---------------------------------------------------------------------------
+
+    def admit(self, record_id: str, stage: str, now_ms: float,
+              task: TaskKey = (0, 0)) -> ToleranceResult:
+        """Count one error (once per record id) and check the limits."""
+        if record_id in self._counted:
+            self._counted.move_to_end(record_id)
+            return ToleranceResult(False, "", counted=False)
+        self._counted[record_id] = None
+        if len(self._counted) > self.max_ids:
+            self._counted.popitem(last=False)
+            self.ids_evicted += 1
+        self.errors_total += 1
+        for pair in (self._job, self._stage(stage)):
+            pair.errors.add(now_ms)
+        slot = self._slot(task)
+        slot.errors[stage] = slot.errors.get(stage, 0) + 1
+        if slot.flushed:
+            self._settle(slot, now_ms)
+        if self.s.mode == "none":
+            return ToleranceResult(True, (
+                f"job {self.job!r} failed on its first error: errors.tolerance=none "
+                f"(stage {stage})"))
+        return self.check(now_ms, stage)
+
+    # --- processed records ----------------------------------------------------------------
+
+    def record_progress(self, task: TaskKey, counts: Mapping[str, int], now_ms: float) -> None:
+        """A task attempt's processed records by stage; replaces the task's earlier report."""
+        slot = self._slot(task)
+        if slot.flushed:
+            for stage, n in slot.processed.items():
+                for pair in (self._job, self._stage(stage)):
+                    pair.processed.add(now_ms, -n, at_ms=slot.at_ms)
+                self.records_processed -= n
+        slot.flushed = True
+        slot.at_ms = now_ms
+        slot.processed = {k: int(v) for k, v in counts.items() if v}
+        for stage, n in slot.processed.items():
+            for pair in (self._job, self._stage(stage)):
+                pair.processed.add(now_ms, n)
+            self.records_processed += n
+        self._settle(slot, now_ms)
+
+    def _settle(self, slot: _Slot, now_ms: float) -> None:
+        for stage, n in slot.errors.items():
+            new = n - slot.settled.get(stage, 0)
+            if new:
+                for pair in (self._job, self._stage(stage)):
+                    pair.settled.add(now_ms, new)
+                slot.settled[stage] = n
+
+    # --- limits ---------------------------------------------------------------------------
+
+    def check(self, now_ms: float, stage: str | None = None) -> ToleranceResult:
+        """Whether the limits are exceeded now (job-wide, then per stage when enabled)."""
+        if self.s.mode == "none":
+            if self.errors_total:
+                return ToleranceResult(True, f"job {self.job!r} failed on its first error: "
+                                             f"errors.tolerance=none")
+            return ToleranceResult(False)
+        where = f" (stage {stage})" if stage else ""
+        reason = self._over(self._job, now_ms, f"job {self.job!r} exceeded", where)
+        if reason:
+            return ToleranceResult(True, reason)
+        if self.s.per_stage:
+            for st in ([stage] if stage else list(self._stages)):
+                reason = self._over(self._stage(st), now_ms, f"job {self.job!r} stage {st} "
+                                    f"exceeded", " (errors.tolerance.per.stage=true)")
+                if reason:
+                    return ToleranceResult(True, reason)
+        return ToleranceResult(False)
+
+    def _over(self, pair: _Pair, now_ms: float, who: str, where: str) -> str:
+        in_window = f" in the last {self.s.window_ms} ms" if self.s.window_ms else ""
+        errors = int(pair.errors.total(now_ms))
+        if self.s.max_errors >= 0 and errors > self.s.max_errors:
+            return (f"{who} errors.tolerance.max.errors={self.s.max_errors}: "
+                    f"{errors} errors{in_window}{where}")
+        if self.s.max_ratio >= 0:
+            settled = pair.settled.total(now_ms)
+            processed = max(pair.processed.total(now_ms), settled)
+            if processed >= max(self.s.min_records, 1) and settled / processed > self.s.max_ratio:
+                return (f"{who} errors.tolerance.max.ratio={self.s.max_ratio:g}: "
+                        f"{int(settled)} errors in {int(processed)} processed records{in_window} "
+                        f"(ratio {settled / processed:.3g}, errors.tolerance.min.records="
+                        f"{self.s.min_records}){where}")
+        return ""
+
+    # --- bounded tables -------------------------------------------------------------------
+
+    def _stage(self, stage: str) -> _Pair:
+        pair = self._stages.get(stage)
+        if pair is None:
+            pair = self._stages[stage] = _Pair(self.s.window_ms)
+        return pair
+
+    def _slot(self, task: TaskKey) -> _Slot:
+        slot = self._slots.get(task)
+        if slot is None:
+            slot = self._slots[task] = _Slot()
+            if len(self._slots) > self.max_slots:
+                self._slots.popitem(last=False)
+                self.slots_evicted += 1
+        else:
+            self._slots.move_to_end(task)
+        return slot

@@ -1,0 +1,182 @@
+"""Configuration: defaults, precedence, and validation messages that name the property."""
+
+from __future__ import annotations
+
+import pytest
+
+from spillway.sidecar.core import config
+from spillway.sidecar.core.model import Category
+from spillway.sidecar.core.settings import JobSettings, job_settings
+from spillway.sidecar.errors import ConfigError
+
+
+def settings(**props: str) -> JobSettings:
+    return job_settings("j", {k: v for k, v in props.items()})
+
+
+def p(**kv: str) -> dict[str, str]:
+    return {k.replace("__", "."): v for k, v in kv.items()}
+
+
+def test_defaults_are_kip298_fail_fast_no_retry():
+    s = job_settings("j", {})
+    assert s.tolerance.mode == "none"
+    assert (s.retry.timeout_ms, s.retry.delay_max_ms) == (0, 60_000)
+    assert not s.retry.fine_grained
+    assert (s.retry.budget_ratio, s.retry.budget_min_retries, s.retry.budget_window_ms) == (
+        0.5, 10, 10_000)
+    c = s.circuit
+    assert (c.enable, c.failure_threshold, c.min_tasks, c.window_ms, c.open_ms,
+            c.success_threshold, c.max_holds) == (True, 20, 2, 10_000, 5_000, 3, 10)
+    assert (s.log_enable, s.log_include_messages, s.handler_class) == (False, False, "")
+    assert s.default_category is Category.DATA
+    assert not s.dlq.enabled
+
+
+@pytest.mark.parametrize(("props", "prop", "words"), [
+    ({"errors.retry.initial.backoff.ms": "5000", "errors.retry.max.backoff.ms": "1000"},
+     "errors.retry.initial.backoff.ms", "must be <= errors.retry.max.backoff.ms (5000 > 1000)"),
+    ({"errors.retry.initial.backoff.ms": "90000"},
+     "errors.retry.initial.backoff.ms", "errors.retry.delay.max.ms"),
+    ({"errors.retry.jitter.factor": "1.5"}, "errors.retry.jitter.factor", "[0.0, 1.0]"),
+    ({"errors.retry.jitter.factor": "-0.1"}, "errors.retry.jitter.factor", "[0.0, 1.0]"),
+    ({"errors.retry.backoff.multiplier": "0.5"}, "errors.retry.backoff.multiplier", "[1.0"),
+    ({"errors.retry.backoff.multiplier": "nan"}, "errors.retry.backoff.multiplier", "finite"),
+    ({"errors.retry.max.retries": "-1"}, "errors.retry.max.retries", "[0, inf]"),
+    ({"errors.retry.initial.backoff.ms": "-5"}, "errors.retry.initial.backoff.ms", "[0, inf]"),
+    ({"errors.retry.max.backoff.ms": "ten"}, "errors.retry.max.backoff.ms", "integer"),
+    ({"errors.retry.timeout": "-2"}, "errors.retry.timeout", "[-1, inf]"),
+    ({"errors.retry.delay.max.ms": "0"}, "errors.retry.delay.max.ms", "[1, inf]"),
+    ({"errors.tolerance": "some"}, "errors.tolerance", "none, all"),
+    ({"errors.tolerance.max.errors": "5"}, "errors.tolerance.max.errors",
+     "errors.tolerance=none fails the job on the first error"),
+    ({"errors.tolerance.max.ratio": "0.1"}, "errors.tolerance.max.ratio", "errors.tolerance=all"),
+    ({"errors.tolerance": "all", "errors.tolerance.max.ratio": "1.5"},
+     "errors.tolerance.max.ratio", "[0.0, 1.0] or one of [-1.0]"),
+    ({"errors.handler.class": "LogAndContinue"}, "errors.handler.class",
+     "cannot continue under errors.tolerance=none"),
+    ({"errors.handler.class": "not a class"}, "errors.handler.class", "package.module:Class"),
+    ({"errors.classification.rules": "a.B=flaky"}, "errors.classification.rules",
+     "unknown category 'flaky'"),
+    ({"errors.classification.rules": "a.B"}, "errors.classification.rules",
+     "qualified.ExceptionClass=category"),
+    ({"errors.classification.default": "retry"}, "errors.classification.default",
+     "invalid-configuration"),
+    ({"errors.circuit.failure.threshold": "0"}, "errors.circuit.failure.threshold", "[1, inf]"),
+    ({"errors.retry.budget.ratio": "2"}, "errors.retry.budget.ratio", "[0.0, 1.0]"),
+    ({"errors.log.enable": "yes"}, "errors.log.enable", "true or false"),
+    ({"errors.tolerence": "all"}, "errors.tolerence", "did you mean errors.tolerance?"),
+])
+def test_invalid_settings_are_rejected_naming_the_property(props, prop, words):
+    with pytest.raises(ConfigError) as e:
+        job_settings("j", props)
+    assert e.value.property == prop
+    assert str(e.value).startswith(prop + ":")
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("props", [
+    {"errors.retry.initial.backoff.ms": "1000", "errors.retry.max.backoff.ms": "1000"},
+    {"errors.retry.jitter.factor": "0"},
+    {"errors.retry.jitter.factor": "1"},
+    {"errors.retry.backoff.multiplier": "1"},
+    {"errors.retry.max.retries": "0"},
+    {"errors.retry.initial.backoff.ms": "0"},
+    {"errors.tolerance": "all", "errors.tolerance.max.errors": "0"},
+    {"errors.tolerance": "all", "errors.handler.class": "LogAndContinue"},
+    {"errors.handler.class": "LogAndFail"},
+    {"errors.handler.class": "my.pkg:Handler"},
+    {"errors.handler.class": "my.pkg.Handler"},
+])
+def test_valid_edge_values_are_accepted_unchanged(props):
+    s = job_settings("j", props)
+    for k, v in props.items():
+        assert s.raw[k] == v
+
+
+def test_finer_family_values_are_kept_not_clamped():
+    s = settings(**p(errors__retry__max__retries="7", errors__retry__initial__backoff__ms="10",
+                     errors__retry__max__backoff__ms="20", errors__retry__backoff__multiplier="3",
+                     errors__retry__jitter__factor="1"))
+    r = s.retry
+    assert (r.max_retries, r.initial_backoff_ms, r.max_backoff_ms, r.multiplier,
+            r.jitter_factor) == (7, 10, 20, 3.0, 1.0)
+    assert r.fine_grained
+
+
+def test_classification_rules_parse_in_order():
+    s = settings(**{"errors.classification.rules":
+                    " a.B = Retriable , ValueError=refresh-retriable ,,"})
+    assert s.classification_rules == (("a.B", Category.RETRIABLE),
+                                      ("ValueError", Category.REFRESH_RETRIABLE))
+
+
+def test_precedence_explicit_over_env_over_file_over_default():
+    raw = config.resolve(
+        explicit={"errors.tolerance": "all"},
+        env={config.env_name("errors.tolerance"): "none",
+             config.env_name("errors.retry.timeout"): "7"},
+        file={"errors.tolerance": "none", "errors.retry.timeout": "3",
+              "errors.log.enable": "true"},
+        scope="sidecar")
+    assert raw["errors.tolerance"] == "all"
+    assert raw["errors.retry.timeout"] == "7"
+    assert raw["errors.log.enable"] == "true"
+    assert raw["errors.retry.delay.max.ms"] == "60000"
+
+
+def test_sidecar_only_properties_are_refused_for_a_job():
+    with pytest.raises(ConfigError) as e:
+        job_settings("j", {"spool.dir": "/tmp/x"})
+    assert e.value.property == "spool.dir"
+
+
+def test_job_defaults_layer_sits_under_the_jobs_properties():
+    s = job_settings("j", {"errors.retry.timeout": "5"},
+                     sidecar_defaults={"errors.retry.timeout": "9", "errors.tolerance": "all"})
+    assert (s.retry.timeout_ms, s.tolerance.mode) == (5, "all")
+
+
+def test_every_property_has_a_doc_and_a_parseable_default():
+    for prop in config.PROPERTIES.values():
+        assert prop.doc
+        prop.parse(prop.name, prop.default)
+
+
+def test_job_name_is_required():
+    with pytest.raises(ConfigError) as e:
+        job_settings(" ", {})
+    assert e.value.property == "job"
+
+
+def test_a_default_limit_from_the_sidecar_does_not_break_a_fail_fast_job():
+    defaults = {"errors.tolerance.max.errors": "100", "errors.handler.class": "LogAndContinue"}
+    s = job_settings("j", {"errors.tolerance": "none"}, sidecar_defaults=defaults)
+    assert s.tolerance.mode == "none" and s.tolerance.max_errors == 100
+    with pytest.raises(ConfigError) as e:      # but the job's own contradiction is refused
+        job_settings("j", {"errors.tolerance.max.errors": "5"}, sidecar_defaults=defaults)
+    assert e.value.property == "errors.tolerance.max.errors"
+
+
+def test_fail_fast_job_under_a_continue_default_still_fails_on_the_first_error():
+    from spillway.sidecar.core.model import (Action, ExceptionInfo, FailedRecord, Stage,
+                                             StageRef, TaskIdentity)
+    from spillway.sidecar.core.policy import PolicyEngine
+
+    class Clock:
+        def monotonic(self):
+            return 0.0
+
+        def wall_ms(self):
+            return 0
+
+    class Rng:
+        def random(self):
+            return 0.0
+
+    e = PolicyEngine(clock=Clock(), rng=Rng(),
+                     job_defaults={"errors.handler.class": "LogAndContinue"})
+    e.register_job("j", {"errors.tolerance": "none"})
+    v = e.decide("j", TaskIdentity(), [FailedRecord("r", StageRef(Stage.SINK),
+                                                    ExceptionInfo("ValueError"))])[0].verdict
+    assert v.action is Action.FAIL and v.job_failed and "errors.tolerance=none" in v.reason

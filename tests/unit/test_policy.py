@@ -1,0 +1,467 @@
+"""The policy engine end to end over fakes: exact attempt counts, verdicts, counters, summaries."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spillway.sidecar.core.model import (
+    Action,
+    Category,
+    ExceptionInfo,
+    FailedRecord,
+    SourceCoordinates,
+    Stage,
+    StageRef,
+    TaskIdentity,
+)
+from spillway.sidecar.core.policy import PolicyEngine
+from spillway.sidecar.errors import ConfigError, JobConflictError, UnknownJobError
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.ms = 1_000_000.0
+
+    def monotonic(self) -> float:
+        return self.ms / 1000.0
+
+    def wall_ms(self) -> int:
+        return 1_700_000_000_000 + int(self.ms)
+
+    def advance(self, ms: float) -> None:
+        self.ms += ms
+
+
+class FakeRng:
+    def __init__(self, value: float = 0.5) -> None:
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+class ListLogger:
+    def __init__(self) -> None:
+        self.lines: list[dict[str, object]] = []
+
+    def log_error(self, fields: dict[str, object]) -> None:
+        self.lines.append(fields)
+
+
+CONN = ExceptionInfo("builtins.ConnectionError", ("builtins.ConnectionError", "builtins.OSError",
+                                                  "builtins.Exception"), "connection refused")
+VALUE = ExceptionInfo("builtins.ValueError", ("builtins.ValueError", "builtins.Exception"),
+                      "invalid literal for int()")
+PERM = ExceptionInfo("builtins.PermissionError", ("builtins.PermissionError", "builtins.OSError"),
+                     "access denied")
+T = StageRef(Stage.TRANSFORMATION)
+
+
+def task(partition: int = 0, attempt: int = 0, stage_id: int = 1) -> TaskIdentity:
+    return TaskIdentity(stage_id=stage_id, partition_id=partition, attempt_number=attempt,
+                        task_attempt_id=stage_id * 1000 + partition * 10 + attempt)
+
+
+def rec(rid: str, exc: ExceptionInfo = CONN, stage: StageRef = T, **kw) -> FailedRecord:
+    return FailedRecord(record_id=rid, stage=stage, exception=exc, **kw)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def logger() -> ListLogger:
+    return ListLogger()
+
+
+@pytest.fixture
+def engine(clock, logger) -> PolicyEngine:
+    return PolicyEngine(clock=clock, rng=FakeRng(), logger=logger)
+
+
+def run(engine: PolicyEngine, clock: FakeClock, job: str, rid: str,
+        outcome: Callable[[int], ExceptionInfo | None], t: TaskIdentity | None = None):
+    """Drive one record the way the executor's loop does; return (runs, last verdict)."""
+    t = t or task()
+    runs = 0
+    while True:
+        runs += 1
+        exc = outcome(runs)
+        if exc is None:
+            engine.record_recovered(job, t, [rid])
+            return runs, None
+        verdict = engine.decide(job, t, [rec(rid, exc)])[0].verdict
+        if verdict.action is not Action.RETRY:
+            return runs, verdict
+        clock.advance(verdict.retry_delay_ms)
+
+
+# --- exact attempt counts ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_record_failing_n_times_then_succeeding_is_attempted_n_plus_one_times(engine, clock, n):
+    engine.register_job("j", {"errors.retry.max.retries": "10"})
+    runs, verdict = run(engine, clock, "j", "r", lambda k: CONN if k <= n else None)
+    assert (runs, verdict) == (n + 1, None)
+    s = engine.summary("j")
+    assert s.counts.total_record_failures == n
+    assert s.counts.total_retries == n
+    assert s.counts.total_record_errors == 0
+    assert engine.counters()["total-records-recovered"] == 1
+
+
+@pytest.mark.parametrize("max_retries", [0, 1, 4])
+def test_always_failing_retriable_is_attempted_max_retries_plus_one_then_tolerated(
+        engine, clock, max_retries):
+    engine.register_job("j", {"errors.retry.max.retries": str(max_retries),
+                              "errors.tolerance": "all"})
+    runs, verdict = run(engine, clock, "j", "r", lambda k: CONN)
+    assert runs == max_retries + 1
+    assert verdict.action is Action.SKIP
+    assert verdict.attempt == max_retries + 1
+    assert f"errors.retry.max.retries={max_retries} reached" in verdict.reason or max_retries == 0
+    c = engine.summary("j").counts
+    assert (c.total_record_failures, c.total_retries, c.total_record_errors,
+            c.total_records_skipped, c.dropped_records) == (max_retries + 1, max_retries, 1, 1, 1)
+
+
+def test_data_error_is_attempted_exactly_once(engine, clock):
+    engine.register_job("j", {"errors.retry.max.retries": "10", "errors.tolerance": "all"})
+    runs, verdict = run(engine, clock, "j", "r", lambda k: VALUE)
+    assert runs == 1
+    assert verdict.action is Action.SKIP and verdict.category is Category.DATA
+    assert "never retried" in verdict.reason
+
+
+def test_kip298_retry_timeout_bounds_the_schedule(engine, clock):
+    engine.register_job("j", {"errors.retry.timeout": "2000", "errors.tolerance": "all"})
+    delays = []
+    t0 = clock.ms
+    while True:
+        v = engine.decide("j", task(), [rec("r")])[0].verdict
+        if v.action is not Action.RETRY:
+            break
+        delays.append(v.retry_delay_ms)
+        clock.advance(v.retry_delay_ms)
+    assert delays == [300, 600, 1100]         # 1200 shortened to end at the 2000 ms timeout
+    assert clock.ms - t0 == 2000
+    assert "errors.retry.timeout=2000 ms passed" in v.reason
+
+
+def test_reattempted_task_does_not_reset_a_records_retries(engine, clock):
+    engine.register_job("j", {"errors.retry.max.retries": "3", "errors.tolerance": "all"})
+    first = engine.decide("j", task(attempt=0), [rec("r")])[0].verdict
+    clock.advance(first.retry_delay_ms)
+    second = engine.decide("j", task(attempt=0), [rec("r")])[0].verdict
+    assert (first.attempt, second.attempt) == (1, 2)
+    # the task attempt dies; Spark re-runs it: same record id, new attempt
+    clock.advance(second.retry_delay_ms)
+    third = engine.decide("j", task(attempt=1), [rec("r")])[0].verdict
+    assert third.action is Action.RETRY and third.attempt == 3
+    assert third.retry_delay_ms == pytest.approx(1200 * 1.125, abs=1)   # n=2, not n=0
+    clock.advance(third.retry_delay_ms)
+    fourth = engine.decide("j", task(attempt=1), [rec("r")])[0].verdict
+    assert fourth.action is Action.SKIP and fourth.attempt == 4
+
+
+def test_reattempted_task_does_not_restart_the_retry_clock(engine, clock):
+    engine.register_job("j", {"errors.retry.timeout": "1000", "errors.tolerance": "all"})
+    engine.decide("j", task(attempt=0), [rec("r")])
+    clock.advance(1500)                        # the task died; the re-run comes later
+    v = engine.decide("j", task(attempt=1), [rec("r")])[0].verdict
+    assert v.action is Action.SKIP
+    assert "errors.retry.timeout=1000 ms passed" in v.reason
+
+
+def test_skipped_record_reported_again_by_a_reattempt_is_not_counted_twice(engine, clock):
+    engine.register_job("j", {"errors.tolerance": "all", "errors.tolerance.max.errors": "1",
+                              "errors.deadletterqueue.topic.name": "dlq.j"})
+    a = engine.decide("j", task(attempt=0), [rec("bad", VALUE)])[0]
+    b = engine.decide("j", task(attempt=1), [rec("bad", VALUE)])[0]
+    assert a.verdict.action is b.verdict.action is Action.SKIP
+    assert a.dead_letter and b.dead_letter      # re-spooled: duplicates possible, loss not
+    assert b.verdict.attempt == 2
+    assert "already skipped" in b.verdict.reason
+    c = engine.summary("j").counts
+    assert (c.total_record_errors, c.total_records_skipped, c.total_record_failures) == (1, 1, 2)
+    # one more distinct error is the second: over max.errors=1
+    v = engine.decide("j", task(), [rec("bad2", VALUE)])[0].verdict
+    assert v.action is Action.FAIL and v.job_failed
+
+
+# --- categories --------------------------------------------------------------------------------
+
+def test_invalid_configuration_fails_the_job_and_every_later_verdict(engine):
+    engine.register_job("j", {"errors.tolerance": "all", "errors.retry.max.retries": "5"})
+    v = engine.decide("j", task(), [rec("r1", PERM)])[0].verdict
+    assert (v.action, v.category, v.job_failed) == (Action.FAIL, Category.INVALID_CONFIGURATION,
+                                                    True)
+    assert "invalid-configuration" in v.reason and "PermissionError" in v.reason
+    later = engine.decide("j", task(3), [rec("r2", VALUE), rec("r3", CONN)])
+    assert [d.verdict.action for d in later] == [Action.FAIL, Action.FAIL]
+    assert all(d.verdict.job_failed for d in later)
+    assert all("has failed" in d.verdict.reason for d in later)
+    s = engine.summary("j")
+    assert s.failed and "invalid-configuration" in s.failure_reason
+
+
+@pytest.mark.parametrize(("exc", "category", "words"), [
+    (ExceptionInfo("x.Txn", kafka_txn_requires_abort=True), Category.ABORTABLE,
+     "Spark will re-run the task"),
+    (ExceptionInfo("x.Fatal", kafka_fatal=True), Category.APPLICATION_RECOVERABLE,
+     "Spark will restart the task"),
+])
+def test_abortable_and_application_recoverable_fail_the_task_only(engine, exc, category, words):
+    engine.register_job("j", {"errors.tolerance": "all"})
+    v = engine.decide("j", task(), [rec("r", exc)])[0].verdict
+    assert (v.action, v.category, v.job_failed) == (Action.FAIL, category, False)
+    assert words in v.reason
+    assert not engine.summary("j").failed
+    assert engine.decide("j", task(), [rec("r2", VALUE)])[0].verdict.action is Action.SKIP
+
+
+def test_refresh_retriable_reason_asks_for_the_refresh_hook(engine):
+    engine.register_job("j", {"errors.retry.max.retries": "2"})
+    exc = ExceptionInfo("R", marker_category=Category.REFRESH_RETRIABLE)
+    v = engine.decide("j", task(), [rec("r", exc)])[0].verdict
+    assert v.action is Action.RETRY and v.category is Category.REFRESH_RETRIABLE
+    assert "refresh hook" in v.reason
+
+
+def test_tolerance_none_fails_the_job_on_the_first_error(engine):
+    engine.register_job("j", {})
+    v = engine.decide("j", task(), [rec("r", VALUE)])[0].verdict
+    assert v.action is Action.FAIL and v.job_failed
+    assert "errors.tolerance=none" in v.reason and "ValueError" in v.reason
+
+
+def test_default_policy_does_not_retry_retriable_errors(engine):
+    engine.register_job("j", {"errors.tolerance": "all"})
+    v = engine.decide("j", task(), [rec("r", CONN)])[0].verdict
+    assert v.action is Action.SKIP
+    assert "retries are disabled (errors.retry.timeout=0)" in v.reason
+
+
+# --- DLQ, batch order, logging -------------------------------------------------------------------
+
+def test_one_decision_per_record_in_order_and_dead_letter_only_for_skip_with_dlq(engine):
+    engine.register_job("j", {"errors.tolerance": "all", "errors.retry.max.retries": "1",
+                              "errors.deadletterqueue.topic.name": "dlq.j"})
+    ds = engine.decide("j", task(), [rec("a", VALUE), rec("b", CONN), rec("c", VALUE)])
+    assert [d.verdict.record_id for d in ds] == ["a", "b", "c"]
+    assert [d.verdict.action for d in ds] == [Action.SKIP, Action.RETRY, Action.SKIP]
+    assert [d.dead_letter for d in ds] == [True, False, True]
+    assert all(d.verdict.reason for d in ds)
+    c = engine.summary("j").counts
+    assert c.dropped_records == 0 and c.total_errors_logged == 2
+
+
+def test_error_log_line_per_error_and_messages_only_when_asked(clock, logger):
+    engine = PolicyEngine(clock=clock, rng=FakeRng(), logger=logger)
+    engine.register_job("quiet", {"errors.tolerance": "all"})
+    engine.register_job("loud", {"errors.tolerance": "all", "errors.log.enable": "true"})
+    engine.register_job("full", {"errors.tolerance": "all", "errors.log.enable": "true",
+                                 "errors.log.include.messages": "true"})
+    r = rec("r", VALUE, key=b"k", value=b"\xff\x00", headers=(("h", b"v"),),
+            source=SourceCoordinates("in", 3, 42), function_name="m.parse")
+    engine.decide("quiet", task(), [r])
+    assert logger.lines == []
+    engine.decide("loud", task(), [r])
+    (line,) = logger.lines
+    assert line["job"] == "loud" and line["record_id"] == "r" and line["action"] == "SKIP"
+    assert (line["topic"], line["partition"], line["offset"]) == ("in", 3, 42)
+    assert line["exception_class"] == "builtins.ValueError" and line["function"] == "m.parse"
+    assert "key" not in line and "value" not in line
+    engine.decide("full", task(), [r])
+    line = logger.lines[-1]
+    assert line["key"] == "k" and line["value_encoding"] == "base64" and line["value"] == "/wA="
+    assert line["headers"] == [{"key": "h", "value": "v", "encoding": "utf8"}]
+    assert engine.summary("loud").counts.total_errors_logged == 1
+    assert engine.summary("quiet").counts.total_errors_logged == 0
+
+
+def test_a_broken_error_logger_does_not_change_verdicts(clock):
+    class Broken:
+        def log_error(self, fields):
+            raise OSError("disk full")
+
+    engine = PolicyEngine(clock=clock, rng=FakeRng(), logger=Broken())
+    engine.register_job("j", {"errors.tolerance": "all", "errors.log.enable": "true"})
+    assert engine.decide("j", task(), [rec("r", VALUE)])[0].verdict.action is Action.SKIP
+    assert engine.counters()["error-log-failures"] == 1
+
+
+def test_default_logger_writes_json_to_spillway_errors(clock, caplog):
+    import json
+
+    engine = PolicyEngine(clock=clock, rng=FakeRng())
+    engine.register_job("j", {"errors.tolerance": "all", "errors.log.enable": "true"})
+    with caplog.at_level("ERROR", logger="spillway.errors"):
+        engine.decide("j", task(), [rec("r", VALUE)])
+    (record,) = [r for r in caplog.records if r.name == "spillway.errors"]
+    assert json.loads(record.getMessage())["record_id"] == "r"
+
+
+# --- counters and summaries ----------------------------------------------------------------------
+
+def test_counters_per_job_stage_and_task(engine, clock):
+    engine.register_job("j", {"errors.tolerance": "all", "errors.retry.max.retries": "1"})
+    sink = StageRef(Stage.SINK)
+    engine.decide("j", task(0), [rec("a", VALUE), rec("b", CONN, stage=sink)])
+    engine.decide("j", task(1), [rec("c", VALUE, stage=StageRef(Stage.CUSTOM, "enrich"))])
+    s = engine.summary("j")
+    assert s.by_stage == {"TRANSFORMATION": 1, "TASK_PUT": 1, "enrich": 1}
+    assert s.by_category == {"data": 2, "retriable": 1}
+    assert s.by_exception_class == {"builtins.ValueError": 2, "builtins.ConnectionError": 1}
+    assert engine.stage_counts("j", "TASK_PUT").total_retries == 1
+    assert engine.stage_counts("j", "TRANSFORMATION").total_records_skipped == 1
+    assert engine.task_counts("j", "1.0").total_record_failures == 2
+    assert engine.task_counts("j", "1.1").total_record_errors == 1
+    assert s.counts.last_error_timestamp_ms == clock.wall_ms()
+    flat = engine.counters()
+    assert flat["total-record-failures"] == 3 and flat["total-retries"] == 1
+    assert flat["total-records-skipped"] == 2 and flat["dropped-records"] == 2
+    assert flat["jobs"] == 1
+
+
+def test_summary_processed_and_dlq_acks(engine):
+    engine.register_job("j", {"errors.tolerance": "all",
+                              "errors.deadletterqueue.topic.name": "dlq.j"})
+    engine.record_progress("j", task(0), {T: 90, StageRef(Stage.SINK): 10})
+    engine.note_dead_letter_acked("j", 3)
+    s = engine.summary("j")
+    assert s.records_processed == 100 and s.dlq_records_written == 3
+    assert engine.counters()["dlq-records-written"] == 3
+
+
+def test_record_progress_is_idempotent_per_attempt_and_replaced_by_a_reattempt(engine):
+    engine.register_job("j", {"errors.tolerance": "all"})
+    engine.record_progress("j", task(0, attempt=0), {T: 50})
+    engine.record_progress("j", task(0, attempt=0), {T: 50})     # same attempt reported twice
+    assert engine.summary("j").records_processed == 50
+    engine.record_progress("j", task(0, attempt=1), {T: 70})     # the re-run replaces it
+    assert engine.summary("j").records_processed == 70
+    engine.record_progress("j", task(1, attempt=0), {T: 30})     # another partition adds
+    assert engine.summary("j").records_processed == 100
+
+
+# --- registration ------------------------------------------------------------------------------
+
+def test_register_is_idempotent_and_refuses_a_different_policy(engine):
+    a = engine.register_job("j", {"errors.tolerance": "all"})
+    b = engine.register_job("j", {"errors.tolerance": "all"})
+    assert a is b
+    with pytest.raises(JobConflictError, match=r"errors.tolerance: 'all' -> 'none'"):
+        engine.register_job("j", {"errors.tolerance": "none"})
+    assert engine.jobs() == ["j"]
+
+
+def test_register_validates_naming_the_property(engine):
+    with pytest.raises(ConfigError) as e:
+        engine.register_job("j", {"errors.retry.jitter.factor": "1.5"})
+    assert e.value.property == "errors.retry.jitter.factor"
+    assert engine.jobs() == []
+
+
+def test_job_defaults_apply_under_the_jobs_own_properties(clock):
+    engine = PolicyEngine(clock=clock, rng=FakeRng(),
+                          job_defaults={"errors.tolerance": "all", "errors.retry.timeout": "5000"})
+    s = engine.register_job("j", {"errors.retry.timeout": "100"})
+    assert s.tolerance.mode == "all" and s.retry.timeout_ms == 100
+    assert s.raw["errors.tolerance"] == "all"
+
+
+def test_unknown_job_is_refused_everywhere(engine):
+    with pytest.raises(UnknownJobError):
+        engine.decide("nope", task(), [rec("r")])
+    with pytest.raises(UnknownJobError):
+        engine.summary("nope")
+    with pytest.raises(UnknownJobError):
+        engine.record_progress("nope", task(), {T: 1})
+
+
+# --- bounded state and threads -------------------------------------------------------------------
+
+def test_recovered_records_leave_the_schedule(engine, clock):
+    engine.register_job("j", {"errors.retry.max.retries": "3"})
+    for i in range(50):
+        engine.decide("j", task(), [rec(f"r{i}")])
+    assert engine.counters()["records-tracked"] == 50
+    engine.record_recovered("j", task(), [f"r{i}" for i in range(50)] + ["never-seen"])
+    assert engine.counters()["records-tracked"] == 0
+    assert engine.counters()["total-records-recovered"] == 50
+
+
+def test_schedule_state_is_bounded(engine, monkeypatch):
+    from spillway.sidecar.core import policy
+
+    monkeypatch.setattr(policy, "MAX_TRACKED_RECORDS", 10)
+    engine.register_job("j", {"errors.retry.max.retries": "3",
+                              "errors.retry.budget.ratio": "-1", "errors.circuit.enable": "false"})
+    for i in range(25):
+        engine.decide("j", task(), [rec(f"r{i}")])
+    flat = engine.counters()
+    assert flat["records-tracked"] == 10 and flat["records-evicted"] == 15
+
+
+def test_concurrent_decisions_count_every_record_once(engine):
+    engine.register_job("j", {"errors.tolerance": "all"})
+
+    def worker(p: int) -> None:
+        for i in range(200):
+            engine.decide("j", task(p), [rec(f"{p}-{i}", VALUE)])
+
+    threads = [threading.Thread(target=worker, args=(p,)) for p in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    c = engine.summary("j").counts
+    assert c.total_record_errors == c.total_records_skipped == 1600
+
+
+# --- properties through the engine ---------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(timeout=st.sampled_from(["0", "-1", "500", "2000", "30000"]),
+       max_retries=st.one_of(st.none(), st.integers(0, 6)),
+       fine=st.booleans(), r=st.floats(0, 1, exclude_max=True),
+       gaps=st.lists(st.integers(0, 3000), min_size=1, max_size=8),
+       reattempt_every=st.integers(1, 4))
+def test_engine_schedule_invariants(timeout, max_retries, fine, r, gaps, reattempt_every):
+    clock = FakeClock()
+    e = PolicyEngine(clock=clock, rng=FakeRng(r), logger=ListLogger())
+    p = {"errors.tolerance": "all", "errors.retry.timeout": timeout,
+         "errors.retry.budget.ratio": "-1"}
+    if max_retries is not None:
+        p["errors.retry.max.retries"] = str(max_retries)
+    if fine:
+        p["errors.retry.jitter.factor"] = "1"
+    e.register_job("j", p)
+    first = clock.ms
+    retries = 0
+    for i in range(200):
+        t = task(attempt=i // reattempt_every)        # the task is re-attempted now and then
+        v = e.decide("j", t, [rec("r")])[0].verdict
+        assert v.attempt == i + 1                      # the sidecar's count survives re-attempts
+        if v.action is not Action.RETRY:
+            assert v.action is Action.SKIP and v.reason
+            break
+        retries += 1
+        if int(timeout) > 0:
+            assert clock.ms + v.retry_delay_ms <= first + int(timeout)
+        clock.advance(v.retry_delay_ms + gaps[i % len(gaps)])
+    else:
+        assert timeout == "-1" and max_retries is None     # only an unbounded policy goes on
+    if max_retries is not None:
+        assert retries <= max_retries
+    if timeout == "0" and max_retries is None:
+        assert retries == 0
