@@ -50,7 +50,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server import start_server
 
     raw = serve_properties(args, dict(os.environ))
-    running = start_server(raw)
+    running = start_server(raw, install_global_telemetry=True)
     # Tell whoever started us where we listen (port 0 picks a free one): one parseable line.
     print(f"spillway sidecar listening on {running.address}", flush=True)
     done = threading.Event()

@@ -6,12 +6,14 @@ The servicer only translates (protobuf <-> core values) and maps errors to statu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
 import re
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -23,15 +25,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
-from . import __version__
+from . import __version__, telemetry
 from .adapters import convert
 from .core import config
-from .core.dlq_record import build_dlq_record
+from .core.dlq_record import build_dlq_record, valid_traceparent
 from .core.guardrails import check_topic_name
-from .core.model import StageRef, task_key
+from .core.model import FailedRecord, StageRef, task_key
 from .core.policy import PolicyEngine
 from .core.ports import SystemClock
 from .core.settings import JobSettings, job_settings
+from .telemetry import Telemetry
 from .errors import (
     BackpressureError,
     ConfigError,
@@ -118,6 +121,7 @@ class Sidecar:
     pipeline: object | None  # DlqPipeline when bootstrap.servers is set
     sidecar_id: str
     flush_timeout_s: float
+    telemetry: Telemetry = field(default_factory=Telemetry)
     _topics_checked: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -152,18 +156,37 @@ class Sidecar:
             self.engine.record_recovered(job, task, recovered)
         if not records:
             return []
-        decisions = self.engine.decide(job, task, records)
-        verdicts = [d.verdict for d in decisions]
-        to_dlq = [i for i, d in enumerate(decisions) if d.dead_letter]
-        if to_dlq:
-            settings = self.engine.settings(job)
-            now_ms = SystemClock().wall_ms()
-            dlq = [build_dlq_record(settings, records[i], verdicts[i], task, now_ms=now_ms,
-                                    sidecar_id=self.sidecar_id) for i in to_dlq]
-            self.pipeline.submit(dlq)  # durable (spooled) before we answer
-            for i in to_dlq:
-                v = verdicts[i]
-                verdicts[i] = type(v)(**{**_fields(v), "dead_lettered": True})
+        started = time.perf_counter()
+        tracer = self.telemetry.tracer
+        with tracer.start_as_current_span(
+                "spillway.decide", attributes={"spillway.job": job,
+                                               "spillway.task.id": task.task_id,
+                                               "spillway.records": len(records)}) as span:
+            decisions = self.engine.decide(job, task, records)
+            verdicts = [d.verdict for d in decisions]
+            if span.is_recording():
+                for v in verdicts:
+                    span.add_event("spillway.verdict", {
+                        "spillway.record.id": v.record_id, "spillway.action": v.action.value,
+                        "spillway.category": v.category.value, "spillway.reason": v.reason,
+                        "spillway.attempt": v.attempt})
+            to_dlq = [i for i, d in enumerate(decisions) if d.dead_letter]
+            if to_dlq:
+                # A record reported without a trace context still gets one: the decision's.
+                own = _traceparent(span)
+                settings = self.engine.settings(job)
+                now_ms = SystemClock().wall_ms()
+                dlq = [build_dlq_record(
+                    settings, _with_trace(records[i], own), verdicts[i], task, now_ms=now_ms,
+                    sidecar_id=self.sidecar_id) for i in to_dlq]
+                with tracer.start_as_current_span(
+                        "spillway.spool", attributes={"spillway.records": len(dlq)}):
+                    self.pipeline.submit(dlq)  # durable (spooled) before we answer
+                for i in to_dlq:
+                    verdicts[i] = dataclasses.replace(verdicts[i], dead_lettered=True)
+        if self.telemetry.verdict_duration is not None:
+            self.telemetry.verdict_duration.record(time.perf_counter() - started,
+                                                   {"job": job})
         return verdicts
 
     def flush(self, job, task, processed: Mapping[StageRef, int], recovered, timeout_s) -> int:
@@ -189,8 +212,17 @@ class Sidecar:
         )
 
 
-def _fields(v) -> dict:
-    return {f: getattr(v, f) for f in v.__slots__}
+def _traceparent(span) -> str:
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return ""
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def _with_trace(record: FailedRecord, traceparent: str) -> FailedRecord:
+    if valid_traceparent(record.traceparent):
+        return record
+    return dataclasses.replace(record, traceparent=traceparent, tracestate="")
 
 
 class _Random:
@@ -227,6 +259,7 @@ class RunningSidecar:
         self.server.stop(grace).wait()
         if self.sidecar.pipeline is not None:
             self.sidecar.pipeline.shutdown(timeout=max(1.0, grace))
+        self.sidecar.telemetry.shutdown()  # flush spans and metrics
         log.info("spillway sidecar %s stopped", self.sidecar.sidecar_id)
 
     def wait(self) -> None:
@@ -286,15 +319,31 @@ def start_server(
     *,
     interceptors: Sequence[grpc.ServerInterceptor] = (),
     max_workers: int = 32,
+    install_global_telemetry: bool = False,
 ) -> RunningSidecar:
     """Build and start a sidecar from layered raw properties (see `config.resolve`)."""
     raw = config.resolve(explicit=raw or {})  # idempotent over an already-layered mapping
     sidecar = build_sidecar(raw)
+    interceptors = list(interceptors)
+    if sidecar.props["telemetry.enable"]:
+        from opentelemetry.instrumentation.grpc import server_interceptor
+
+        tel = telemetry.setup(prometheus_port=sidecar.props["metrics.prometheus.port"],
+                              prometheus_host=sidecar.props["metrics.prometheus.host"],
+                              sidecar_id=sidecar.sidecar_id,
+                              install_global=install_global_telemetry)
+        tel.add_source(sidecar.engine.metric_rows)
+        if sidecar.pipeline is not None:
+            pipeline = sidecar.pipeline
+            tel.add_source(lambda: [(k, {}, float(v)) for k, v in pipeline.stats().items()])
+        sidecar.telemetry = tel
+        # gRPC server spans continue the executor's trace (W3C context in the metadata)
+        interceptors.append(server_interceptor(tracer_provider=tel.tracer_provider))
     if sidecar.pipeline is not None:
         sidecar.pipeline.start()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="spillway-rpc"),
-        interceptors=list(interceptors),
+        interceptors=interceptors,
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.so_reuseport", 0)],

@@ -237,6 +237,13 @@ _PROPS: list[Prop] = [
     Prop("producer.batch.size", p_int(1), "1000000", "DLQ producer batch size, bytes", job=False),
     Prop("flush.timeout.ms", p_int(1), "60000",
          "default flush-barrier deadline when the client sets none, ms", job=False),
+    Prop("telemetry.enable", p_bool, "true",
+         "OpenTelemetry traces and metrics (exported only where OTEL_* / the Prometheus port "
+         "say so)", job=False),
+    Prop("metrics.prometheus.port", p_int(0, 65535), "0",
+         "serve metrics for Prometheus scrapes on this port (0: off)", job=False),
+    Prop("metrics.prometheus.host", p_str, "127.0.0.1",
+         "address of the Prometheus endpoint (0.0.0.0 inside a container)", job=False),
     Prop("shutdown.grace.ms", p_int(0), "10000", "graceful stop: time for in-flight calls, ms",
          job=False),
 ]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from .model import Counts
 
 MAX_TASK_SCOPES = 10_000
+EVICTED_TASK = "_evicted"  # the task label that older, evicted (stage, task) pairs fold into
 WINDOW_BUCKETS = 20
 
 KIP_NAMES: dict[str, str] = {
@@ -59,13 +60,26 @@ class ScopedCounts:
     job: Counts = field(default_factory=Counts)
     stages: dict[str, Counts] = field(default_factory=dict)
     tasks: OrderedDict[str, Counts] = field(default_factory=OrderedDict)
+    # (stage, task) pairs, for metrics labelled job/stage/task. Evicted pairs fold into the
+    # stage's EVICTED_TASK pair so sums over the labels stay exact.
+    pairs: OrderedDict[tuple[str, str], Counts] = field(default_factory=OrderedDict)
     max_tasks: int = MAX_TASK_SCOPES
     tasks_evicted: int = 0
 
-    def scopes(self, stage: str, task: str) -> tuple[Counts, Counts, Counts]:
+    def scopes(self, stage: str, task: str) -> tuple[Counts, Counts, Counts, Counts]:
         s = self.stages.get(stage)
         if s is None:
             s = self.stages[stage] = Counts()
+        key = (stage, task)
+        p = self.pairs.get(key)
+        if p is None:
+            p = self.pairs[key] = Counts()
+            if len(self.pairs) > self.max_tasks:
+                (old_stage, _), old = self.pairs.popitem(last=False)
+                rest = self.pairs.setdefault((old_stage, EVICTED_TASK), Counts())
+                add_counts(rest, old)
+        else:
+            self.pairs.move_to_end(key)
         t = self.tasks.get(task)
         if t is None:
             t = self.tasks[task] = Counts()
@@ -74,7 +88,7 @@ class ScopedCounts:
                 self.tasks_evicted += 1
         else:
             self.tasks.move_to_end(task)
-        return self.job, s, t
+        return self.job, s, t, p
 
     def bump(self, stage: str, task: str, name: str, n: int = 1) -> None:
         for c in self.scopes(stage, task):

@@ -464,6 +464,21 @@ class PolicyEngine:
             c = j.counts.tasks.get(task_id)
             return copy_counts(c) if c is not None else Counts()
 
+    def metric_rows(self) -> list[tuple[str, dict[str, str], float]]:
+        """KIP-298 counts as (metric name, {job, stage, task}, value) rows for exporters."""
+        rows: list[tuple[str, dict[str, str], float]] = []
+        with self._lock:
+            jobs = list(self._jobs.items())
+        for name, j in jobs:
+            with j.lock:
+                pairs = [(st, tk, copy_counts(c)) for (st, tk), c in j.counts.pairs.items()]
+                acked = j.dlq_acked
+            for stage, task, c in pairs:
+                attrs = {"job": name, "stage": stage, "task": task}
+                rows.extend((k, attrs, v) for k, v in as_kip_dict(c).items())
+            rows.append(("dlq-records-written", {"job": name}, float(acked)))
+        return rows
+
     def counters(self) -> dict[str, float]:
         """Sidecar-wide counters by KIP metric name, plus spillway's own."""
         with self._lock:
