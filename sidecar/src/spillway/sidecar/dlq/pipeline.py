@@ -1,0 +1,659 @@
+"""The DLQ pipeline: the DeadLetterSink port over the durable spool and one Kafka producer.
+
+    submit() ──group commit──▶ spool (SQLite, fsync) ──drain worker──▶ producer ──▶ Kafka
+        returns once durable          bounded: backpressure       delivery report = proof
+                                                                   ack ─▶ delete row,
+                                                                          wake wait_task()
+
+A record the sidecar has accepted (``submit()`` returned) is never lost: it stays in the spool
+until Kafka acknowledges it, across broker outages and sidecar restarts (``kill -9`` included);
+after a restart the spool's rows are drained in order. Duplicates are possible (a record acked by
+Kafka whose row was not yet deleted when the sidecar died; a re-produce after a timeout that had
+in fact been written): at most the records in flight at that moment (``max_inflight_records``).
+
+``spool.enable=false``: records wait in a bounded in-memory queue instead, and `submit()` returns
+once they are in it, i.e. handed to the pipeline's producer side. That mode is NOT crash-safe:
+a crash, or a shutdown before Kafka acknowledged them, loses them (the loss is logged).
+
+Drain worker: one thread, woken by an Event, reads the spool in chunks (``read_chunk``, 5,000 by
+default) so that a million spooled records never sit in memory (at most ``max_inflight_records`` /
+``max_inflight_bytes`` do), hands many records to librdkafka before serving delivery reports (one
+poll per batch, never one flush per record), deletes acknowledged rows in batches, and acts on
+failures by their category (see `producer.classify`):
+
+- retriable: produced again after an exponential backoff (``write-retries``);
+- fatal (producer unusable): the producer is closed and rebuilt, its records produced again;
+- never acceptable (too large, invalid): the record is first produced alone (it may only have
+  shared a batch with the culprit); refused alone too, it is moved to the spool's bounded
+  ``rejected`` table, counted (``deadletterqueue-produce-failures``, ``write-failures``,
+  ``rejected-records``) and logged with its record id: neither lost nor produced in a loop.
+
+Lock order: the writer thread calls `_register` under the spool's write lock; nothing here calls
+the store while holding ``self._lock``.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Producer
+
+from ..core.model import DlqRecord
+from ..core.ports import Clock, RandomSource, SystemClock
+from ..errors import BackpressureError, ConfigError, DlqError, FlushTimeoutError
+from .producer import DeliveryFailure, KafkaDlqProducer, Outcome, ProduceRefused, producer_config
+from .spool import MemoryQueue, Placed, RecordStore, Spool
+from .tracing import record_batch_spans
+
+log = logging.getLogger(__name__)
+
+OnAck = Callable[[str, int], None]
+_TASKS_KEPT = 65_536  # finished task attempts whose counts wait_task can still report
+
+
+def default_spool_dir() -> str:
+    """``$XDG_STATE_HOME/spillway/dlq-spool`` (``~/.local/state`` when unset)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                            ".local", "state")
+    return os.path.join(base, "spillway", "dlq-spool")
+
+
+@dataclass(slots=True)
+class _Entry:
+    """A spooled record the drain holds in memory: in flight, waiting to retry, or a suspect."""
+
+    seq: int
+    rec: DlqRecord
+    size: int
+    attempts: int = 0
+    solo: bool = False  # its last produce was alone in its batch
+    sent_ns: int = 0    # when it was last handed to the producer (for the batch span)
+
+    def __lt__(self, other: _Entry) -> bool:  # heap tie-break
+        return self.seq < other.seq
+
+
+@dataclass(slots=True)
+class _TaskCount:
+    pending: int = 0
+    acked: int = 0
+    rejected: int = 0
+    last_error: str = ""
+
+
+class DlqPipeline:
+    """Implements `core.ports.DeadLetterSink`: spool, drain, produce, acknowledge."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        spool_dir: str = "",
+        spool_enable: bool = True,
+        max_bytes: int = 512 * 1024 * 1024,
+        max_records: int = 2_000_000,
+        linger_ms: int = 20,
+        batch_size: int = 1_000_000,
+        producer_overrides: Mapping[str, Any] | None = None,
+        clock: Clock | None = None,
+        rng: RandomSource | None = None,
+        on_ack: OnAck | None = None,
+        read_chunk: int = 5_000,
+        max_inflight_records: int = 50_000,
+        max_inflight_bytes: int = 64 * 1024 * 1024,
+        delete_batch: int = 5_000,
+        retry_backoff_ms: int = 100,
+        retry_backoff_max_ms: int = 5_000,
+        producer_factory: Callable[[dict[str, Any]], Any] = Producer,
+    ) -> None:
+        if max_bytes < 1:
+            raise ConfigError("spool.max.bytes", f"must be >= 1, got {max_bytes}")
+        if max_records < 1:
+            raise ConfigError("spool.max.records", f"must be >= 1, got {max_records}")
+        self._config = producer_config(bootstrap_servers, linger_ms=linger_ms,
+                                       batch_size=batch_size, overrides=producer_overrides)
+        self.spool_enable = spool_enable
+        self.spool_dir = (spool_dir or default_spool_dir()) if spool_enable else ""
+        self._max_bytes = max_bytes
+        self._max_records = max_records
+        self._clock: Clock = clock or SystemClock()
+        self._on_ack = on_ack
+        # set by the server when telemetry is on: one span per acknowledged batch
+        self.tracer = None
+        self._chunk = max(1, read_chunk)
+        self._max_inflight = max(1, max_inflight_records)
+        self._max_inflight_bytes = max(1, max_inflight_bytes)
+        self._delete_batch = max(1, delete_batch)
+        self._backoff_s = retry_backoff_ms / 1000.0
+        self._backoff_max_s = retry_backoff_max_ms / 1000.0
+        self._random: RandomSource = rng or random.Random()
+        self._producer = KafkaDlqProducer(self._config, self._on_report,
+                                          factory=producer_factory)
+        self._store: RecordStore | None = None
+        self._thread: threading.Thread | None = None
+
+        # shared with submitters and waiters, under _lock
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._tasks: collections.OrderedDict[str, _TaskCount] = collections.OrderedDict()
+        self._recovered_upto = 0  # rows up to this seq were spooled by an earlier process
+        self._followers: dict[int, list[str]] = {}  # seq -> other task keys waiting on it
+        self._acked_set: set[int] = set()
+        self._rejected_pending: dict[int, str] = {}
+        self._commits = 0
+        self._flush_waiters = 0
+        self._done_through = 0
+        self._closing = False
+        self._closed = False
+
+        # drain-thread state
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._reports: list[tuple[int, DeliveryFailure | None]] = []
+        self._cursor = 0
+        self._read_commits = -1
+        self._inflight: dict[int, _Entry] = {}
+        self._retry: list[tuple[float, _Entry]] = []
+        self._suspects: collections.deque[_Entry] = collections.deque()
+        self._probe: int | None = None
+        self._held_bytes = 0
+        self._acked_pending: list[int] = []
+        self._first_ack_t = 0.0
+        self._rejects: list[tuple[int, str]] = []
+        self._last_fail_log: dict[int, float] = {}
+
+        # counters (written by the drain thread)
+        self._c_requests = 0
+        self._c_failures = 0
+        self._c_written = 0
+        self._c_retries = 0
+        self._c_rejected = 0
+        self._c_rebuilds = 0
+        self._c_possible_dups = 0
+        self._c_backpressure = 0
+        self._last_error = ""
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> DlqPipeline:
+        """Open the spool (recovering what it holds) and start the drain worker."""
+        with self._lock:
+            if self._thread is not None:
+                return self
+            if self._closed:
+                raise DlqError("the DLQ pipeline was shut down; build a new one")
+        if self.spool_enable:
+            self._store = Spool(self.spool_dir, max_bytes=self._max_bytes,
+                                max_records=self._max_records)
+        else:
+            self._store = MemoryQueue(max_bytes=self._max_bytes, max_records=self._max_records)
+        self._recovered_upto = self._store.last_seq()
+        self._thread = threading.Thread(target=self._run, name="spillway-dlq-drain", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, records: Sequence[DlqRecord]) -> None:
+        """Return once every record is durable in the spool (group-committed); with
+        spool.enable=false, once it is in the in-memory queue. Raises BackpressureError when the
+        spool is at its high-water mark (none of `records` is then stored)."""
+        if not records:
+            return
+        store = self._store
+        if store is None:
+            raise DlqError("DlqPipeline.start() was not called")
+        if self._closing:
+            raise DlqError("the DLQ pipeline is shutting down and accepts no more records")
+        for rec in records:
+            if not rec.topic:
+                raise DlqError(f"DLQ record {rec.record_id!r} of job {rec.job!r} has no topic "
+                               f"(errors.deadletterqueue.topic.name is empty)")
+        keys = [rec.task_key for rec in records]
+
+        def on_commit(placed: Sequence[Placed]) -> None:
+            self._register(keys, placed)
+
+        try:
+            store.append(records, on_commit)
+        except BackpressureError:
+            self._c_backpressure += 1
+            raise
+        self._wake.set()
+
+    def _task(self, tk: str) -> _TaskCount:
+        t = self._tasks.get(tk)
+        if t is None:
+            t = self._tasks[tk] = _TaskCount()
+        else:
+            self._tasks.move_to_end(tk)
+        return t
+
+    def _register(self, keys: Sequence[str], placed: Sequence[Placed]) -> None:
+        """Runs right after the commit, before any delete can run.
+
+        A row counts for the task stored on it (its owner): the drain settles the owner's count
+        when the row is acknowledged or rejected, whether that happens before or after this
+        registration (the count may dip below zero meanwhile). A record that was already spooled
+        under another task, or by an earlier process, is followed by seq: it is then unread, in
+        the drain's hands, acknowledged-not-yet-deleted or rejected-not-yet-moved.
+        """
+        with self._cv:
+            for tk, (seq, owner, fresh) in zip(keys, placed, strict=True):
+                t = self._task(tk)
+                if fresh:
+                    t.pending += 1
+                elif owner == tk and seq > self._recovered_upto:
+                    continue  # the same task reported it again: already counted
+                elif seq in self._acked_set:
+                    t.acked += 1
+                elif seq in self._rejected_pending:
+                    t.rejected += 1
+                    t.last_error = self._rejected_pending[seq]
+                else:
+                    self._followers.setdefault(seq, []).append(tk)
+                    t.pending += 1
+            self._commits += 1
+            self._evict()
+        self._wake.set()
+
+    def _evict(self) -> None:
+        while len(self._tasks) > _TASKS_KEPT:
+            first = next(iter(self._tasks.values()))
+            if first.pending:
+                break
+            self._tasks.popitem(last=False)
+
+    def _settle(self, e: _Entry, *, acked: bool, reason: str = "") -> None:
+        """Count an acknowledged or rejected row for its owner and followers (under _cv)."""
+        keys = self._followers.pop(e.seq, [])
+        if e.seq > self._recovered_upto:
+            keys.append(e.rec.task_key)
+        for tk in keys:
+            t = self._task(tk)
+            t.pending -= 1
+            if acked:
+                t.acked += 1
+            else:
+                t.rejected += 1
+                t.last_error = reason
+
+    def wait_task(self, task_key: str, timeout_s: float) -> int:
+        """Block until every record submitted under `task_key` is acknowledged by Kafka; return
+        how many were. FlushTimeoutError past `timeout_s`; DlqError when one was rejected."""
+        deadline = self._clock.monotonic() + timeout_s
+        self._wake.set()
+        with self._cv:
+            while True:
+                t = self._tasks.get(task_key)
+                if t is None:
+                    return 0
+                if t.rejected:
+                    raise DlqError(
+                        f"{t.rejected} DLQ record(s) of task {task_key} can never be written to "
+                        f"Kafka ({t.last_error}); they are kept in the spool's rejected table "
+                        f"({t.acked} acknowledged, {t.pending} pending)")
+                if t.pending <= 0:
+                    return t.acked
+                if self._closed:
+                    raise DlqError(f"the DLQ pipeline shut down with {t.pending} record(s) of "
+                                   f"task {task_key} not yet acknowledged; they stay spooled")
+                remaining = deadline - self._clock.monotonic()
+                if remaining <= 0:
+                    raise FlushTimeoutError(
+                        f"{t.pending} DLQ record(s) of task {task_key} not acknowledged by Kafka "
+                        f"within {timeout_s:g}s ({t.acked} were); they stay spooled and will be "
+                        f"delivered later" + (f"; last error: {self._last_error}"
+                                              if self._last_error else ""))
+                self._cv.wait(min(remaining, 0.1))
+
+    def force_flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every record submitted before this call is acknowledged (or rejected);
+        False on timeout."""
+        store = self._store
+        if store is None or self._thread is None:
+            return True
+        target = store.last_seq()
+        deadline = self._clock.monotonic() + timeout
+        with self._cv:
+            self._flush_waiters += 1
+            try:
+                while self._done_through < target:
+                    remaining = deadline - self._clock.monotonic()
+                    if remaining <= 0 or not self._thread.is_alive():
+                        return False
+                    self._wake.set()
+                    self._cv.wait(min(remaining, 0.05))
+                return True
+            finally:
+                self._flush_waiters -= 1
+
+    def shutdown(self, timeout: float = 10.0) -> bool:
+        """Stop accepting, flush what can be flushed within `timeout`, stop the worker, close
+        the producer (without waiting past the deadline) and the spool. What Kafka did not
+        acknowledge stays in the spool for the next start. True when everything was flushed."""
+        if self._thread is None or self._store is None:
+            with self._cv:
+                self._closing = self._closed = True
+            return True
+        with self._lock:
+            if self._closed:
+                return True
+            self._closing = True
+        deadline = self._clock.monotonic() + timeout
+        flushed = self.force_flush(timeout)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(max(2.0, deadline - self._clock.monotonic()))
+        if self._thread.is_alive():  # pragma: no cover - the loop's waits are all bounded
+            log.error("DLQ drain worker did not stop; closing anyway")
+        else:
+            self._producer.close(max(0.0, deadline - self._clock.monotonic()))
+            self._handle_reports()
+            self._commit_acks(force=True)
+        left = self._store.depth()
+        if left:
+            if self._store.durable:
+                log.warning("DLQ pipeline stopped with %d records not yet acknowledged by Kafka; "
+                            "they stay in the spool %s and are drained at the next start", left,
+                            self.spool_dir)
+        self._store.close()
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        return flushed and left == 0
+
+    # -- status ---------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        store = self._store
+        depth = store.depth() if store else 0
+        return {
+            "deadletterqueue-produce-requests": float(self._c_requests),
+            "deadletterqueue-produce-failures": float(self._c_failures),
+            "dlq-records-written": float(self._c_written),
+            "spool-depth": float(depth),
+            "spool-bytes": float(store.bytes() if store else 0),
+            "spool-high-water": 1.0 if store and store.high_water() else 0.0,
+            "write-retries": float(self._c_retries),
+            "write-successes": float(self._c_written),
+            "write-failures": float(self._c_rejected),
+            "rejected-records": float(store.rejected_count() if store else 0),
+            "in-flight-records": float(len(self._inflight)),
+            "producer-rebuilds": float(self._c_rebuilds),
+            "possible-duplicates": float(self._c_possible_dups),
+            "backpressure-rejections": float(self._c_backpressure),
+        }
+
+    def last_error(self) -> str:
+        return self._last_error
+
+    @property
+    def store(self) -> RecordStore | None:
+        return self._store
+
+    # -- the drain worker -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._wake.clear()
+                idle_for = self._step()
+                if idle_for > 0:
+                    self._wake.wait(idle_for)
+            except Exception:
+                log.exception("DLQ drain worker error; continuing")
+                self._stop.wait(0.5)
+
+    def _step(self) -> float:
+        """One round; returns how long to sleep (0: go on at once)."""
+        assert self._store is not None
+        now = self._clock.monotonic()
+        if self._producer.fatal_error is not None:
+            self._rebuild(str(self._producer.fatal_error))
+        produced = False
+        if self._suspects:
+            produced = self._probe_next()
+        else:
+            while self._retry and self._retry[0][0] <= now:
+                _, e = heapq.heappop(self._retry)
+                if not self._produce(e):
+                    break
+                produced = True
+            produced = self._read_more() or produced
+        more_to_read = self._read_commits != self._commits and self._room() > 0
+        self._producer.poll(0 if produced or more_to_read else
+                            (0.05 if self._inflight else 0))
+        self._handle_reports()
+        self._commit_acks(force=self._flush_waiters > 0 or self._stop.is_set())
+        if self._flush_waiters:
+            self._update_done_through()
+        if self._inflight or produced or more_to_read or self._suspects:
+            return 0.0  # (rows left over after a failed delete or reject wait for the next wake)
+        if self._retry:
+            return max(0.0, min(1.0, self._retry[0][0] - self._clock.monotonic()))
+        return 1.0
+
+    def _room(self) -> int:
+        held = len(self._inflight) + len(self._retry) + len(self._suspects)
+        held += len(self._acked_pending)
+        if self._held_bytes >= self._max_inflight_bytes:
+            return 0
+        return self._max_inflight - held
+
+    def _read_more(self) -> bool:
+        assert self._store is not None
+        with self._lock:
+            commits = self._commits
+        if commits == self._read_commits:
+            return False
+        room = self._room()
+        limit = min(self._chunk, room)
+        if limit <= 0 or (limit < self._chunk // 4 and self._inflight):
+            return False
+        last = self._store.last_seq()  # committed before it was published
+        rows = self._store.read_batch(self._cursor, limit)
+        short = len(rows) < limit
+        if short:
+            self._read_commits = commits
+        produced = False
+        for i, row in enumerate(rows):
+            self._cursor = row.seq
+            e = _Entry(row.seq, row.record, row.size)
+            self._held_bytes += e.size
+            if not self._produce(e):  # librdkafka full: keep the rest for later, in order
+                for rest in rows[i + 1:]:
+                    self._cursor = rest.seq
+                    r = _Entry(rest.seq, rest.record, rest.size)
+                    self._held_bytes += r.size
+                    heapq.heappush(self._retry, (self._clock.monotonic(), r))
+                break
+            produced = True
+        if short:
+            # read to the end: a seq up to `last` that is not there never will be (an ignored
+            # duplicate can use one up), so the cursor may pass it
+            self._cursor = max(self._cursor, last)
+        return produced
+
+    def _produce(self, e: _Entry, *, solo: bool = False) -> bool:
+        """Hand one entry to librdkafka; False when its queue stays full (entry kept)."""
+        e.solo = solo
+        e.sent_ns = time.time_ns()
+        try:
+            self._producer.produce(e.rec, e.seq, max_wait_s=0.5)
+        except BufferError:
+            heapq.heappush(self._retry, (self._clock.monotonic(), e))
+            return False
+        except ProduceRefused as refused:
+            self._c_requests += 1
+            if e.attempts:
+                self._c_retries += 1
+            self._on_failure(e, refused.failure, refused_alone=True)
+            return True
+        self._c_requests += 1
+        if e.attempts:
+            self._c_retries += 1
+        self._inflight[e.seq] = e
+        return True
+
+    def _probe_next(self) -> bool:
+        """Produce one suspect alone: nothing else queued in librdkafka, nothing else sent."""
+        if self._probe is not None or self._inflight or self._producer.outstanding():
+            return False
+        e = self._suspects.popleft()
+        self._probe = e.seq
+        if not self._produce(e, solo=True):
+            self._probe = None
+            return False
+        if e.seq not in self._inflight:  # refused synchronously: already re-filed
+            self._probe = None
+        else:
+            self._producer.flush(0)  # send it now, without waiting for linger.ms
+        return True
+
+    def _on_report(self, token: int, failure: DeliveryFailure | None,
+                   partition: int = -1) -> None:
+        self._reports.append((token, failure, partition))  # served inside poll(): just collect
+
+    def _handle_reports(self) -> None:
+        if not self._reports:
+            return
+        reports, self._reports = self._reports, []
+        acked: list[_Entry] = []
+        partitions: list[int] = []
+        for seq, failure, *rest in reports:
+            e = self._inflight.pop(seq, None)
+            if e is None:
+                continue
+            if seq == self._probe:
+                self._probe = None
+            if failure is None:
+                acked.append(e)
+                partitions.append(rest[0] if rest else -1)
+            else:
+                self._on_failure(e, failure, refused_alone=e.solo)
+        if not acked:
+            return
+        if self.tracer is not None:
+            record_batch_spans(self.tracer, acked, partitions)
+        per_job: collections.Counter[str] = collections.Counter()
+        with self._cv:
+            for e in acked:
+                self._acked_set.add(e.seq)
+                self._settle(e, acked=True)
+                per_job[e.rec.job] += 1
+            self._evict()
+            self._cv.notify_all()
+        for e in acked:
+            self._held_bytes -= e.size
+        if not self._acked_pending:
+            self._first_ack_t = self._clock.monotonic()
+        self._acked_pending.extend(e.seq for e in acked)
+        self._c_written += len(acked)
+        if self._on_ack is not None:
+            for job, n in per_job.items():
+                try:
+                    self._on_ack(job, n)
+                except Exception:
+                    log.exception("DLQ on_ack hook failed")
+
+    def _on_failure(self, e: _Entry, f: DeliveryFailure, *, refused_alone: bool) -> None:
+        """File a failed entry: retry heap, suspects, or the rejected table."""
+        self._c_failures += 1
+        self._last_error = str(f)
+        if f.possibly_persisted:
+            self._c_possible_dups += 1
+        now = self._clock.monotonic()
+        if f.outcome is Outcome.REJECT:
+            if refused_alone:
+                self._reject(e, f)
+            else:
+                self._suspects.append(e)
+            return
+        if f.outcome is Outcome.REBUILD:
+            self._producer.fatal_error = self._producer.fatal_error or f
+            heapq.heappush(self._retry, (now, e))
+        else:
+            e.attempts += 1
+            delay = min(self._backoff_max_s, self._backoff_s * (2 ** min(e.attempts - 1, 20)))
+            heapq.heappush(self._retry, (now + delay * (0.5 + self._random.random() / 2), e))
+        last = self._last_fail_log.get(f.code, 0.0)
+        if now - last >= 10.0:
+            self._last_fail_log[f.code] = now
+            log.warning("DLQ record %s of job %s not written (%s); retrying (attempt %d)",
+                        e.rec.record_id, e.rec.job, f, e.attempts)
+
+    def _reject(self, e: _Entry, f: DeliveryFailure) -> None:
+        reason = f"{f.name}: {f.message}"
+        with self._cv:
+            self._rejected_pending[e.seq] = reason
+            self._settle(e, acked=False, reason=reason)
+            self._cv.notify_all()
+        self._rejects.append((e.seq, reason))
+        self._held_bytes -= e.size
+        self._c_rejected += 1
+        log.error("DLQ record %s of job %s (topic %s) can never be written to Kafka (%s): moved to "
+                  "the spool's rejected table, not retried", e.rec.record_id, e.rec.job,
+                  e.rec.topic, f)
+
+    def _commit_acks(self, *, force: bool) -> None:
+        assert self._store is not None
+        if self._rejects:
+            rejects, self._rejects = self._rejects, []
+            try:
+                self._store.reject(rejects, self._clock.wall_ms())
+            except DlqError:
+                log.exception("moving rejected DLQ records failed; will try again")
+                self._rejects = rejects + self._rejects
+            else:
+                with self._lock:
+                    for seq, _ in rejects:
+                        self._rejected_pending.pop(seq, None)
+        if not self._acked_pending:
+            return
+        if not (force or len(self._acked_pending) >= self._delete_batch
+                or not self._inflight
+                or self._clock.monotonic() - self._first_ack_t >= 0.2):
+            return
+        seqs, self._acked_pending = self._acked_pending, []
+        try:
+            self._store.delete(seqs)
+        except DlqError:
+            log.exception("deleting acknowledged DLQ records from the spool failed; will retry")
+            self._acked_pending = seqs + self._acked_pending
+            return
+        with self._lock:
+            self._acked_set.difference_update(seqs)
+
+    def _update_done_through(self) -> None:
+        # Everything at or below the cursor that the drain no longer holds is acknowledged or
+        # rejected; rows past the cursor are not read yet.
+        low = self._cursor + 1
+        if self._inflight:
+            low = min(low, min(self._inflight))
+        if self._retry:
+            low = min(low, min(e.seq for _, e in self._retry))
+        if self._suspects:
+            low = min(low, min(e.seq for e in self._suspects))
+        with self._cv:
+            self._done_through = low - 1
+            self._cv.notify_all()
+
+    def _rebuild(self, reason: str) -> None:
+        log.warning("rebuilding the DLQ producer (%s); re-producing %d records in flight", reason,
+                    len(self._inflight))
+        self._handle_reports()
+        self._producer.rebuild()
+        self._c_rebuilds += 1
+        now = self._clock.monotonic()
+        for e in self._inflight.values():
+            heapq.heappush(self._retry, (now, e))
+        self._inflight.clear()
+        self._probe = None

@@ -1,0 +1,308 @@
+"""The Kafka adapter of the DLQ pipeline: turns DLQ records into produce calls, and delivery
+reports into typed outcomes the drain acts on.
+
+Producer discipline: one idempotent producer (``enable.idempotence=true``, ``acks=all``),
+constructed lazily on the first produce; the delivery report is the only proof of success;
+``poll(0)`` after every produce; on BufferError (librdkafka's queue is full) poll and retry, for a
+bounded time; purge, then close, so that closing never waits on a broker that is gone.
+
+Every failure is classified once, here, by a table (KIP-1050 categories over librdkafka's
+``retriable()``, ``fatal()``, ``txn_requires_abort()`` and error codes) into what the drain does:
+
+- RETRY: produce the record again after a backoff. Retriable errors (librdkafka has already
+  retried internally until ``message.timeout.ms``), and topic- or cluster-level problems that an
+  operator can fix (authorization, a missing topic): the record is kept, counted and logged.
+- REBUILD: the producer is unusable (a fatal error: fenced, out-of-order sequence; or one that
+  requires an abort): close it, build a new one, and produce the record again.
+- REJECT: Kafka can never accept this record (too large, invalid): never produced again.
+
+"Possibly persisted": librdkafka does not expose a message's persistence status to Python, so
+errors raised after a request may have reached the broker (timeouts, transport errors, purges of
+in-flight requests, fatal errors) are marked ``possibly_persisted``: producing the record again
+may write it twice. Duplicates are possible, losses are not (KIP-1191 says the same).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from ..core.model import DlqRecord
+from ..errors import ConfigError, DlqError
+
+log = logging.getLogger(__name__)
+
+PASSTHROUGH = "producer.kafka."
+DEFAULT_MESSAGE_TIMEOUT_MS = 30_000
+
+# Settings the pipeline's guarantees rest on: a passthrough may not change them.
+_LOCKED = {
+    "enable.idempotence": "the DLQ producer is always idempotent",
+    "acks": "the DLQ producer always waits for all in-sync replicas (acks=all)",
+    "request.required.acks": "the DLQ producer always waits for all in-sync replicas (acks=all)",
+    "transactional.id": "the DLQ producer is not transactional",
+    "allow.auto.create.topics": "DLQ topics are only created by "
+                                "errors.deadletterqueue.auto.create.topics.enable",
+    "bootstrap.servers": "set the bootstrap.servers property instead",
+    "on_delivery": "the pipeline owns the delivery callback",
+    "error_cb": "the pipeline owns the error callback",
+}
+
+
+class Outcome(enum.Enum):
+    RETRY = "retry"
+    REBUILD = "rebuild"
+    REJECT = "reject"
+
+
+E = KafkaError
+# The producer instance is unusable (idempotence state lost): build a new one.
+REBUILD_CODES = frozenset({E._FATAL, E.OUT_OF_ORDER_SEQUENCE_NUMBER, E.PRODUCER_FENCED})
+# Record-specific: the broker (or the client's own check) refuses this very record, forever.
+REJECTED_CODES = frozenset({
+    E.MSG_SIZE_TOO_LARGE, E.RECORD_LIST_TOO_LARGE, E.INVALID_RECORD, E.INVALID_TIMESTAMP,
+    E.INVALID_MSG_SIZE, E._INVALID_ARG, E._BAD_MSG,
+})
+REFRESH_RETRIABLE_CODES = frozenset({
+    E.UNKNOWN_TOPIC_OR_PART, E._UNKNOWN_TOPIC, E._UNKNOWN_PARTITION, E.NOT_LEADER_FOR_PARTITION,
+    E.LEADER_NOT_AVAILABLE,
+})
+# Local outcomes librdkafka does not flag retriable() but that a later attempt can fix.
+RETRIABLE_CODES = frozenset({
+    E._MSG_TIMED_OUT, E._TIMED_OUT, E._TRANSPORT, E._ALL_BROKERS_DOWN, E.REQUEST_TIMED_OUT,
+    E.NETWORK_EXCEPTION, E._PURGE_QUEUE, E._PURGE_INFLIGHT, E._QUEUE_FULL, E._DESTROY,
+    E.NOT_ENOUGH_REPLICAS, E.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+})
+POSSIBLY_PERSISTED_CODES = frozenset({
+    E._MSG_TIMED_OUT, E._TIMED_OUT, E._TRANSPORT, E.REQUEST_TIMED_OUT, E.NETWORK_EXCEPTION,
+    E._PURGE_INFLIGHT, E._FATAL, E.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+})
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryFailure:
+    code: int
+    name: str
+    message: str
+    outcome: Outcome
+    category: str  # KIP-1050: retriable, refresh-retriable, abortable, application-recoverable,
+    #                invalid-configuration
+    possibly_persisted: bool
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.category}): {self.message}"
+
+
+def classify(err: KafkaError) -> DeliveryFailure:
+    """The table: what a librdkafka error means for a DLQ record."""
+    code = err.code()
+    if err.fatal() or code in REBUILD_CODES:
+        outcome, category = Outcome.REBUILD, "application-recoverable"
+    elif err.txn_requires_abort():
+        outcome, category = Outcome.REBUILD, "abortable"
+    elif code in REJECTED_CODES:
+        outcome, category = Outcome.REJECT, "invalid-configuration"
+    elif code in REFRESH_RETRIABLE_CODES:
+        outcome, category = Outcome.RETRY, "refresh-retriable"
+    elif err.retriable() or code in RETRIABLE_CODES:
+        outcome, category = Outcome.RETRY, "retriable"
+    else:  # authorization, policy, unknown: kept and retried until an operator fixes it
+        outcome, category = Outcome.RETRY, "invalid-configuration"
+    return DeliveryFailure(code=code, name=err.name(), message=err.str(), outcome=outcome,
+                           category=category,
+                           possibly_persisted=err.fatal() or code in POSSIBLY_PERSISTED_CODES)
+
+
+class ProduceRefused(DlqError):
+    """produce() refused a record synchronously (e.g. larger than message.max.bytes)."""
+
+    def __init__(self, failure: DeliveryFailure) -> None:
+        self.failure = failure
+        super().__init__(str(failure))
+
+
+def producer_config(bootstrap_servers: str, *, linger_ms: int, batch_size: int,
+                    overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """librdkafka settings of the DLQ producer; `overrides` are ``producer.kafka.*`` values
+    (with or without that prefix)."""
+    if not bootstrap_servers:
+        raise ConfigError("bootstrap.servers", "the DLQ producer needs Kafka bootstrap servers")
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap_servers,
+        "client.id": "spillway-dlq",
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": linger_ms,
+        "batch.size": batch_size,
+        "message.timeout.ms": DEFAULT_MESSAGE_TIMEOUT_MS,
+        "allow.auto.create.topics": False,
+    }
+    for key, value in (overrides or {}).items():
+        name = key[len(PASSTHROUGH):] if key.startswith(PASSTHROUGH) else key
+        if name in _LOCKED:
+            raise ConfigError(PASSTHROUGH + name, f"cannot be overridden: {_LOCKED[name]}")
+        conf[name] = value
+    return conf
+
+
+DeliveryCallback = Callable[[int, "DeliveryFailure | None"], None]
+
+
+class KafkaDlqProducer:
+    """One idempotent producer, built lazily and rebuilt after a fatal error.
+
+    `on_delivery(token, failure)` is called from `poll()`/`flush()` in the caller's thread, once
+    per produced record of the current producer generation (None: acknowledged). Reports of a
+    producer that was rebuilt are dropped: the caller re-produces what that producer held.
+    """
+
+    def __init__(self, config: Mapping[str, Any], on_delivery: DeliveryCallback, *,
+                 factory: Callable[[dict[str, Any]], Any] = Producer) -> None:
+        self._config = dict(config)
+        self._on_delivery = on_delivery
+        self._factory = factory
+        self._producer: Any = None
+        self._generation = 0
+        self._lock = threading.Lock()
+        self.fatal_error: DeliveryFailure | None = None
+        self.last_error: DeliveryFailure | None = None
+        self.builds = 0
+        self._last_log = 0.0
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self._config)
+
+    def _get(self) -> Any:
+        if self._producer is None:
+            conf = dict(self._config)
+            conf["error_cb"] = self._on_error
+            conf.setdefault("logger", logging.getLogger("spillway.dlq.librdkafka"))
+            try:
+                self._producer = self._factory(conf)
+            except KafkaException as exc:
+                raise ConfigError("producer.kafka", f"invalid DLQ producer settings: "
+                                  f"{exc.args[0].str() if exc.args else exc}") from exc
+            self.builds += 1
+            self.fatal_error = None
+        return self._producer
+
+    def _on_error(self, err: KafkaError) -> None:
+        failure = classify(err)
+        self.last_error = failure
+        if err.fatal():
+            self.fatal_error = failure
+            log.error("DLQ producer fatal error, it will be rebuilt: %s", failure)
+        elif time.monotonic() - self._last_log > 10.0:
+            self._last_log = time.monotonic()
+            log.warning("DLQ producer: %s", failure)
+
+    def _report(self, generation: int, token: int, err: KafkaError | None,
+                partition: int = -1) -> None:
+        if generation != self._generation:
+            return
+        if err is None:
+            self._on_delivery(token, None, partition)
+            return
+        failure = classify(err)
+        self.last_error = failure
+        self._on_delivery(token, failure)
+
+    def produce(self, rec: DlqRecord, token: int, *, max_wait_s: float = 5.0) -> None:
+        """Hand `rec` to librdkafka. Raises ProduceRefused when it refuses the record, and
+        BufferError when its queue stays full for `max_wait_s` (the caller retries later)."""
+        p = self._get()
+        gen = self._generation
+
+        def report(err: KafkaError | None, msg: Any, _t: int = token) -> None:
+            self._report(gen, _t, err, msg.partition() if msg is not None else -1)
+
+        deadline = time.monotonic() + max_wait_s
+        while True:
+            try:
+                p.produce(rec.topic, value=rec.value, key=rec.key,
+                          headers=list(rec.headers) if rec.headers else None,
+                          on_delivery=report)
+                break
+            except BufferError:
+                if time.monotonic() >= deadline:
+                    raise
+                self.poll(0.05)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if err is None:
+                    raise DlqError(f"DLQ produce failed: {exc}") from exc
+                failure = classify(err)
+                self.last_error = failure
+                if failure.outcome is Outcome.REBUILD:
+                    self.fatal_error = failure
+                raise ProduceRefused(failure) from exc
+        self.poll(0)
+
+    def _raised(self, exc: KafkaException) -> None:
+        """confluent-kafka raises a fatal error out of poll()/flush(): note it for a rebuild."""
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is None:
+            raise DlqError(f"DLQ producer failed: {exc}") from exc
+        failure = classify(err)
+        self.last_error = failure
+        if failure.outcome is Outcome.REBUILD:
+            self.fatal_error = failure
+            log.error("DLQ producer fatal error, it will be rebuilt: %s", failure)
+        else:
+            log.warning("DLQ producer: %s", failure)
+
+    def poll(self, timeout: float) -> int:
+        if self._producer is None:
+            return 0
+        try:
+            return self._producer.poll(timeout)
+        except KafkaException as exc:
+            self._raised(exc)
+            return 0
+
+    def outstanding(self) -> int:
+        """Records librdkafka still holds (queued or in flight)."""
+        return len(self._producer) if self._producer is not None else 0
+
+    def flush(self, timeout: float) -> int:
+        """Serve delivery reports until nothing is outstanding or `timeout`; returns what is
+        left."""
+        if self._producer is None:
+            return 0
+        try:
+            return self._producer.flush(timeout)
+        except KafkaException as exc:
+            self._raised(exc)
+            return len(self._producer)
+
+    def _discard(self) -> None:
+        p, self._producer = self._producer, None
+        self._generation += 1  # reports of the old producer are dropped from here on
+        if p is None:
+            return
+        try:
+            p.purge(in_queue=True, in_flight=True, blocking=True)
+            p.poll(0)
+            if len(p) == 0:  # close() flushes: only call it when that cannot wait on Kafka
+                p.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("closing the old DLQ producer: %s", exc)
+
+    def rebuild(self) -> None:
+        """Drop the current producer (what it held must be produced again) and build lazily."""
+        self._discard()
+        self.fatal_error = None
+
+    def close(self, timeout: float) -> int:
+        """Flush for up to `timeout`, then drop whatever is left; returns how many were left."""
+        left = self.flush(max(0.0, timeout)) if self.fatal_error is None else self.outstanding()
+        self._discard()
+        return left

@@ -1,0 +1,225 @@
+"""`spillway dlq tail` and `spillway dlq redrive` against a real Tansu broker, through the
+argparse wiring the main CLI uses."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import threading
+import time
+from collections import Counter
+
+import pytest
+from spillway.sidecar.core.dlq_record import build_dlq_record
+from spillway.sidecar.core.model import (
+    Action,
+    Category,
+    ExceptionInfo,
+    FailedRecord,
+    SourceCoordinates,
+    Stage,
+    StageRef,
+    TaskIdentity,
+    Verdict,
+)
+from spillway.sidecar.core.settings import job_settings
+from spillway.sidecar.dlq import DlqPipeline
+from spillway.sidecar.dlq.tools import tail
+from spillway.sidecar.dlq_cli import add_dlq_commands
+from support.kafka import create_topic, read_all
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_700_000_000_000  # 2023-11-14T22:13:20Z
+TASK = TaskIdentity(stage_id=1, partition_id=0, attempt_number=0, task_attempt_id=5)
+
+
+def cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="spillway")
+    add_dlq_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+def failed(rid: str, stage: Stage, exc: str, *, value: bytes, headers=()) -> FailedRecord:
+    return FailedRecord(record_id=rid, stage=StageRef(stage),
+                        exception=ExceptionInfo(exc, message=f"{exc} for {rid}",
+                                                stack_trace="Traceback:\n  line 1\n  line 2"),
+                        function_name="etl.step", source=SourceCoordinates("orders", 0, 7),
+                        key=rid.encode(), value=value, headers=(("app", b"1"),) + headers)
+
+
+def dead_letter(bootstrap: str, topic: str, tmp_path, items) -> None:
+    """items: (job, FailedRecord, now_ms, extra settings)."""
+    p = DlqPipeline(bootstrap, spool_dir=str(tmp_path / "spool")).start()
+    try:
+        for job, rec, now_ms, extra in items:
+            s = job_settings(job, {"errors.deadletterqueue.topic.name": topic,
+                                   "errors.deadletterqueue.context.headers.enable": "true",
+                                   **extra})
+            v = Verdict(rec.record_id, Action.SKIP, Category.DATA, "data error", attempt=1)
+            p.submit([build_dlq_record(s, rec, v, TASK, now_ms=now_ms, sidecar_id="s")])
+        assert p.force_flush(20)
+    finally:
+        p.shutdown(5)
+
+
+@pytest.fixture
+def dlq_topic(broker, topic_name, tmp_path):
+    create_topic(broker.bootstrap_servers, topic_name)
+    items = []
+    for i in range(4):
+        items.append(("orders", failed(f"o{i}", Stage.TRANSFORMATION, "builtins.ValueError",
+                                       value=f'{{"n": {i}}}'.encode()), T0 + i * 1000, {}))
+    for i in range(2):
+        items.append(("orders", failed(f"d{i}", Stage.DESERIALIZATION, "json.JSONDecodeError",
+                                       value=b"\x00\x01\x02\xff"), T0 + 10_000 + i, {}))
+    items.append(("billing", failed("b0", Stage.TRANSFORMATION, "builtins.ValueError",
+                                    value=b"bill"), T0 + 20_000,
+                  {"errors.deadletterqueue.headers.format": "dlq"}))
+    items.append(("orders", failed("c0", Stage.TRANSFORMATION, "builtins.ValueError",
+                                   value=b"secret"), T0 + 30_000,
+                  {"errors.deadletterqueue.copy.record.enable": "false"}))
+    dead_letter(broker.bootstrap_servers, topic_name, tmp_path, items)
+    return topic_name
+
+
+def test_tail_from_the_beginning_prints_one_readable_block_per_record(broker, dlq_topic, capsys):
+    assert cli("dlq", "tail", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+               dlq_topic, "--from-beginning", "--idle-ms", "400") == 0
+    out = capsys.readouterr().out
+    blocks = out.split("── ")[1:]
+    assert len(blocks) == 8
+    first = blocks[0]
+    assert first.startswith(f"{dlq_topic} [0] @")
+    assert "key:   o0\n" in first
+    assert 'value: {"n": 0}\n' in first
+    assert "  __connect.errors.stage: TRANSFORMATION\n" in first
+    assert "  __connect.errors.exception.class.name: builtins.ValueError\n" in first
+    assert "  spillway.record.id: o0\n" in first
+    assert "  app: 1\n" in first
+    # a multi-line stack trace stays readable, indented under its header
+    assert "  __connect.errors.exception.stacktrace: Traceback:\n        line 1\n" in first
+    binary = next(b for b in blocks if "key:   d0" in b)
+    assert "value: hex:000102ff\n" in binary
+    context_only = next(b for b in blocks if "spillway.record.id: c0" in b)
+    assert "value: (null)" in context_only and "spillway.record.copied: false" in context_only
+
+
+def test_tail_shows_the_newest_records_and_honours_max(broker, dlq_topic, capsys):
+    assert cli("dlq", "tail", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+               dlq_topic, "--max", "2", "--idle-ms", "400") == 0
+    out = capsys.readouterr().out
+    assert out.count("── ") == 2
+    assert "spillway.record.id: b0" in out and "spillway.record.id: c0" in out
+    assert cli("dlq", "tail", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+               dlq_topic, "--from-beginning", "--max", "3", "--max-bytes", "4",
+               "--idle-ms", "400") == 0
+    out = capsys.readouterr().out
+    assert out.count("── ") == 3
+    assert 'value: {"n" …(+4 bytes)' in out
+
+
+def test_tail_of_a_missing_topic_is_a_clean_error(broker, capsys):
+    assert cli("dlq", "tail", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+               "dlq.does-not-exist", "--idle-ms", "200") == 2
+    assert "topic 'dlq.does-not-exist' does not exist" in capsys.readouterr().err
+
+
+def test_redrive_dry_run_changes_nothing(broker, dlq_topic, capsys):
+    target = dlq_topic + ".target"
+    create_topic(broker.bootstrap_servers, target)
+    assert cli("dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+               dlq_topic, "--target", target, "--stage", "TRANSFORMATION", "--dry-run",
+               "--idle-ms", "400") == 0
+    out = capsys.readouterr().out
+    assert out.count("would redrive ") == 5
+    assert "skip " in out and "record c0: context-only" in out
+    assert out.strip().splitlines()[-1] == (
+        "scanned=8 matched=6 would redrive=5 skipped (loop protection)=0 "
+        "skipped (context-only)=1 failed=0")
+    assert read_all(broker.bootstrap_servers, target, idle_s=0.5) == []
+
+
+def test_redrive_republishes_originals_and_protects_against_loops(broker, dlq_topic, tmp_path,
+                                                                  capsys):
+    target = dlq_topic + ".target"
+    create_topic(broker.bootstrap_servers, target)
+    assert cli("dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+               dlq_topic, "--target", target, "--job", "orders", "--exception-class",
+               "ValueError", "--until", "2023-11-14T22:13:22Z", "--rate", "200/s",
+               "--idle-ms", "400") == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1] == (
+        "scanned=8 matched=2 redriven=2 skipped (loop protection)=0 "
+        "skipped (context-only)=0 failed=0")
+    msgs = read_all(broker.bootstrap_servers, target, idle_s=0.5)
+    assert sorted(m.key() for m in msgs) == [b"o0", b"o1"]
+    m = next(m for m in msgs if m.key() == b"o1")
+    assert m.value() == b'{"n": 1}'
+    assert m.headers() == [("app", b"1"), ("spillway.redrive.count", b"1")]
+
+    # the redriven record fails again and comes back to the DLQ with its redrive count
+    again = FailedRecord(record_id="o1-again", stage=StageRef(Stage.TRANSFORMATION),
+                         exception=ExceptionInfo("builtins.ValueError", message="still bad"),
+                         key=m.key(), value=m.value(), headers=tuple(m.headers()))
+    dead_letter(broker.bootstrap_servers, dlq_topic, tmp_path / "2",
+                [("orders", again, T0 + 40_000, {})])
+    assert cli("dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+               dlq_topic, "--target", target, "--since", "2023-11-14T22:14:00",
+               "--max-redrives", "1", "--idle-ms", "400") == 0
+    out = capsys.readouterr().out
+    assert "record o1-again: redriven 1 times already (--max-redrives 1)" in out
+    assert out.strip().splitlines()[-1] == (
+        "scanned=9 matched=1 redriven=0 skipped (loop protection)=1 "
+        "skipped (context-only)=0 failed=0")
+    assert cli("dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+               dlq_topic, "--target", target, "--since", "2023-11-14T22:14:00",
+               "--max-redrives", "2", "--idle-ms", "400") == 0
+    capsys.readouterr()
+    msgs = read_all(broker.bootstrap_servers, target, idle_s=0.5)
+    counts = Counter(dict(m.headers())["spillway.redrive.count"] for m in msgs)
+    assert counts == {b"1": 2, b"2": 1}
+
+
+def test_redrive_of_the_dlq_dlq_format_strips_its_context_headers(broker, dlq_topic, capsys):
+    target = dlq_topic + ".target"
+    create_topic(broker.bootstrap_servers, target)
+    assert cli("dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+               dlq_topic, "--target", target, "--job", "billing", "--idle-ms", "400") == 0
+    capsys.readouterr()
+    (m,) = read_all(broker.bootstrap_servers, target, idle_s=0.5)
+    assert m.headers() == [("app", b"1"), ("spillway.redrive.count", b"1")]
+
+
+def test_redrive_refuses_bad_input(broker, dlq_topic, capsys):
+    base = ["dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+            dlq_topic]
+    assert cli(*base, "--target", dlq_topic) == 2
+    assert "must not be the DLQ topic itself" in capsys.readouterr().err
+    assert cli(*base, "--target", "dlq.missing-target") == 2
+    assert "redrive target topic 'dlq.missing-target' does not exist" in capsys.readouterr().err
+    assert cli(*base, "--target", "x", "--since", "yesterday") == 2
+    assert "not an ISO 8601 time: 'yesterday'" in capsys.readouterr().err
+    assert cli(*base, "--target", "x", "--rate", "fast") == 2
+    assert "not a rate: 'fast'" in capsys.readouterr().err
+
+
+def test_tail_follow_prints_new_records_as_they_arrive(broker, dlq_topic, tmp_path):
+    out = io.StringIO()
+    done = threading.Event()
+
+    def run() -> None:
+        tail(broker.bootstrap_servers, dlq_topic, follow=True, max_records=10, out=out)
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    deadline = time.monotonic() + 10
+    while out.getvalue().count("── ") < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert out.getvalue().count("── ") == 8 and not done.is_set()  # waiting for more
+    dead_letter(broker.bootstrap_servers, dlq_topic, tmp_path / "more",
+                [("orders", failed(f"n{i}", Stage.SINK, "io.Timeout", value=b"x"), T0, {})
+                 for i in range(2)])
+    assert done.wait(10)
+    assert "spillway.record.id: n1" in out.getvalue()

@@ -1,0 +1,239 @@
+"""The drain's bookkeeping with a fake librdkafka producer (the `producer_factory` seam): which
+task barrier waits for which record, records reported twice, recovered rows, rejections, and the
+error table."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from confluent_kafka import KafkaError
+from spillway.sidecar.core.model import DlqRecord
+from spillway.sidecar.dlq import DlqPipeline, Outcome, Spool, classify
+from spillway.sidecar.errors import DlqError, FlushTimeoutError
+
+
+class FakeProducer:
+    """Accepts produce(); delivers on poll() while `open` is set, with `errors[value]` (a list of
+    codes consumed one per attempt) or success."""
+
+    def __init__(self, conf: dict) -> None:
+        self.conf = conf
+        self.open = threading.Event()
+        self.open.set()
+        self.queue: list[tuple[bytes, object]] = []
+        self.errors: dict[bytes, list[int]] = {}
+        self.delivered: list[bytes] = []
+
+    def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
+        self.queue.append((value, on_delivery))
+
+    def poll(self, timeout=0):
+        if not self.open.is_set():
+            self.open.wait(min(timeout, 0.05))
+            return 0
+        queue, self.queue = self.queue, []
+        for value, cb in queue:
+            codes = self.errors.get(value)
+            if codes:
+                cb(KafkaError(codes.pop(0)), None)
+            else:
+                self.delivered.append(value)
+                cb(None, None)
+        return len(queue)
+
+    def flush(self, timeout=0):
+        self.poll(timeout)
+        return len(self.queue)
+
+    def purge(self, **kw):
+        self.queue.clear()
+
+    def close(self):
+        return True
+
+    def __len__(self):
+        return len(self.queue)
+
+
+@pytest.fixture
+def fake():
+    made: list[FakeProducer] = []
+
+    def factory(conf: dict) -> FakeProducer:
+        p = FakeProducer(conf)
+        if made:  # a rebuilt producer inherits the script
+            p.errors = made[-1].errors
+            p.delivered = made[-1].delivered
+        made.append(p)
+        return p
+
+    factory.made = made  # type: ignore[attr-defined]
+    return factory
+
+
+@pytest.fixture
+def pipeline(fake, tmp_path):
+    started: list[DlqPipeline] = []
+
+    def make(**kw) -> DlqPipeline:
+        p = DlqPipeline("fake:9092", spool_dir=str(tmp_path), producer_factory=fake,
+                        retry_backoff_ms=1, retry_backoff_max_ms=5, **kw).start()
+        started.append(p)
+        return p
+
+    yield make
+    for p in started:
+        p.shutdown(1.0)
+
+
+def rec(rid: str, tk: str) -> DlqRecord:
+    return DlqRecord(topic="dlq.t", key=None, value=rid.encode(), headers=(), record_id=rid,
+                     job="job", task_key=tk)
+
+
+def test_the_producer_is_built_lazily_and_idempotent(fake, pipeline):
+    p = pipeline()
+    assert fake.made == []
+    p.submit([rec("a", "t1")])
+    assert p.wait_task("t1", 5) == 1
+    (prod,) = fake.made
+    assert prod.conf["enable.idempotence"] is True and prod.conf["acks"] == "all"
+    assert prod.conf["allow.auto.create.topics"] is False
+
+
+def test_a_record_reported_again_by_another_attempt_is_waited_for_by_both(fake, pipeline):
+    p = pipeline()
+    p.submit([rec("warm", "t0")])
+    assert p.wait_task("t0", 5) == 1
+    prod = fake.made[0]
+    prod.open.clear()  # Kafka holds its acknowledgements
+    p.submit([rec("a", "t1"), rec("b", "t1")])
+    p.submit([rec("b", "t2")])  # a retried task attempt reports b again
+    with pytest.raises(FlushTimeoutError):
+        p.wait_task("t2", 0.2)
+    prod.open.set()
+    assert p.wait_task("t1", 5) == 2
+    assert p.wait_task("t2", 5) == 1
+    assert prod.delivered.count(b"b") == 1  # spooled and produced once
+
+
+def test_the_same_task_reporting_a_record_twice_does_not_hang_its_barrier(fake, pipeline):
+    p = pipeline()
+    p.submit([rec("warm", "t0")])
+    assert p.wait_task("t0", 5) == 1
+    fake.made[0].open.clear()  # still spooled when reported again
+    p.submit([rec("a", "t1"), rec("a", "t1")])
+    p.submit([rec("a", "t1")])
+    fake.made[0].open.set()
+    assert p.wait_task("t1", 5) == 1
+    assert fake.made[0].delivered.count(b"a") == 1
+    # the ignored duplicate used up a seq: flushing must not wait for a row that never exists
+    t0 = time.monotonic()
+    assert p.force_flush(2)
+    assert time.monotonic() - t0 < 1
+
+
+def test_rows_recovered_from_an_earlier_process_drain_and_can_be_waited_for(fake, tmp_path):
+    old = Spool(str(tmp_path), max_bytes=1_000_000, max_records=1_000)
+    old.append([rec("x", "dead-task"), rec("y", "dead-task")])
+    old.close()
+    p = DlqPipeline("fake:9092", spool_dir=str(tmp_path), producer_factory=fake)
+    fake_open = threading.Event()
+
+    def held(conf):
+        prod = fake(conf)
+        prod.open = fake_open
+        return prod
+
+    p._producer._factory = held  # hold acknowledgements until the new task has reported
+    p.start()
+    try:
+        p.submit([rec("y", "new-task"), rec("z", "new-task")])  # y: already spooled
+        fake_open.set()
+        assert p.wait_task("new-task", 5) == 2
+        assert p.force_flush(5)
+        assert p.wait_task("dead-task", 0) == 0  # an earlier process's task is not tracked
+        assert sorted(fake.made[0].delivered) == [b"x", b"y", b"z"]
+    finally:
+        p.shutdown(1.0)
+
+
+def test_a_rejected_record_fails_its_barrier_and_is_never_produced_again(fake, pipeline):
+    p = pipeline()
+    p.submit([rec("warm", "t0")])
+    p.wait_task("t0", 5)
+    fake.made[0].errors[b"bad"] = [KafkaError.MSG_SIZE_TOO_LARGE] * 5
+    p.submit([rec("ok", "t1"), rec("bad", "t1")])
+    with pytest.raises(DlqError, match="1 DLQ record\\(s\\) of task t1 can never be written to "
+                                       "Kafka \\(MSG_SIZE_TOO_LARGE"):
+        p.wait_task("t1", 5)
+    assert p.force_flush(5)
+    # one failure in the batch, one alone: then set aside (3 scripted errors remain unused)
+    assert fake.made[0].errors[b"bad"] == [KafkaError.MSG_SIZE_TOO_LARGE] * 3
+    stats = p.stats()
+    assert stats["rejected-records"] == 1 and stats["write-failures"] == 1
+    assert stats["deadletterqueue-produce-failures"] == 2
+
+
+def test_retriable_failures_are_retried_and_counted(fake, pipeline):
+    p = pipeline()
+    p.submit([rec("warm", "t0")])
+    p.wait_task("t0", 5)
+    fake.made[0].errors[b"a"] = [KafkaError._MSG_TIMED_OUT, KafkaError.NOT_LEADER_FOR_PARTITION]
+    p.submit([rec("a", "t1")])
+    assert p.wait_task("t1", 5) == 1
+    stats = p.stats()
+    assert stats["write-retries"] == 2
+    assert stats["deadletterqueue-produce-failures"] == 2
+    assert stats["possible-duplicates"] == 1  # the timeout may have been written
+
+
+def test_a_fatal_delivery_error_rebuilds_the_producer(fake, pipeline):
+    p = pipeline()
+    p.submit([rec("warm", "t0")])
+    p.wait_task("t0", 5)
+    fake.made[0].errors[b"a"] = [KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER]
+    p.submit([rec("a", "t1")])
+    assert p.wait_task("t1", 5) == 1
+    assert len(fake.made) == 2
+    assert p.stats()["producer-rebuilds"] == 1
+
+
+def test_on_ack_reports_per_job(fake, pipeline):
+    seen: list[tuple[str, int]] = []
+    p = pipeline(on_ack=lambda job, n: seen.append((job, n)))
+    p.submit([rec("a", "t1"), rec("b", "t1")])
+    p.wait_task("t1", 5)
+    assert sum(n for job, n in seen if job == "job") == 2
+
+
+def test_submit_after_shutdown_is_refused(fake, pipeline):
+    p = pipeline()
+    p.shutdown(1.0)
+    with pytest.raises(DlqError, match="shutting down"):
+        p.submit([rec("a", "t1")])
+
+
+@pytest.mark.parametrize("code,outcome,category,persisted", [
+    (KafkaError.MSG_SIZE_TOO_LARGE, Outcome.REJECT, "invalid-configuration", False),
+    (KafkaError.INVALID_RECORD, Outcome.REJECT, "invalid-configuration", False),
+    (KafkaError._MSG_TIMED_OUT, Outcome.RETRY, "retriable", True),
+    (KafkaError.NOT_ENOUGH_REPLICAS, Outcome.RETRY, "retriable", False),
+    (KafkaError.NOT_LEADER_FOR_PARTITION, Outcome.RETRY, "refresh-retriable", False),
+    (KafkaError.UNKNOWN_TOPIC_OR_PART, Outcome.RETRY, "refresh-retriable", False),
+    (KafkaError.TOPIC_AUTHORIZATION_FAILED, Outcome.RETRY, "invalid-configuration", False),
+    (KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, Outcome.REBUILD, "application-recoverable", False),
+    (KafkaError._FATAL, Outcome.REBUILD, "application-recoverable", True),
+])
+def test_classification_table(code, outcome, category, persisted):
+    f = classify(KafkaError(code))
+    assert (f.outcome, f.category, f.possibly_persisted) == (outcome, category, persisted)
+
+
+def test_fatal_flag_wins_over_the_code():
+    f = classify(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, fatal=True))
+    assert f.outcome is Outcome.REBUILD
+    f = classify(KafkaError(KafkaError.INVALID_MSG, txn_requires_abort=True))
+    assert (f.outcome, f.category) == (Outcome.REBUILD, "abortable")

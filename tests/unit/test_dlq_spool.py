@@ -1,0 +1,230 @@
+"""The durable spool: group commit, bounds, order, recovery, rejection, header codec."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+
+import pytest
+from spillway.sidecar.core.model import DlqRecord
+from spillway.sidecar.dlq.spool import (
+    MemoryQueue,
+    Placed,
+    Spool,
+    decode_headers,
+    encode_headers,
+)
+from spillway.sidecar.errors import BackpressureError, DlqError
+
+
+def rec(i: int, *, size: int = 10, job: str = "job", task: str = "job/0.0.0/1") -> DlqRecord:
+    return DlqRecord(topic="dlq.t", key=f"k{i}".encode(), value=b"v" * size,
+                     headers=(("n", b"x"), ("none", None), ("ü", "€".encode())),
+                     record_id=f"r{i}", job=job, task_key=task, traceparent="")
+
+
+@pytest.fixture
+def spool(tmp_path):
+    s = Spool(str(tmp_path), max_bytes=10_000_000, max_records=100_000)
+    yield s
+    s.close()
+
+
+def test_header_codec_round_trips_none_empty_and_unicode():
+    headers = (("a", b""), ("b", None), ("ключ", b"\x00\xff"), ("", b"v"))
+    assert decode_headers(encode_headers(headers)) == headers
+    assert decode_headers(encode_headers(())) == ()
+
+
+def test_append_read_delete_in_order(spool):
+    seqs = spool.append([rec(i) for i in range(5)])
+    assert seqs == sorted(seqs) and len(set(seqs)) == 5
+    rows = spool.read_batch(0, 3)
+    assert [r.seq for r in rows] == seqs[:3]
+    assert rows[0].record == rec(0)
+    assert [r.seq for r in spool.read_batch(seqs[2], 100)] == seqs[3:]
+    assert spool.depth() == 5
+    assert spool.delete(seqs[:2]) == 2
+    assert spool.delete(seqs[:2]) == 0  # already gone
+    assert spool.depth() == 3
+    assert [r.record.record_id for r in spool.read_batch(0, 100)] == ["r2", "r3", "r4"]
+
+
+def test_seq_is_never_reused_after_deletes(spool):
+    first = spool.append([rec(1)])
+    spool.delete(first)
+    second = spool.append([rec(2)])
+    assert second[0] > first[0]
+
+
+def test_same_job_and_record_id_is_stored_once(spool):
+    a = spool.append([rec(1), rec(2)])
+    b = spool.append([rec(2, task="job/0.0.1/9"), rec(3)])
+    assert b[0] == a[1]
+    assert spool.depth() == 3
+    other_job = spool.append([rec(1, job="other")])
+    assert other_job[0] not in a
+    assert spool.depth() == 4
+
+
+def test_concurrent_appends_are_group_committed(spool, monkeypatch):
+    commits = []
+    real_commit = Spool._commit
+
+    def counting(self, batch):
+        commits.append(sum(len(r.rows) for r in batch))
+        return real_commit(self, batch)
+
+    monkeypatch.setattr(Spool, "_commit", counting)
+    gate = threading.Barrier(40)
+    results: dict[int, list[int]] = {}
+
+    def worker(n: int) -> None:
+        gate.wait()
+        results[n] = spool.append([rec(n * 100 + i) for i in range(25)])
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(commits) == 1000
+    assert len(commits) < 40  # several callers shared a transaction
+    all_seqs = [s for seqs in results.values() for s in seqs]
+    assert len(set(all_seqs)) == 1000
+    assert spool.depth() == 1000
+    for seqs in results.values():
+        assert seqs == list(range(seqs[0], seqs[0] + 25))  # a caller's rows stay together
+
+
+def test_on_commit_runs_after_commit_with_where_each_record_went(spool):
+    seen = []
+
+    def hook(placed):
+        # the rows are committed: a separate connection sees them
+        seqs = ",".join(str(p.seq) for p in placed)
+        con = sqlite3.connect(spool.path)
+        n = con.execute(
+            f"SELECT COUNT(DISTINCT seq) FROM spool WHERE seq IN ({seqs})").fetchone()[0]
+        con.close()
+        seen.append((list(placed), n))
+
+    seqs = spool.append([rec(1), rec(2)], on_commit=hook)
+    assert seen == [([Placed(seqs[0], "job/0.0.0/1", True),
+                      Placed(seqs[1], "job/0.0.0/1", True)], 2)]
+    seen.clear()
+    # reported again, by another task attempt and twice in one call: rows are not duplicated,
+    # and each position says which row holds it and whose it is
+    again = spool.append([rec(2, task="job/0.0.1/2"), rec(3, task="job/0.0.1/2"),
+                          rec(3, task="job/0.0.1/2")], on_commit=hook)
+    assert again[0] == seqs[1] and again[1] == again[2] > seqs[1]
+    assert seen == [([Placed(seqs[1], "job/0.0.0/1", False),
+                      Placed(again[1], "job/0.0.1/2", True),
+                      Placed(again[1], "job/0.0.1/2", False)], 2)]
+    assert spool.depth() == 3
+
+
+def test_record_bound_raises_backpressure_and_stores_nothing(tmp_path):
+    s = Spool(str(tmp_path), max_bytes=10_000_000, max_records=10)
+    try:
+        s.append([rec(i) for i in range(8)])
+        with pytest.raises(BackpressureError, match="spool.max.records=10"):
+            s.append([rec(i) for i in range(8, 11)])
+        assert s.depth() == 8
+        assert not s.high_water()
+        s.append([rec(8), rec(9)])
+        assert s.high_water()
+        with pytest.raises(BackpressureError):
+            s.append([rec(10)])
+        s.delete([r.seq for r in s.read_batch(0, 1)])
+        s.append([rec(10)])
+        assert s.depth() == 10
+    finally:
+        s.close()
+
+
+def test_byte_bound_raises_backpressure(tmp_path):
+    s = Spool(str(tmp_path), max_bytes=5_000, max_records=1_000)
+    try:
+        s.append([rec(0, size=3_000)])
+        with pytest.raises(BackpressureError, match="spool.max.bytes=5000"):
+            s.append([rec(1, size=3_000)])
+        with pytest.raises(BackpressureError, match="can never fit"):
+            s.append([rec(2, size=6_000)])
+        assert s.depth() == 1 and s.bytes() < 5_000
+    finally:
+        s.close()
+
+
+def test_reopen_recovers_rows_in_order_and_counters(tmp_path):
+    s = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
+    seqs = s.append([rec(i) for i in range(100)])
+    s.delete(seqs[:10])
+    nbytes = s.bytes()
+    s.close()
+    again = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
+    try:
+        assert again.recovered == 90
+        assert again.depth() == 90 and again.bytes() == nbytes
+        rows = again.read_batch(0, 1_000)
+        assert [r.record.record_id for r in rows] == [f"r{i}" for i in range(10, 100)]
+        assert rows[0].record == rec(10)
+        assert again.append([rec(1000)])[0] > seqs[-1]
+    finally:
+        again.close()
+
+
+def test_a_spool_directory_is_used_by_one_process_at_a_time(tmp_path):
+    s = Spool(str(tmp_path), max_bytes=1_000, max_records=10)
+    try:
+        with pytest.raises(DlqError, match=f"in use by another process \\(pid {os.getpid()}\\)"):
+            Spool(str(tmp_path), max_bytes=1_000, max_records=10)
+    finally:
+        s.close()
+    Spool(str(tmp_path), max_bytes=1_000, max_records=10).close()
+
+
+def test_reject_moves_rows_out_of_the_pending_table_and_keeps_counting_them(tmp_path):
+    s = Spool(str(tmp_path), max_bytes=10_000_000, max_records=3)
+    try:
+        seqs = s.append([rec(1), rec(2)])
+        assert s.reject([(seqs[0], "MSG_SIZE_TOO_LARGE: too big")], now_ms=42) == 1
+        assert s.depth() == 1 and s.rejected_count() == 1
+        assert [r.seq for r in s.read_batch(0, 10)] == [seqs[1]]
+        (row,) = s.rejected()
+        assert (row.seq, row.record, row.error, row.rejected_ms) == (
+            seqs[0], rec(1), "MSG_SIZE_TOO_LARGE: too big", 42)
+        s.append([rec(3)])
+        with pytest.raises(BackpressureError):  # rejected rows still count against the bound
+            s.append([rec(4)])
+        assert s.purge_rejected() == 1
+        s.append([rec(4)])
+    finally:
+        s.close()
+    again = Spool(str(tmp_path), max_bytes=10_000_000, max_records=3)
+    try:
+        assert again.rejected_count() == 0 and again.depth() == 3
+    finally:
+        again.close()
+
+
+def test_closed_spool_refuses_appends(tmp_path):
+    s = Spool(str(tmp_path), max_bytes=1_000, max_records=10)
+    s.close()
+    with pytest.raises(DlqError, match="closed"):
+        s.append([rec(1)])
+
+
+def test_memory_queue_has_the_same_contract():
+    q = MemoryQueue(max_bytes=10_000, max_records=3)
+    seqs = q.append([rec(1), rec(2)])
+    assert q.append([rec(2)]) == [seqs[1]]
+    assert [r.record for r in q.read_batch(0, 10)] == [rec(1), rec(2)]
+    assert [r.seq for r in q.read_batch(seqs[0], 10)] == [seqs[1]]
+    with pytest.raises(BackpressureError):
+        q.append([rec(3), rec(4)])
+    assert q.delete([seqs[0]]) == 1
+    assert q.reject([(seqs[1], "bad")], now_ms=1) == 1
+    assert q.depth() == 0 and q.rejected_count() == 1
+    assert q.rejected()[0].error == "bad"
