@@ -20,6 +20,7 @@ import sys
 import threading
 
 from .core import config
+from .dlq_cli import add_dlq_commands
 from .errors import ConfigError, SpillwayError
 
 
@@ -112,12 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
 
-    try:
-        from .dlq_cli import add_dlq_commands
-    except ImportError:  # pragma: no cover - only while the DLQ tools are absent
-        add_dlq_commands = None
-    if add_dlq_commands is not None:
-        add_dlq_commands(sub)
+    add_dlq_commands(sub)
     return p
 
 

@@ -100,6 +100,8 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except FlushTimeoutError as exc:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        except DlqError as exc:  # a record Kafka can never accept: kept aside, task must fail
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.FlushTaskResponse(dlq_records_acknowledged=acked)
 
     def GetJobSummary(self, request, context):
@@ -335,6 +337,7 @@ def start_server(
         tel.add_source(sidecar.engine.metric_rows)
         if sidecar.pipeline is not None:
             pipeline = sidecar.pipeline
+            pipeline.tracer = tel.tracer
             tel.add_source(lambda: [(k, {}, float(v)) for k, v in pipeline.stats().items()])
         sidecar.telemetry = tel
         # gRPC server spans continue the executor's trace (W3C context in the metadata)
