@@ -57,7 +57,7 @@ ACTION_SKIP: Action
 ACTION_FAIL: Action
 
 class RegisterJobRequest(_message.Message):
-    __slots__ = ("job", "properties")
+    __slots__ = ("job", "properties", "home")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -67,9 +67,11 @@ class RegisterJobRequest(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     JOB_FIELD_NUMBER: _ClassVar[int]
     PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
     job: str
     properties: _containers.ScalarMap[str, str]
-    def __init__(self, job: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    home: str
+    def __init__(self, job: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., home: _Optional[str] = ...) -> None: ...
 
 class RegisterJobResponse(_message.Message):
     __slots__ = ("job", "effective_properties")
@@ -177,19 +179,21 @@ class FailedRecord(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., function_name: _Optional[str] = ..., source: _Optional[_Union[SourceCoordinates, _Mapping]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., exception: _Optional[_Union[ExceptionInfo, _Mapping]] = ..., attempt: _Optional[int] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
 class ReportFailuresRequest(_message.Message):
-    __slots__ = ("job", "task", "records", "recovered_record_ids")
+    __slots__ = ("job", "task", "records", "recovered_record_ids", "decide_only")
     JOB_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     RECOVERED_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
+    DECIDE_ONLY_FIELD_NUMBER: _ClassVar[int]
     job: str
     task: TaskIdentity
     records: _containers.RepeatedCompositeFieldContainer[FailedRecord]
     recovered_record_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., records: _Optional[_Iterable[_Union[FailedRecord, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    decide_only: bool
+    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., records: _Optional[_Iterable[_Union[FailedRecord, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., decide_only: _Optional[bool] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("record_id", "action", "retry_delay_ms", "category", "reason", "dead_lettered", "attempt", "job_failed")
+    __slots__ = ("record_id", "action", "retry_delay_ms", "category", "reason", "dead_lettered", "attempt", "job_failed", "dead_letter")
     RECORD_ID_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     RETRY_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +202,7 @@ class Verdict(_message.Message):
     DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     JOB_FAILED_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
     record_id: str
     action: Action
     retry_delay_ms: int
@@ -206,7 +211,8 @@ class Verdict(_message.Message):
     dead_lettered: bool
     attempt: int
     job_failed: bool
-    def __init__(self, record_id: _Optional[str] = ..., action: _Optional[_Union[Action, str]] = ..., retry_delay_ms: _Optional[int] = ..., category: _Optional[_Union[Category, str]] = ..., reason: _Optional[str] = ..., dead_lettered: _Optional[bool] = ..., attempt: _Optional[int] = ..., job_failed: _Optional[bool] = ...) -> None: ...
+    dead_letter: bool
+    def __init__(self, record_id: _Optional[str] = ..., action: _Optional[_Union[Action, str]] = ..., retry_delay_ms: _Optional[int] = ..., category: _Optional[_Union[Category, str]] = ..., reason: _Optional[str] = ..., dead_lettered: _Optional[bool] = ..., attempt: _Optional[int] = ..., job_failed: _Optional[bool] = ..., dead_letter: _Optional[bool] = ...) -> None: ...
 
 class ReportFailuresResponse(_message.Message):
     __slots__ = ("verdicts",)
@@ -225,16 +231,18 @@ class StageCount(_message.Message):
     def __init__(self, stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., records: _Optional[int] = ...) -> None: ...
 
 class FlushTaskRequest(_message.Message):
-    __slots__ = ("job", "task", "processed", "recovered_record_ids")
+    __slots__ = ("job", "task", "processed", "recovered_record_ids", "progress_only")
     JOB_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     PROCESSED_FIELD_NUMBER: _ClassVar[int]
     RECOVERED_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_ONLY_FIELD_NUMBER: _ClassVar[int]
     job: str
     task: TaskIdentity
     processed: _containers.RepeatedCompositeFieldContainer[StageCount]
     recovered_record_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., processed: _Optional[_Iterable[_Union[StageCount, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    progress_only: bool
+    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., processed: _Optional[_Iterable[_Union[StageCount, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., progress_only: _Optional[bool] = ...) -> None: ...
 
 class FlushTaskResponse(_message.Message):
     __slots__ = ("dlq_records_acknowledged",)
@@ -297,7 +305,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SidecarStatus(_message.Message):
-    __slots__ = ("sidecar_id", "version", "counters", "jobs")
+    __slots__ = ("sidecar_id", "version", "counters", "jobs", "instance_id")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -309,8 +317,10 @@ class SidecarStatus(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     sidecar_id: str
     version: str
     counters: _containers.ScalarMap[str, float]
     jobs: _containers.RepeatedCompositeFieldContainer[JobSummary]
-    def __init__(self, sidecar_id: _Optional[str] = ..., version: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ...) -> None: ...
+    instance_id: str
+    def __init__(self, sidecar_id: _Optional[str] = ..., version: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ..., instance_id: _Optional[str] = ...) -> None: ...

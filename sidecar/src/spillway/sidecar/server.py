@@ -14,6 +14,7 @@ import re
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from .adapters import convert
 from .core import config
 from .core.dlq_record import build_dlq_record, valid_traceparent
 from .core.guardrails import check_topic_name
-from .core.model import FailedRecord, StageRef, task_key
+from .core.model import Decision, FailedRecord, StageRef, Verdict, task_key
 from .core.policy import PolicyEngine
 from .core.ports import SystemClock
 from .core.settings import JobSettings, job_settings
@@ -39,6 +40,7 @@ from .errors import (
     BackpressureError,
     ConfigError,
     DlqError,
+    SpillwayError,
     FlushTimeoutError,
     JobConflictError,
     UnknownJobError,
@@ -58,13 +60,16 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
 
     def RegisterJob(self, request, context):
         try:
-            settings = self._s.register_job(request.job, dict(request.properties))
+            settings = self._s.register_job(request.job, dict(request.properties),
+                                            home=request.home, timeout_s=_timeout(context))
         except JobConflictError as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except ConfigError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except DlqError as exc:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"DLQ topic check failed: {exc}")
+        except HomeError as exc:
+            context.abort(exc.code, str(exc))
         return pb.RegisterJobResponse(job=request.job, effective_properties=dict(settings.raw))
 
     def ReportFailures(self, request, context):
@@ -74,12 +79,15 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
-            verdicts = self._s.report(request.job, task, records, list(request.recovered_record_ids))
+            answers = self._s.report(request, task, records, timeout_s=_timeout(context))
         except UnknownJobError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except BackpressureError as exc:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        return pb.ReportFailuresResponse(verdicts=[convert.verdict_to_pb(v) for v in verdicts])
+        except HomeError as exc:
+            context.abort(exc.code, str(exc))
+        return pb.ReportFailuresResponse(
+            verdicts=[convert.verdict_to_pb(v, dl) for v, dl in answers])
 
     def FlushTask(self, request, context):
         try:
@@ -90,14 +98,13 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
                 processed[ref] = processed.get(ref, 0) + sc.records
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        remaining = context.time_remaining()
-        timeout_s = self._s.flush_timeout_s if remaining is None else max(
-            0.0, remaining - _DEADLINE_MARGIN_S)
         try:
-            acked = self._s.flush(request.job, task, processed,
-                                  list(request.recovered_record_ids), timeout_s)
+            acked = self._s.flush(request, task, processed,
+                                  _timeout(context, self._s.flush_timeout_s))
         except UnknownJobError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except HomeError as exc:
+            context.abort(exc.code, str(exc))
         except FlushTimeoutError as exc:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
         except DlqError as exc:  # a record Kafka can never accept: kept aside, task must fail
@@ -124,11 +131,22 @@ class Sidecar:
     sidecar_id: str
     flush_timeout_s: float
     telemetry: Telemetry = field(default_factory=Telemetry)
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    homes: dict = field(default_factory=dict)  # job -> Home, for jobs homed elsewhere
     _topics_checked: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def register_job(self, job: str, properties: Mapping[str, str]) -> JobSettings:
+    def register_job(self, job: str, properties: Mapping[str, str], *, home: str = "",
+                     timeout_s: float = 15.0) -> JobSettings:
         job = job.strip()
+        if home and job not in self.homes:
+            remote = Home.connect(home)
+            if remote.instance_id(timeout_s) != self.instance_id:
+                remote.register(job, properties, timeout_s)
+                with self._lock:
+                    self.homes[job] = remote
+            else:
+                remote.close()
         settings = job_settings(job, properties, self.props.get("_job_defaults"))
         if settings.dlq.enabled:
             check_topic_name(settings.dlq)
@@ -153,19 +171,34 @@ class Sidecar:
         with self._lock:
             self._topics_checked.add(key)
 
-    def report(self, job, task, records, recovered: Sequence[str]):
-        if recovered:
-            self.engine.record_recovered(job, task, recovered)
+    def report(self, request: pb.ReportFailuresRequest, task, records, *,
+               timeout_s: float) -> list[tuple[Verdict, bool]]:
+        """Verdicts for `records`, each with whether the caller must dead-letter it (only for
+        decide_only requests from another node's sidecar)."""
+        job = request.job
+        home = self.homes.get(job)
+        if home is None and request.recovered_record_ids:
+            self.engine.record_recovered(job, task, list(request.recovered_record_ids))
         if not records:
+            if home is not None and request.recovered_record_ids:
+                home.report(request, timeout_s)
             return []
         started = time.perf_counter()
         tracer = self.telemetry.tracer
         with tracer.start_as_current_span(
                 "spillway.decide", attributes={"spillway.job": job,
                                                "spillway.task.id": task.task_id,
-                                               "spillway.records": len(records)}) as span:
-            decisions = self.engine.decide(job, task, records)
+                                               "spillway.records": len(records),
+                                               "spillway.home": home.address if home else ""}
+        ) as span:
+            if home is not None:  # the job's home decides; durability stays on this node
+                self.engine.settings(job)
+                decisions = home.report(request, timeout_s)
+            else:
+                decisions = self.engine.decide(job, task, records)
             verdicts = [d.verdict for d in decisions]
+            if request.decide_only:
+                return [(v, d.dead_letter) for v, d in zip(verdicts, decisions, strict=True)]
             if span.is_recording():
                 for v in verdicts:
                     span.add_event("spillway.verdict", {
@@ -189,15 +222,22 @@ class Sidecar:
         if self.telemetry.verdict_duration is not None:
             self.telemetry.verdict_duration.record(time.perf_counter() - started,
                                                    {"job": job})
-        return verdicts
+        return [(v, False) for v in verdicts]
 
-    def flush(self, job, task, processed: Mapping[StageRef, int], recovered, timeout_s) -> int:
+    def flush(self, request: pb.FlushTaskRequest, task, processed: Mapping[StageRef, int],
+              timeout_s: float) -> int:
+        job = request.job
         self.engine.settings(job)  # raises UnknownJobError
-        if recovered:
-            self.engine.record_recovered(job, task, recovered)
-        if processed:
-            self.engine.record_progress(job, task, processed)
-        if self.pipeline is None:
+        home = self.homes.get(job)
+        if home is not None:
+            if processed or request.recovered_record_ids:
+                home.progress(request, min(timeout_s, 10.0))
+        else:
+            if request.recovered_record_ids:
+                self.engine.record_recovered(job, task, list(request.recovered_record_ids))
+            if processed:
+                self.engine.record_progress(job, task, processed)
+        if self.pipeline is None or request.progress_only:
             return 0
         return self.pipeline.wait_task(task_key(job, task), timeout_s)
 
@@ -210,8 +250,74 @@ class Sidecar:
             counters.update(self.pipeline.stats())
         return pb.SidecarStatus(
             sidecar_id=self.sidecar_id, version=__version__, counters=counters,
+            instance_id=self.instance_id,
             jobs=[self.summary_pb(j) for j in self.engine.jobs()],
         )
+
+
+def _timeout(context, default: float = 15.0) -> float:
+    """What is left of the caller's deadline, less a margin so the caller sees our answer."""
+    remaining = context.time_remaining()
+    return default if remaining is None else max(0.0, remaining - _DEADLINE_MARGIN_S)
+
+
+class HomeError(SpillwayError):
+    """The job's home sidecar refused or could not be reached; carries the status to relay."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+@dataclass
+class Home:
+    """A job's home sidecar, seen from another node's sidecar (a gRPC stub with deadlines)."""
+
+    address: str
+    channel: grpc.Channel
+    stub: pb_grpc.ErrorSidecarStub
+
+    @classmethod
+    def connect(cls, address: str) -> Home:
+        channel = grpc.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        return cls(address, channel, pb_grpc.ErrorSidecarStub(channel))
+
+    def _call(self, what: str, fn, request, timeout_s: float):
+        try:
+            return fn(request, timeout=max(timeout_s, 0.1))
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                code = grpc.StatusCode.UNAVAILABLE
+            raise HomeError(code, f"{what} at the job's home sidecar {self.address} failed "
+                                  f"({exc.code().name}): {exc.details()}") from exc
+
+    def instance_id(self, timeout_s: float) -> str:
+        return self._call("GetStatus", self.stub.GetStatus, pb.GetStatusRequest(),
+                          timeout_s).instance_id
+
+    def register(self, job: str, properties: Mapping[str, str], timeout_s: float) -> None:
+        self._call("RegisterJob", self.stub.RegisterJob,
+                   pb.RegisterJobRequest(job=job, properties=dict(properties)), timeout_s)
+
+    def report(self, request: pb.ReportFailuresRequest, timeout_s: float) -> list[Decision]:
+        fwd = pb.ReportFailuresRequest()
+        fwd.CopyFrom(request)
+        fwd.decide_only = True
+        resp = self._call("ReportFailures", self.stub.ReportFailures, fwd, timeout_s)
+        return [Decision(convert.verdict_from_pb(v), dead_letter=v.dead_letter)
+                for v in resp.verdicts]
+
+    def progress(self, request: pb.FlushTaskRequest, timeout_s: float) -> None:
+        fwd = pb.FlushTaskRequest()
+        fwd.CopyFrom(request)
+        fwd.progress_only = True
+        self._call("FlushTask", self.stub.FlushTask, fwd, timeout_s)
+
+    def close(self) -> None:
+        self.channel.close()
 
 
 def _traceparent(span) -> str:

@@ -105,8 +105,9 @@ def failed_record(r: pb.FailedRecord, index: int) -> m.FailedRecord:
     )
 
 
-def verdict_to_pb(v: m.Verdict) -> pb.Verdict:
+def verdict_to_pb(v: m.Verdict, dead_letter: bool = False) -> pb.Verdict:
     return pb.Verdict(
+        dead_letter=dead_letter,
         record_id=v.record_id,
         action=_ACTION_TO_PB[v.action],
         retry_delay_ms=max(0, int(v.retry_delay_ms)),
@@ -114,6 +115,19 @@ def verdict_to_pb(v: m.Verdict) -> pb.Verdict:
         reason=v.reason,
         dead_lettered=v.dead_lettered,
         attempt=v.attempt,
+        job_failed=v.job_failed,
+    )
+
+
+_ACTION_FROM_PB = {v: k for k, v in _ACTION_TO_PB.items()}
+
+
+def verdict_from_pb(v: pb.Verdict) -> m.Verdict:
+    """A verdict decided by a job's home sidecar, back into a core value."""
+    return m.Verdict(
+        record_id=v.record_id, action=_ACTION_FROM_PB[v.action],
+        category=_CATEGORY_FROM_PB.get(v.category, m.Category.DATA), reason=v.reason,
+        attempt=v.attempt, retry_delay_ms=v.retry_delay_ms, dead_lettered=v.dead_lettered,
         job_failed=v.job_failed,
     )
 

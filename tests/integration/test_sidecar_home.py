@@ -1,0 +1,113 @@
+"""One sidecar per node, one home per job: job-wide limits hold across sidecars, while each node
+dead-letters its own records locally."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from spillway.v1 import sidecar_pb2 as pb
+from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.kafka import read_all
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def two_nodes(broker, tmp_path_factory):
+    from spillway.sidecar.server import start_server
+
+    nodes = [start_server({
+        "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
+        "spool.dir": str(tmp_path_factory.mktemp(f"spool-{n}")), "producer.linger.ms": "5",
+        "sidecar.id": f"node-{n}"}) for n in "ab"]
+    yield nodes
+    for n in nodes:
+        n.stop(1.0)
+
+
+def _stub(node):
+    return pb_grpc.ErrorSidecarStub(grpc.insecure_channel(node.address))
+
+
+def _records(prefix, n):
+    return [pb.FailedRecord(
+        record_id=f"{prefix}-{i}", stage=pb.STAGE_TRANSFORMATION, function_name="app.f",
+        key=f"{prefix}-{i}".encode(), value=b"bad",
+        exception=pb.ExceptionInfo(class_name="builtins.ValueError",
+                                   class_chain=["builtins.ValueError", "builtins.Exception"]))
+        for i in range(n)]
+
+
+def test_job_wide_error_limit_holds_across_two_sidecars(two_nodes, broker, topic_name):
+    a, b = two_nodes
+    props = {"errors.tolerance": "all", "errors.tolerance.max.errors": "3",
+             "errors.deadletterqueue.topic.name": topic_name,
+             "errors.deadletterqueue.auto.create.topics.enable": "true",
+             "errors.deadletterqueue.topic.replication.factor": "1"}
+    sa, sb = _stub(a), _stub(b)
+    sa.RegisterJob(pb.RegisterJobRequest(job="wide", properties=props), timeout=20)
+    # the executor on node b registers with its own sidecar, naming the job's home
+    sb.RegisterJob(pb.RegisterJobRequest(job="wide", properties=props, home=a.address),
+                   timeout=20)
+    task_a = pb.TaskIdentity(stage_id=1, partition_id=0, task_attempt_id=1)
+    task_b = pb.TaskIdentity(stage_id=1, partition_id=1, task_attempt_id=2)
+
+    va = sa.ReportFailures(pb.ReportFailuresRequest(job="wide", task=task_a,
+                                                    records=_records("a", 2)), timeout=10)
+    vb = sb.ReportFailures(pb.ReportFailuresRequest(job="wide", task=task_b,
+                                                    records=_records("b", 2)), timeout=10)
+    assert [v.action for v in va.verdicts] == [pb.ACTION_SKIP] * 2
+    # 3 errors are tolerated job-wide; the 4th, reported on the other node, fails the job
+    assert [v.action for v in vb.verdicts] == [pb.ACTION_SKIP, pb.ACTION_FAIL]
+    assert vb.verdicts[0].dead_lettered and not vb.verdicts[0].dead_letter
+    failed = vb.verdicts[1]
+    assert failed.job_failed and "errors.tolerance.max.errors=3" in failed.reason
+    # afterwards every node answers FAIL
+    later = sa.ReportFailures(pb.ReportFailuresRequest(job="wide", task=task_a,
+                                                       records=_records("c", 1)), timeout=10)
+    assert later.verdicts[0].action == pb.ACTION_FAIL and later.verdicts[0].job_failed
+
+    # each node dead-lettered its own records; both flush barriers see them acknowledged
+    assert sa.FlushTask(pb.FlushTaskRequest(job="wide", task=task_a), timeout=20
+                        ).dlq_records_acknowledged == 2
+    assert sb.FlushTask(pb.FlushTaskRequest(job="wide", task=task_b), timeout=20
+                        ).dlq_records_acknowledged == 1
+    keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic_name))
+    assert keys == [b"a-0", b"a-1", b"b-0"]
+
+    home = sa.GetJobSummary(pb.GetJobSummaryRequest(job="wide"), timeout=5)
+    remote = sb.GetJobSummary(pb.GetJobSummaryRequest(job="wide"), timeout=5)
+    assert home.failed and home.total_record_errors == 4 and remote.total_record_errors == 0
+    assert home.dlq_records_written + remote.dlq_records_written == 3
+
+
+def test_processed_counts_reach_the_home_for_ratio_limits(two_nodes, topic_name):
+    a, b = two_nodes
+    props = {"errors.tolerance": "all", "errors.tolerance.max.ratio": "0.5",
+             "errors.tolerance.min.records": "1"}
+    sa, sb = _stub(a), _stub(b)
+    sa.RegisterJob(pb.RegisterJobRequest(job="ratio", properties=props), timeout=20)
+    sb.RegisterJob(pb.RegisterJobRequest(job="ratio", properties=props, home=a.address),
+                   timeout=20)
+    task = pb.TaskIdentity(stage_id=1, partition_id=3, task_attempt_id=7)
+    sb.FlushTask(pb.FlushTaskRequest(job="ratio", task=task, processed=[
+        pb.StageCount(stage=pb.STAGE_TRANSFORMATION, records=40)]), timeout=20)
+    assert sa.GetJobSummary(pb.GetJobSummaryRequest(job="ratio"), timeout=5
+                            ).records_processed == 40
+
+
+def test_unreachable_home_is_a_clear_error(two_nodes):
+    _, b = two_nodes
+    with pytest.raises(grpc.RpcError) as err:
+        _stub(b).RegisterJob(pb.RegisterJobRequest(job="lost", home="127.0.0.1:1"), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "127.0.0.1:1" in err.value.details() and "home" in err.value.details()
+
+
+def test_naming_itself_as_home_is_local(two_nodes):
+    a, _ = two_nodes
+    sa = _stub(a)
+    sa.RegisterJob(pb.RegisterJobRequest(job="self", home=a.address), timeout=10)
+    status = sa.GetStatus(pb.GetStatusRequest(), timeout=5)
+    assert status.instance_id and any(j.job == "self" for j in status.jobs)
