@@ -1,0 +1,174 @@
+"""`SidecarClient`: the thin, synchronous client executors use to reach their node's sidecar.
+
+- Target: the explicit argument, else ``$SPILLWAY_SIDECAR_ADDRESS``, else ``127.0.0.1:50051``;
+  ``host:port`` or ``unix:///path``.
+- One channel per target per process (see `_channel`), created on the first call.
+- Every call carries a deadline (``timeout_s``); transient UNAVAILABLE is retried by gRPC's own
+  retry policy for a few seconds, then raises SidecarUnavailableError. Nothing is dropped:
+  every failure to deliver a report raises (see `spillway.client.errors`).
+- Each call runs in an OpenTelemetry CLIENT span whose context travels in the call's metadata
+  (``trace_calls=False`` turns this off, e.g. when an instrumentation interceptor is passed).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+
+import grpc
+from spillway.v1 import sidecar_pb2 as pb
+from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+
+from . import _channel, _health, _otel
+from .errors import ADDRESS_ENV, SidecarProtocolError, map_rpc_error
+from .report import stage_value
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+_SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")
+
+StageKey = tuple[int | str, str] | int | str
+
+
+def resolve_target(target: str | None = None, *, address_env: str = ADDRESS_ENV) -> str:
+    """The sidecar address: explicit argument, then the environment, then the default."""
+    source = "target"
+    if not target:
+        target, source = os.environ.get(address_env, "").strip(), address_env
+    if not target:
+        return DEFAULT_TARGET
+    target = target.strip()
+    if not target.startswith(_SCHEMES) and (":" not in target or target.endswith(":")):
+        raise ValueError(
+            f"{source}: expected host:port or unix:///path for the spillway sidecar, "
+            f"got {target!r}")
+    return target
+
+
+def processed_counts(processed: Mapping[StageKey, int]) -> list[pb.StageCount]:
+    """``{(stage, custom): n}`` (or ``{stage: n}``) as StageCount messages, zero counts left out."""
+    out: list[pb.StageCount] = []
+    for key, n in processed.items():
+        stage, custom = key if isinstance(key, tuple) else (key, "")
+        if int(n) < 0:
+            raise ValueError(f"processed: count for {key!r} must be >= 0, got {n}")
+        if int(n):
+            out.append(pb.StageCount(stage=stage_value(stage), custom_stage=custom or "",
+                                     records=int(n)))
+    return out
+
+
+class SidecarClient:
+    """Calls the node's sidecar. Cheap to construct; safe to share between threads."""
+
+    def __init__(self, target: str | None = None, *, timeout_s: float = 10.0,
+                 interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] = (),
+                 address_env: str = ADDRESS_ENV, trace_calls: bool = True) -> None:
+        if not timeout_s or timeout_s <= 0:
+            raise ValueError(f"timeout_s: must be > 0 seconds, got {timeout_s!r}")
+        self.address_env = address_env
+        self.target = resolve_target(target, address_env=address_env)
+        self.timeout_s = float(timeout_s)
+        self._interceptors = tuple(interceptors)
+        self.trace_calls = trace_calls
+        self._bound: tuple[grpc.Channel, grpc.Channel, pb_grpc.ErrorSidecarStub] | None = None
+
+    def __repr__(self) -> str:
+        return f"SidecarClient(target={self.target!r}, timeout_s={self.timeout_s})"
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def _channel(self) -> grpc.Channel:
+        base = _channel.get_channel(self.target)
+        bound = self._bound
+        if bound is None or bound[0] is not base:
+            chan = grpc.intercept_channel(base, *self._interceptors) if self._interceptors else base
+            bound = self._bound = (base, chan, pb_grpc.ErrorSidecarStub(chan))
+        return bound[1]
+
+    def _stub(self) -> pb_grpc.ErrorSidecarStub:
+        self._channel()
+        assert self._bound is not None
+        return self._bound[2]
+
+    def _call(self, method: str, request, *, timeout_s: float | None = None, job: str = ""):
+        rpc = getattr(self._stub(), method)
+        timeout = timeout_s or self.timeout_s
+        try:
+            if self.trace_calls:
+                return _otel.traced_call(method, self.target, lambda md: rpc(
+                    request, timeout=timeout, metadata=md))
+            return rpc(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise map_rpc_error(exc, method=method, target=self.target, job=job,
+                                address_env=self.address_env,
+                                connectivity=_channel.connectivity(self.target)) from exc
+
+    # --- the API ---------------------------------------------------------------------------
+
+    def register_job(self, job: str, properties: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Declare ``job`` with its policy; returns the effective properties. Idempotent."""
+        props = {str(k): str(v) for k, v in (properties or {}).items()}
+        resp = self._call("RegisterJob", pb.RegisterJobRequest(job=job, properties=props), job=job)
+        return dict(resp.effective_properties)
+
+    def report_failures(self, job: str, task: pb.TaskIdentity, records: Sequence[pb.FailedRecord],
+                        recovered: Iterable[str] = ()) -> list[pb.Verdict]:
+        """One verdict per record, in the records' order."""
+        req = pb.ReportFailuresRequest(job=job, task=task, records=list(records),
+                                       recovered_record_ids=list(recovered))
+        resp = self._call("ReportFailures", req, job=job)
+        verdicts = list(resp.verdicts)
+        expected = [r.record_id for r in req.records]
+        if [v.record_id for v in verdicts] != expected:
+            raise SidecarProtocolError(
+                f"ReportFailures on {self.target}: expected one verdict per record in order "
+                f"({len(expected)}), got {len(verdicts)} for record ids "
+                f"{[v.record_id for v in verdicts][:5]}")
+        return verdicts
+
+    def flush_task(self, job: str, task: pb.TaskIdentity,
+                   processed: Mapping[StageKey, int] | None = None,
+                   recovered: Iterable[str] = (), timeout_s: float | None = None) -> int:
+        """The flush barrier: returns once the task's DLQ records are acknowledged (their count).
+
+        Raises FlushTimeoutError when ``timeout_s`` (default: the client's) passes first.
+        """
+        req = pb.FlushTaskRequest(job=job, task=task, processed=processed_counts(processed or {}),
+                                  recovered_record_ids=list(recovered))
+        resp = self._call("FlushTask", req, timeout_s=timeout_s, job=job)
+        return int(resp.dlq_records_acknowledged)
+
+    def job_summary(self, job: str) -> pb.JobSummary:
+        return self._call("GetJobSummary", pb.GetJobSummaryRequest(job=job), job=job)
+
+    def status(self) -> pb.SidecarStatus:
+        return self._call("GetStatus", pb.GetStatusRequest())
+
+    def health(self, service: str = "") -> str:
+        """The grpc.health.v1 status name: SERVING, NOT_SERVING, UNKNOWN or SERVICE_UNKNOWN."""
+        check = self._channel().unary_unary(
+            _health.HEALTH_CHECK_METHOD,
+            request_serializer=_health.HealthCheckRequest.SerializeToString,
+            response_deserializer=_health.HealthCheckResponse.FromString,
+        )
+        try:
+            resp = check(_health.HealthCheckRequest(service=service), timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() is grpc.StatusCode.NOT_FOUND:  # the health protocol's unknown service
+                return "SERVICE_UNKNOWN"
+            raise map_rpc_error(exc, method="Health.Check", target=self.target,
+                                address_env=self.address_env,
+                                connectivity=_channel.connectivity(self.target)) from exc
+        return _health.status_name(resp)
+
+    def close(self) -> None:
+        """Close this process's channel to the target (the next call opens a new one)."""
+        self._bound = None
+        _channel.close_channel(self.target)
+
+    def __enter__(self) -> SidecarClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

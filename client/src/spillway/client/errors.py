@@ -1,0 +1,214 @@
+"""Errors the spillway client raises. gRPC errors are mapped at the boundary (`map_rpc_error`)
+with ``raise X from exc``: the original ``grpc.RpcError`` stays on ``__cause__`` and its status
+code on ``.code``.
+
+    SpillwayClientError                 root; ``.code`` is the grpc.StatusCode when one applies
+    ├── SidecarUnavailableError         the sidecar cannot be reached (UNAVAILABLE)
+    ├── SidecarTimeoutError             a call's deadline passed (DEADLINE_EXCEEDED)
+    │   └── FlushTimeoutError           ... on FlushTask: DLQ records not acknowledged
+    ├── SidecarBackpressureError        the sidecar's spool is full (RESOURCE_EXHAUSTED)
+    ├── JobNotRegisteredError           the job is unknown to this sidecar (NOT_FOUND)
+    ├── InvalidPolicyError              RegisterJob refused a property (INVALID_ARGUMENT)
+    ├── JobConflictError                a live job re-registered with other properties
+    │                                   (FAILED_PRECONDITION)
+    ├── SidecarProtocolError            any other status, or an answer that breaks the contract
+    └── RecordFailedError               a FAIL verdict: the task must fail
+        └── JobFailedError              ... with job_failed: the whole job has failed
+            └── ToleranceExceededError  ... because the error tolerance was exceeded
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import grpc
+
+if TYPE_CHECKING:
+    from spillway.v1 import sidecar_pb2 as pb
+
+ADDRESS_ENV = "SPILLWAY_SIDECAR_ADDRESS"
+
+
+class SpillwayClientError(Exception):
+    """Root of every error the spillway client raises on purpose."""
+
+    code: grpc.StatusCode | None = None
+
+    def __init__(self, message: str, *, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class SidecarUnavailableError(SpillwayClientError, ConnectionError):
+    def __init__(self, target: str, detail: str = "", *,
+                 code: grpc.StatusCode | None = grpc.StatusCode.UNAVAILABLE,
+                 address_env: str = ADDRESS_ENV) -> None:
+        self.target = target
+        why = f" ({detail})" if detail else ""
+        super().__init__(
+            f"the spillway sidecar at {target} is unreachable{why}. Start the sidecar on this "
+            f"node, or point the client at it with {address_env}=host:port (or unix:///path); "
+            f"on Spark executors set it with spark.executorEnv.{address_env}",
+            code=code,
+        )
+
+
+class SidecarTimeoutError(SpillwayClientError, TimeoutError):
+    pass
+
+
+class FlushTimeoutError(SidecarTimeoutError):
+    pass
+
+
+class SidecarBackpressureError(SpillwayClientError):
+    pass
+
+
+class JobNotRegisteredError(SpillwayClientError, LookupError):
+    def __init__(self, message: str, *, job: str = "", code: grpc.StatusCode | None = None):
+        self.job = job
+        super().__init__(message, code=code)
+
+
+class InvalidPolicyError(SpillwayClientError, ValueError):
+    pass
+
+
+class JobConflictError(SpillwayClientError):
+    pass
+
+
+class SidecarProtocolError(SpillwayClientError):
+    pass
+
+
+class RecordFailedError(SpillwayClientError):
+    """A FAIL verdict. The message names the job, stage, record, exception and the reason."""
+
+    def __init__(self, message: str, *, job: str = "", stage: str = "", record_id: str = "",
+                 exception_class: str = "", reason: str = "",
+                 verdict: pb.Verdict | None = None) -> None:
+        self.job = job
+        self.stage = stage
+        self.record_id = record_id
+        self.exception_class = exception_class
+        self.reason = reason
+        self.verdict = verdict
+        super().__init__(message)
+
+    def __reduce__(self):  # picklable across Spark's Python worker boundary
+        return (_rebuild, (type(self), str(self), self.job, self.stage, self.record_id,
+                           self.exception_class, self.reason))
+
+
+class JobFailedError(RecordFailedError):
+    pass
+
+
+class ToleranceExceededError(JobFailedError):
+    """The job's error tolerance was exceeded; ``limit`` and ``count`` when the reason names
+    them."""
+
+    @property
+    def limit(self) -> str | None:
+        m = _LIMIT.search(self.reason)
+        return m.group(1) if m else None
+
+    @property
+    def count(self) -> int | None:
+        m = _COUNT.search(self.reason)
+        if m:
+            return int(m.group(1))
+        return 1 if "first error" in self.reason else None
+
+
+_LIMIT = re.compile(r"(errors\.tolerance(?:\.[a-z.]+)?\s*=\s*[-\w.]+)")
+_COUNT = re.compile(r"(\d+)\s+errors?\b")
+
+
+def _rebuild(cls, message, job, stage, record_id, exception_class, reason):
+    return cls(message, job=job, stage=stage, record_id=record_id,
+               exception_class=exception_class, reason=reason)
+
+
+# --- mapping at the boundary ---------------------------------------------------------------
+
+_BY_CODE: dict[grpc.StatusCode, type[SpillwayClientError]] = {
+    grpc.StatusCode.RESOURCE_EXHAUSTED: SidecarBackpressureError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: SidecarTimeoutError,
+    grpc.StatusCode.NOT_FOUND: JobNotRegisteredError,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidPolicyError,
+    grpc.StatusCode.FAILED_PRECONDITION: JobConflictError,
+}
+
+
+_NOT_CONNECTED = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.CONNECTING,
+                  grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.SHUTDOWN)
+
+
+def map_rpc_error(exc: grpc.RpcError, *, method: str, target: str, job: str = "",
+                  address_env: str = ADDRESS_ENV,
+                  connectivity: grpc.ChannelConnectivity | None = None) -> SpillwayClientError:
+    """The client error for a failed call; raise it ``from exc``.
+
+    ``connectivity``: the channel's state when the call failed; a deadline that passed while
+    the channel was not connected (gRPC was still retrying to reach the sidecar) is reported
+    as SidecarUnavailableError, keeping DEADLINE_EXCEEDED as its code.
+    """
+    code = exc.code() if callable(getattr(exc, "code", None)) else None
+    details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+    if code is grpc.StatusCode.UNAVAILABLE:
+        return SidecarUnavailableError(target, f"{method}: {details}", address_env=address_env)
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED and connectivity in _NOT_CONNECTED:
+        return SidecarUnavailableError(
+            target, f"{method}: no connection before the deadline ({connectivity.name})",
+            code=code, address_env=address_env)
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED and method == "FlushTask":
+        return FlushTimeoutError(
+            f"FlushTask on {target} for job {job!r}: the DLQ records of this task were not "
+            f"acknowledged before the deadline ({details})", code=code)
+    cls = _BY_CODE.get(code) if code is not None else None
+    name = code.name if code is not None else "UNKNOWN"
+    message = f"{method} on {target} failed with {name}: {details}"
+    if cls is JobNotRegisteredError:
+        return JobNotRegisteredError(message, job=job, code=code)
+    if cls is None:
+        return SidecarProtocolError(message, code=code)
+    return cls(message, code=code)
+
+
+#: KIP-298's names where they differ from spillway.v1's (the sidecar uses them in its reasons).
+_KIP_STAGE = {6: "TASK_PUT", 7: "KAFKA_PRODUCE"}  # STAGE_SINK, STAGE_PRODUCE
+
+
+def error_for_verdict(job: str, record: pb.FailedRecord, verdict: pb.Verdict) -> RecordFailedError:
+    """The exception that fails the task for a FAIL verdict on ``record``.
+
+    ``job_failed`` verdicts give JobFailedError; those caused by the error tolerance (the reason
+    names ``errors.tolerance``) give ToleranceExceededError, whose message names the job, the
+    stage, and the limit and count the sidecar's reason carries.
+    """
+    from spillway.v1 import sidecar_pb2 as pb_
+
+    stage = _KIP_STAGE.get(record.stage) or (
+        pb_.Stage.Name(record.stage).removeprefix("STAGE_") if record.stage else "UNSPECIFIED")
+    if record.stage == pb_.STAGE_CUSTOM and record.custom_stage:
+        stage = record.custom_stage
+    exc = record.exception
+    what = f"{exc.class_name}: {exc.message}" if exc.message else exc.class_name
+    where = f" in {record.function_name}" if record.function_name else ""
+    reason = verdict.reason or "no reason given"
+    if verdict.job_failed:
+        cls: type[RecordFailedError] = (ToleranceExceededError if "tolerance" in reason.lower()
+                                        else JobFailedError)
+        message = (f"spillway job {job!r} failed in stage {stage}: record {record.record_id}"
+                   f"{where} raised {what}; sidecar: {reason}")
+    else:
+        cls = RecordFailedError
+        message = (f"spillway job {job!r}: record {record.record_id} failed in stage {stage}"
+                   f"{where} with {what}; sidecar: {reason}")
+    return cls(message, job=job, stage=stage, record_id=record.record_id,
+               exception_class=exc.class_name, reason=reason, verdict=verdict)

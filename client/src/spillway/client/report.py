@@ -1,0 +1,266 @@
+"""Pure helpers that turn a Python exception and its record into a ``spillway.v1.FailedRecord``.
+
+Nothing here talks to the network. Classification *hints* are extracted by duck typing, so the
+client never imports confluent_kafka, requests or any HTTP library:
+
+- gRPC: ``exc.code()`` returning a ``grpc.StatusCode``;
+- HTTP: ``exc.status_code``, ``exc.status``, ``exc.response.status_code`` (first int in 100..599);
+- confluent-kafka: ``exc.args[0]`` (a KafkaError) with ``retriable()``, ``fatal()``,
+  ``txn_requires_abort()``;
+- spillway markers (`spillway.client.markers`): ``marker_category``.
+
+The W3C trace context of the given (or current) OpenTelemetry context goes on each record, only
+when its span context is valid.
+"""
+
+from __future__ import annotations
+
+import builtins
+import traceback
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import grpc
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from spillway.v1 import sidecar_pb2 as pb
+
+from .markers import marker_category_name
+
+# --- stages and categories -----------------------------------------------------------------
+
+#: Stage names accepted wherever a stage is given: the proto names with or without the STAGE_
+#: prefix, and the KIP-298 names the sidecar writes to DLQ headers (TASK_PUT, KAFKA_PRODUCE).
+STAGE_ALIASES: Mapping[str, int] = {
+    **{name.removeprefix("STAGE_"): value for name, value in pb.Stage.items()},
+    **dict(pb.Stage.items()),
+    "TASK_PUT": pb.STAGE_SINK,
+    "KAFKA_PRODUCE": pb.STAGE_PRODUCE,
+}
+
+CATEGORY_BY_NAME: Mapping[str, int] = {
+    "retriable": pb.CATEGORY_RETRIABLE,
+    "refresh-retriable": pb.CATEGORY_REFRESH_RETRIABLE,
+    "abortable": pb.CATEGORY_ABORTABLE,
+    "application-recoverable": pb.CATEGORY_APPLICATION_RECOVERABLE,
+    "invalid-configuration": pb.CATEGORY_INVALID_CONFIGURATION,
+    "data": pb.CATEGORY_DATA,
+}
+
+
+def stage_value(stage: int | str) -> int:
+    """The ``spillway.v1.Stage`` value of ``stage`` (an enum value or a name, see STAGE_ALIASES)."""
+    if isinstance(stage, int) and not isinstance(stage, bool):
+        if stage in pb.Stage.values() and stage != pb.STAGE_UNSPECIFIED:
+            return stage
+    elif isinstance(stage, str) and stage.strip().upper() in STAGE_ALIASES:
+        value = STAGE_ALIASES[stage.strip().upper()]
+        if value != pb.STAGE_UNSPECIFIED:
+            return value
+    allowed = sorted(n for n in STAGE_ALIASES if not n.startswith("STAGE_") and n != "UNSPECIFIED")
+    raise ValueError(f"stage: unknown stage {stage!r}; allowed: {', '.join(allowed)}")
+
+
+def stage_name(stage: int | str) -> str:
+    """The short proto name of a stage, e.g. ``TRANSFORMATION`` or ``SINK``."""
+    return pb.Stage.Name(stage_value(stage)).removeprefix("STAGE_")
+
+
+# --- names ---------------------------------------------------------------------------------
+
+
+def qualified_name(obj: Any) -> str:
+    """``module.QualName`` of a class or function; builtins keep their module
+    (``builtins.ValueError``).
+
+    Instances are named by their class; callables without ``__qualname__`` (partials, callable
+    objects) by their class, or by the wrapped function for ``functools.partial``.
+    """
+    func = getattr(obj, "func", None)  # functools.partial
+    if func is not None and callable(func) and not hasattr(obj, "__qualname__"):
+        return qualified_name(func)
+    target = obj if isinstance(obj, type) or hasattr(obj, "__qualname__") else type(obj)
+    module = getattr(target, "__module__", None) or builtins.__name__
+    qual = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+    return f"{module}.{qual}"
+
+
+# --- classification hints ------------------------------------------------------------------
+
+
+def grpc_status_code(exc: BaseException) -> int | None:
+    code_fn = getattr(exc, "code", None)
+    if not callable(code_fn):
+        return None
+    try:
+        code = code_fn()
+    except Exception:
+        return None
+    return code.value[0] if isinstance(code, grpc.StatusCode) else None
+
+
+def _http_status(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 100 <= value <= 599:
+        return value
+    return None
+
+
+def http_status_code(exc: BaseException) -> int | None:
+    for value in (getattr(exc, "status_code", None), getattr(exc, "status", None)):
+        if (status := _http_status(value)) is not None:
+            return status
+    response = getattr(exc, "response", None)
+    if response is not None:
+        for attr in ("status_code", "status"):
+            if (status := _http_status(getattr(response, attr, None))) is not None:
+                return status
+    return None
+
+
+def _flag(obj: Any, name: str) -> bool | None:
+    fn = getattr(obj, name, None)
+    if not callable(fn):
+        return None
+    try:
+        value = fn()
+    except Exception:
+        return None
+    return value if isinstance(value, bool) else None
+
+
+def kafka_flags(exc: BaseException) -> tuple[bool | None, bool | None, bool | None]:
+    """(retriable, fatal, txn_requires_abort) of a confluent-kafka error, by duck typing."""
+    candidates = [exc.args[0]] if getattr(exc, "args", None) else []
+    candidates.append(exc)
+    for obj in candidates:
+        if callable(getattr(obj, "retriable", None)) and callable(getattr(obj, "fatal", None)):
+            return (_flag(obj, "retriable"), _flag(obj, "fatal"),
+                    _flag(obj, "txn_requires_abort"))
+    return None, None, None
+
+
+def causes(exc: BaseException) -> list[str]:
+    """The cause chain (``__cause__``, else ``__context__`` unless suppressed), outermost first."""
+    out: list[str] = []
+    seen = {id(exc)}
+    cur: BaseException | None = exc
+    while cur is not None:
+        nxt = cur.__cause__
+        if nxt is None and not cur.__suppress_context__:
+            nxt = cur.__context__
+        if nxt is None or id(nxt) in seen:
+            break
+        seen.add(id(nxt))
+        out.append(f"{qualified_name(type(nxt))}: {nxt}")
+        cur = nxt
+    return out
+
+
+def exception_info(exc: BaseException) -> pb.ExceptionInfo:
+    cls = type(exc)
+    info = pb.ExceptionInfo(
+        class_name=qualified_name(cls),
+        class_chain=[qualified_name(c) for c in cls.__mro__ if c is not object],
+        message=str(exc),
+        stack_trace="".join(traceback.format_exception(exc)),
+        causes=causes(exc),
+    )
+    if (code := grpc_status_code(exc)) is not None:
+        info.grpc_status_code = code
+    if (status := http_status_code(exc)) is not None:
+        info.http_status_code = status
+    retriable, fatal, txn_abort = kafka_flags(exc)
+    if retriable is not None:
+        info.kafka_retriable = retriable
+    if fatal is not None:
+        info.kafka_fatal = fatal
+    if txn_abort is not None:
+        info.kafka_txn_requires_abort = txn_abort
+    if (marker := marker_category_name(exc)) is not None:
+        info.marker_category = CATEGORY_BY_NAME[marker]
+    return info
+
+
+# --- trace context -------------------------------------------------------------------------
+
+_W3C = TraceContextTextMapPropagator()
+
+
+def trace_context(context: Context | None = None) -> tuple[str, str]:
+    """(traceparent, tracestate) of ``context`` (default: the current one); empty when invalid."""
+    if not trace.get_current_span(context).get_span_context().is_valid:
+        return "", ""
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier, context=context)
+    return carrier.get("traceparent", ""), carrier.get("tracestate", "")
+
+
+def extract_context(traceparent: str, tracestate: str = "") -> Context:
+    """An OpenTelemetry context whose parent span is the given W3C trace context."""
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    return _W3C.extract(carrier)
+
+
+# --- the record ----------------------------------------------------------------------------
+
+
+def as_bytes(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise TypeError(f"expected bytes or str, got {type(value).__name__}")
+
+
+def failed_record(
+    record_id: str,
+    stage: int | str,
+    exc: BaseException,
+    *,
+    custom_stage: str = "",
+    function_name: str = "",
+    source: tuple[str, int, int] | None = None,
+    key: bytes | str | None = None,
+    value: bytes | str | None = None,
+    headers: Iterable[tuple[str, bytes | str | None]] = (),
+    timestamp_ms: int | None = None,
+    attempt: int = 1,
+    context: Context | None = None,
+) -> pb.FailedRecord:
+    """A FailedRecord for ``exc``; ``source`` is (topic, partition, offset) of a Kafka record."""
+    if not record_id:
+        raise ValueError("record_id: a stable, non-empty record id is required")
+    stage_v = stage_value(stage)
+    if stage_v == pb.STAGE_CUSTOM and not custom_stage:
+        raise ValueError("custom_stage: required with stage CUSTOM")
+    traceparent, tracestate = trace_context(context)
+    rec = pb.FailedRecord(
+        record_id=record_id,
+        stage=stage_v,
+        custom_stage=custom_stage,
+        function_name=function_name,
+        headers=[pb.Header(key=k, value=as_bytes(v)) if v is not None else pb.Header(key=k)
+                 for k, v in headers],
+        exception=exception_info(exc),
+        attempt=max(1, int(attempt)),
+        traceparent=traceparent,
+        tracestate=tracestate,
+    )
+    if source is not None:
+        topic, partition, offset = source
+        rec.source.CopyFrom(pb.SourceCoordinates(topic=topic, partition=int(partition),
+                                                 offset=int(offset)))
+    if (k := as_bytes(key)) is not None:
+        rec.key = k
+    if (v := as_bytes(value)) is not None:
+        rec.value = v
+    if timestamp_ms is not None:
+        rec.timestamp_ms = int(timestamp_ms)
+    return rec

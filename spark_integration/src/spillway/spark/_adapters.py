@@ -1,0 +1,206 @@
+"""Adapters between the verdict loop and each kind of wrapped user function (executor side).
+
+- `RowAdapter`: ``fn(row)`` per record (map_partitions);
+- `BatchAdapter`: ``fn(batch)`` on a whole Arrow RecordBatch or pandas DataFrame (map_in_arrow,
+  map_in_pandas); a failed batch is bisected until the failing rows are isolated;
+- `SinkAdapter`: ``write_fn(rows)`` on chunks of rows (foreach_partition / foreach_batch),
+  bisected the same way;
+- `DeserializeAdapter`: key / value / whole-record deserializers on the Kafka source columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from ._engine import StageFailure, StageRef, Unit
+from ._records import RecordContext, context_of
+
+IdFactory = Callable[[int], str]  # partition row index -> positional record id
+
+
+class RowAdapter:
+    def __init__(self, fn: Callable[[Any], Any], *, ids: IdFactory, flat: bool = False,
+                 record_id: Callable[[Any], str] | None = None,
+                 source: Callable[[Any], Any] | None = None) -> None:
+        self.fn, self.ids, self.flat, self.record_id, self.source = fn, ids, flat, record_id, source
+
+    def run(self, unit: Unit) -> Sequence[Any]:
+        out = self.fn(unit.payload)
+        return list(out) if self.flat else (out,)
+
+    def split(self, unit: Unit) -> list[Unit] | None:
+        return None
+
+    def context(self, unit: Unit) -> RecordContext:
+        return context_of(unit.payload, lambda: self.ids(unit.offset), self.record_id,
+                          self.source)
+
+
+def row_units(rows: Iterable[Any]) -> Iterator[Unit]:
+    for i, row in enumerate(rows):
+        yield Unit(row, 1, i)
+
+
+# --- vectorized ---------------------------------------------------------------------------
+
+
+def _arrow_outputs(out: Any) -> list:
+    import pyarrow as pa
+
+    if out is None:
+        return []
+    if isinstance(out, pa.RecordBatch):
+        return [out]
+    if isinstance(out, pa.Table):
+        return out.to_batches()
+    if isinstance(out, Iterable):
+        batches: list = []
+        for item in out:
+            batches.extend(_arrow_outputs(item))
+        return batches
+    raise TypeError(f"map_in_arrow: fn must return a pyarrow RecordBatch or Table (or an "
+                    f"iterable of them), got {type(out).__name__}")
+
+
+def _pandas_outputs(out: Any) -> list:
+    import pandas as pd
+
+    if out is None:
+        return []
+    if isinstance(out, pd.DataFrame):
+        return [out]
+    if isinstance(out, Iterable):
+        frames: list = []
+        for item in out:
+            frames.extend(_pandas_outputs(item))
+        return frames
+    raise TypeError(f"map_in_pandas: fn must return a pandas DataFrame (or an iterable of "
+                    f"them), got {type(out).__name__}")
+
+
+class BatchAdapter:
+    """``fn(batch) -> batch``; ``kind`` is "arrow" (RecordBatch) or "pandas" (DataFrame)."""
+
+    def __init__(self, fn: Callable[[Any], Any], kind: str, *, ids: IdFactory,
+                 record_id: Callable[[Any], str] | None = None,
+                 source: Callable[[Any], Any] | None = None) -> None:
+        if kind not in ("arrow", "pandas"):
+            raise ValueError(f"kind: arrow or pandas, got {kind!r}")
+        self.fn, self.kind, self.ids, self.record_id, self.source = fn, kind, ids, record_id, source
+
+    def run(self, unit: Unit) -> Sequence[Any]:
+        out = self.fn(unit.payload)
+        return _arrow_outputs(out) if self.kind == "arrow" else _pandas_outputs(out)
+
+    def _slice(self, batch: Any, start: int, stop: int) -> Any:
+        if self.kind == "arrow":
+            return batch.slice(start, stop - start)
+        return batch.iloc[start:stop].reset_index(drop=True)
+
+    def split(self, unit: Unit) -> list[Unit] | None:
+        n = unit.size
+        if n < 2:
+            return None
+        half = n // 2
+        return [Unit(self._slice(unit.payload, 0, half), half, unit.offset),
+                Unit(self._slice(unit.payload, half, n), n - half, unit.offset + half)]
+
+    def first_row(self, batch: Any) -> dict:
+        if self.kind == "arrow":
+            return batch.slice(0, 1).to_pylist()[0]
+        return batch.iloc[0].to_dict()
+
+    def context(self, unit: Unit) -> RecordContext:
+        return context_of(self.first_row(unit.payload), lambda: self.ids(unit.offset),
+                          self.record_id, self.source)
+
+
+def batch_units(batches: Iterable[Any]) -> Iterator[Unit]:
+    offset = 0
+    for batch in batches:
+        n = batch.num_rows if hasattr(batch, "num_rows") else len(batch)
+        if n:
+            yield Unit(batch, n, offset)
+        offset += n
+
+
+# --- sinks ----------------------------------------------------------------------------------
+
+
+class SinkAdapter:
+    """``write_fn(rows: list)`` per chunk; a failed chunk is bisected down to single rows."""
+
+    def __init__(self, write_fn: Callable[[list], Any], *, ids: IdFactory,
+                 record_id: Callable[[Any], str] | None = None,
+                 source: Callable[[Any], Any] | None = None) -> None:
+        self.write_fn, self.ids, self.record_id, self.source = write_fn, ids, record_id, source
+
+    def run(self, unit: Unit) -> Sequence[Any]:
+        self.write_fn(list(unit.payload))
+        return ()
+
+    def split(self, unit: Unit) -> list[Unit] | None:
+        rows, n = unit.payload, unit.size
+        if n < 2:
+            return None
+        half = n // 2
+        return [Unit(rows[:half], half, unit.offset), Unit(rows[half:], n - half,
+                                                           unit.offset + half)]
+
+    def context(self, unit: Unit) -> RecordContext:
+        return context_of(unit.payload[0], lambda: self.ids(unit.offset), self.record_id,
+                          self.source)
+
+
+def chunk_units(rows: Iterable[Any], size: int) -> Iterator[Unit]:
+    chunk: list = []
+    offset = 0
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= size:
+            yield Unit(chunk, len(chunk), offset)
+            offset += len(chunk)
+            chunk = []
+    if chunk:
+        yield Unit(chunk, len(chunk), offset)
+
+
+# --- deserialization ------------------------------------------------------------------------
+
+
+class Deserializer:
+    """One deserialization step: ``fn`` on the key bytes, the value bytes or the whole record."""
+
+    def __init__(self, part: str, fn: Callable[[Any], Any], stage: StageRef,
+                 function_name: str) -> None:
+        self.part, self.fn, self.stage, self.function_name = part, fn, stage, function_name
+
+
+class DeserializeAdapter:
+    """Units are rows of a Kafka-source Arrow batch: payload (batch, row index, row dict)."""
+
+    def __init__(self, steps: Sequence[Deserializer], *, ids: IdFactory,
+                 to_row: Callable[[Any, int], Any] | None = None) -> None:
+        self.steps = list(steps)
+        self.ids = ids
+        self.to_row = to_row  # (batch, i) -> pyspark Row, for whole-record deserializers
+
+    def run(self, unit: Unit) -> Sequence[Any]:
+        batch, i, fields = unit.payload
+        parsed = []
+        for step in self.steps:
+            arg = (fields.get(step.part) if step.part in ("key", "value")
+                   else self.to_row(batch, i))
+            try:
+                parsed.append(step.fn(arg))
+            except Exception as exc:  # noqa: BLE001 - user code
+                raise StageFailure(step.stage, step.function_name, exc) from exc
+        return ((batch, i, tuple(parsed)),)
+
+    def split(self, unit: Unit) -> list[Unit] | None:
+        return None
+
+    def context(self, unit: Unit) -> RecordContext:
+        batch, i, _ = unit.payload
+        return context_of(batch.slice(i, 1).to_pylist()[0], lambda: self.ids(unit.offset))

@@ -1,0 +1,327 @@
+"""The verdict loop: runs units of work, reports failures in batches, follows the verdicts.
+
+Pure with respect to Spark: it sees units (one row, or a batch of rows for the vectorized and
+sink wrappers), an `Adapter` that knows how to run / split / describe them, and a `Session`
+that talks to the sidecar. The clock and sleep are injected.
+
+The loop, per partition:
+
+1. take the next runnable unit: a split part first, then a retry whose delay has passed, then the
+   next input unit;
+2. run it: outputs are yielded at once (each good record exactly once); a failed unit of more
+   than one record is split in halves and the halves run first (bisection: only failing records
+   are isolated, good ones still flow); a failed single record joins the pending reports;
+3. pending reports go to the sidecar when ``batch_size`` are waiting, when the oldest has waited
+   ``linger_s``, or when nothing else is runnable;
+4. verdicts: RETRY puts the record on the retry heap with its delay (records after it keep
+   flowing; the refresh hook runs first for refresh-retriable records); SKIP drops it (the
+   sidecar dead-letters it); FAIL raises, failing the Spark task;
+5. when the input is exhausted and no report or retry is left, the loop ends.
+
+Output order is not preserved (a retried record comes out later); every good record comes out
+exactly once per successful run of the partition.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from opentelemetry.context import Context
+from spillway.client import report
+from spillway.client.errors import SidecarProtocolError, error_for_verdict
+from spillway.v1 import sidecar_pb2 as pb
+
+from ._records import RecordContext
+
+KIP_STAGE_NAMES = {pb.STAGE_SINK: "TASK_PUT", pb.STAGE_PRODUCE: "KAFKA_PRODUCE"}
+_DONE = object()
+
+
+@dataclass(frozen=True, slots=True)
+class StageRef:
+    """A spillway.v1 Stage, plus its name for STAGE_CUSTOM."""
+
+    stage: int
+    custom: str = ""
+
+    @classmethod
+    def of(cls, stage: int | str, custom: str = "") -> StageRef:
+        value = report.stage_value(stage)
+        if value == pb.STAGE_CUSTOM and not custom.strip():
+            raise ValueError("custom_stage: required with stage CUSTOM")
+        return cls(value, custom.strip() if value == pb.STAGE_CUSTOM else "")
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return self.stage, self.custom
+
+    @property
+    def name(self) -> str:
+        """The name the sidecar uses (KIP-298's, e.g. TASK_PUT for SINK), or the custom name."""
+        if self.custom:
+            return self.custom
+        return KIP_STAGE_NAMES.get(self.stage) or report.stage_name(self.stage)
+
+
+@dataclass(eq=False, slots=True)
+class Unit:
+    """Records run together: one row, or ``size`` consecutive rows from partition row ``offset``."""
+
+    payload: Any
+    size: int = 1
+    offset: int = 0
+    attempt: int = 1
+    exc: BaseException | None = None
+    record: pb.FailedRecord | None = None
+    ctx: RecordContext | None = None
+
+
+def trim_traceback(exc: BaseException) -> BaseException:
+    """Drop spillway's own leading frames, so the reported stack trace starts at user code."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and \
+            tb.tb_frame.f_globals.get("__name__", "").startswith("spillway.spark"):
+        tb = tb.tb_next
+    return exc.with_traceback(tb)
+
+
+class StageFailure(Exception):
+    """Raised by an adapter to say which stage (and user function) a failure belongs to."""
+
+    def __init__(self, stage: StageRef, function_name: str, exc: Exception) -> None:
+        super().__init__(str(exc))
+        self.stage = stage
+        self.function_name = function_name
+        self.exc = exc
+
+
+class Adapter(Protocol):
+    def run(self, unit: Unit) -> Sequence[Any]:
+        """The unit's outputs (materialized: a failure part-way must emit nothing)."""
+
+    def split(self, unit: Unit) -> list[Unit] | None:
+        """Smaller units covering a failed multi-record unit, or None if it cannot be split."""
+
+    def context(self, unit: Unit) -> RecordContext:
+        """The context of a single-record unit."""
+
+
+class Session(Protocol):
+    job: str
+    trace_context: Context | None
+
+    def report(self, records: list[pb.FailedRecord]) -> list[pb.Verdict]: ...
+
+    def processed(self, stages: Sequence[StageRef], n: int) -> None: ...
+
+    def recovered(self, record_id: str) -> None: ...
+
+    def failed(self, exc: BaseException, record: pb.FailedRecord) -> None: ...
+
+    def skipped(self, record: pb.FailedRecord, verdict: pb.Verdict) -> None: ...
+
+
+class Engine:
+    def __init__(self, session: Session, adapter: Adapter, *, stage: StageRef,
+                 function_name: str, count_stages: Sequence[StageRef] | None = None,
+                 batch_size: int = 256, linger_s: float = 0.5,
+                 refresh: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if batch_size < 1:
+            raise ValueError(f"report_batch_size: must be >= 1, got {batch_size}")
+        self.session = session
+        self.adapter = adapter
+        self.stage = stage
+        self.function_name = function_name
+        self.count_stages = tuple(count_stages or (stage,))
+        self.batch_size = batch_size
+        self.linger_s = linger_s
+        self.refresh = refresh
+        self.clock = clock
+        self.sleep = sleep
+        self._ready: deque[Unit] = deque()
+        self._waiting: list[tuple[float, int, Unit]] = []
+        self._pending: list[Unit] = []
+        self._pending_since = 0.0
+        self._seq = itertools.count()
+        self._refresh_due = False
+        self._exhausted = False
+
+    def run(self, units: Iterable[Unit]) -> Iterator[Any]:
+        """The loop over units (batches, chunks, or rows wrapped in units)."""
+        source = iter(units)
+        while True:
+            outputs = self._step(source)
+            if outputs is _DONE:
+                return
+            if outputs:
+                yield from outputs
+
+    def run_rows(self, rows: Iterable[Any]) -> Iterator[Any]:
+        """The loop over single records, with a fast path: while nothing has failed (nothing to
+        report, retry or re-run), rows go through the adapter's ``fn`` in a plain loop with no
+        per-row bookkeeping; a failure hands over to the general loop until it is idle again.
+        The adapter's ``fn(row)`` gives one output, or an iterable of them with its ``flat``.
+        """
+        fn, flat = self.adapter.fn, self.adapter.flat
+        it = iter(rows)
+        next_index = [0]  # partition row index of the next row, shared with the general loop
+        count = self.count_stages
+
+        def units() -> Iterator[Unit]:
+            for row in it:
+                i = next_index[0]
+                next_index[0] = i + 1
+                yield Unit(row, 1, i)
+
+        slow = units()
+        while True:
+            if self._ready or self._waiting or self._pending:
+                outputs = self._step(slow)
+                if outputs is _DONE:
+                    return
+                if outputs:
+                    yield from outputs
+                continue
+            if self._exhausted:
+                return
+            n = 0  # rows of this fast run that succeeded
+            failed: tuple[Any, Exception] | None = None
+            try:
+                if flat:
+                    for row in it:
+                        try:
+                            out = list(fn(row))
+                        except Exception as exc:  # noqa: BLE001 - user code
+                            failed = (row, exc)
+                            break
+                        n += 1
+                        yield from out
+                else:
+                    for row in it:
+                        try:
+                            out = fn(row)
+                        except Exception as exc:  # noqa: BLE001 - user code
+                            failed = (row, exc)
+                            break
+                        n += 1
+                        yield out
+                if failed is None:
+                    self._exhausted = True
+            finally:
+                done = n + (failed is not None)
+                next_index[0] += done
+                self.session.processed(count, done)
+            if failed is not None:
+                row, exc = failed
+                unit = Unit(row, 1, next_index[0] - 1)
+                if isinstance(exc, StageFailure):
+                    self._failed(unit, exc.exc, exc.stage, exc.function_name)
+                else:
+                    self._failed(unit, exc, self.stage, self.function_name)
+                self._maybe_report()
+
+    def _step(self, source: Iterator[Unit]) -> Sequence[Any] | None | object:
+        """One turn of the loop: run one unit, or report, or wait; _DONE when all is done."""
+        unit = self._next_runnable()
+        if unit is None and not self._exhausted:
+            unit = next(source, None)
+            if unit is None:
+                self._exhausted = True
+            else:
+                self.session.processed(self.count_stages, unit.size)
+        if unit is not None:
+            outputs = self._attempt(unit)
+            self._maybe_report()
+            return outputs
+        if self._pending:
+            self._report()
+        elif self._waiting:
+            self.sleep(max(0.0, self._waiting[0][0] - self.clock()))
+        else:
+            return _DONE
+        return None
+
+    def _maybe_report(self) -> None:
+        if self._pending and (len(self._pending) >= self.batch_size
+                              or self.clock() - self._pending_since >= self.linger_s):
+            self._report()
+
+    def unfinished(self) -> int:
+        """Failed records not yet reported or waiting for their retry."""
+        return len(self._pending) + len(self._waiting)
+
+    def _next_runnable(self) -> Unit | None:
+        if self._ready:
+            return self._ready.popleft()
+        if self._waiting and self._waiting[0][0] <= self.clock():
+            unit = heapq.heappop(self._waiting)[2]
+            if self._refresh_due and self.refresh is not None:
+                self._refresh_due = False
+                self.refresh()
+            return unit
+        return None
+
+    def _attempt(self, unit: Unit) -> Sequence[Any] | None:
+        try:
+            outputs = self.adapter.run(unit)
+        except StageFailure as sf:
+            exc, stage, fname = sf.exc, sf.stage, sf.function_name
+        except Exception as e:  # noqa: BLE001 - user code: every Exception is a record failure
+            exc, stage, fname = e, self.stage, self.function_name
+        else:
+            if unit.record is not None:
+                self.session.recovered(unit.record.record_id)
+            return outputs
+        if unit.size > 1:
+            parts = self.adapter.split(unit)
+            if parts:
+                self._ready.extendleft(reversed(parts))
+                return None
+        self._failed(unit, exc, stage, fname)
+        return None
+
+    def _failed(self, unit: Unit, exc: Exception, stage: StageRef, fname: str) -> None:
+        """A single record failed: build its report and queue it."""
+        trim_traceback(exc)
+        if unit.ctx is None:
+            unit.ctx = self.adapter.context(unit)
+        ctx = unit.ctx
+        unit.exc = exc
+        unit.record = report.failed_record(
+            ctx.record_id, stage.stage, exc, custom_stage=stage.custom, function_name=fname,
+            source=ctx.source, key=ctx.key, value=ctx.value, headers=ctx.headers,
+            timestamp_ms=ctx.timestamp_ms, attempt=unit.attempt,
+            context=self.session.trace_context)
+        self.session.failed(exc, unit.record)
+        if not self._pending:
+            self._pending_since = self.clock()
+        self._pending.append(unit)
+
+    def _report(self) -> None:
+        batch, self._pending = self._pending, []
+        verdicts = self.session.report([u.record for u in batch])
+        fails = [(u, v) for u, v in zip(batch, verdicts, strict=True) if v.action == pb.ACTION_FAIL]
+        if fails:
+            unit, verdict = next(((u, v) for u, v in fails if v.job_failed), fails[0])
+            raise error_for_verdict(self.session.job, unit.record, verdict) from unit.exc
+        for unit, verdict in zip(batch, verdicts, strict=True):
+            if verdict.action == pb.ACTION_RETRY:
+                unit.attempt += 1
+                if verdict.category == pb.CATEGORY_REFRESH_RETRIABLE:
+                    self._refresh_due = True
+                due = self.clock() + verdict.retry_delay_ms / 1000.0
+                heapq.heappush(self._waiting, (due, next(self._seq), unit))
+            elif verdict.action == pb.ACTION_SKIP:
+                self.session.skipped(unit.record, verdict)
+            else:
+                raise SidecarProtocolError(
+                    f"ReportFailures: verdict for record {verdict.record_id!r} has no action "
+                    f"({pb.Action.Name(verdict.action)})")

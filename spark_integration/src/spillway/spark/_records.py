@@ -1,0 +1,177 @@
+"""Record ids and record context (KIP-1033's ErrorHandlerContext) for failed rows. Pure.
+
+Record ids are stable across Spark task attempts, because the sidecar keeps each record's retry
+count, schedule and skip decision by id:
+
+- a row carrying the Kafka source columns (topic, partition, offset): ``topic/partition/offset``;
+- otherwise ``<STAGE>:<job>/<wrapper>[:b<micro-batch id>]:p<partition>:r<row index>``, the
+  row's position in its Spark partition. Spark's stage id and task attempt id are deliberately
+  left out (they change on every attempt); the streaming micro-batch id is kept (partition
+  numbers repeat in every micro-batch). Positions are stable when the partition's input order is
+  (a source scan, a sorted or non-shuffled plan); pass ``record_id=`` otherwise.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import decimal
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+KAFKA_COORDINATES = ("topic", "partition", "offset")
+#: The columns of Spark's Kafka source, in its order.
+KAFKA_SOURCE_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp",
+                        "timestampType", "headers")
+
+
+def kafka_record_id(topic: str, partition: int, offset: int) -> str:
+    return f"{topic}/{int(partition)}/{int(offset)}"
+
+
+def positional_record_id(stage: str, job: str, wrapper: str, partition_id: int, row_index: int,
+                         batch_id: int | str | None = None) -> str:
+    batch = f":b{batch_id}" if batch_id not in (None, "") else ""
+    return f"{stage}:{job}/{wrapper}{batch}:p{partition_id}:r{row_index}"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordContext:
+    """What a FailedRecord says about the record itself."""
+
+    record_id: str
+    source: tuple[str, int, int] | None = None
+    key: bytes | None = None
+    value: bytes | None = None
+    headers: tuple[tuple[str, bytes | None], ...] = field(default_factory=tuple)
+    timestamp_ms: int | None = None
+
+
+def as_mapping(row: Any) -> Mapping[str, Any] | None:
+    """A Row, dict or pandas Series as a mapping of column name to value (else None)."""
+    if isinstance(row, Mapping):
+        return row
+    as_dict = getattr(row, "asDict", None)  # pyspark.sql.Row
+    if callable(as_dict):
+        return as_dict()
+    to_dict = getattr(row, "to_dict", None)  # pandas.Series
+    if callable(to_dict) and not isinstance(row, type):
+        try:
+            out = to_dict()
+        except TypeError:
+            return None
+        return out if isinstance(out, Mapping) else None
+    return None
+
+
+def _scalar(value: Any) -> Any:
+    item = getattr(value, "item", None)  # numpy / pandas scalars
+    if callable(item) and not isinstance(value, (bytes, str)):
+        try:
+            return item()
+        except (TypeError, ValueError):
+            return value
+    return value
+
+
+def _bytes(value: Any) -> bytes | None:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    return None
+
+
+def timestamp_ms(value: Any) -> int | None:
+    value = _scalar(value)
+    if value is None:
+        return None
+    if isinstance(value, _dt.datetime):  # naive: local time, as pyspark's Row conversion gives
+        return int(value.timestamp() * 1000)
+    to_py = getattr(value, "to_pydatetime", None)  # pandas.Timestamp
+    if callable(to_py):
+        try:
+            return int(to_py().timestamp() * 1000)
+        except (TypeError, ValueError):
+            return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def headers_of(value: Any) -> tuple[tuple[str, bytes | None], ...]:
+    """Kafka headers (array<struct<key, value>> as Rows, dicts or pairs) as (key, bytes|None)."""
+    if value is None:
+        return ()
+    out = []
+    for h in value:
+        m = as_mapping(h)
+        if m is not None:
+            k, v = m.get("key"), m.get("value")
+        else:
+            k, v = h
+        if k is None:
+            continue
+        b = _bytes(v)
+        out.append((str(k), b if b is not None else (v.encode() if isinstance(v, str) else None)))
+    return tuple(out)
+
+
+def _json_default(value: Any) -> Any:
+    value = _scalar(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    m = as_mapping(value)
+    if m is not None:
+        return dict(m)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    tolist = getattr(value, "tolist", None)  # numpy arrays
+    if callable(tolist):
+        return tolist()
+    return repr(value)
+
+
+def row_json(row: Any) -> bytes:
+    """The row as compact JSON (bytes as base64, dates ISO-8601): the DLQ value of a row that
+    did not come from Kafka."""
+    m = as_mapping(row)
+    payload = {k: _scalar(v) for k, v in m.items()} if m is not None else row
+    if hasattr(row, "asDict"):
+        payload = row.asDict(recursive=True)
+    return json.dumps(payload, default=_json_default, separators=(",", ":"),
+                      ensure_ascii=False).encode("utf-8")
+
+
+def context_of(row: Any, fallback_id: Callable[[], str],
+               record_id: Callable[[Any], str] | None = None,
+               source: Callable[[Any], Any] | None = None) -> RecordContext:
+    """The context of a failed row: Kafka coordinates, original key/value/headers/timestamp when
+    the row (or what ``source(row)`` returns) has the Kafka source columns; else a positional
+    id and the row as JSON."""
+    m = as_mapping(source(row) if source is not None else row)
+    rid = str(record_id(row)) if record_id is not None else ""
+    source = None
+    if m is not None and all(c in m and _scalar(m[c]) is not None for c in KAFKA_COORDINATES):
+        topic, partition, offset = (_scalar(m[c]) for c in KAFKA_COORDINATES)
+        source = (str(topic), int(partition), int(offset))
+        rid = rid or kafka_record_id(*source)
+    rid = rid or fallback_id()
+    if m is not None and source is not None and ("value" in m or "key" in m):
+        key, value = _bytes(_scalar(m.get("key"))), _bytes(_scalar(m.get("value")))
+        bytes_or_null = ((m.get("value") is None or value is not None)
+                         and (m.get("key") is None or key is not None))
+        if bytes_or_null:
+            return RecordContext(rid, source, key, value, headers_of(m.get("headers")),
+                                 timestamp_ms(m.get("timestamp")))
+    return RecordContext(
+        rid, source, None, row_json(row),
+        headers_of(m.get("headers")) if m is not None and source is not None else (),
+        timestamp_ms(m.get("timestamp")) if m is not None and source is not None else None,
+    )

@@ -1,0 +1,452 @@
+"""Executor side: the per-process worker state and the per-task `TaskSession`.
+
+The job's name, policy and sidecar settings travel inside the wrapped closures as a `JobSpec`;
+nothing has to be set up on executors beyond the sidecar's address.
+
+Sidecar address on an executor: ``$SPILLWAY_SIDECAR_ADDRESS`` (the executor's environment, i.e.
+its node's sidecar; the variable's name travels with the job), else the job's explicit
+``sidecar``, else ``127.0.0.1:50051``.
+
+gRPC calls, per partition:
+
+- a partition without failures makes none; its processed counts go to the worker process's
+  accumulator and ride on the next FlushTask this process sends for the job, or on a counts-only
+  FlushTask at the end of the first failure-free partition once ``counts_interval_s`` passed
+  since the accumulator's oldest count (errors of that call are logged; the counts are kept);
+- a partition with failures: RegisterJob once per process per sidecar (idempotent), one
+  ReportFailures per batch of failures, and one FlushTask at its end (the flush barrier: DLQ
+  records acknowledged by Kafka before the task can succeed) carrying the processed counts;
+- with a ratio tolerance (``errors.tolerance.max.ratio``), the counts are also sent before a
+  report when they grew by more than 10% since last sent, so the ratio's denominator is current.
+
+The sidecar keeps processed counts per Spark task (stage, partition), the latest FlushTask
+replacing the earlier ones, so every FlushTask carries the session's cumulative counts, and a
+session adopts parked counts only of its own stages (wrappers pipelined in one Spark task flush
+under the same task identity). Counts still parked when a worker process exits are lost
+(an undercount: the ratio limit then errs on the strict side).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+from spillway.client import SidecarClient
+from spillway.client.client import DEFAULT_TARGET, resolve_target
+from spillway.client.errors import (
+    ADDRESS_ENV,
+    JobNotRegisteredError,
+    SidecarBackpressureError,
+    SidecarUnavailableError,
+)
+from spillway.client.report import extract_context
+from spillway.v1 import sidecar_pb2 as pb
+
+from . import _tracing
+from ._engine import StageRef
+
+log = logging.getLogger("spillway.spark")
+
+T = TypeVar("T")
+
+ON_UNAVAILABLE = ("fail", "wait")
+#: Counts are re-sent before a report when they grew by more than this since last sent.
+COUNTS_GROWTH = 1.10
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything executors need to know about a job: picklable, travels in the closures."""
+
+    name: str
+    properties: tuple[tuple[str, str], ...] = ()
+    sidecar: str | None = None
+    address_env: str = ADDRESS_ENV
+    report_batch_size: int = 256
+    report_linger_s: float = 0.5
+    counts_interval_s: float = 10.0
+    flush_timeout_s: float = 60.0
+    rpc_timeout_s: float = 10.0
+    on_sidecar_unavailable: str = "fail"
+    sidecar_wait_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.strip():
+            raise ValueError("name: a job name is required")
+        if self.on_sidecar_unavailable not in ON_UNAVAILABLE:
+            raise ValueError(f"on_sidecar_unavailable: must be one of {', '.join(ON_UNAVAILABLE)}"
+                             f"; got {self.on_sidecar_unavailable!r}")
+        for name in ("report_linger_s", "counts_interval_s", "sidecar_wait_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("flush_timeout_s", "rpc_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.report_batch_size < 1:
+            raise ValueError(f"report_batch_size: must be >= 1, got {self.report_batch_size}")
+        if self.sidecar:
+            try:  # fail on the driver, not on every executor
+                resolve_target(self.sidecar)
+            except ValueError as exc:
+                raise ValueError(str(exc).replace("target:", "sidecar:", 1)) from None
+
+    @property
+    def props(self) -> dict[str, str]:
+        return dict(self.properties)
+
+    def executor_target(self) -> str:
+        """The node's sidecar: the executor's environment first, then the job's, then default."""
+        env = os.environ.get(self.address_env, "").strip()
+        if env:
+            return resolve_target(env)
+        return resolve_target(self.sidecar) if self.sidecar else DEFAULT_TARGET
+
+    def driver_target(self) -> str:
+        """The driver's sidecar: the explicit ``sidecar`` first, then the environment."""
+        return resolve_target(self.sidecar, address_env=self.address_env)
+
+
+@dataclass(frozen=True)
+class WrapperSpec:
+    """One wrapped user function: its name in record ids and spans, its stage, trace parent."""
+
+    name: str
+    stage: StageRef
+    function_name: str
+    traceparent: str = ""
+    tracestate: str = ""
+
+
+# --- per-process state ---------------------------------------------------------------------
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.clients: dict[tuple[str, float, str], SidecarClient] = {}
+        self.registered: dict[tuple[str, str, tuple], dict[str, str]] = {}
+        self.counts: dict[tuple[str, str], Counter] = {}
+        self.counts_since: dict[tuple[str, str], float] = {}
+
+    def client(self, target: str, timeout_s: float, address_env: str) -> SidecarClient:
+        key = (target, timeout_s, address_env)
+        with self.lock:
+            c = self.clients.get(key)
+            if c is None:
+                c = self.clients[key] = SidecarClient(target, timeout_s=timeout_s,
+                                                      address_env=address_env)
+            return c
+
+    def add_counts(self, key: tuple[str, str], counts: Mapping[tuple[int, str], int]) -> None:
+        if not any(counts.values()):
+            return
+        with self.lock:
+            acc = self.counts.setdefault(key, Counter())
+            acc.update({k: v for k, v in counts.items() if v > 0})
+            self.counts_since.setdefault(key, time.monotonic())
+
+    def take_counts(self, key: tuple[str, str], stages: Iterable[tuple[int, str]]) -> Counter:
+        """Remove and return the parked counts of ``stages`` only (see `TaskSession._totals`)."""
+        with self.lock:
+            acc = self.counts.get(key)
+            if not acc:
+                return Counter()
+            taken = Counter({s: acc.pop(s) for s in set(stages) if s in acc})
+            if not acc:
+                self.counts.pop(key, None)
+                self.counts_since.pop(key, None)
+            return taken
+
+    def counts_due(self, key: tuple[str, str], interval_s: float) -> bool:
+        with self.lock:
+            since = self.counts_since.get(key)
+        return since is not None and time.monotonic() - since >= interval_s
+
+
+_worker_lock = threading.Lock()
+_worker: _Worker | None = None
+
+
+def worker() -> _Worker:
+    """This process's state; a forked child starts afresh (counts stay with the parent)."""
+    global _worker
+    with _worker_lock:
+        if _worker is None or _worker.pid != os.getpid():
+            _worker = _Worker()
+        return _worker
+
+
+# --- Spark's task identity ------------------------------------------------------------------
+
+
+def _task_context():
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # pragma: no cover - spillway.spark requires pyspark
+        return None
+    return TaskContext.get()
+
+
+def current_task(partition_fallback: int = 0) -> pb.TaskIdentity:
+    """Spark's TaskContext plus the executor id and host (fallbacks off Spark: driver, p0)."""
+    tc = _task_context()
+    host = socket.gethostname()
+    if tc is None:
+        return pb.TaskIdentity(partition_id=partition_fallback,
+                               executor_id=os.environ.get("SPARK_EXECUTOR_ID") or "driver",
+                               host=host)
+    executor = (tc.getLocalProperty("spark.executor.id") or os.environ.get("SPARK_EXECUTOR_ID")
+                or "driver")
+    return pb.TaskIdentity(stage_id=tc.stageId(), partition_id=tc.partitionId(),
+                           attempt_number=tc.attemptNumber(), task_attempt_id=tc.taskAttemptId(),
+                           executor_id=executor, host=host)
+
+
+def current_batch_id() -> str | None:
+    """The Structured Streaming micro-batch id of the running task, if any."""
+    tc = _task_context()
+    return tc.getLocalProperty(BATCH_ID_PROPERTY) if tc is not None else None
+
+
+# --- the session ----------------------------------------------------------------------------
+
+
+class TaskSession:
+    """One wrapper's work in one Spark task attempt: reports, counts, flush barrier and span."""
+
+    def __init__(self, spec: JobSpec, wrapper: WrapperSpec, *,
+                 task: pb.TaskIdentity | None = None, client: SidecarClient | None = None,
+                 span_attributes: Mapping[str, Any] | None = None, open_span: bool = True,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.spec = spec
+        self.job = spec.name
+        self.wrapper = wrapper
+        self.target = client.target if client is not None else spec.executor_target()
+        self.client = client or worker().client(self.target, spec.rpc_timeout_s, spec.address_env)
+        self.task = task if task is not None else current_task()
+        self._sleep = sleep
+        self._key = (self.target, self.job)
+        self.own: Counter = Counter()
+        self.adopted: Counter = Counter()
+        self.sent: Counter | None = None  # what the sidecar holds for this task (None: nothing)
+        self.recovered_ids: list[str] = []
+        self.failures = 0
+        self.skips = 0
+        self.reports = 0
+        self._span_attributes = dict(span_attributes or {})
+        self.span: trace.Span = trace.INVALID_SPAN
+        self.trace_context = None
+        if open_span:
+            self.begin_span()
+
+    def begin_span(self) -> None:
+        """Start this session's span: ``spillway.<stage> <function>``."""
+        w = self.wrapper
+        parent = extract_context(w.traceparent, w.tracestate) if w.traceparent else None
+        attrs = {"spillway.job": self.job, "spillway.stage": w.stage.name,
+                 "spillway.function": w.function_name,
+                 "spark.stage_id": self.task.stage_id,
+                 "spark.partition_id": self.task.partition_id,
+                 "spark.attempt_number": self.task.attempt_number,
+                 "spark.task_attempt_id": self.task.task_attempt_id,
+                 "spark.executor_id": self.task.executor_id, **self._span_attributes}
+        self.span = _tracing.start_span(_tracing.span_name(w.stage.name, w.function_name),
+                                        parent, attrs)
+        self.trace_context = trace.set_span_in_context(self.span)
+
+    def end_span(self, exc: BaseException | None = None) -> None:
+        if exc is not None:
+            self.span.set_status(Status(StatusCode.ERROR, str(exc)))
+        self.span.set_attribute("spillway.records_processed", max(self.own.values(), default=0))
+        self.span.set_attribute("spillway.failures", self.failures)
+        self.span.set_attribute("spillway.skipped", self.skips)
+        self.span.end()
+        self.span, self.trace_context = trace.INVALID_SPAN, None
+        _tracing.flush_exported()
+
+    # --- Session protocol (called by the engine) ------------------------------------------
+
+    def processed(self, stages: Sequence[StageRef], n: int) -> None:
+        for s in stages:
+            self.own[s.key] += n
+
+    def recovered(self, record_id: str) -> None:
+        self.recovered_ids.append(record_id)
+
+    def failed(self, exc: BaseException, record: pb.FailedRecord) -> None:
+        self.failures += 1
+        self.span.record_exception(exc, attributes={
+            "spillway.record_id": record.record_id,
+            "spillway.attempt": record.attempt,
+            "spillway.stage": pb.Stage.Name(record.stage).removeprefix("STAGE_"),
+        })
+
+    def skipped(self, record: pb.FailedRecord, verdict: pb.Verdict) -> None:
+        self.skips += 1
+        log.debug("spillway: record %s skipped: %s", record.record_id, verdict.reason)
+
+    def report(self, records: list[pb.FailedRecord]) -> list[pb.Verdict]:
+        self.reports += 1
+        effective = self.register()
+        if self._ratio_limited(effective) and self._counts_grew():
+            self.flush()
+        recovered, self.recovered_ids = self.recovered_ids, []
+        return self._call(lambda: self.client.report_failures(self.job, self.task, records,
+                                                              recovered))
+
+    # --- the rest ---------------------------------------------------------------------------
+
+    @property
+    def had_failures(self) -> bool:
+        return self.reports > 0
+
+    def register(self, force: bool = False) -> dict[str, str]:
+        """RegisterJob once per process per sidecar (again after the sidecar forgot the job)."""
+        w = worker()
+        key = (self.target, self.job, self.spec.properties)
+        if not force:
+            with w.lock:
+                known = w.registered.get(key)
+            if known is not None:
+                return known
+        effective = self._call(lambda: self.client.register_job(self.job, self.spec.props),
+                               reregister=False)
+        with w.lock:
+            w.registered[key] = effective
+        return effective
+
+    @staticmethod
+    def _ratio_limited(effective: Mapping[str, str]) -> bool:
+        try:
+            return (effective.get("errors.tolerance") == "all"
+                    and float(effective.get("errors.tolerance.max.ratio", "-1")) >= 0)
+        except ValueError:
+            return False
+
+    def _totals(self) -> Counter:
+        """Own counts plus the parked counts of the same stages, adopted into this session.
+
+        Only its own stages: another spillway wrapper pipelined in the same Spark task (e.g.
+        deserialize then map_in_pandas) flushes under the same task identity, and each flush
+        stands for the task's count of the stages it names.
+        """
+        self.adopted.update(worker().take_counts(self._key, self.own.keys()))
+        return self.own + self.adopted
+
+    def _counts_grew(self) -> bool:
+        total = sum(self._totals().values())
+        if self.sent is None:
+            return total > 0
+        return total > sum(self.sent.values()) * COUNTS_GROWTH
+
+    def flush(self) -> int:
+        """FlushTask: the cumulative counts and pending recoveries; waits for this task's DLQ
+        records to be acknowledged (FlushTimeoutError past ``flush_timeout_s``)."""
+        totals = self._totals()
+        recovered, self.recovered_ids = self.recovered_ids, []
+        acked = self._call(lambda: self.client.flush_task(
+            self.job, self.task, dict(totals), recovered, timeout_s=self.spec.flush_timeout_s))
+        self.sent = totals
+        return acked
+
+    def unsent_counts(self) -> Counter:
+        totals = self.own + self.adopted
+        return totals - self.sent if self.sent is not None else totals
+
+    def close(self, ok: bool, exc: BaseException | None = None) -> None:
+        """End of the partition: the flush barrier when it had failures, else counts only."""
+        error = exc if not ok else None
+        try:
+            if ok:
+                if self.had_failures or self.recovered_ids:
+                    acked = self.flush()
+                    self.span.set_attribute("spillway.dlq_acknowledged", acked)
+                else:
+                    self.park_counts()
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            if error is None and not ok:
+                error = RuntimeError("the partition failed")
+            self.end_span(error)
+
+    def park_counts(self) -> None:
+        """The session is over without a final flush: leave its unsent counts to a later call,
+        or, once due, send them with the process's other parked counts under this task (whose
+        slot then holds what it held plus those)."""
+        w = worker()
+        w.add_counts(self._key, self.unsent_counts())
+        if not w.counts_due(self._key, self.spec.counts_interval_s):
+            return
+        parked = w.take_counts(self._key, self.own.keys())
+        if not parked:
+            return
+        counts = parked + (self.sent or Counter())
+        try:  # plain calls, never the wait policy: counts must not hold a clean partition up
+            reg_key = (self.target, self.job, self.spec.properties)
+            with w.lock:
+                known = reg_key in w.registered
+            if not known:
+                effective = self._in_span(lambda: self.client.register_job(self.job,
+                                                                           self.spec.props))
+                with w.lock:
+                    w.registered[reg_key] = effective
+            self._in_span(lambda: self.client.flush_task(self.job, self.task, dict(counts),
+                                                         timeout_s=self.spec.rpc_timeout_s))
+            self.sent = counts
+        except Exception as exc:  # noqa: BLE001 - counts are kept, tried again after the interval
+            w.add_counts(self._key, parked)
+            log.warning("spillway: could not send processed counts of job %r to %s (kept for "
+                        "the next call): %s", self.job, self.target, exc)
+
+    def _in_span(self, fn: Callable[[], T]) -> T:
+        """Run a client call with this session's span current: its CLIENT span is a child."""
+        if self.trace_context is None:
+            return fn()
+        token = otel_context.attach(self.trace_context)
+        try:
+            return fn()
+        finally:
+            otel_context.detach(token)
+
+    def _call(self, fn: Callable[[], T], *, reregister: bool = True) -> T:
+        """Run one client call under the job's policy for an unreachable or busy sidecar."""
+        waited_since: float | None = None
+        delay = 0.1
+        while True:
+            try:
+                return self._in_span(fn)
+            except JobNotRegisteredError:
+                if not reregister:
+                    raise
+                reregister = False  # the sidecar restarted and forgot the job: once
+                log.info("spillway: sidecar %s does not know job %r; registering again",
+                         self.target, self.job)
+                self.register(force=True)
+                continue
+            except (SidecarUnavailableError, SidecarBackpressureError) as exc:
+                busy = isinstance(exc, SidecarBackpressureError)
+                if not busy and self.spec.on_sidecar_unavailable == "fail":
+                    raise
+                now = time.monotonic()
+                waited_since = now if waited_since is None else waited_since
+                if now - waited_since >= self.spec.sidecar_wait_s:
+                    raise
+                log.warning("spillway: sidecar %s %s; retrying for up to %.0f s", self.target,
+                            "is applying backpressure" if busy else "is unreachable",
+                            self.spec.sidecar_wait_s - (now - waited_since))
+                self._sleep(delay)
+                delay = min(delay * 2, 5.0)

@@ -1,0 +1,102 @@
+"""spillway.client against the real sidecar servicer, with a real Tansu broker behind its DLQ."""
+
+from __future__ import annotations
+
+import uuid
+
+import grpc
+import pytest
+from spillway.client import (
+    InvalidPolicyError,
+    JobConflictError,
+    JobNotRegisteredError,
+    SidecarClient,
+    ToleranceExceededError,
+    error_for_verdict,
+    report,
+)
+from spillway.v1 import sidecar_pb2 as pb
+from support.kafka import read_all
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def sidecar(broker, tmp_path_factory):
+    from spillway.sidecar.server import start_server
+
+    running = start_server({
+        "listen.address": "127.0.0.1:0",
+        "bootstrap.servers": broker.bootstrap_servers,
+        "spool.dir": str(tmp_path_factory.mktemp("spool")),
+        "producer.linger.ms": "5",
+    })
+    yield running
+    running.stop(1.0)
+
+
+@pytest.fixture
+def client(sidecar):
+    return SidecarClient(sidecar.address, timeout_s=20)
+
+
+def _job():
+    return f"client-{uuid.uuid4().hex[:8]}"
+
+
+TASK = pb.TaskIdentity(stage_id=1, partition_id=0, attempt_number=0, task_attempt_id=11,
+                       executor_id="1", host="node-a")
+
+
+def _poison(i: int) -> pb.FailedRecord:
+    try:
+        raise ValueError(f"bad record {i}")
+    except ValueError as exc:
+        return report.failed_record(f"orders/0/{i}", "TRANSFORMATION", exc,
+                                    function_name="app.parse", source=("orders", 0, i),
+                                    key=b"k%d" % i, value=b"{bad", headers=[("h", b"v")])
+
+
+def test_register_is_idempotent_and_refusals_are_typed(client):
+    job = _job()
+    props = {"errors.tolerance": "all"}
+    assert client.register_job(job, props)["errors.tolerance"] == "all"
+    assert client.register_job(job, props)["errors.tolerance"] == "all"
+    with pytest.raises(JobConflictError) as conflict:
+        client.register_job(job, {"errors.tolerance": "none"})
+    assert conflict.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(InvalidPolicyError, match="errors.tolerance"):
+        client.register_job(_job(), {"errors.tolerance": "some"})
+    with pytest.raises(JobNotRegisteredError):
+        client.report_failures(_job(), TASK, [_poison(0)])
+    assert client.health() == "SERVING"
+    assert client.status().sidecar_id
+
+
+def test_poison_is_dead_lettered_and_the_flush_barrier_counts_the_acks(client, broker,
+                                                                       topic_name):
+    job = _job()
+    client.register_job(job, {
+        "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic_name,
+        "errors.deadletterqueue.auto.create.topics.enable": "true",
+        "errors.deadletterqueue.topic.replication.factor": "1"})
+    verdicts = client.report_failures(job, TASK, [_poison(i) for i in range(3)])
+    assert [(v.action, v.dead_lettered) for v in verdicts] == [(pb.ACTION_SKIP, True)] * 3
+    assert client.flush_task(job, TASK, {"TRANSFORMATION": 10}) == 3
+    summary = client.job_summary(job)
+    assert (summary.records_processed, summary.dlq_records_written) == (10, 3)
+    assert sorted(m.key() for m in read_all(broker.bootstrap_servers, topic_name)) == [
+        b"k0", b"k1", b"k2"]
+
+
+def test_tolerance_exceeded_names_job_stage_limit_and_count(client):
+    job = _job()
+    client.register_job(job, {"errors.tolerance": "all", "errors.tolerance.max.errors": "1"})
+    records = [_poison(i) for i in range(2)]
+    v1, v2 = client.report_failures(job, TASK, records)
+    assert v1.action == pb.ACTION_SKIP and v2.action == pb.ACTION_FAIL and v2.job_failed
+    err = error_for_verdict(job, records[1], v2)
+    assert isinstance(err, ToleranceExceededError)
+    assert (err.limit, err.count) == ("errors.tolerance.max.errors=1", 2)
+    for part in (job, "stage TRANSFORMATION", "builtins.ValueError", "orders/0/1"):
+        assert part in str(err)

@@ -1,0 +1,221 @@
+"""Building FailedRecords from exceptions: names, causes, classification hints, trace context."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import grpc
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import set_span_in_context
+from spillway.client import (
+    DataError,
+    JobFailedError,
+    RecordFailedError,
+    RefreshRetriableError,
+    RetriableError,
+    ToleranceExceededError,
+    error_for_verdict,
+    report,
+)
+from spillway.v1 import sidecar_pb2 as pb
+
+
+def _raise(exc):
+    try:
+        raise exc
+    except BaseException as e:  # noqa: BLE001 - we want the traceback attached
+        return e
+
+
+def test_names_chain_message_and_stack():
+    exc = _raise(json.JSONDecodeError("Expecting value", "{x", 1))
+    info = report.exception_info(exc)
+    assert info.class_name == "json.decoder.JSONDecodeError"
+    assert list(info.class_chain) == ["json.decoder.JSONDecodeError", "builtins.ValueError",
+                                      "builtins.Exception", "builtins.BaseException"]
+    assert info.message.startswith("Expecting value")
+    assert "Traceback (most recent call last)" in info.stack_trace
+    assert "test_client_report.py" in info.stack_trace
+    assert report.exception_info(_raise(ValueError("v"))).class_name == "builtins.ValueError"
+
+
+def test_causes_outermost_first_and_suppressed_context_is_left_out():
+    def inner():
+        try:
+            raise KeyError("k")
+        except KeyError as e:
+            raise OSError("disk") from e
+
+    try:
+        try:
+            inner()
+        except OSError:
+            raise ValueError("outer")  # noqa: B904 - the implicit __context__ is the point
+    except ValueError as exc:
+        assert report.causes(exc) == ["builtins.OSError: disk", "builtins.KeyError: 'k'"]
+    try:
+        try:
+            raise KeyError("hidden")
+        except KeyError:
+            raise ValueError("clean") from None
+    except ValueError as exc:
+        assert report.causes(exc) == []
+
+
+def test_grpc_status_code_hint():
+    class FakeRpcError(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+    info = report.exception_info(_raise(FakeRpcError()))
+    assert info.HasField("grpc_status_code") and info.grpc_status_code == 14
+    assert not report.exception_info(_raise(ValueError())).HasField("grpc_status_code")
+
+
+@pytest.mark.parametrize("make, status", [
+    (lambda: type("E", (Exception,), {"status_code": 503})(), 503),
+    (lambda: type("E", (Exception,), {"status": 429})(), 429),
+    (lambda: type("E", (Exception,), {"response": type("R", (), {"status_code": 404})()})(), 404),
+    (lambda: type("E", (Exception,), {"status": "bad", "response": None})(), None),
+    (lambda: type("E", (Exception,), {"status_code": True})(), None),
+])
+def test_http_status_hint(make, status):
+    info = report.exception_info(_raise(make()))
+    assert (info.http_status_code if info.HasField("http_status_code") else None) == status
+
+
+def test_kafka_flags_by_duck_typing():
+    class KafkaError:  # shaped like confluent_kafka.KafkaError
+        def retriable(self):
+            return True
+
+        def fatal(self):
+            return False
+
+        def txn_requires_abort(self):
+            return True
+
+        def code(self):
+            return -185  # not a grpc code: ignored
+
+    class KafkaException(Exception):
+        pass
+
+    info = report.exception_info(_raise(KafkaException(KafkaError())))
+    assert (info.kafka_retriable, info.kafka_fatal, info.kafka_txn_requires_abort) == (
+        True, False, True)
+    assert not info.HasField("grpc_status_code")
+    plain = report.exception_info(_raise(RuntimeError("x")))
+    assert not plain.HasField("kafka_retriable") and not plain.HasField("kafka_fatal")
+
+
+def test_marker_categories_and_wrapped_causes():
+    cause = _raise(ConnectionResetError("peer"))
+    exc = _raise(RetriableError("db busy", cause=cause))
+    info = report.exception_info(exc)
+    assert info.marker_category == pb.CATEGORY_RETRIABLE
+    assert list(info.causes) == ["builtins.ConnectionResetError: peer"]
+    assert report.exception_info(_raise(RefreshRetriableError())).marker_category == \
+        pb.CATEGORY_REFRESH_RETRIABLE
+
+    class BadPayload(DataError):
+        pass
+
+    info = report.exception_info(_raise(BadPayload("no")))
+    assert info.marker_category == pb.CATEGORY_DATA
+    assert "spillway.client.markers.DataError" in info.class_chain
+    assert report.exception_info(_raise(ValueError())).marker_category == \
+        pb.CATEGORY_UNSPECIFIED
+
+
+def test_failed_record_fields_and_trace_context():
+    tracer = TracerProvider().get_tracer("test")
+    span = tracer.start_span("spillway.TRANSFORMATION parse")
+    ctx = set_span_in_context(span)
+    rec = report.failed_record(
+        "orders/1/5", "TRANSFORMATION", _raise(ValueError("bad")), function_name="app.parse",
+        source=("orders", 1, 5), key=b"k", value="v", headers=[("a", b"1"), ("n", None)],
+        timestamp_ms=1700000000000, attempt=2, context=ctx)
+    span.end()
+    sc = span.get_span_context()
+    assert rec.traceparent == f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"
+    assert sc.trace_flags.sampled
+    assert (rec.source.topic, rec.source.partition, rec.source.offset) == ("orders", 1, 5)
+    assert (rec.key, rec.value, rec.timestamp_ms, rec.attempt) == (b"k", b"v", 1700000000000, 2)
+    assert [(h.key, h.value if h.HasField("value") else None) for h in rec.headers] == [
+        ("a", b"1"), ("n", None)]
+    bare = report.failed_record("x:p0:r1", pb.STAGE_SINK, _raise(ValueError()))
+    assert bare.traceparent == "" and not bare.HasField("source") and not bare.HasField("key")
+    with pytest.raises(ValueError, match="custom_stage"):
+        report.failed_record("r", "CUSTOM", _raise(ValueError()))
+    with pytest.raises(ValueError, match="record_id"):
+        report.failed_record("", "SINK", _raise(ValueError()))
+
+
+def test_current_span_is_the_default_context():
+    tracer = TracerProvider().get_tracer("test")
+    assert report.trace_context() == ("", "")
+    with tracer.start_as_current_span("s") as span:
+        tp, _ = report.trace_context()
+    assert tp.split("-")[2] == f"{span.get_span_context().span_id:016x}"
+
+
+def test_stage_names():
+    assert report.stage_value("TASK_PUT") == pb.STAGE_SINK
+    assert report.stage_value("stage_value_converter") == pb.STAGE_VALUE_CONVERTER
+    assert report.stage_value(pb.STAGE_CUSTOM) == pb.STAGE_CUSTOM
+    assert report.stage_name(pb.STAGE_KEY_CONVERTER) == "KEY_CONVERTER"
+    with pytest.raises(ValueError, match="allowed: .*TRANSFORMATION"):
+        report.stage_value("TRANSFORM")
+    with pytest.raises(ValueError):
+        report.stage_value(0)
+
+
+def test_qualified_names_of_functions():
+    def local():
+        pass
+
+    import functools
+
+    assert report.qualified_name(local).endswith(
+        "test_client_report.test_qualified_names_of_functions.<locals>.local")
+    assert report.qualified_name(functools.partial(local)) == report.qualified_name(local)
+    assert report.qualified_name(len) == "builtins.len"
+
+
+def _failed(job_failed, reason, category=pb.CATEGORY_DATA):
+    rec = report.failed_record("orders/0/3", "VALUE_CONVERTER", _raise(ValueError("bad json")),
+                               function_name="app.decode")
+    return rec, pb.Verdict(record_id=rec.record_id, action=pb.ACTION_FAIL, reason=reason,
+                           job_failed=job_failed, category=category)
+
+
+def test_fail_verdicts_become_readable_errors():
+    rec, v = _failed(True, "tolerance exceeded: errors.tolerance=none allows 0 errors, saw 1")
+    err = error_for_verdict("orders-job", rec, v)
+    assert type(err) is ToleranceExceededError
+    for part in ("orders-job", "VALUE_CONVERTER", "builtins.ValueError", "bad json",
+                 "errors.tolerance=none", "orders/0/3"):
+        assert part in str(err)
+    rec, v = _failed(True, "invalid configuration", pb.CATEGORY_INVALID_CONFIGURATION)
+    assert type(error_for_verdict("j", rec, v)) is JobFailedError
+    rec, v = _failed(False, "abortable: Spark re-runs the task", pb.CATEGORY_ABORTABLE)
+    err = error_for_verdict("j", rec, v)
+    assert type(err) is RecordFailedError and "re-runs" in str(err)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is RecordFailedError and str(again) == str(err)
+    assert again.stage == "VALUE_CONVERTER"
+
+
+def test_client_package_imports_no_spark_kafka_or_otel_sdk():
+    code = ("import sys, spillway.client, spillway.client.report, spillway.client.client\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('pyspark', 'confluent_kafka',"
+            " 'pandas', 'pyarrow') or m.startswith('opentelemetry.sdk')]\n"
+            "print(bad)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,375 @@
+"""The verdict loop (`spillway.spark._engine`) with a fake session and a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+from spillway.client import (
+    JobFailedError,
+    RecordFailedError,
+    RefreshRetriableError,
+    RetriableError,
+    ToleranceExceededError,
+)
+from spillway.client.errors import SidecarProtocolError
+from spillway.spark._adapters import (
+    BatchAdapter,
+    RowAdapter,
+    SinkAdapter,
+    batch_units,
+    chunk_units,
+    row_units,
+)
+from spillway.spark._engine import Engine, StageFailure, StageRef, Unit
+from spillway.spark._records import positional_record_id
+from spillway.v1 import sidecar_pb2 as pb
+
+TRANSFORMATION = StageRef.of("TRANSFORMATION")
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, s):
+        self.sleeps.append(s)
+        self.now += s
+
+
+class FakeSession:
+    """Answers by policy(record) -> (action, delay_ms, category, job_failed)."""
+
+    job = "j"
+    trace_context = None
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.reports: list[list[pb.FailedRecord]] = []
+        self.counts: dict = {}
+        self.recovered_ids: list[str] = []
+        self.skipped_ids: list[str] = []
+        self.failures: list[tuple[str, str]] = []
+
+    def report(self, records):
+        self.reports.append(list(records))
+        out = []
+        for r in records:
+            action, delay, category, job_failed = self.policy(r)
+            out.append(pb.Verdict(record_id=r.record_id, action=action, retry_delay_ms=delay,
+                                  category=category, reason=f"policy says {action}",
+                                  job_failed=job_failed))
+        return out
+
+    def processed(self, stages, n):
+        for s in stages:
+            self.counts[s.name] = self.counts.get(s.name, 0) + n
+
+    def recovered(self, rid):
+        self.recovered_ids.append(rid)
+
+    def failed(self, exc, record):
+        self.failures.append((record.record_id, type(exc).__name__))
+
+    def skipped(self, record, verdict):
+        self.skipped_ids.append(record.record_id)
+
+
+def ids(i):
+    return positional_record_id("TRANSFORMATION", "j", "w", 0, i)
+
+
+def skip_data(r):
+    return pb.ACTION_SKIP, 0, pb.CATEGORY_DATA, False
+
+
+MODE = {"rows": "fast"}
+
+
+@pytest.fixture(autouse=True, params=["fast", "general"])
+def row_mode(request):
+    """Row tests run through both loops: run_rows (fast path) and run over row units."""
+    MODE["rows"] = request.param
+
+
+class RowsEngine(Engine):
+    def rows(self, data):
+        if MODE["rows"] == "fast":
+            return self.run_rows(data)
+        return self.run(row_units(data))
+
+
+def _engine(session, adapter, clock, **kw):
+    return RowsEngine(session, adapter, stage=TRANSFORMATION, function_name="app.fn",
+                      clock=clock, sleep=clock.sleep, **kw)
+
+
+def test_retry_then_success_emits_once_and_reports_recovery():
+    calls = {}
+
+    def fn(x):
+        calls[x] = calls.get(x, 0) + 1
+        if x == 2 and calls[x] == 1:
+            raise RetriableError("flaky")
+        if x == 4:
+            raise ValueError("poison")
+        return x * 10
+
+    def policy(r):
+        if r.exception.class_name.endswith("RetriableError"):
+            return pb.ACTION_RETRY, 250, pb.CATEGORY_RETRIABLE, False
+        return skip_data(r)
+
+    session, clock = FakeSession(policy), FakeClock()
+    out = list(_engine(session, RowAdapter(fn, ids=ids), clock).rows(range(6)))
+    assert sorted(out) == [0, 10, 20, 30, 50]
+    assert out.count(20) == 1
+    assert out[-1] == 20  # the retried record comes out after the ones that kept flowing
+    assert session.recovered_ids == [ids(2)]
+    assert session.skipped_ids == [ids(4)]
+    assert calls[2] == 2 and calls[4] == 1
+    assert clock.sleeps == [0.25]  # waited only for the retry's remaining delay
+    first = session.reports[0]
+    assert [r.record_id for r in first] == [ids(2), ids(4)]
+    assert [r.attempt for r in first] == [1, 1]
+    assert session.counts == {"TRANSFORMATION": 6}  # each input record counted once
+
+
+def test_a_record_that_keeps_failing_carries_its_attempt_number():
+    attempts = []
+
+    def policy(r):
+        attempts.append(r.attempt)
+        return ((pb.ACTION_RETRY, 10, pb.CATEGORY_RETRIABLE, False) if r.attempt < 3
+                else skip_data(r))
+
+    def fn(x):
+        raise RetriableError("down")
+
+    session, clock = FakeSession(policy), FakeClock()
+    assert list(_engine(session, RowAdapter(fn, ids=ids), clock).rows([1])) == []
+    assert attempts == [1, 2, 3]
+    assert session.skipped_ids == [ids(0)] and session.recovered_ids == []
+
+
+def test_failures_are_reported_in_batches():
+    session, clock = FakeSession(skip_data), FakeClock()
+
+    def fn(x):
+        if x % 2:
+            raise ValueError(x)
+        return x
+
+    out = list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=3,
+                       linger_s=100).rows(range(14)))
+    assert sorted(out) == list(range(0, 14, 2))
+    assert [len(b) for b in session.reports] == [3, 3, 1]  # 7 failures: two full batches + rest
+
+
+def test_linger_reports_a_lonely_failure_before_the_partition_ends():
+    session, clock = FakeSession(skip_data), FakeClock()
+    seen_reports_at = []
+
+    def fn(x):
+        clock.now += 0.3
+        seen_reports_at.append(len(session.reports))
+        if x == 0:
+            raise ValueError("first")
+        return x
+
+    list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=100,
+                 linger_s=0.5).rows(range(5)))
+    # failed at t=0.3; after the run ending at t=0.9 it had waited >= 0.5 s: reported
+    assert seen_reports_at == [0, 0, 0, 1, 1]
+
+
+def test_fail_raises_readable_error_from_the_user_exception():
+    session, clock = FakeSession(lambda r: (pb.ACTION_FAIL, 0, pb.CATEGORY_DATA, True)), FakeClock()
+
+    def fn(x):
+        raise ValueError("bad row")
+
+    eng = _engine(session, RowAdapter(fn, ids=ids), clock)
+    with pytest.raises(JobFailedError) as info:
+        list(eng.rows([1]))
+    assert "TRANSFORMATION" in str(info.value) and "builtins.ValueError: bad row" in str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_job_failed_verdict_wins_over_task_fail_and_tolerance_is_typed():
+    def policy(r):
+        if r.record_id == ids(0):
+            return pb.ACTION_FAIL, 0, pb.CATEGORY_ABORTABLE, False
+        return pb.ACTION_FAIL, 0, pb.CATEGORY_DATA, True
+
+    session, clock = FakeSession(policy), FakeClock()
+
+    def fn(x):
+        raise ValueError(x)
+
+    original = session.report
+
+    def report(records):
+        out = original(records)
+        for v in out:
+            if v.job_failed:
+                v.reason = ("job 'j' exceeded errors.tolerance.max.errors=1: 2 errors; "
+                            "last error: ...")
+        return out
+
+    session.report = report
+    with pytest.raises(ToleranceExceededError) as info:
+        list(_engine(session, RowAdapter(fn, ids=ids), clock).rows([0, 1]))
+    assert info.value.record_id == ids(1)
+    assert info.value.limit == "errors.tolerance.max.errors=1" and info.value.count == 2
+
+
+def test_abortable_fail_is_a_task_failure_only():
+    session, clock = FakeSession(lambda r: (pb.ACTION_FAIL, 0, pb.CATEGORY_ABORTABLE, False)),\
+        FakeClock()
+
+    def fn(x):
+        raise ValueError(x)
+
+    with pytest.raises(RecordFailedError) as info:
+        list(_engine(session, RowAdapter(fn, ids=ids), clock).rows([0]))
+    assert not isinstance(info.value, JobFailedError)
+
+
+def test_verdict_without_action_is_a_protocol_error():
+    session, clock = FakeSession(lambda r: (pb.ACTION_UNSPECIFIED, 0, 0, False)), FakeClock()
+
+    def fn(x):
+        raise ValueError(x)
+
+    with pytest.raises(SidecarProtocolError):
+        list(_engine(session, RowAdapter(fn, ids=ids), clock).rows([0]))
+
+
+def test_refresh_hook_runs_before_a_refresh_retriable_record_is_rerun():
+    events = []
+
+    def fn(x):
+        events.append(("run", x))
+        if len([e for e in events if e == ("run", 0)]) == 1 and x == 0:
+            raise RefreshRetriableError("stale metadata")
+        return x
+
+    def policy(r):
+        return pb.ACTION_RETRY, 5, pb.CATEGORY_REFRESH_RETRIABLE, False
+
+    session, clock = FakeSession(policy), FakeClock()
+    out = list(_engine(session, RowAdapter(fn, ids=ids), clock,
+                       refresh=lambda: events.append(("refresh",))).rows([0]))
+    assert out == [0]
+    assert events == [("run", 0), ("refresh",), ("run", 0)]
+
+
+def test_stage_failure_reports_the_step_stage_and_function():
+    def fn(x):
+        try:
+            raise KeyError("k")
+        except KeyError as exc:
+            raise StageFailure(StageRef.of("KEY_CONVERTER"), "app.decode_key", exc) from exc
+
+    session, clock = FakeSession(skip_data), FakeClock()
+    list(_engine(session, RowAdapter(fn, ids=ids), clock).rows([0]))
+    rec = session.reports[0][0]
+    assert rec.stage == pb.STAGE_KEY_CONVERTER and rec.function_name == "app.decode_key"
+    assert rec.exception.class_name == "builtins.KeyError"
+
+
+def test_flat_outputs_are_all_or_nothing_per_record():
+    def fn(x):
+        yield x
+        if x == 1:
+            raise ValueError("half-way")
+        yield x + 100
+
+    session, clock = FakeSession(skip_data), FakeClock()
+    out = list(_engine(session, RowAdapter(fn, ids=ids, flat=True), clock).run(
+        row_units([0, 1, 2])))
+    assert sorted(out) == [0, 2, 100, 102]
+
+
+def test_bisection_isolates_failing_rows_and_good_rows_flow():
+    pa = pytest.importorskip("pyarrow")
+    calls = []
+    bad = {7, 20}
+
+    def fn(batch):
+        calls.append(batch.num_rows)
+        ids_ = batch.column("id").to_pylist()
+        if bad & set(ids_):
+            raise ValueError(f"bad id in {sorted(bad & set(ids_))}")
+        return batch
+
+    batches = [pa.RecordBatch.from_pydict({"id": list(range(s, s + 16))}) for s in (0, 16)]
+    session, clock = FakeSession(skip_data), FakeClock()
+    out = list(_engine(session, BatchAdapter(fn, "arrow", ids=ids), clock).run(
+        batch_units(batches)))
+    got = sorted(i for b in out for i in b.column("id").to_pylist())
+    assert got == [i for i in range(32) if i not in bad]
+    assert {r.record_id for rep in session.reports for r in rep} == {ids(7), ids(20)}
+    assert session.counts == {"TRANSFORMATION": 32}
+    assert calls[0] == 16  # the happy path is the whole batch
+    assert len(calls) <= 2 * (1 + 2 * 4)  # O(k log n) calls, not one per row
+
+
+def test_bisection_with_pandas_and_a_retry():
+    pd = pytest.importorskip("pandas")
+    flaky = {"left": 1}
+
+    def fn(df):
+        if 3 in set(df["id"]) and flaky["left"]:
+            if len(df) == 1:
+                flaky["left"] -= 1
+            raise RetriableError("flaky 3")
+        return df.assign(twice=df["id"] * 2)
+
+    def policy(r):
+        return pb.ACTION_RETRY, 1, pb.CATEGORY_RETRIABLE, False
+
+    session, clock = FakeSession(policy), FakeClock()
+    out = list(_engine(session, BatchAdapter(fn, "pandas", ids=ids), clock).run(
+        batch_units([pd.DataFrame({"id": range(8)})])))
+    rows = sorted(int(i) for df in out for i in df["id"])
+    assert rows == list(range(8))
+    assert session.recovered_ids == [ids(3)]
+
+
+def test_sink_chunks_are_bisected_and_only_unwritable_rows_reported():
+    written = []
+
+    def write(rows):
+        if any(r == 5 for r in rows):
+            raise IOError("row 5 rejected")
+        written.extend(rows)
+
+    session, clock = FakeSession(skip_data), FakeClock()
+    sink_stage = StageRef.of("SINK")
+    eng = Engine(session, SinkAdapter(write, ids=ids), stage=sink_stage,
+                 function_name="app.write", clock=clock, sleep=clock.sleep)
+    assert list(eng.run(chunk_units(range(12), 4))) == []
+    assert sorted(written) == [i for i in range(12) if i != 5]
+    [[rec]] = session.reports
+    assert rec.record_id == ids(5) and rec.stage == pb.STAGE_SINK
+    assert sink_stage.name == "TASK_PUT"
+
+
+def test_unit_defaults():
+    u = Unit("x")
+    assert (u.size, u.offset, u.attempt, u.record) == (1, 0, 1, None)
+
+
+def test_reported_stack_traces_start_at_user_code():
+    def user_parse(x):
+        raise ValueError("deep in user code")
+
+    session, clock = FakeSession(skip_data), FakeClock()
+    list(_engine(session, RowAdapter(user_parse, ids=ids), clock).rows([0]))
+    trace = session.reports[0][0].exception.stack_trace
+    frames = [ln for ln in trace.splitlines() if ln.strip().startswith("File ")]
+    assert "user_parse" in frames[0] and "spillway/spark" not in frames[0]

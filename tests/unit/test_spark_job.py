@@ -1,0 +1,64 @@
+"""Driver-side pieces of `spillway.spark.Job` that need no Spark session."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from spillway.client import ToleranceExceededError
+from spillway.spark import Job
+from spillway.spark.job import JobReport, _wrapper_name
+from spillway.v1 import sidecar_pb2 as pb
+
+
+def parse(row):
+    return row
+
+
+def test_wrapper_names_are_qualified_and_lambdas_do_not_collide():
+    assert _wrapper_name(parse, None) == "test_spark_job.parse"
+    assert _wrapper_name(parse, "mine") == "mine"
+    first, second = (lambda r: r), (lambda r: r)  # noqa: E731 - same line: same name
+    third = lambda r: r  # noqa: E731
+    assert _wrapper_name(first, None) == _wrapper_name(second, None)
+    assert _wrapper_name(first, None) != _wrapper_name(third, None)
+    assert "@L" in _wrapper_name(third, None)
+
+
+def test_failure_message_digs_the_spillway_error_out_of_sparks_wrapping():
+    spark_text = (
+        "An exception was thrown from the Python worker. Please see the stack trace below.\n"
+        "Traceback (most recent call last):\n  File \"x.py\", line 1, in parse\n"
+        "ValueError: bad\n\nThe above exception was the direct cause of ...\n"
+        "spillway.client.errors.ToleranceExceededError: spillway job 'orders' failed in stage "
+        "TRANSFORMATION: record orders/0/3 raised builtins.ValueError: bad; sidecar: job "
+        "'orders' failed on its first error: errors.tolerance=none\n")
+    msg = Job.failure_message(RuntimeError(spark_text))
+    assert msg.startswith("ToleranceExceededError: spillway job 'orders' failed in stage "
+                          "TRANSFORMATION") and msg.endswith("errors.tolerance=none")
+    direct = ToleranceExceededError("spillway job 'j' failed")
+    assert Job.failure_message(direct) == "ToleranceExceededError: spillway job 'j' failed"
+    assert Job.failure_message(RuntimeError("\n  plain failure\nmore")) == "plain failure"
+
+
+def test_job_settings_are_checked_on_the_driver_and_travel_pickled():
+    with pytest.raises(ValueError, match="on_sidecar_unavailable"):
+        Job("j", on_sidecar_unavailable="ignore")
+    with pytest.raises(ValueError, match="name"):
+        Job("  ")
+    job = Job("orders", {"errors.tolerance": "all", "b": 1}, sidecar="10.0.0.2:50051")
+    spec = pickle.loads(pickle.dumps(job.spec))
+    assert spec == job.spec and spec.props == {"b": "1", "errors.tolerance": "all"}
+
+
+def test_job_report_sums_sidecars():
+    r = JobReport("j")
+    r.add("a:1", pb.JobSummary(job="j", records_processed=10, total_record_failures=2,
+                               by_stage=[pb.CountEntry(key="TRANSFORMATION", count=2)]))
+    r.add("b:1", pb.JobSummary(job="j", failed=True, failure_reason="too many", records_processed=5,
+                               by_stage=[pb.CountEntry(key="TRANSFORMATION", count=1),
+                                         pb.CountEntry(key="TASK_PUT", count=4)]))
+    assert (r.records_processed, r.total_record_failures, r.failed) == (15, 2, True)
+    assert r.by_stage == {"TRANSFORMATION": 3, "TASK_PUT": 4}
+    assert r.failure_reasons == ["too many"] and set(r.per_sidecar) == {"a:1", "b:1"}
+    assert "per_sidecar" not in repr(r)

@@ -1,0 +1,77 @@
+"""Record ids and record context of failed rows (`spillway.spark._records`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+from pyspark.sql import Row
+from spillway.spark._records import context_of, positional_record_id, row_json, timestamp_ms
+
+
+def _fallback():
+    return "fallback-id"
+
+
+def test_kafka_rows_are_identified_by_their_coordinates_and_keep_original_bytes():
+    ts = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
+    row = Row(key=b"k1", value=b"\x00raw", topic="orders", partition=3, offset=42, timestamp=ts,
+              timestampType=0, headers=[Row(key="h", value=b"v"), Row(key="n", value=None)],
+              parsed=Row(id=1))
+    ctx = context_of(row, _fallback)
+    assert ctx.record_id == "orders/3/42"
+    assert ctx.source == ("orders", 3, 42)
+    assert (ctx.key, ctx.value) == (b"k1", b"\x00raw")
+    assert ctx.headers == (("h", b"v"), ("n", None))
+    assert ctx.timestamp_ms == int(ts.timestamp() * 1000)
+
+
+def test_rows_without_kafka_columns_get_positional_ids_and_a_json_value():
+    row = Row(id=7, name="x", raw=b"\x01\x02", when=dt.date(2024, 1, 2), nested=Row(a=1))
+    ctx = context_of(row, _fallback)
+    assert ctx.record_id == "fallback-id" and ctx.source is None and ctx.key is None
+    assert json.loads(ctx.value) == {"id": 7, "name": "x", "raw": "AQI=", "when": "2024-01-02",
+                                     "nested": {"a": 1}}
+
+
+def test_user_record_id_and_source_function():
+    row = Row(order_id="o-9", payload="{}")
+    ctx = context_of(row, _fallback, record_id=lambda r: f"order:{r.order_id}",
+                     source=lambda r: {"topic": "orders", "partition": 0, "offset": 9})
+    assert ctx.record_id == "order:o-9" and ctx.source == ("orders", 0, 9)
+    assert json.loads(ctx.value) == {"order_id": "o-9", "payload": "{}"}
+
+
+def test_kafka_coordinates_without_bytes_fall_back_to_json_of_the_row():
+    row = {"topic": "t", "partition": 0, "offset": 5, "value": {"already": "parsed"}}
+    ctx = context_of(row, _fallback)
+    assert ctx.record_id == "t/0/5" and json.loads(ctx.value)["value"] == {"already": "parsed"}
+
+
+def test_pandas_and_numpy_values():
+    pd = pytest.importorskip("pandas")
+    np = pytest.importorskip("numpy")
+    s = pd.Series({"topic": "t", "partition": np.int32(1), "offset": np.int64(2),
+                   "key": None, "value": b"v", "timestamp": pd.Timestamp("2024-01-01T00:00:00Z"),
+                   "headers": np.array([{"key": "h", "value": b"1"}], dtype=object)})
+    ctx = context_of(s.to_dict(), _fallback)
+    assert ctx.record_id == "t/1/2" and ctx.value == b"v" and ctx.key is None
+    assert ctx.headers == (("h", b"1"),)
+    assert ctx.timestamp_ms == 1704067200000
+    assert json.loads(row_json({"n": np.float64(1.5), "a": np.array([1, 2])})) == {
+        "n": 1.5, "a": [1, 2]}
+
+
+def test_positional_ids_are_stable_and_carry_the_micro_batch():
+    assert positional_record_id("TRANSFORMATION", "orders", "app.parse", 3, 17) == \
+        "TRANSFORMATION:orders/app.parse:p3:r17"
+    assert positional_record_id("TASK_PUT", "orders", "w", 0, 1, batch_id="12") == \
+        "TASK_PUT:orders/w:b12:p0:r1"
+
+
+def test_timestamps():
+    assert timestamp_ms(None) is None
+    assert timestamp_ms(1700000000123) == 1700000000123
+    aware = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+    assert timestamp_ms(aware) == 1704067200000

@@ -1,0 +1,124 @@
+"""The UDF wrapper's per-row function, off Spark, against the real sidecar servicer in-process
+(a fake TaskContext stands in for Spark's task attempts)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from spillway.client import RetriableError
+from spillway.spark import _runtime, _tracing, job as job_module
+from spillway.spark._engine import StageRef
+from spillway.spark._runtime import JobSpec, WrapperSpec
+from spillway.spark.job import Job, _udf_function
+
+
+class FakeTaskContext:
+    current = None
+
+    def __init__(self, tid, partition=0):
+        self.tid, self.partition = tid, partition
+
+    @classmethod
+    def get(cls):
+        return cls.current
+
+    def taskAttemptId(self):
+        return self.tid
+
+    def stageId(self):
+        return 1
+
+    def partitionId(self):
+        return self.partition
+
+    def attemptNumber(self):
+        return 0
+
+    def getLocalProperty(self, key):
+        return None
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory):
+    from spillway.sidecar.server import start_server
+
+    running = start_server({"listen.address": "127.0.0.1:0",
+                            "spool.dir": str(tmp_path_factory.mktemp("spool"))})
+    yield running
+    running.stop(0.5)
+
+
+@pytest.fixture(autouse=True)
+def executor_like(monkeypatch):
+    monkeypatch.setattr(_runtime, "_worker", None)
+    monkeypatch.setattr(_tracing, "ensure_provider", lambda: None)
+    monkeypatch.setattr(job_module, "_udf_states", {})
+    monkeypatch.setattr(job_module, "TaskContext", FakeTaskContext)
+    monkeypatch.setattr(_runtime, "_task_context", FakeTaskContext.get)
+    FakeTaskContext.current = FakeTaskContext(tid=1)
+
+
+def _spec(sidecar, **kw):
+    return JobSpec(f"udf-{uuid.uuid4().hex[:8]}", (("errors.tolerance", "all"),
+                                                   ("errors.retry.timeout", "10000"),
+                                                   ("errors.retry.initial.backoff.ms", "10")),
+                   sidecar=sidecar.address, **kw)
+
+
+def _wrapper(name="to_int"):
+    return WrapperSpec(name, StageRef.of("TRANSFORMATION"), f"app.{name}")
+
+
+def test_failures_become_null_or_an_error_struct_and_are_reported(sidecar):
+    spec = _spec(sidecar)
+    plain = _udf_function(spec, _wrapper(), int, False, None, None)
+    assert [plain(v) for v in ("1", "x", "3")] == [1, None, 3]
+    with_error = _udf_function(spec, _wrapper("to_int_err"), int, True, None, None)
+    assert with_error("7") == (7, None)
+    value, error = with_error("y")
+    assert value is None
+    record_id, stage, exc_class, message, reason, dead_lettered = error
+    assert record_id == f"TRANSFORMATION:{spec.name}/to_int_err:p0:r1"
+    assert (stage, exc_class, dead_lettered) == ("TRANSFORMATION", "builtins.ValueError", False)
+    assert "invalid literal" in message and reason.startswith("skipped")
+    summary = Job(spec.name, spec.props, sidecar=sidecar.address).summary()
+    assert summary.total_record_failures == 2 and summary.total_records_skipped == 2
+
+
+def test_a_transient_failure_is_retried_in_place(sidecar):
+    spec = _spec(sidecar)
+    calls = []
+
+    def flaky(v):
+        calls.append(v)
+        if len(calls) == 1:
+            raise RetriableError("busy")
+        return v * 2
+
+    assert _udf_function(spec, _wrapper("flaky"), flaky, False, None, None)(21) == 42
+    assert calls == [21, 21]
+    assert Job(spec.name, spec.props, sidecar=sidecar.address).summary().total_retries == 1
+
+
+def test_rows_of_finished_tasks_are_counted_without_any_call_until_due(sidecar):
+    spec = _spec(sidecar, counts_interval_s=0)
+    fn = _udf_function(spec, _wrapper(), int, False, None, None)
+    for v in range(5):
+        fn(str(v))
+    job = Job(spec.name, spec.props, sidecar=sidecar.address)
+    job.register()
+    assert job.summary().records_processed == 0  # nothing sent while the task runs
+    FakeTaskContext.current = FakeTaskContext(tid=2, partition=1)
+    fn("9")  # the next task's first row retires the first task: its 5 rows are sent (due)
+    assert job.summary().records_processed == 5
+
+
+def test_the_same_udf_twice_in_a_task_shares_one_row_count(sidecar):
+    spec = _spec(sidecar)
+    a = _udf_function(spec, _wrapper(), int, True, None, None)
+    b = _udf_function(spec, _wrapper(), int, True, None, None)
+    ids = [a("x")[1][0], b("y")[1][0]]
+    assert ids == [f"TRANSFORMATION:{spec.name}/to_int:p0:r0",
+                   f"TRANSFORMATION:{spec.name}/to_int:p0:r1"]
