@@ -331,10 +331,6 @@ def test_executors_register_with_their_own_nodes_sidecar(spark, sidecar, broker,
                                                                           other.address}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "sidecar contract: FlushTask.processed replaces a Spark task's counts as a whole, so two "
-    "spillway wrappers pipelined in one task (deserialize, then map_in_pandas) overwrite each "
-    "other's counts; replacing per (task, stage) would keep both"))
 def test_wrappers_pipelined_in_one_task_both_count_their_records(spark, sidecar, topic_name):
     job = _job(sidecar, topic_name)
     df = spark.createDataFrame(kafka_rows(40, poison={i: b"{bad" for i in range(3, 40, 10)}),

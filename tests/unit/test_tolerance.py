@@ -226,3 +226,13 @@ def test_errors_of_running_tasks_do_not_count_in_the_ratio_until_the_task_flushe
     assert s.failed
     assert "errors.tolerance.max.ratio=0.05: 300 errors in 5400 processed records" in (
         s.failure_reason)
+
+
+def test_progress_replaces_per_stage_so_two_wrappers_in_one_task_both_count():
+    t = ToleranceTracker("x", ToleranceSettings("all", -1, -1, 0, 0, False))
+    t.record_progress((1, 0), {"DESERIALIZATION": 40}, 0)
+    t.record_progress((1, 0), {"TRANSFORMATION": 36}, 1)
+    assert t.records_processed == 76
+    # a running total for one stage replaces that stage's earlier figure only
+    t.record_progress((1, 0), {"TRANSFORMATION": 38}, 2)
+    assert t.records_processed == 78

@@ -51,7 +51,7 @@ class ToleranceResult:
 @dataclass(slots=True)
 class _Slot:
     flushed: bool = False
-    at_ms: float = 0.0                                          # when processed was reported
+    at_ms: dict[str, float] = field(default_factory=dict)       # when each stage was reported
     processed: dict[str, int] = field(default_factory=dict)     # by stage name
     errors: dict[str, int] = field(default_factory=dict)        # by stage name
     settled: dict[str, int] = field(default_factory=dict)       # errors moved into the ratio
@@ -112,20 +112,23 @@ class ToleranceTracker:
     # --- processed records ----------------------------------------------------------------
 
     def record_progress(self, task: TaskKey, counts: Mapping[str, int], now_ms: float) -> None:
-        """A task attempt's processed records by stage; replaces the task's earlier report."""
+        """A task's processed records for the stages it names. Each replaces that stage's
+        earlier report for the task (a re-attempt, or a running total); stages not named keep
+        theirs, so two wrappers in one Spark task (deserialize, then transform) both count."""
         slot = self._slot(task)
-        if slot.flushed:
-            for stage, n in slot.processed.items():
+        for stage, n in counts.items():
+            old = slot.processed.pop(stage, 0)
+            if old:
                 for pair in (self._job, self._stage(stage)):
-                    pair.processed.add(now_ms, -n, at_ms=slot.at_ms)
-                self.records_processed -= n
+                    pair.processed.add(now_ms, -old, at_ms=slot.at_ms[stage])
+                self.records_processed -= old
+            if int(n):
+                slot.processed[stage] = int(n)
+                slot.at_ms[stage] = now_ms
+                for pair in (self._job, self._stage(stage)):
+                    pair.processed.add(now_ms, int(n))
+                self.records_processed += int(n)
         slot.flushed = True
-        slot.at_ms = now_ms
-        slot.processed = {k: int(v) for k, v in counts.items() if v}
-        for stage, n in slot.processed.items():
-            for pair in (self._job, self._stage(stage)):
-                pair.processed.add(now_ms, n)
-            self.records_processed += n
         self._settle(slot, now_ms)
 
     def _settle(self, slot: _Slot, now_ms: float) -> None:
