@@ -8,7 +8,6 @@ import json
 import os
 import re
 import sys
-import types
 import uuid
 
 import pytest
@@ -24,28 +23,6 @@ pytestmark = pytest.mark.integration
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 OUT_SCHEMA = "id int, amount double"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _pandas_on_spark_stand_in():
-    """pyspark 4.3's assertDataFrameEqual imports pyspark.pandas only to tell pandas-on-Spark
-    frames apart, and pyspark.pandas does not import under the pinned pandas 3.1
-    (pandas.tseries.frequencies.DateOffset is gone). Stand in for it when it cannot load."""
-    try:
-        import pyspark.pandas  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        yield
-        return
-    ps = types.ModuleType("pyspark.pandas")
-    ps.DataFrame = type("DataFrame", (), {})
-    pu = types.ModuleType("pyspark.testing.pandasutils")
-    pu.PandasOnSparkTestUtils = type("PandasOnSparkTestUtils", (), {})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(sys.modules, "pyspark.pandas", ps)
-        mp.setitem(sys.modules, "pyspark.testing.pandasutils", pu)
-        yield
 
 
 @pytest.fixture(scope="module")
