@@ -281,9 +281,11 @@ def test_unreachable_sidecar_fails_the_task_clearly_but_clean_partitions_never_c
     assert "SPILLWAY_SIDECAR_ADDRESS" in text
 
 
-def test_executors_register_with_their_own_nodes_sidecar(spark, sidecar, broker, tmp_path):
-    """The executors' environment names another sidecar than the driver's: the job is
-    registered there by the executors themselves and the failures land there."""
+def test_executors_report_to_their_own_nodes_sidecar_which_defers_to_the_home(
+        spark, sidecar, broker, tmp_path):
+    """The executors' environment names another sidecar than the driver's: the executors
+    register the job there themselves, naming the driver's sidecar as its home, and that home
+    makes the decisions (so job-wide counts live there)."""
     from spillway.sidecar.server import start_server
 
     other = start_server({"listen.address": "127.0.0.1:0",
@@ -302,8 +304,9 @@ def test_executors_register_with_their_own_nodes_sidecar(spark, sidecar, broker,
     finally:
         del env["SPILLWAY_SIDECAR_ADDRESS"]
         other.stop(0.5)
-    assert (on_node.total_record_failures, on_node.records_processed) == (1, 4)
-    assert on_driver.total_record_failures == 0
+    assert job.name in other.sidecar.homes  # the node's sidecar forwards to the home
+    assert (on_node.total_record_failures, on_node.records_processed) == (0, 0)
+    assert (on_driver.total_record_failures, on_driver.records_processed) == (1, 4)
     assert both.total_record_failures == 1 and set(both.per_sidecar) == {sidecar.address,
                                                                           other.address}
 

@@ -106,10 +106,16 @@ class SidecarClient:
 
     # --- the API ---------------------------------------------------------------------------
 
-    def register_job(self, job: str, properties: Mapping[str, str] | None = None) -> dict[str, str]:
-        """Declare ``job`` with its policy; returns the effective properties. Idempotent."""
+    def register_job(self, job: str, properties: Mapping[str, str] | None = None, *,
+                     home: str = "") -> dict[str, str]:
+        """Declare ``job`` with its policy; returns the effective properties. Idempotent.
+
+        ``home``: the sidecar the driver registered the job with, when this may be another
+        node's sidecar; it then makes the job's decisions so job-wide limits hold.
+        """
         props = {str(k): str(v) for k, v in (properties or {}).items()}
-        resp = self._call("RegisterJob", pb.RegisterJobRequest(job=job, properties=props), job=job)
+        resp = self._call("RegisterJob", pb.RegisterJobRequest(job=job, properties=props,
+                                                               home=home), job=job)
         return dict(resp.effective_properties)
 
     def report_failures(self, job: str, task: pb.TaskIdentity, records: Sequence[pb.FailedRecord],

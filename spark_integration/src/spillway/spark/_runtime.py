@@ -80,6 +80,8 @@ class JobSpec:
     rpc_timeout_s: float = 10.0
     on_sidecar_unavailable: str = "fail"
     sidecar_wait_s: float = 120.0
+    # The driver's sidecar: the job's home, which decides for every node (job-wide limits).
+    home: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():
@@ -321,7 +323,7 @@ class TaskSession:
                 known = w.registered.get(key)
             if known is not None:
                 return known
-        effective = self._call(lambda: self.client.register_job(self.job, self.spec.props),
+        effective = self._call(lambda: self.client.register_job(self.job, self.spec.props, home=self.spec.home),
                                reregister=False)
         with w.lock:
             w.registered[key] = effective
@@ -400,8 +402,8 @@ class TaskSession:
             with w.lock:
                 known = reg_key in w.registered
             if not known:
-                effective = self._in_span(lambda: self.client.register_job(self.job,
-                                                                           self.spec.props))
+                effective = self._in_span(lambda: self.client.register_job(
+                    self.job, self.spec.props, home=self.spec.home))
                 with w.lock:
                     w.registered[reg_key] = effective
             self._in_span(lambda: self.client.flush_task(self.job, self.task, dict(counts),

@@ -24,6 +24,7 @@ to avoid reporting the same failures again).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -512,6 +513,9 @@ class Job:
             report_batch_size=report_batch_size, report_linger_s=report_linger_s,
             counts_interval_s=counts_interval_s, flush_timeout_s=flush_timeout_s,
             rpc_timeout_s=rpc_timeout_s)
+        # The driver's sidecar is the job's home: executors on other nodes name it when they
+        # register with their own sidecar, which then forwards decisions to it.
+        self.spec = dataclasses.replace(self.spec, home=self.spec.driver_target())
         self.effective_properties: dict[str, str] | None = None
 
     @property
