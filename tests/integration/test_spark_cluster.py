@@ -1,0 +1,152 @@
+"""One sidecar per node on a real Spark standalone cluster started from the pyspark wheel's own
+scripts: one master, two workers, each worker with its own sidecar in its environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from spillway.sidecar.embedded import free_port
+from support.kafka import read_all
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _spark_class() -> str:
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+
+
+def _alive_workers(webui: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{webui}/json/", timeout=2) as r:
+            return sum(w["state"] == "ALIVE" for w in json.load(r)["workers"])
+    except OSError:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def cluster(broker, tmp_path_factory):
+    """Two sidecars ("node-a", "node-b"), a master and two single-core workers."""
+    from spillway.sidecar.server import start_server
+
+    tmp = tmp_path_factory.mktemp("cluster")
+    sidecars = {n: start_server({
+        "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
+        "spool.dir": str(tmp / f"spool-{n}"), "producer.linger.ms": "5", "sidecar.id": n})
+        for n in ("node-a", "node-b")}
+    port, webui = free_port(), free_port()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
+    procs = [subprocess.Popen(
+        [_spark_class(), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+         "--port", str(port), "--webui-port", str(webui)],
+        stdout=open(tmp / "master.log", "wb"), stderr=subprocess.STDOUT, env=env)]
+    for name, sc in sidecars.items():
+        procs.append(subprocess.Popen(
+            [_spark_class(), "org.apache.spark.deploy.worker.Worker",
+             f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--cores", "1",
+             "--memory", "1g", "--webui-port", str(free_port()),
+             "--work-dir", str(tmp / f"work-{name}")],
+            stdout=open(tmp / f"worker-{name}.log", "wb"), stderr=subprocess.STDOUT,
+            env={**env, "SPILLWAY_SIDECAR_ADDRESS": sc.address}))  # this node's sidecar
+    deadline = time.monotonic() + 90
+    while _alive_workers(webui) < 2:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            for p in procs:
+                p.kill()
+            pytest.fail("standalone cluster did not start: " +
+                        (tmp / "master.log").read_text()[-2000:])
+        time.sleep(0.5)
+    yield f"spark://127.0.0.1:{port}", sidecars
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    for sc in sidecars.values():
+        sc.stop(1.0)
+
+
+DRIVER = textwrap.dedent("""
+    import json, os, sys
+    from pyspark.sql import SparkSession
+    from spillway.spark import Job
+
+    master, home, topic, name, props = sys.argv[1:6]
+    spark = (SparkSession.builder.master(master).appName(name)
+             .config("spark.ui.enabled", "false").config("spark.executor.memory", "512m")
+             .config("spark.executor.cores", "1").config("spark.cores.max", "2")
+             .config("spark.task.maxFailures", "1").getOrCreate())
+    job = Job(name, json.loads(props), sidecar=home)
+    job.register()
+
+    def parse(x):
+        if x % 5 == 0:  # poison: name the sidecar this executor's node gave it
+            raise ValueError("bad row %d via %s" % (x, os.environ["SPILLWAY_SIDECAR_ADDRESS"]))
+        return x
+
+    rdd = spark.sparkContext.parallelize(range(60), 12)
+    try:
+        out = {"ok": True, "count": job.map_partitions(rdd, parse).count()}
+    except Exception as exc:
+        out = {"ok": False, "error": Job.failure_message(exc)}
+    print("RESULT " + json.dumps(out))
+    spark.stop()
+""")
+
+
+def _run_driver(tmp_path, master, home, topic, name, props):
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    proc = subprocess.run([sys.executable, str(script), master, home, topic, name,
+                           json.dumps(props)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _props(topic, **extra):
+    return {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
+            "errors.deadletterqueue.context.headers.enable": "true",
+            "errors.deadletterqueue.auto.create.topics.enable": "true",
+            "errors.deadletterqueue.topic.replication.factor": "1", **extra}
+
+
+def test_each_executor_reports_to_its_own_nodes_sidecar(cluster, broker, tmp_path, topic_name):
+    master, sidecars = cluster
+    out = _run_driver(tmp_path, master, sidecars["node-a"].address, topic_name,
+                      "cluster-nodes", _props(topic_name))
+    assert out == {"ok": True, "count": 48}
+    records = read_all(broker.bootstrap_servers, topic_name)
+    assert len(records) == 12
+    by_sidecar = {n: 0 for n in sidecars}
+    for m in records:
+        h = dict(m.headers())
+        writer = h["spillway.sidecar"].decode()
+        # the executor's own environment named the sidecar that dead-lettered its record
+        assert h["__connect.errors.exception.message"].decode().endswith(
+            "via " + sidecars[writer].address)
+        by_sidecar[writer] += 1
+    assert all(by_sidecar.values()), by_sidecar  # both nodes' executors did work
+    assert "cluster-nodes" in sidecars["node-b"].sidecar.homes  # node b deferred to the home
+
+
+def test_job_wide_tolerance_limit_holds_across_both_nodes(cluster, tmp_path, topic_name):
+    master, sidecars = cluster
+    # 12 poison rows over two nodes: neither node alone exceeds 8, the job as a whole does
+    out = _run_driver(tmp_path, master, sidecars["node-a"].address, topic_name,
+                      "cluster-limit", _props(topic_name, **{"errors.tolerance.max.errors": "8"}))
+    assert not out["ok"]
+    assert "errors.tolerance.max.errors=8" in out["error"] and "9 errors" in out["error"], out
