@@ -96,7 +96,9 @@ def pipeline(mock, tmp_path):
     made = []
 
     def make(**kw) -> DlqPipeline:
-        overrides = {"linger.ms": "50", "message.send.max.retries": "1",
+        # a generous linger keeps each round of N records in one produce request even on a
+        # loaded machine: the injected errors count requests
+        overrides = {"linger.ms": "500", "message.send.max.retries": "1",
                      "retry.backoff.ms": "10", "log_level": "0"}
         overrides.update(kw.pop("overrides", {}))
         p = DlqPipeline(mock.bootstrap, spool_dir=str(tmp_path), producer_overrides=overrides,
