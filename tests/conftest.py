@@ -37,3 +37,26 @@ def spark():
     session = local_spark()
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def sidecar_props():
+    """Extra sidecar properties for a module's `sidecar`; override in the module to change."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def sidecar(broker, tmp_path_factory, sidecar_props):
+    """A real sidecar (gRPC server, policy engine, DLQ pipeline to the Tansu broker), one per
+    test module, on a free loopback port."""
+    from spillway.sidecar.server import start_server
+
+    running = start_server({
+        "listen.address": "127.0.0.1:0",
+        "bootstrap.servers": broker.bootstrap_servers,
+        "spool.dir": str(tmp_path_factory.mktemp("spool")),
+        "producer.linger.ms": "5",
+        **sidecar_props,
+    })
+    yield running
+    running.stop(1.0)

@@ -21,18 +21,6 @@ pytestmark = pytest.mark.integration
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module")
-def sidecar(broker, tmp_path_factory):
-    from spillway.sidecar.server import start_server
-
-    running = start_server({"listen.address": "127.0.0.1:0",
-                            "bootstrap.servers": broker.bootstrap_servers,
-                            "spool.dir": str(tmp_path_factory.mktemp("spool")),
-                            "producer.linger.ms": "5"})
-    yield running
-    running.stop(1.0)
-
-
 def _job(sidecar, topic, **props):
     return Job(f"policy-{uuid.uuid4().hex[:8]}", {
         "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,

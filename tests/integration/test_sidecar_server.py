@@ -17,20 +17,6 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def sidecar(broker, tmp_path_factory):
-    from spillway.sidecar.server import start_server
-
-    running = start_server({
-        "listen.address": "127.0.0.1:0",
-        "bootstrap.servers": broker.bootstrap_servers,
-        "spool.dir": str(tmp_path_factory.mktemp("spool")),
-        "producer.linger.ms": "5",
-    })
-    yield running
-    running.stop(1.0)
-
-
-@pytest.fixture(scope="module")
 def stub(sidecar):
     channel = grpc.insecure_channel(sidecar.address)
     yield pb_grpc.ErrorSidecarStub(channel)

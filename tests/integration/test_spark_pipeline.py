@@ -25,20 +25,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 OUT_SCHEMA = "id int, amount double"
 
 
-@pytest.fixture(scope="module")
-def sidecar(broker, tmp_path_factory):
-    from spillway.sidecar.server import start_server
-
-    running = start_server({
-        "listen.address": "127.0.0.1:0",
-        "bootstrap.servers": broker.bootstrap_servers,
-        "spool.dir": str(tmp_path_factory.mktemp("spool")),
-        "producer.linger.ms": "5",
-    })
-    yield running
-    running.stop(1.0)
-
-
 def _props(topic: str, **extra: str) -> dict[str, str]:
     return {
         "errors.tolerance": "all",

@@ -20,18 +20,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
-def sidecar(broker, tmp_path_factory):
-    from spillway.sidecar.server import start_server
-
-    running = start_server({
-        "listen.address": "127.0.0.1:0",
-        "bootstrap.servers": broker.bootstrap_servers,
-        "spool.dir": str(tmp_path_factory.mktemp("spool")),
-        # a slow producer: without the flush barrier, batches would commit before the acks
-        "producer.linger.ms": "100",
-    })
-    yield running
-    running.stop(1.0)
+def sidecar_props():
+    # a slow producer: without the flush barrier, batches would commit before the acks
+    return {"producer.linger.ms": "100"}
 
 
 KAFKA_SHAPED = [
