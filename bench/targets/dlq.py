@@ -1,0 +1,182 @@
+"""Targets 1 (end-to-end dead-letter rate), 5 (durability cost) and 6 (tracing cost)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+from .. import workloads
+from ..clients import REPO_ROOT, ClientPool
+from ..infra import BenchError, SidecarProcess
+from ..model import TargetResult, fmt, ratio_check
+from ..runner import Context
+from .common import alternate_runs, dlq_props, profiled
+from .sparkutil import executor_env, python_daemons, ship_workloads, timed
+
+PARTITIONS = 4
+CLIENTS = 4
+LINGER_MS = 20          # the sidecar's default producer.linger.ms
+BATCH_BYTES = 1_000_000  # the sidecar's default producer.batch.size
+
+
+def _sidecar_props(**extra: str) -> dict[str, str]:
+    return {"producer.linger.ms": str(LINGER_MS), "producer.batch.size": str(BATCH_BYTES),
+            **extra}
+
+
+def plain_producer_rate(ctx: Context, records: int) -> float:
+    topic = ctx.infra.fresh_topic("plain")
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.produce", "--bootstrap", ctx.infra.bootstrap, "--topic",
+         topic, "--records", str(records), "--linger-ms", str(LINGER_MS), "--batch-size",
+         str(BATCH_BYTES)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    lines = out.stdout.strip().splitlines()
+    if not lines:
+        raise BenchError(f"bench.produce printed nothing: {out.stderr[-1000:]}")
+    r = json.loads(lines[-1])
+    if r["acknowledged"] != records:
+        raise BenchError(f"plain producer: {r['acknowledged']} of {records} acknowledged "
+                         f"({r['first_error']})")
+    return records / r["seconds"]
+
+
+def spark_dlq_rate(ctx: Context, sidecar: SidecarProcess, records: int,
+                   env: dict[str, str] | None = None) -> float:
+    """Every record of a Kafka-shaped DataFrame fails in ``job.map_partitions``: the rate at
+    which they reach the DLQ topic, acknowledged (the action returns after every task passed
+    its flush barrier)."""
+    from spillway.spark import Job
+
+    ship_workloads()
+    spark = ctx.infra.spark
+    topic = ctx.infra.fresh_topic("e2e")
+    job = Job(f"bench-e2e-{uuid.uuid4().hex[:8]}", dlq_props(topic), sidecar=sidecar.address)
+    job.register()
+    with executor_env(spark, env or {}):
+        df = workloads.kafka_frame(spark, records, PARTITIONS, fail_every=1)
+        out = job.map_partitions(df, workloads.parse_order, schema=workloads.OUT_SCHEMA)
+    seconds = timed(lambda: workloads.noop_write(out))
+    written = job.summary().dlq_records_written
+    if written < records:
+        raise BenchError(f"the Spark job returned with {written} of {records} DLQ records "
+                         f"acknowledged")
+    return records / seconds
+
+
+def run_dlq_rate(ctx: Context, result: TargetResult) -> None:
+    n = ctx.sizes.dlq_records
+    result.setup = (
+        f"Candidate: a local[2] Spark job over {n:,} Kafka-shaped rows (200-byte values, "
+        f"{PARTITIONS} partitions) where every record fails in `job.map_partitions` (truncated "
+        "JSON); records go through the client to the sidecar (its own process, `spillway serve`, "
+        "spool on) and into a fresh DLQ topic; the rate is records / wall time of the action, "
+        "which returns only after every task's flush barrier (all DLQ records acknowledged by "
+        "Kafka). Baseline: one plain Python process (`bench.produce`) producing the same number "
+        "of records (same key, 200-byte value and the sidecar's nine `spillway.*` headers) to a "
+        f"fresh topic on the same broker, idempotent, acks=all, linger.ms={LINGER_MS}, "
+        f"batch.size={BATCH_BYTES}, flush at the end.")
+    sidecar = ctx.infra.sidecar(_sidecar_props(), name="e2e")
+    f_base = result.figure("plain producer", "records/s")
+    f_cand = result.figure("Spark → client → sidecar → DLQ", "records/s")
+    alternate_runs(ctx, result, {
+        f_base.name: lambda _r: plain_producer_rate(ctx, n),
+        f_cand.name: lambda _r: spark_dlq_rate(ctx, sidecar, n),
+    }, {f_base.name: f_base, f_cand.name: f_cand}, warmup=True)
+    result.checks.append(ratio_check("dead-letter rate vs plain producer", f_cand, f_base,
+                                     ">=", 0.5))
+    if ctx.sizes.profile and result.met is False:
+        profile_dlq_job(ctx, result, sidecar, n, "dlq-rate")
+
+
+def profile_dlq_job(ctx: Context, result: TargetResult, sidecar: SidecarProcess, n: int,
+                    label: str, env: dict[str, str] | None = None) -> None:
+    """One more candidate run with py-spy on the sidecar and on Spark's Python workers."""
+    from ..profiling import Recording, section
+
+    spark_side = Recording(python_daemons(), ctx.profile_dir or ctx.infra.workdir,
+                           f"{label}-workers", subprocesses=True)
+    try:
+        profiled(ctx, result, "sidecar process during the Spark dead-letter job",
+                 [sidecar.pid], lambda: spark_dlq_rate(ctx, sidecar, n, env),
+                 label=f"{label}-sidecar")
+    finally:
+        stacks = spark_side.stop()
+    if stacks:
+        result.profiles.append(section("Spark Python workers during the same run", stacks))
+
+
+def clients_dlq_rate(ctx: Context, pool: ClientPool, sidecar: SidecarProcess,
+                     per_client: int, run_no: int) -> float:
+    topic = ctx.infra.fresh_topic("dur")
+    job = f"bench-dur-{uuid.uuid4().hex[:8]}"
+    agg = pool.run(lambda i: {"target": sidecar.address, "job": job, "props": dlq_props(topic),
+                              "records": per_client, "batch": 256, "flush": True,
+                              "run_no": run_no})
+    if agg.errors or agg.timed_out or agg.acked != agg.records:
+        raise BenchError(f"durability run: errors={agg.errors}, acknowledged {agg.acked} of "
+                         f"{agg.records}: {'; '.join(agg.error_samples)}")
+    return agg.rate
+
+
+def run_durability(ctx: Context, result: TargetResult) -> None:
+    per = ctx.sizes.durability_per_client
+    result.setup = (
+        f"{CLIENTS} client processes (the real `SidecarClient`) each report {per:,} failed "
+        "records (256 per report) for a job that dead-letters to a fresh topic, then call the "
+        "flush barrier; DLQ throughput = records / (first report → last flush returned, i.e. "
+        "all acknowledged by Kafka). Two sidecar processes, identical but for `spool.enable` "
+        "(true: SQLite WAL, synchronous=FULL, group commit; false: bounded in-memory queue), "
+        "alternated run by run.")
+    on = ctx.infra.sidecar(_sidecar_props(**{"spool.enable": "true"}), name="spool-on")
+    off = ctx.infra.sidecar(_sidecar_props(**{"spool.enable": "false"}), name="spool-off")
+    pool = ClientPool(CLIENTS)
+    ctx.infra.on_close(pool.close)
+    f_off = result.figure("spool off", "records/s")
+    f_on = result.figure("spool on", "records/s")
+    alternate_runs(ctx, result, {
+        f_off.name: lambda r: clients_dlq_rate(ctx, pool, off, per, r),
+        f_on.name: lambda r: clients_dlq_rate(ctx, pool, on, per, r),
+    }, {f_off.name: f_off, f_on.name: f_on}, warmup=True)
+    result.checks.append(ratio_check("spool on vs spool off", f_on, f_off, ">=", 0.8))
+    if ctx.sizes.profile and result.met is False:
+        profiled(ctx, result, "sidecar process with spool on", [on.pid],
+                 lambda: clients_dlq_rate(ctx, pool, on, per, 99), label="durability-on")
+
+
+TRACING_VARIANTS: dict[str, dict[str, str]] = {
+    "tracing off": {"OTEL_SDK_DISABLED": "true"},
+    "1% parent-based sampling": {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                                 "OTEL_TRACES_SAMPLER_ARG": "0.01"},
+    "100% parent-based sampling": {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                                   "OTEL_TRACES_SAMPLER_ARG": "1.0"},
+}
+
+
+def run_tracing(ctx: Context, result: TargetResult) -> None:
+    n = ctx.sizes.tracing_records
+    result.setup = (
+        f"The end-to-end dead-letter job of target 1 ({n:,} rows, every one failing: the "
+        "tracing-heaviest case, one `exception` event per failed record and the trace context on "
+        "every report), with the executors' and the sidecar's OpenTelemetry set by the standard "
+        "variables: off (`OTEL_SDK_DISABLED=true`), `OTEL_TRACES_SAMPLER=parentbased_traceidratio` "
+        "with `OTEL_TRACES_SAMPLER_ARG=0.01` and `1.0`; no exporter endpoint (spans are recorded "
+        "and dropped). Each variant has its own sidecar process and its own Spark worker daemon "
+        "(PySpark keys worker daemons by environment), alternated run by run.")
+    sidecars = {name: ctx.infra.sidecar(_sidecar_props(), name=f"trace{i}", env=env)
+                for i, (name, env) in enumerate(TRACING_VARIANTS.items())}
+    figs = {name: result.figure(name, "records/s") for name in TRACING_VARIANTS}
+    alternate_runs(ctx, result, {
+        name: (lambda _r, name=name: spark_dlq_rate(ctx, sidecars[name], n,
+                                                    TRACING_VARIANTS[name]))
+        for name in TRACING_VARIANTS}, figs, warmup=True)
+    off, one, full = (figs[k] for k in TRACING_VARIANTS)
+    result.checks.append(ratio_check("1% sampling vs off", one, off, ">=", 0.97))
+    result.checks.append(ratio_check("100% sampling vs off", full, off, ">=", 0.90))
+    result.notes.append(
+        f"Medians: off {fmt(off.summary.median)}, 1% {fmt(one.summary.median)}, 100% "
+        f"{fmt(full.summary.median)} records/s.")
+    if ctx.sizes.profile and result.met is False:
+        name = "100% parent-based sampling"
+        profile_dlq_job(ctx, result, sidecars[name], n, "tracing", TRACING_VARIANTS[name])

@@ -1,0 +1,188 @@
+"""Target 3 (happy-path overhead of the wrappers) and target 4 (error-path cost)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import workloads
+from ..model import TargetResult, ratio_check
+from ..profiling import Recording, section
+from ..runner import Context, missing_prerequisite
+from .common import POLICY_ONLY, alternate_runs, dlq_props, profiled
+from .sparkutil import python_daemons, ship_workloads, timed
+
+PARTITIONS = 8
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """One wrapper kind: how to run the same work bare and wrapped (each returns seconds)."""
+
+    name: str
+    threshold: float
+    requires: str
+    bare: Callable[[object, int], None]
+    wrapped: Callable[[object, object, int], None]
+
+
+def _pandas_bare(spark, rows):
+    df = workloads.orders_frame(spark, rows, PARTITIONS)
+    workloads.noop_write(df.mapInPandas(workloads.bare_pandas, workloads.VECTOR_SCHEMA))
+
+
+def _pandas_wrapped(spark, job, rows):
+    df = workloads.orders_frame(spark, rows, PARTITIONS)
+    workloads.noop_write(job.map_in_pandas(df, workloads.pandas_total, workloads.VECTOR_SCHEMA))
+
+
+def _arrow_bare(spark, rows):
+    df = workloads.orders_frame(spark, rows, PARTITIONS)
+    workloads.noop_write(df.mapInArrow(workloads.bare_arrow, workloads.VECTOR_SCHEMA))
+
+
+def _arrow_wrapped(spark, job, rows):
+    df = workloads.orders_frame(spark, rows, PARTITIONS)
+    workloads.noop_write(job.map_in_arrow(df, workloads.arrow_total, workloads.VECTOR_SCHEMA))
+
+
+def _rows_bare(spark, rows):
+    rdd = workloads.order_values(spark.sparkContext, rows, PARTITIONS, 0)
+    rdd.mapPartitions(workloads.bare_rows).count()
+
+
+def _rows_wrapped(spark, job, rows):
+    rdd = workloads.order_values(spark.sparkContext, rows, PARTITIONS, 0)
+    job.map_partitions(rdd, workloads.parse_order).count()
+
+
+def _udf_bare(spark, rows):
+    from pyspark.sql.functions import udf
+
+    df = workloads.orders_frame(spark, rows, PARTITIONS)
+    workloads.noop_write(df.select(udf(workloads.amount_of, "double")("value").alias("a")))
+
+
+def _udf_wrapped(spark, job, rows):
+    df = workloads.orders_frame(spark, rows, PARTITIONS)
+    amount = job.udf("double")(workloads.amount_of)
+    workloads.noop_write(df.select(amount("value").alias("a")))
+
+
+WRAPPERS = (
+    Wrapper("mapInPandas", 1.03, "spillway.spark:Job.map_in_pandas", _pandas_bare,
+            _pandas_wrapped),
+    Wrapper("mapInArrow", 1.03, "spillway.spark:Job.map_in_arrow", _arrow_bare,
+            _arrow_wrapped),
+    Wrapper("mapPartitions (per row)", 1.05, "spillway.spark:Job.map_partitions", _rows_bare,
+            _rows_wrapped),
+    Wrapper("UDF decorator", 1.05, "spillway.spark:Job.udf", _udf_bare, _udf_wrapped),
+)
+
+
+def _job(ctx: Context, address: str, props: dict[str, str]):
+    from spillway.spark import Job
+
+    job = Job(f"bench-{uuid.uuid4().hex[:8]}", props, sidecar=address)
+    job.register()
+    return job
+
+
+def _profile_workers(ctx: Context, result: TargetResult, title: str, run: Callable[[], object],
+                     extra_pids: list[int] | None = None, label: str = "workers") -> None:
+    rec = Recording(python_daemons(), ctx.profile_dir or ctx.infra.workdir, label,
+                    subprocesses=True)
+    try:
+        if extra_pids:
+            profiled(ctx, result, "sidecar process during " + title, extra_pids, run,
+                     label=f"{label}-sidecar")
+        else:
+            run()
+    finally:
+        stacks = rec.stop()
+    if stacks:
+        result.profiles.append(section(f"Spark Python workers, {title}", stacks))
+    elif rec.errors:
+        result.notes.append(f"profile of {title} failed: {'; '.join(rec.errors)}")
+
+
+def run_happy(ctx: Context, result: TargetResult) -> None:
+    rows = ctx.sizes.happy_rows
+    result.setup = (
+        f"No record fails. Each wrapper against the same work in bare PySpark, {rows:,} rows in "
+        f"{PARTITIONS} partitions on local[2], wall time of the action (a `noop` write, or "
+        "`count()` for the RDD), runs alternated bare/wrapped after one warm-up round. "
+        "Vectorized: `pandas_total` / `arrow_total` (one output row per input row) on "
+        "(id, amount, 200-byte JSON value); bare is `df.mapInPandas` / `df.mapInArrow` over the "
+        "same function. Per row: `parse_order` (json.loads of a ~150-byte order, two fields "
+        "out) over an RDD of values; bare is `rdd.mapPartitions` calling it in a loop. UDF: "
+        "`amount_of` (json.loads, one field) as `pyspark.sql.functions.udf` vs `@job.udf`. The "
+        "job (`errors.tolerance=all`) is registered with a sidecar process before the clock "
+        "starts.")
+    ship_workloads()
+    sidecar = ctx.infra.sidecar(name="happy")
+    spark = ctx.infra.spark
+    for w in WRAPPERS:
+        why = missing_prerequisite([w.requires])
+        if why is not None:
+            result.notes.append(f"{w.name}: not run: {why}")
+            continue
+        job = _job(ctx, sidecar.address, POLICY_ONLY)
+        f_bare = result.figure(f"{w.name}: bare PySpark", "s")
+        f_wrapped = result.figure(f"{w.name}: spillway wrapper", "s")
+        alternate_runs(ctx, result, {
+            f_bare.name: lambda _r, w=w: timed(lambda: w.bare(spark, rows)),
+            f_wrapped.name: lambda _r, w=w, job=job: timed(lambda: w.wrapped(spark, job, rows)),
+        }, {f_bare.name: f_bare, f_wrapped.name: f_wrapped}, warmup=True)
+        check = ratio_check(f"{w.name} wrapped vs bare (wall time)", f_wrapped, f_bare, "<=",
+                            w.threshold)
+        result.checks.append(check)
+        if ctx.sizes.profile and check.met is False:
+            _profile_workers(ctx, result, f"{w.name} wrapped, {rows:,} rows",
+                             lambda w=w, job=job: w.wrapped(spark, job, rows),
+                             label=f"happy-{w.name.split()[0]}")
+
+
+def run_error_path(ctx: Context, result: TargetResult) -> None:
+    rows = ctx.sizes.error_rows
+    result.setup = (
+        f"`parse_order` over an RDD of {rows:,} JSON values ({PARTITIONS} partitions, local[2]) "
+        "in which 1% or 10% are truncated JSON. Baseline: bare `rdd.mapPartitions` that catches "
+        "and drops failed rows locally. Candidate: `job.map_partitions` with "
+        "`errors.tolerance=all` and a DLQ topic (fresh per run): every failed row is reported "
+        "(256 per report), decided by the sidecar (its own process, spool on), dead-lettered "
+        "and acknowledged before the task ends (flush barrier). Wall time of `count()`.")
+    ship_workloads()
+    sidecar = ctx.infra.sidecar(name="errors")
+    spark = ctx.infra.spark
+    for pct, threshold in ((1.0, 1.10), (10.0, 1.30)):
+        every = workloads.poison_every(pct)
+        f_bare = result.figure(f"{pct:g}% failing: catch and drop locally", "s")
+        f_cand = result.figure(f"{pct:g}% failing: spillway, dead-lettered", "s")
+
+        def bare(_r, every=every):
+            rdd = workloads.order_values(spark.sparkContext, rows, PARTITIONS, every)
+            return timed(lambda: rdd.mapPartitions(workloads.bare_rows_dropping).count())
+
+        def wrapped(_r, every=every):
+            job = _job(ctx, sidecar.address, dlq_props(ctx.infra.fresh_topic("errors")))
+            rdd = workloads.order_values(spark.sparkContext, rows, PARTITIONS, every)
+            n_fail = len(range(0, rows, every))
+            seconds = timed(lambda: job.map_partitions(rdd, workloads.parse_order).count())
+            written = job.summary().dlq_records_written
+            if written < n_fail:
+                from ..infra import BenchError
+
+                raise BenchError(f"{written} of {n_fail} failed rows acknowledged in the DLQ")
+            return seconds
+
+        alternate_runs(ctx, result, {f_bare.name: bare, f_cand.name: wrapped},
+                       {f_bare.name: f_bare, f_cand.name: f_cand}, warmup=True)
+        check = ratio_check(f"{pct:g}% failing rows vs catch-and-drop (wall time)", f_cand,
+                            f_bare, "<=", threshold)
+        result.checks.append(check)
+        if ctx.sizes.profile and check.met is False:
+            _profile_workers(ctx, result, f"{pct:g}% failing rows, {rows:,} rows",
+                             lambda w=wrapped: w(0), extra_pids=[sidecar.pid],
+                             label=f"errors-{pct:g}")

@@ -1,0 +1,408 @@
+"""The benchmark harness's own logic: statistics, alternation order, target evaluation, report
+rendering, aggregation of client results, profile reduction. Nothing here is timed."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:  # `pytest` run directly rather than `python -m pytest` from the root
+    sys.path.insert(0, ROOT)
+
+from bench import report, stats  # noqa: E402
+from bench.clients import aggregate  # noqa: E402
+from bench.infra import BenchError  # noqa: E402
+from bench.model import (  # noqa: E402
+    STATUS_ERROR,
+    STATUS_NOT_RUN,
+    Check,
+    Figure,
+    ProfileSection,
+    TargetResult,
+    absolute_check,
+    alternate,
+    ratio_check,
+    verdict_text,
+)
+from bench.profiling import (  # noqa: E402
+    parse_raw,
+    short_frame,
+    spillway_frames,
+    summarize,
+    top_frames,
+)
+from bench.records import VALUE_SIZE, value_bytes  # noqa: E402
+from bench.runner import (  # noqa: E402
+    Context,
+    Sizes,
+    TargetSpec,
+    missing_prerequisite,
+    run_target,
+    select,
+)
+from bench.workloads import poison_every, value_sql  # noqa: E402
+
+# --- statistics ------------------------------------------------------------------------------
+
+
+def test_median_odd_and_even_counts():
+    assert stats.median([3, 1, 2]) == 2
+    assert stats.median([4, 1, 3, 2]) == 2.5
+    assert stats.median([7]) == 7
+
+
+@pytest.mark.parametrize("bad", [[], [1.0, float("nan")]])
+def test_median_refuses_empty_and_nan(bad):
+    with pytest.raises(ValueError):
+        stats.median(bad)
+
+
+def test_percentile_interpolates_between_closest_ranks():
+    xs = list(range(1, 101))  # 1..100
+    assert stats.percentile(xs, 0) == 1
+    assert stats.percentile(xs, 100) == 100
+    assert stats.percentile(xs, 50) == pytest.approx(50.5)
+    assert stats.percentile(xs, 99) == pytest.approx(99.01)
+    assert stats.percentile([5.0], 99) == 5.0
+    with pytest.raises(ValueError):
+        stats.percentile(xs, 101)
+
+
+def test_summary_and_spread():
+    s = stats.Summary.of([10, 12, 8, 11, 9])
+    assert (s.median, s.low, s.high, s.n) == (10, 8, 12, 5)
+    assert s.spread == pytest.approx(0.4)
+
+
+def test_ratio_and_paired_ratios():
+    assert stats.ratio(3, 2) == 1.5
+    with pytest.raises(ZeroDivisionError):
+        stats.ratio(1, 0)
+    assert stats.paired_ratios([2, 4], [1, 2]) == [2.0, 2.0]
+    with pytest.raises(ValueError):
+        stats.paired_ratios([1, 2], [1])
+
+
+# --- alternation -------------------------------------------------------------------------------
+
+
+def test_alternate_is_round_robin():
+    assert alternate(["A", "B"], 3) == ["A", "B", "A", "B", "A", "B"]
+    assert alternate(["A", "B", "C"], 2) == ["A", "B", "C", "A", "B", "C"]
+
+
+def test_alternate_warmup_adds_one_leading_round():
+    assert alternate(["base", "cand"], 2, warmup=True) == ["base", "cand"] * 3
+
+
+def test_alternate_never_runs_a_variant_twice_in_a_row():
+    order = alternate(["base", "cand"], 5, warmup=True)
+    assert all(a != b for a, b in zip(order, order[1:]))
+    assert Counter(order) == {"base": 6, "cand": 6}
+
+
+@pytest.mark.parametrize("variants,runs", [([], 3), (["A", "A"], 2), (["A"], 0)])
+def test_alternate_refuses_bad_arguments(variants, runs):
+    with pytest.raises(ValueError):
+        alternate(variants, runs)
+
+
+# --- target evaluation ---------------------------------------------------------------------
+
+
+def test_check_met_for_each_operator():
+    assert Check("x", 0.5, ">=", 0.5).met is True
+    assert Check("x", 0.49, ">=", 0.5).met is False
+    assert Check("x", 1.03, "<=", 1.03).met is True
+    assert Check("x", 100.0, "<", 100.0, kind="absolute").met is False
+    assert Check("x", 0.0, "==", 0.0, kind="absolute").met is True
+    assert Check("x", None, ">=", 1.0).met is None
+
+
+def test_check_refuses_unknown_operator_and_kind():
+    with pytest.raises(ValueError):
+        Check("x", 1.0, "=>", 1.0)
+    with pytest.raises(ValueError):
+        Check("x", 1.0, ">=", 1.0, kind="percent")
+
+
+def test_ratio_check_uses_medians_and_keeps_paired_spread():
+    base = Figure("bare", "s", [10.0, 11.0, 12.0])
+    cand = Figure("wrapped", "s", [10.5, 11.0, 13.2])
+    c = ratio_check("wrapped vs bare", cand, base, "<=", 1.03)
+    assert c.value == pytest.approx(1.0)
+    assert c.met is True
+    assert c.spread == pytest.approx((1.0, 1.1))
+    assert "median wrapped 11.0 s / median bare 11.0 s" in c.detail
+
+
+def test_ratio_check_throughput_miss():
+    plain = Figure("plain", "records/s", [100_000.0, 110_000.0, 90_000.0])
+    e2e = Figure("e2e", "records/s", [30_000.0, 35_000.0, 25_000.0])
+    c = ratio_check("rate", e2e, plain, ">=", 0.5)
+    assert c.value == pytest.approx(0.3)
+    assert c.met is False
+
+
+def test_target_result_met_combines_checks():
+    r = TargetResult("k", 1, "t")
+    assert r.met is None  # nothing judged
+    r.checks.append(absolute_check("errors", 0.0, "==", 0.0, "errors"))
+    assert r.met is True
+    r.checks.append(Check("ratio", 0.7, ">=", 0.8))
+    assert r.met is False
+    assert verdict_text(r) == "missed"
+    skipped = TargetResult("k", 2, "t", status=STATUS_NOT_RUN, reason="spillway.spark missing")
+    assert skipped.met is None
+    assert verdict_text(skipped) == "not run: spillway.spark missing"
+
+
+def test_figure_lookup_reuses_figures_by_name():
+    r = TargetResult("k", 1, "t")
+    f = r.figure("a", "s")
+    assert r.figure("a", "s") is f
+    assert len(r.figures) == 1
+
+
+# --- report --------------------------------------------------------------------------------
+
+
+def _results():
+    ok = TargetResult("rpc", 2, "RPC batching", setup="How it was measured.")
+    single = Figure("1 record/report", "records/s", [1000.0, 1100.0, 900.0])
+    batched = Figure("256 records/report", "records/s", [60_000.0, 55_000.0, 50_000.0])
+    ok.figures += [single, batched]
+    ok.checks.append(ratio_check("256 vs 1", batched, single, ">=", 50.0))
+    ok.checks.append(absolute_check("errors | all runs", 0.0, "==", 0.0, "errors"))
+    ok.notes.append("a note")
+    missed = TargetResult("memory", 7, "Memory")
+    missed.figures.append(Figure("peak RSS", "MB", [250.0]))
+    missed.checks.append(absolute_check("peak RSS", 250.0, "<=", 200.0, "MB"))
+    missed.profiles.append(ProfileSection("sidecar", 1000, [("f (a/b.py)", 0.25)],
+                                          [("g (a/c.py)", 0.5)], diagnosis="too much held"))
+    absent = TargetResult("happy-path", 3, "Happy path", status=STATUS_NOT_RUN,
+                          reason="spillway.spark:Job.udf does not exist yet")
+    broken = TargetResult("tracing", 6, "Tracing", status=STATUS_ERROR, reason="BenchError: x")
+    return [ok, missed, absent, broken]
+
+
+def test_render_has_machine_summary_and_sections():
+    text = report.render(_results(), {"cores": "2", "CPU": "test cpu"}, date="2026-01-01",
+                         command="python -m bench --short", mode="short", seconds=90, runs=3,
+                         method_notes=["ABAB"])
+    assert text.startswith("# Benchmarks\n")
+    assert "| cores | 2 |" in text
+    assert "python -m bench --short" in text and "2026-01-01" in text
+    assert "- ABAB" in text
+    # summary: one row per check, with the verdict
+    assert "| 2 | RPC batching | 256 vs 1: 55.0× | >= 50.0× | met |" in text
+    assert "| 7 | Memory | peak RSS: 250 MB | <= 200 MB | MISSED |" in text
+    assert "| 3 | Happy path | — | — | not run: spillway.spark:Job.udf does not exist yet |" \
+        in text
+    assert "error: BenchError: x" in text
+    # sections
+    assert "## 2. RPC batching — met" in text
+    assert "| 1 record/report | records/s | 1,000 | 900 | 1,100 | 3 |" in text
+    assert "## 7. Memory — missed" in text
+    assert "Reading: too much held" in text
+    assert "| 25.0% | f (a/b.py) |" in text
+    # a pipe inside a cell does not break the table
+    assert "errors \\| all runs" in text
+
+
+def test_render_without_results_is_still_a_document():
+    text = report.render([], {}, date="d", command="c", mode="full", seconds=0, runs=5)
+    assert "## Summary" in text
+    assert text.endswith("\n")
+
+
+# --- client aggregation ------------------------------------------------------------------------
+
+
+def _client(t0, t1, records, lat, errors=0, acked=None):
+    return {"records": records, "reports": len(lat), "errors": errors, "error_samples": [],
+            "actions": {"ACTION_SKIP": records}, "dead_lettered": 0, "acked": acked,
+            "t0": t0, "t_reported": t1 - 0.1, "t1": t1, "lat_s": lat, "timed_out": False}
+
+
+def test_aggregate_takes_the_whole_window_and_all_latencies():
+    agg = aggregate([_client(10.0, 12.0, 1000, [0.010] * 99 + [0.100], acked=1000),
+                     _client(10.5, 13.0, 1000, [0.010] * 100, acked=1000)])
+    assert agg.records == 2000
+    assert agg.seconds == pytest.approx(3.0)
+    assert agg.rate == pytest.approx(2000 / 3.0)
+    assert agg.p50_ms == pytest.approx(10.0)
+    assert agg.max_ms == pytest.approx(100.0)
+    assert agg.acked == 2000
+    assert agg.reports == 200
+
+
+def test_aggregate_unknown_acks_and_failed_clients():
+    agg = aggregate([_client(0, 1, 10, [0.1]), _client(0, 1, 10, [0.1], acked=10)])
+    assert agg.acked is None
+    with pytest.raises(BenchError, match="boom"):
+        aggregate([{"error": "boom"}])
+    with pytest.raises(ValueError):
+        aggregate([])
+
+
+# --- profiles ------------------------------------------------------------------------------
+
+
+RAW = """\
+<module> (bench.py:1);main (/x/site-packages/app/server.py:10);decide (/x/app/core/policy.py:20) 30
+<module> (bench.py:1);main (/x/site-packages/app/server.py:10);commit (/x/app/dlq/spool.py:5) 60
+<module> (bench.py:1);main (/x/site-packages/app/server.py:12) 10
+garbage line
+"""
+
+
+def test_parse_raw_and_top_frames():
+    stacks = parse_raw(RAW)
+    assert sum(stacks.values()) == 100
+    total, own, incl = top_frames(stacks, 3)
+    assert total == 100
+    assert own[0] == ("commit (dlq/spool.py)", 0.6)
+    assert ("decide (core/policy.py)", 0.3) in own
+    assert incl[0] == ("main (app/server.py)", 1.0)  # lines merged, <module> skipped
+    assert all("<module>" not in f for f, _ in incl)
+
+
+def test_spillway_frames_and_summary():
+    stacks = parse_raw(
+        "run (/x/threading.py:1);report (/r/sidecar/src/spillway/sidecar/server.py:9);"
+        "decide (/r/sidecar/src/spillway/sidecar/core/policy.py:3) 3\n"
+        "run (/x/threading.py:1);_status (/x/site-packages/grpc/_server.py:5) 1\n"
+        "run (/x/threading.py:1);Parse (/r/client/src/spillway/v1/sidecar_pb2.py:5) 1\n")
+    assert spillway_frames(stacks) == [("decide (core/policy.py)", 0.6)]
+    assert "60% of the samples run under spillway code" in summarize(stacks)
+    assert "`decide (core/policy.py)` 60%" in summarize(stacks)
+    assert "no spillway frame" in summarize(parse_raw("f (/x/grpc/a.py:1) 5"))
+    # py-spy's own short paths, relative to the spillway namespace package
+    relative = parse_raw('process 7:"python -m pyspark.daemon";main (worker.py:1);'
+                         "Engine.run_rows (spark/_engine.py:210) 4\n"
+                         "main (worker.py:1);loads (json/__init__.py:3) 1\n")
+    assert spillway_frames(relative) == [("Engine.run_rows (spark/_engine.py)", 0.8)]
+    total, own, incl = top_frames(relative)
+    assert all(not f.startswith("process ") for f, _ in own + incl)
+
+
+def test_short_frame_cuts_paths_and_lines():
+    assert short_frame("run (/usr/lib/python3.11/threading.py:982)") == "run (python3.11/threading.py)"
+    assert short_frame("weird") == "weird"
+
+
+def test_top_frames_of_nothing():
+    assert top_frames(Counter()) == (0, [], [])
+
+
+# --- runner ------------------------------------------------------------------------------------
+
+
+def _spec(key, number, run=lambda ctx, r: None, requires=()):
+    return TargetSpec(key, number, key.title(), run, requires)
+
+
+def test_select_by_name_and_number_in_report_order():
+    specs = [_spec("a", 1), _spec("b", 2), _spec("c", 3)]
+    assert [s.key for s in select(specs, None)] == ["a", "b", "c"]
+    assert [s.key for s in select(specs, "3,a")] == ["a", "c"]
+    assert [s.key for s in select(specs, "b,2")] == ["b"]
+    with pytest.raises(ValueError, match="unknown target 'z'"):
+        select(specs, "z")
+
+
+def test_missing_prerequisite_names_what_is_missing():
+    assert missing_prerequisite(["json", "json:loads"]) is None
+    assert "no_such_module_xyz is not importable" in missing_prerequisite(
+        ["no_such_module_xyz"])
+    assert missing_prerequisite(["json:nope.deeper"]) == "json:nope.deeper does not exist yet"
+
+
+def _ctx():
+    return Context(infra=None, sizes=Sizes.short(), short=True, log=lambda m: None)
+
+
+def test_run_target_reports_not_run_instead_of_crashing():
+    r = run_target(_spec("a", 1, requires=("no_such_module_xyz",)), _ctx())
+    assert r.status == STATUS_NOT_RUN
+    assert "no_such_module_xyz" in r.reason
+
+
+def test_run_target_isolates_a_failing_target():
+    def boom(ctx, result):
+        raise BenchError("the sidecar did not start\nlog follows")
+
+    r = run_target(_spec("a", 1, run=boom), _ctx())
+    assert r.status == STATUS_ERROR
+    assert r.reason == "BenchError: the sidecar did not start"
+    assert any("traceback" in n for n in r.notes)
+
+
+def test_sizes_short_is_smaller_than_full():
+    full, short = Sizes.full(), Sizes.short()
+    assert full.runs >= 5 and full.happy_rows >= 5_000_000 and full.memory_records == 1_000_000
+    for name, value in short.__dict__.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            assert value <= getattr(full, name), name
+
+
+# --- workloads -----------------------------------------------------------------------------
+
+
+def test_poison_every():
+    assert poison_every(1) == 100
+    assert poison_every(10) == 10
+    assert poison_every(100) == 1
+    assert poison_every(0) == 0
+    with pytest.raises(ValueError):
+        poison_every(3)
+
+
+def test_value_sql_shapes():
+    assert "CASE WHEN id % 10 = 0" in value_sql(10)
+    assert "CASE" not in value_sql(0) and "CASE" not in value_sql(1)
+
+
+def test_values_are_200_bytes_of_poison():
+    v = value_bytes(12345)
+    assert len(v) == VALUE_SIZE
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(v)
+
+
+# --- merging reports -------------------------------------------------------------------------
+
+
+def test_report_embeds_results_that_round_trip():
+    results = _results()
+    results[0].measured = "2026-01-01 00:00 UTC, full run"
+    results[0].notes.append("a -- dashed note")  # '--' must not end the HTML comment early
+    text = report.render(results, {}, date="d", command="c", mode="full", seconds=1, runs=5)
+    back = report.embedded_results(text)
+    assert [r.key for r in back] == [r.key for r in results]
+    assert back[0].measured == "2026-01-01 00:00 UTC, full run"
+    assert back[0].checks[0].value == results[0].checks[0].value
+    assert back[0].checks[0].spread == results[0].checks[0].spread
+    assert back[0].figures[1].values == results[0].figures[1].values
+    assert back[1].profiles[0].self_frames == [("f (a/b.py)", 0.25)]
+    assert "a -- dashed note" in back[0].notes
+    assert "_Measured 2026-01-01 00:00 UTC, full run._" in text
+
+
+def test_embedded_results_of_a_report_without_them():
+    assert report.embedded_results("# Benchmarks\n") == []
+    assert report.embedded_results("<!-- bench-results\nnot json\n-->") == []
+
+
+def test_merge_replaces_only_the_rerun_targets():
+    old = _results()
+    new = [TargetResult("memory", 7, "Memory", measured="later")]
+    merged = report.merge(old, new)
+    assert [r.number for r in merged] == [2, 3, 6, 7]
+    assert next(r for r in merged if r.number == 7).measured == "later"
