@@ -1,0 +1,125 @@
+"""kill -9 of the sidecar process itself (`spillway serve`) during a burst of 100,000
+dead-lettered records reported over gRPC; a restart over the same spool delivers everything the
+sidecar had acknowledged (a SKIP verdict with dead_lettered=true)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+
+import grpc
+import pytest
+
+from spillway.v1 import sidecar_pb2 as pb
+from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.kafka import create_topic, read_all
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+TOTAL = 100_000
+BATCH = 500
+# The pipeline hands at most this many spooled records to librdkafka at once: records produced
+# but not yet deleted from the spool when the process dies are produced again after restart.
+MAX_IN_FLIGHT = 50_000
+
+
+def _serve(bootstrap, spool_dir):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spillway.sidecar.cli", "--log-level", "WARNING", "serve",
+         "--listen", "127.0.0.1:0", "--bootstrap-servers", bootstrap,
+         "--set", f"spool.dir={spool_dir}"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    m = re.search(r"listening on (\S+)", proc.stdout.readline())
+    assert m, "sidecar did not start"
+    return proc, m.group(1)
+
+
+def _register(stub, topic):
+    stub.RegisterJob(pb.RegisterJobRequest(job="crash", properties={
+        "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic}), timeout=20)
+
+
+def _batch(start, end):
+    return [pb.FailedRecord(
+        record_id=f"id-{i}", stage=pb.STAGE_TRANSFORMATION, function_name="app.f",
+        key=f"id-{i}".encode(), value=b"x" * 200,
+        exception=pb.ExceptionInfo(class_name="builtins.ValueError",
+                                   class_chain=["builtins.ValueError"]))
+        for i in range(start, end)]
+
+
+def _report(stub, start, end, acked, task):
+    out = stub.ReportFailures(pb.ReportFailuresRequest(job="crash", task=task,
+                                                       records=_batch(start, end)), timeout=30)
+    acked.update(v.record_id for v in out.verdicts if v.dead_lettered)
+
+
+def test_kill_9_of_the_sidecar_loses_no_acknowledged_record(broker, tmp_path, topic_name):
+    create_topic(broker.bootstrap_servers, topic_name)
+    spool = tmp_path / "spool"
+    proc, address = _serve(broker.bootstrap_servers, spool)
+    acked: set[str] = set()
+    sent_upto = 0
+    stop = threading.Event()
+    task = pb.TaskIdentity(stage_id=1, partition_id=0, task_attempt_id=1)
+
+    def burst(stub):
+        nonlocal sent_upto
+        try:
+            while sent_upto < TOTAL and not stop.is_set():
+                _report(stub, sent_upto, min(TOTAL, sent_upto + BATCH), acked, task)
+                sent_upto = min(TOTAL, sent_upto + BATCH)
+        except grpc.RpcError:
+            pass  # the sidecar died under us: this batch was not acknowledged
+
+    try:
+        with grpc.insecure_channel(address) as ch:
+            stub = pb_grpc.ErrorSidecarStub(ch)
+            _register(stub, topic_name)
+            t = threading.Thread(target=burst, args=(stub,))
+            t.start()
+            deadline = time.monotonic() + 120
+            while len(acked) < 30_000 and t.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(proc.pid, signal.SIGKILL)  # mid-burst: reports in flight, spool not drained
+            proc.wait(10)
+            stop.set()
+            t.join(30)
+        killed_at = len(acked)
+        assert 30_000 <= killed_at < TOTAL
+
+        # restart over the same spool; the burst goes on from the first unacknowledged batch
+        proc, address = _serve(broker.bootstrap_servers, spool)
+        with grpc.insecure_channel(address) as ch:
+            stub = pb_grpc.ErrorSidecarStub(ch)
+            _register(stub, topic_name)
+            task2 = pb.TaskIdentity(stage_id=1, partition_id=0, attempt_number=1,
+                                    task_attempt_id=2)
+            for start in range(sent_upto, TOTAL, BATCH):
+                _report(stub, start, min(TOTAL, start + BATCH), acked, task2)
+            stub.FlushTask(pb.FlushTaskRequest(job="crash", task=task2), timeout=120)
+            # the records recovered from the spool drain too
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                status = stub.GetStatus(pb.GetStatusRequest(), timeout=5)
+                if status.counters["spool-depth"] == 0:
+                    break
+                time.sleep(0.5)
+        assert len(acked) == TOTAL
+        counts = Counter(m.key().decode() for m in read_all(broker.bootstrap_servers,
+                                                            topic_name, idle_s=3))
+        lost = acked - set(counts)
+        assert not lost, f"{len(lost)} acknowledged records lost, e.g. {sorted(lost)[:5]}"
+        duplicates = sum(n - 1 for n in counts.values())
+        assert duplicates <= MAX_IN_FLIGHT
+        print(f"killed after {killed_at} acknowledged; {duplicates} duplicates after restart")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
