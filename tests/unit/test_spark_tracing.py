@@ -120,7 +120,7 @@ def test_spans_are_exported_over_otlp_only_when_an_endpoint_is_set_and_join_the_
     assert span.parent_span_id == driver_span and span.service == "executor-test"
     assert [tp.split("-")[2] for tp in got["traceparents"]] == [span.span_id]
     [(name, attrs)] = span.events
-    assert name == "exception" and attrs["exception.type"] == "ValueError"
+    assert name == "exception" and attrs["exception.type"] == "builtins.ValueError"
     assert attrs["spillway.record_id"] == "r2"
     assert span.attributes["spillway.failures"] == 1
     assert span.attributes["spark.partition_id"] == 4

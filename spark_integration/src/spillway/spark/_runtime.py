@@ -289,7 +289,15 @@ class TaskSession:
 
     def failed(self, exc: BaseException, record: pb.FailedRecord) -> None:
         self.failures += 1
-        self.span.record_exception(exc, attributes={
+        if not self.span.is_recording():
+            return
+        # The report already carries the formatted trace: reuse it rather than have
+        # record_exception() format it again (semantic-convention `exception` event).
+        e = record.exception
+        self.span.add_event("exception", {
+            "exception.type": e.class_name,
+            "exception.message": e.message,
+            "exception.stacktrace": e.stack_trace,
             "spillway.record_id": record.record_id,
             "spillway.attempt": record.attempt,
             "spillway.stage": pb.Stage.Name(record.stage).removeprefix("STAGE_"),
