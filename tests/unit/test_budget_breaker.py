@@ -16,25 +16,12 @@ from spillway.sidecar.core.model import (
 )
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.core.settings import CircuitSettings
+from support.fakes import FakeClock
+from support.fakes import FakeRng as Rng
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 50_000.0
-
-    def monotonic(self) -> float:
-        return self.ms / 1000.0
-
-    def wall_ms(self) -> int:
-        return int(self.ms)
-
-
-class Rng:
-    def __init__(self, value: float = 0.5) -> None:
-        self.value = value
-
-    def random(self) -> float:
-        return self.value
+def Clock() -> FakeClock:
+    return FakeClock(start_ms=50_000.0, wall_start_ms=50_000)
 
 
 CONN = ExceptionInfo("builtins.ConnectionError", message="refused")

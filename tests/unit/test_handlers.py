@@ -28,19 +28,15 @@ from spillway.sidecar.core.model import (
 )
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.errors import ConfigError
+from support.fakes import FakeClock, FakeRng
 
 
-class Clock:
-    def monotonic(self) -> float:
-        return 100.0
-
-    def wall_ms(self) -> int:
-        return 1_700_000_000_000
+def Clock() -> FakeClock:
+    return FakeClock(start_ms=100_000.0, wall_start_ms=1_700_000_000_000)
 
 
-class Rng:
-    def random(self) -> float:
-        return 0.0
+def Rng() -> FakeRng:
+    return FakeRng(0.0)
 
 
 VALUE = ExceptionInfo("builtins.ValueError", message="bad")

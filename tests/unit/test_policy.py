@@ -21,28 +21,7 @@ from spillway.sidecar.core.model import (
 )
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.errors import ConfigError, JobConflictError, UnknownJobError
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.ms = 1_000_000.0
-
-    def monotonic(self) -> float:
-        return self.ms / 1000.0
-
-    def wall_ms(self) -> int:
-        return 1_700_000_000_000 + int(self.ms)
-
-    def advance(self, ms: float) -> None:
-        self.ms += ms
-
-
-class FakeRng:
-    def __init__(self, value: float = 0.5) -> None:
-        self.value = value
-
-    def random(self) -> float:
-        return self.value
+from support.fakes import FakeClock, FakeRng
 
 
 class ListLogger:

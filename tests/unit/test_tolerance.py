@@ -16,22 +16,15 @@ from spillway.sidecar.core.model import (
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.core.settings import ToleranceSettings
 from spillway.sidecar.core.tolerance import ToleranceTracker
+from support.fakes import FakeClock, FakeRng
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 0.0
-
-    def monotonic(self) -> float:
-        return self.ms / 1000.0
-
-    def wall_ms(self) -> int:
-        return int(self.ms)
+def Clock() -> FakeClock:
+    return FakeClock(start_ms=0.0, wall_start_ms=0)
 
 
-class Rng:
-    def random(self) -> float:
-        return 0.0
+def Rng() -> FakeRng:
+    return FakeRng(0.0)
 
 
 VALUE = ExceptionInfo("builtins.ValueError", message="bad")
