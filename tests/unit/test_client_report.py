@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import subprocess
 import sys
@@ -219,3 +220,134 @@ def test_client_package_imports_no_spark_kafka_or_otel_sdk():
             "print(bad)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- stack traces: formatted once per frame signature ------------------------------------------
+
+
+def _fail_at_site(message):
+    raise ValueError(message)
+
+
+def _fail_elsewhere(message):
+    return {}[message]
+
+
+def _chained(message):
+    try:
+        _fail_elsewhere(message)
+    except KeyError as e:
+        raise ValueError(message) from e
+
+
+def _implicit(message):
+    try:
+        _fail_elsewhere(message)
+    except KeyError:
+        raise RuntimeError(message)  # noqa: B904 - the implicit __context__ is the point
+
+
+def _suppressed(message):
+    try:
+        _fail_elsewhere(message)
+    except KeyError:
+        raise ValueError(message) from None
+
+
+def _with_notes(message):
+    e = ValueError(message)
+    e.add_note("first note\nsecond line")
+    raise e
+
+
+def _empty_message(_message):
+    raise ValueError("")
+
+
+def _json(message):
+    json.loads("{" + message)
+
+
+def _syntax(_message):
+    compile("x = (", "<cell>", "exec")
+
+
+def _group(message):
+    raise builtins.ExceptionGroup("group", [ValueError(message)])
+
+
+def _caught(fn, message="m"):
+    try:
+        fn(message)
+    except BaseException as e:  # noqa: BLE001 - we want the traceback attached
+        return e
+    raise AssertionError("did not raise")
+
+
+@pytest.fixture
+def cache(monkeypatch):
+    fresh = report.StackCache(maxsize=8)
+    monkeypatch.setattr(report, "stack_cache", fresh)
+    return fresh
+
+
+@pytest.mark.parametrize("fn", [_fail_at_site, _fail_elsewhere, _chained, _implicit, _suppressed,
+                                _with_notes, _empty_message, _json, _syntax, _group])
+def test_stack_trace_is_exactly_tracebacks_text(cache, fn):
+    import traceback
+
+    for message in ("one", "two", "one"):  # a miss, then hits
+        exc = _caught(fn, message)
+        assert report.format_stack_trace(exc) == "".join(traceback.format_exception(exc))
+        assert report.exception_info(exc).stack_trace == report.format_stack_trace(exc)
+
+
+def test_same_site_is_formatted_once_and_gives_the_same_text(cache):
+    first = report.format_stack_trace(_caught(_fail_at_site, "same"))
+    second = report.format_stack_trace(_caught(_fail_at_site, "same"))
+    assert first == second
+    assert cache.misses == 1 and cache.hits >= 1 and len(cache) == 1
+
+
+def test_a_different_message_changes_only_the_message(cache):
+    a = report.format_stack_trace(_caught(_fail_at_site, "alpha"))
+    b = report.format_stack_trace(_caught(_fail_at_site, "beta"))
+    assert a != b
+    assert a.endswith("ValueError: alpha\n") and b.endswith("ValueError: beta\n")
+    assert a.removesuffix("alpha\n") == b.removesuffix("beta\n")
+    assert cache.misses == 1
+
+
+def test_a_different_site_gives_a_different_trace(cache):
+    a = report.format_stack_trace(_caught(_fail_at_site, "x"))
+    b = report.format_stack_trace(_caught(_chained, "x"))
+    assert "_fail_at_site" in a and "_fail_at_site" not in b
+    assert "_chained" in b and "_fail_elsewhere" in b
+    assert cache.misses >= 2
+
+
+def test_the_cache_is_bounded_least_recently_used_first():
+    cache = report.StackCache(maxsize=2)
+    tb = [_caught(fn).__traceback__ for fn in (_fail_at_site, _fail_elsewhere, _json)]
+    cache.frames(tb[0])
+    cache.frames(tb[1])
+    cache.frames(tb[0])  # tb[0] is now the most recently used
+    cache.frames(tb[2])  # evicts tb[1]
+    assert len(cache) == 2
+    misses = cache.misses
+    cache.frames(tb[0])
+    assert cache.misses == misses  # kept
+    cache.frames(tb[1])
+    assert cache.misses == misses + 1  # was evicted, formatted again
+    with pytest.raises(ValueError, match="maxsize"):
+        report.StackCache(maxsize=0)
+
+
+def test_trace_context_of_the_same_context_is_reused():
+    provider = TracerProvider()
+    span = provider.get_tracer("t").start_span("s")
+    ctx = set_span_in_context(span)
+    first = report.trace_context(ctx)
+    assert first[0].startswith("00-") and report.trace_context(ctx) is first
+    other = set_span_in_context(provider.get_tracer("t").start_span("s2"))
+    assert report.trace_context(other) != first

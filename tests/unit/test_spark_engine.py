@@ -373,3 +373,158 @@ def test_reported_stack_traces_start_at_user_code():
     trace = session.reports[0][0].exception.stack_trace
     frames = [ln for ln in trace.splitlines() if ln.strip().startswith("File ")]
     assert "user_parse" in frames[0] and "spillway/spark" not in frames[0]
+
+
+# --- reports in the background ---------------------------------------------------------------
+
+
+class ManualSubmit:
+    """A ``submit`` whose reports land only when the test says so."""
+
+    def __init__(self):
+        self.calls = []  # (fn, args, future)
+
+    def __call__(self, fn, *args):
+        from concurrent.futures import Future
+
+        future = Future()
+        self.calls.append((fn, args, future))
+        return future
+
+    def land(self, i=-1, error=None):
+        fn, args, future = self.calls[i]
+        if not future.done():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(fn(*args))
+
+    @property
+    def in_flight(self):
+        return sum(not f.done() for _, _, f in self.calls)
+
+
+def test_reports_go_in_the_background_and_rows_keep_flowing():
+    session, clock, submit = FakeSession(skip_data), FakeClock(), ManualSubmit()
+    seen = []
+
+    def fn(x):
+        seen.append((x, len(submit.calls), len(session.skipped_ids)))
+        if x == 1:
+            raise ValueError(x)
+        if x == 5:
+            submit.land(0)  # the report lands while row 5 runs
+        return x
+
+    out = list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=1,
+                       submit=submit).rows(range(10)))
+    assert sorted(out) == [0, 2, 3, 4, 5, 6, 7, 8, 9]
+    # row 1's report went out at once and rows kept flowing while it was in flight...
+    assert seen[2:6] == [(2, 1, 0), (3, 1, 0), (4, 1, 0), (5, 1, 0)]
+    # ...its verdict was applied as soon as it landed
+    assert seen[6] == (6, 1, 1) and session.skipped_ids == [ids(1)]
+    assert submit.in_flight == 0 and session.counts == {"TRANSFORMATION": 10}
+
+
+def test_a_full_batch_waits_for_the_report_in_flight():
+    session, clock = FakeSession(skip_data), FakeClock()
+    from concurrent.futures import ThreadPoolExecutor
+
+    inflight, most = [0], [0]
+    original = session.report
+
+    def report(records):
+        inflight[0] += 1
+        most[0] = max(most[0], inflight[0])
+        try:
+            return original(records)
+        finally:
+            inflight[0] -= 1
+
+    session.report = report
+
+    def fn(x):
+        if x % 3 == 0:
+            raise ValueError(x)
+        return x
+
+    with ThreadPoolExecutor(2) as pool:
+        out = list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=4,
+                           submit=pool.submit).rows(range(300)))
+    assert len(out) == 200 and most[0] == 1
+    reported = [r.record_id for batch in session.reports for r in batch]
+    assert sorted(reported) == sorted(ids(i) for i in range(0, 300, 3))  # each exactly once
+    assert len(session.skipped_ids) == 100
+
+
+def test_a_fail_verdict_of_a_background_report_fails_the_loop():
+    session = FakeSession(lambda r: (pb.ACTION_FAIL, 0, pb.CATEGORY_DATA, True))
+    clock, submit = FakeClock(), ManualSubmit()
+
+    def fn(x):
+        if x == 0:
+            raise ValueError("bad row")
+        if x == 3:
+            submit.land(0)
+        return x
+
+    with pytest.raises(JobFailedError) as info:
+        list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=1,
+                     submit=submit).rows(range(100)))
+    assert isinstance(info.value.__cause__, ValueError)
+    assert len(session.reports) == 1
+
+
+def test_an_error_of_a_background_report_is_raised_by_the_loop():
+    from spillway.client.errors import SidecarUnavailableError
+
+    session, clock, submit = FakeSession(skip_data), FakeClock(), ManualSubmit()
+
+    def fn(x):
+        if x == 0:
+            raise ValueError("bad row")
+        if x == 2:
+            submit.land(0, error=SidecarUnavailableError("down"))
+        return x
+
+    with pytest.raises(SidecarUnavailableError):
+        list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=1,
+                     submit=submit).rows(range(5)))
+
+
+def test_retry_verdicts_of_background_reports_are_followed():
+    calls = {}
+
+    def fn(x):
+        calls[x] = calls.get(x, 0) + 1
+        if x == 2 and calls[x] == 1:
+            raise RetriableError("flaky")
+        return x
+
+    def policy(r):
+        return pb.ACTION_RETRY, 100, pb.CATEGORY_RETRIABLE, False
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    session, clock = FakeSession(policy), FakeClock()
+    with ThreadPoolExecutor(1) as pool:
+        out = list(_engine(session, RowAdapter(fn, ids=ids), clock,
+                           submit=pool.submit).rows(range(5)))
+    assert sorted(out) == [0, 1, 2, 3, 4] and calls[2] == 2
+    assert session.recovered_ids == [ids(2)]
+
+
+def test_closing_the_loop_early_lets_the_report_in_flight_finish():
+    session, clock, submit = FakeSession(skip_data), FakeClock(), ManualSubmit()
+
+    def fn(x):
+        if x == 0:
+            raise ValueError("bad")
+        return x
+
+    gen = _engine(session, RowAdapter(fn, ids=ids), clock, batch_size=1,
+                  submit=submit).rows(range(100))
+    assert next(gen) == 1
+    submit.calls[0][2].set_result([])  # lands with no verdicts applied
+    gen.close()
+    assert submit.in_flight == 0

@@ -12,11 +12,15 @@ The loop, per partition:
    than one record is split in halves and the halves run first (bisection: only failing records
    are isolated, good ones still flow); a failed single record joins the pending reports;
 3. pending reports go to the sidecar when ``batch_size`` are waiting, when the oldest has waited
-   ``linger_s``, or when nothing else is runnable;
+   ``linger_s``, or when nothing else is runnable. With a ``submit`` (a background executor) a
+   report is sent without stalling the loop: at most one report is in flight per engine (a
+   second full batch waits for it: at most two batches are buffered), and its verdicts are
+   applied on the loop's thread as soon as it lands;
 4. verdicts: RETRY puts the record on the retry heap with its delay (records after it keep
    flowing; the refresh hook runs first for refresh-retriable records); SKIP drops it (the
    sidecar dead-letters it); FAIL raises, failing the Spark task;
-5. when the input is exhausted and no report or retry is left, the loop ends.
+5. when the input is exhausted and no report (pending or in flight) or retry is left, the loop
+   ends.
 
 Output order is not preserved (a retried record comes out later); every good record comes out
 exactly once per successful run of the partition.
@@ -26,9 +30,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +44,11 @@ from spillway.client.errors import SidecarProtocolError, error_for_verdict
 from spillway.v1 import sidecar_pb2 as pb
 
 from ._records import RecordContext
+
+log = logging.getLogger("spillway.spark")
+
+#: ``submit(fn, *args) -> Future``: runs a report in the background (e.g. an executor's submit).
+Submit = Callable[..., "Future[list[pb.Verdict]]"]
 
 KIP_STAGE_NAMES = {pb.STAGE_SINK: "TASK_PUT", pb.STAGE_PRODUCE: "KAFKA_PRODUCE"}
 _DONE = object()
@@ -133,7 +144,8 @@ class Engine:
                  batch_size: int = 256, linger_s: float = 0.5,
                  refresh: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 submit: Submit | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"report_batch_size: must be >= 1, got {batch_size}")
         self.session = session
@@ -153,27 +165,23 @@ class Engine:
         self._seq = itertools.count()
         self._refresh_due = False
         self._exhausted = False
-
-    def run(self, units: Iterable[Unit]) -> Iterator[Any]:
-        """The loop over units (batches, chunks, or rows wrapped in units)."""
-        source = iter(units)
-        while True:
-            outputs = self._step(source)
-            if outputs is _DONE:
-                return
-            if outputs:
-                yield from outputs
+        self.submit = submit
+        self._inflight: tuple[list[Unit], Future] | None = None
+        self._landed: deque[Future] = deque()  # appended by the future's callback
 
     def run_rows(self, rows: Iterable[Any]) -> Iterator[Any]:
-        """The loop over single records, with a fast path: while nothing has failed (nothing to
-        report, retry or re-run), rows go through the adapter's ``fn`` in a plain loop with no
-        per-row bookkeeping; a failure hands over to the general loop until it is idle again.
+        """The loop over single records, with a fast path: while no retry or re-run is due,
+        rows go through the adapter's ``fn`` in a plain loop with no per-row bookkeeping (while
+        a report is pending or in flight, one check per row: has it landed, is the linger
+        over); a failure is queued for reporting and the fast path goes on. Retries hand over
+        to the general loop until it is idle again.
         The adapter's ``fn(row)`` gives one output, or an iterable of them with its ``flat``.
         """
         fn, flat = self.adapter.fn, self.adapter.flat
         it = iter(rows)
         next_index = [0]  # partition row index of the next row, shared with the general loop
         count = self.count_stages
+        clock, landed = self.clock, self._landed
 
         def units() -> Iterator[Unit]:
             for row in it:
@@ -182,54 +190,79 @@ class Engine:
                 yield Unit(row, 1, i)
 
         slow = units()
-        while True:
-            if self._ready or self._waiting or self._pending:
-                outputs = self._step(slow)
-                if outputs is _DONE:
-                    return
-                if outputs:
-                    yield from outputs
-                continue
-            if self._exhausted:
-                return
-            n = 0  # rows of this fast run that succeeded
-            failed: tuple[Any, Exception] | None = None
-            try:
-                if flat:
-                    for row in it:
-                        try:
-                            out = list(fn(row))
-                        except Exception as exc:  # noqa: BLE001 - user code
-                            failed = (row, exc)
-                            break
-                        n += 1
-                        yield from out
-                else:
-                    for row in it:
-                        try:
-                            out = fn(row)
-                        except Exception as exc:  # noqa: BLE001 - user code
-                            failed = (row, exc)
-                            break
-                        n += 1
-                        yield out
-                if failed is None:
-                    self._exhausted = True
-            finally:
-                done = n + (failed is not None)
-                next_index[0] += done
-                self.session.processed(count, done)
-            if failed is not None:
-                row, exc = failed
-                unit = Unit(row, 1, next_index[0] - 1)
-                if isinstance(exc, StageFailure):
-                    self._failed(unit, exc.exc, exc.stage, exc.function_name)
-                else:
-                    self._failed(unit, exc, self.stage, self.function_name)
+        try:
+            while True:
+                if landed:
+                    self._collect()
+                if self._ready or self._waiting or self._exhausted:
+                    outputs = self._step(slow)
+                    if outputs is _DONE:
+                        return
+                    if outputs:
+                        yield from outputs
+                    continue
                 self._maybe_report()
+                watch = bool(self._pending or self._inflight)
+                deadline = (self._pending_since + self.linger_s
+                            if self._pending and self._inflight is None else None)
+                n = 0  # rows of this fast run that succeeded
+                failed: tuple[Any, Exception] | None = None
+                stopped = False
+                try:
+                    if not watch:
+                        if flat:
+                            for row in it:
+                                try:
+                                    out = list(fn(row))
+                                except Exception as exc:  # noqa: BLE001 - user code
+                                    failed = (row, exc)
+                                    break
+                                n += 1
+                                yield from out
+                        else:
+                            for row in it:
+                                try:
+                                    out = fn(row)
+                                except Exception as exc:  # noqa: BLE001 - user code
+                                    failed = (row, exc)
+                                    break
+                                n += 1
+                                yield out
+                    else:  # a report is pending or in flight: watch for its turn
+                        for row in it:
+                            try:
+                                out = list(fn(row)) if flat else fn(row)
+                            except Exception as exc:  # noqa: BLE001 - user code
+                                failed = (row, exc)
+                                break
+                            n += 1
+                            if flat:
+                                yield from out
+                            else:
+                                yield out
+                            if landed or (deadline is not None and clock() >= deadline):
+                                stopped = True
+                                break
+                    if failed is None and not stopped:
+                        self._exhausted = True
+                finally:
+                    done = n + (failed is not None)
+                    next_index[0] += done
+                    self.session.processed(count, done)
+                if failed is not None:
+                    row, exc = failed
+                    unit = Unit(row, 1, next_index[0] - 1)
+                    if isinstance(exc, StageFailure):
+                        self._failed(unit, exc.exc, exc.stage, exc.function_name)
+                    else:
+                        self._failed(unit, exc, self.stage, self.function_name)
+        finally:
+            self._abandon()
 
     def _step(self, source: Iterator[Unit]) -> Sequence[Any] | None | object:
         """One turn of the loop: run one unit, or report, or wait; _DONE when all is done."""
+        if self._landed:
+            self._collect()
         unit = self._next_runnable()
         if unit is None and not self._exhausted:
             unit = next(source, None)
@@ -243,6 +276,8 @@ class Engine:
             return outputs
         if self._pending:
             self._report()
+        elif self._inflight is not None:
+            self._collect(wait=True)
         elif self._waiting:
             self.sleep(max(0.0, self._waiting[0][0] - self.clock()))
         else:
@@ -250,13 +285,43 @@ class Engine:
         return None
 
     def _maybe_report(self) -> None:
-        if self._pending and (len(self._pending) >= self.batch_size
-                              or self.clock() - self._pending_since >= self.linger_s):
+        if not self._pending:
+            return
+        if len(self._pending) >= self.batch_size:
+            self._report()  # waits for a report in flight first (backpressure)
+        elif self._inflight is None and self.clock() - self._pending_since >= self.linger_s:
             self._report()
 
     def unfinished(self) -> int:
         """Failed records not yet reported or waiting for their retry."""
         return len(self._pending) + len(self._waiting)
+
+    def run(self, units: Iterable[Unit]) -> Iterator[Any]:
+        """The loop over units (batches, chunks, or rows wrapped in units)."""
+        source = iter(units)
+        try:
+            while True:
+                outputs = self._step(source)
+                if outputs is _DONE:
+                    return
+                if outputs:
+                    yield from outputs
+        finally:
+            self._abandon()
+
+    def _abandon(self) -> None:
+        """The loop is over (done, failed or closed early): let a report in flight finish, its
+        verdicts unapplied (it reached the sidecar, which decided; the loop is not there to
+        follow them)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return
+        batch, future = inflight
+        try:
+            future.result()
+        except Exception as exc:  # noqa: BLE001 - the loop is already ending
+            log.info("spillway: a report of %d failed record(s) in flight when the loop ended "
+                     "failed: %s", len(batch), exc)
 
     def _next_runnable(self) -> Unit | None:
         if self._ready:
@@ -306,8 +371,35 @@ class Engine:
         self._pending.append(unit)
 
     def _report(self) -> None:
+        """Send the pending failures: at once, or (with ``submit``) in the background once the
+        report in flight, if any, has landed."""
+        if self.submit is None:
+            batch, self._pending = self._pending, []
+            self._apply(batch, self.session.report([u.record for u in batch]))
+            return
+        if self._inflight is not None:
+            self._collect(wait=True)
+        if not self._pending:  # pragma: no cover - a collect does not add failures
+            return
         batch, self._pending = self._pending, []
-        verdicts = self.session.report([u.record for u in batch])
+        future = self.submit(self.session.report, [u.record for u in batch])
+        self._inflight = (batch, future)
+        future.add_done_callback(self._landed.append)
+
+    def _collect(self, wait: bool = False) -> None:
+        """Apply the verdicts of the report in flight if it landed (or once it lands)."""
+        inflight = self._inflight
+        if inflight is None:
+            self._landed.clear()
+            return
+        if not wait and not inflight[1].done():
+            return
+        self._inflight = None
+        self._landed.clear()
+        batch, future = inflight
+        self._apply(batch, future.result())
+
+    def _apply(self, batch: list[Unit], verdicts: list[pb.Verdict]) -> None:
         fails = [(u, v) for u, v in zip(batch, verdicts, strict=True) if v.action == pb.ACTION_FAIL]
         if fails:
             unit, verdict = next(((u, v) for u, v in fails if v.job_failed), fails[0])

@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -63,6 +64,22 @@ ON_UNAVAILABLE = ("fail", "wait")
 #: Counts are re-sent before a report when they grew by more than this since last sent.
 COUNTS_GROWTH = 1.10
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+#: Threads per worker process that send reports in the background (one Spark task runs at a
+#: time in a Python worker; wrappers pipelined in it have one report in flight each).
+REPORT_THREADS = 2
+#: Exception events per session span: the span's event limit (``OTEL_SPAN_EVENT_COUNT_LIMIT``,
+#: default 128), past which the SDK would drop them anyway. The first ones are kept; later
+#: failures are only counted (span attribute ``spillway.exception_events_dropped``), so a
+#: partition with many failures does not pay for events that would be dropped.
+DEFAULT_EXCEPTION_EVENTS = 128
+
+
+def exception_event_limit() -> int:
+    try:
+        return max(0, int(os.environ.get("OTEL_SPAN_EVENT_COUNT_LIMIT", "").strip()
+                          or DEFAULT_EXCEPTION_EVENTS))
+    except ValueError:
+        return DEFAULT_EXCEPTION_EVENTS
 
 
 @dataclass(frozen=True)
@@ -141,6 +158,17 @@ class _Worker:
         self.registered: dict[tuple[str, str, tuple], dict[str, str]] = {}
         self.counts: dict[tuple[str, str], Counter] = {}
         self.counts_since: dict[tuple[str, str], float] = {}
+        self._reporter: ThreadPoolExecutor | None = None
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` on this process's reporting threads (reports sent in the background
+        while the verdict loop goes on; each loop has at most one report in flight)."""
+        with self.lock:
+            if self._reporter is None:
+                self._reporter = ThreadPoolExecutor(max_workers=REPORT_THREADS,
+                                                    thread_name_prefix="spillway-report")
+            pool = self._reporter
+        return pool.submit(fn, *args)
 
     def client(self, target: str, timeout_s: float, address_env: str) -> SidecarClient:
         key = (target, timeout_s, address_env)
@@ -244,7 +272,10 @@ class TaskSession:
         self.adopted: Counter = Counter()
         self.sent: Counter | None = None  # what the sidecar holds for this task (None: nothing)
         self.recovered_ids: list[str] = []
+        self._recovered_lock = threading.Lock()  # reports may be sent from another thread
         self.failures = 0
+        self.events = self.events_dropped = 0  # exception events of the current span
+        self._event_limit = exception_event_limit()
         self.skips = 0
         self.reports = 0
         self._span_attributes = dict(span_attributes or {})
@@ -267,6 +298,7 @@ class TaskSession:
         self.span = _tracing.start_span(_tracing.span_name(w.stage.name, w.function_name),
                                         parent, attrs)
         self.trace_context = trace.set_span_in_context(self.span)
+        self.events = self.events_dropped = 0
 
     def end_span(self, exc: BaseException | None = None) -> None:
         if exc is not None:
@@ -274,6 +306,8 @@ class TaskSession:
         self.span.set_attribute("spillway.records_processed", max(self.own.values(), default=0))
         self.span.set_attribute("spillway.failures", self.failures)
         self.span.set_attribute("spillway.skipped", self.skips)
+        if self.events_dropped:
+            self.span.set_attribute("spillway.exception_events_dropped", self.events_dropped)
         self.span.end()
         self.span, self.trace_context = trace.INVALID_SPAN, None
         _tracing.flush_exported()
@@ -285,12 +319,22 @@ class TaskSession:
             self.own[s.key] += n
 
     def recovered(self, record_id: str) -> None:
-        self.recovered_ids.append(record_id)
+        with self._recovered_lock:
+            self.recovered_ids.append(record_id)
+
+    def _take_recovered(self) -> list[str]:
+        with self._recovered_lock:
+            recovered, self.recovered_ids = self.recovered_ids, []
+        return recovered
 
     def failed(self, exc: BaseException, record: pb.FailedRecord) -> None:
         self.failures += 1
         if not self.span.is_recording():
             return
+        if self.events >= self._event_limit:
+            self.events_dropped += 1
+            return
+        self.events += 1
         # The report already carries the formatted trace: reuse it rather than have
         # record_exception() format it again (semantic-convention `exception` event).
         e = record.exception
@@ -312,7 +356,7 @@ class TaskSession:
         effective = self.register()
         if self._ratio_limited(effective) and self._counts_grew():
             self.flush()
-        recovered, self.recovered_ids = self.recovered_ids, []
+        recovered = self._take_recovered()
         return self._call(lambda: self.client.report_failures(self.job, self.task, records,
                                                               recovered))
 
@@ -365,7 +409,7 @@ class TaskSession:
         """FlushTask: the cumulative counts and pending recoveries; waits for this task's DLQ
         records to be acknowledged (FlushTimeoutError past ``flush_timeout_s``)."""
         totals = self._totals()
-        recovered, self.recovered_ids = self.recovered_ids, []
+        recovered = self._take_recovered()
         acked = self._call(lambda: self.client.flush_task(
             self.job, self.task, dict(totals), recovered, timeout_s=self.spec.flush_timeout_s))
         self.sent = totals
