@@ -15,14 +15,14 @@ from spillway.spark.job import Job, _udf_function
 
 
 class FakeTaskContext:
-    current = None
+    _taskContext = None  # pyspark's layout: the wrapper reads it per row
 
     def __init__(self, tid, partition=0):
         self.tid, self.partition = tid, partition
 
     @classmethod
     def get(cls):
-        return cls.current
+        return cls._taskContext
 
     def taskAttemptId(self):
         return self.tid
@@ -57,7 +57,7 @@ def executor_like(monkeypatch):
     monkeypatch.setattr(job_module, "_udf_states", {})
     monkeypatch.setattr(job_module, "TaskContext", FakeTaskContext)
     monkeypatch.setattr(_runtime, "_task_context", FakeTaskContext.get)
-    FakeTaskContext.current = FakeTaskContext(tid=1)
+    FakeTaskContext._taskContext = FakeTaskContext(tid=1)
 
 
 def _spec(sidecar, **kw):
@@ -71,11 +71,23 @@ def _wrapper(name="to_int"):
     return WrapperSpec(name, StageRef.of("TRANSFORMATION"), f"app.{name}")
 
 
-def test_failures_become_null_or_an_error_struct_and_are_reported(sidecar):
+def _to_int(s):
+    return int(s)
+
+
+def test_one_argument_functions_take_the_fast_path_and_others_pack_args():
+    assert job_module._single_argument(_to_int)
+    assert not job_module._single_argument(int)  # no signature: generic path
+    assert not job_module._single_argument(lambda a, b=1: a)
+    assert not job_module._single_argument(lambda *a: a)
+
+
+@pytest.mark.parametrize("fn", [int, _to_int], ids=["generic", "one-argument"])
+def test_failures_become_null_or_an_error_struct_and_are_reported(sidecar, fn):
     spec = _spec(sidecar)
-    plain = _udf_function(spec, _wrapper(), int, False, None, None)
+    plain = _udf_function(spec, _wrapper(), fn, False, None, None)
     assert [plain(v) for v in ("1", "x", "3")] == [1, None, 3]
-    with_error = _udf_function(spec, _wrapper("to_int_err"), int, True, None, None)
+    with_error = _udf_function(spec, _wrapper("to_int_err"), fn, True, None, None)
     assert with_error("7") == (7, None)
     value, error = with_error("y")
     assert value is None
@@ -110,7 +122,7 @@ def test_rows_of_finished_tasks_are_counted_without_any_call_until_due(sidecar):
     job = Job(spec.name, spec.props, sidecar=sidecar.address)
     job.register()
     assert job.summary().records_processed == 0  # nothing sent while the task runs
-    FakeTaskContext.current = FakeTaskContext(tid=2, partition=1)
+    FakeTaskContext._taskContext = FakeTaskContext(tid=2, partition=1)
     fn("9")  # the next task's first row retires the first task: its 5 rows are sent (due)
     assert job.summary().records_processed == 5
 

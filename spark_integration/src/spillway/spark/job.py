@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import os
 import re
@@ -55,7 +56,14 @@ from ._adapters import (
 )
 from ._engine import Engine, StageRef, Unit, trim_traceback
 from ._records import KAFKA_COORDINATES, context_of, positional_record_id
-from ._runtime import JobSpec, TaskSession, WrapperSpec, current_batch_id, current_task
+from ._runtime import (
+    JobSpec,
+    TaskSession,
+    WrapperSpec,
+    current_batch_id,
+    current_task,
+    worker,
+)
 
 _log = logging.getLogger("spillway.spark")
 
@@ -118,7 +126,7 @@ def _engine(spec: JobSpec, session: TaskSession, adapter: Any, wrapper: WrapperS
             ) -> Engine:
     return Engine(session, adapter, stage=wrapper.stage, function_name=wrapper.function_name,
                   count_stages=count_stages, batch_size=spec.report_batch_size,
-                  linger_s=spec.report_linger_s, refresh=refresh)
+                  linger_s=spec.report_linger_s, refresh=refresh, submit=worker().submit)
 
 
 def _drive(session: TaskSession, engine: Engine, outputs: Iterator[Any]) -> Iterator[Any]:
@@ -311,11 +319,12 @@ class _UdfState:
     """A UDF's state in the current task attempt of this worker (UDFs see no partition end):
     the rows it was called on (row index and processed count) and, once needed, a session."""
 
-    __slots__ = ("pid", "tid", "task", "rows", "_session", "spec", "wrapper")
+    __slots__ = ("pid", "tid", "tc", "task", "rows", "_session", "spec", "wrapper")
 
-    def __init__(self, spec: JobSpec, wrapper: WrapperSpec, tid: int) -> None:
+    def __init__(self, spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None) -> None:
         self.pid = os.getpid()
         self.tid = tid
+        self.tc = tc  # Spark's TaskContext object of the attempt (held: its id is not reused)
         self.task = current_task()  # once per task attempt: later it names another task
         self.rows = 0
         self._session: TaskSession | None = None
@@ -338,16 +347,17 @@ class _UdfState:
 _udf_states: dict[tuple[str, str], _UdfState] = {}
 
 
-def _udf_state(spec: JobSpec, wrapper: WrapperSpec, tid: int) -> _UdfState:
+def _udf_state(spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None) -> _UdfState:
     """The UDF's state for task attempt ``tid`` in this process; a state of an earlier attempt
     is retired (one inherited through a fork is dropped as it is)."""
     key = (spec.name, wrapper.name)
     old = _udf_states.get(key)
     if old is not None and old.tid == tid and old.pid == os.getpid():
+        old.tc = tc
         return old  # the same UDF applied twice in one task: one row count, distinct ids
     if old is not None:
         old.retire()
-    st = _udf_states[key] = _UdfState(spec, wrapper, tid)
+    st = _udf_states[key] = _UdfState(spec, wrapper, tid, tc)
     return st
 
 
@@ -360,26 +370,90 @@ class _Skipped:
 def _udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column: bool,
                   record_id: Callable[..., str] | None,
                   refresh: Callable[[], None] | None) -> Callable:
-    """The per-row function Spark calls. Per row it only checks the task attempt and counts the
-    row before calling ``fn``; everything else happens on a failure."""
+    """The per-row function Spark calls. Per row it only checks that the task attempt is the
+    same (Spark sets a new TaskContext object for each task it runs in a worker: an identity
+    check, the attempt id being read only when it changes) and counts the row before calling
+    ``fn``; everything else happens on a failure."""
     holder: list[_UdfState | None] = [None]  # unpickled afresh with the UDF on the executor
+    tc_class = TaskContext
 
-    def call(*args):
-        tc = TaskContext.get()
+    def enter() -> _UdfState:
+        tc = tc_class.get()
         tid = tc.taskAttemptId() if tc is not None else -1
         st = holder[0]
-        if st is None or st.tid != tid:
-            st = holder[0] = _udf_state(spec, wrapper, tid)
-        index = st.rows
-        st.rows = index + 1
-        try:
-            value = fn(*args)
-        except Exception as exc:  # noqa: BLE001 - user code
-            return _udf_failed(spec, wrapper, st, fn, args, index, exc, error_column, record_id,
-                               refresh)
-        return (value, None) if error_column else value
+        if st is None or st.tid != tid or st.pid != os.getpid():
+            st = _udf_state(spec, wrapper, tid, tc)
+        st.tc = tc
+        holder[0] = st
+        return st
+
+    def failed(st, args, index, exc):
+        return _udf_failed(spec, wrapper, st, fn, args, index, exc, error_column, record_id,
+                           refresh)
+
+    # The per-row cost is what the happy path pays: read the class attribute that
+    # TaskContext.get() returns (a method call costs more than the rest of the check), and
+    # call a one-argument function without packing *args (half of the remaining overhead).
+    direct = hasattr(tc_class, "_taskContext")  # pyspark's layout; else the public accessor
+    current = (lambda: tc_class._taskContext) if direct else tc_class.get
+    if direct and _single_argument(fn):
+        if error_column:
+            def call(arg):
+                st = holder[0]
+                if st is None or st.tc is not tc_class._taskContext:
+                    st = enter()
+                index = st.rows
+                st.rows = index + 1
+                try:
+                    return fn(arg), None
+                except Exception as exc:  # noqa: BLE001 - user code
+                    return failed(st, (arg,), index, exc)
+        else:
+            def call(arg):
+                st = holder[0]
+                if st is None or st.tc is not tc_class._taskContext:
+                    st = enter()
+                index = st.rows
+                st.rows = index + 1
+                try:
+                    return fn(arg)
+                except Exception as exc:  # noqa: BLE001 - user code
+                    return failed(st, (arg,), index, exc)
+    elif error_column:
+        def call(*args):
+            st = holder[0]
+            if st is None or st.tc is not current():
+                st = enter()
+            index = st.rows
+            st.rows = index + 1
+            try:
+                return fn(*args), None
+            except Exception as exc:  # noqa: BLE001 - user code
+                return failed(st, args, index, exc)
+    else:
+        def call(*args):
+            st = holder[0]
+            if st is None or st.tc is not current():
+                st = enter()
+            index = st.rows
+            st.rows = index + 1
+            try:
+                return fn(*args)
+            except Exception as exc:  # noqa: BLE001 - user code
+                return failed(st, args, index, exc)
 
     return call
+
+
+def _single_argument(fn: Callable) -> bool:
+    """Whether Spark can only ever call ``fn`` with exactly one column."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+    return (len(params) == 1 and params[0].default is inspect.Parameter.empty
+            and params[0].kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                   inspect.Parameter.POSITIONAL_OR_KEYWORD))
 
 
 def _udf_failed(spec, wrapper, st, fn, args, index, exc, error_column, record_id, refresh):
