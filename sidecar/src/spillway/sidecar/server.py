@@ -31,7 +31,7 @@ from .adapters import convert
 from .core import config
 from .core.dlq_record import build_dlq_record, valid_traceparent
 from .core.guardrails import check_topic_name
-from .core.model import Decision, FailedRecord, StageRef, Verdict, task_key
+from .core.model import Action, Category, Decision, FailedRecord, StageRef, Verdict, task_key
 from .core.policy import PolicyEngine
 from .core.ports import SystemClock
 from .core.settings import JobSettings, job_settings
@@ -75,7 +75,7 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
     def ReportFailures(self, request, context):
         try:
             task = convert.task_identity(request.task)
-            records = [convert.failed_record(r, i) for i, r in enumerate(request.records)]
+            records = convert.failed_records(request.records)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
@@ -86,8 +86,7 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except HomeError as exc:
             context.abort(exc.code, str(exc))
-        return pb.ReportFailuresResponse(
-            verdicts=[convert.verdict_to_pb(v, dl) for v, dl in answers])
+        return convert.report_response(answers)
 
     def FlushTask(self, request, context):
         try:
@@ -200,11 +199,7 @@ class Sidecar:
             if request.decide_only:
                 return [(v, d.dead_letter) for v, d in zip(verdicts, decisions, strict=True)]
             if span.is_recording():
-                for v in verdicts:
-                    span.add_event("spillway.verdict", {
-                        "spillway.record.id": v.record_id, "spillway.action": v.action.value,
-                        "spillway.category": v.category.value, "spillway.reason": v.reason,
-                        "spillway.attempt": v.attempt})
+                _annotate(span, verdicts)
             to_dlq = [i for i, d in enumerate(decisions) if d.dead_letter]
             if to_dlq:
                 # A record reported without a trace context still gets one: the decision's.
@@ -217,8 +212,8 @@ class Sidecar:
                 with tracer.start_as_current_span(
                         "spillway.spool", attributes={"spillway.records": len(dlq)}):
                     self.pipeline.submit(dlq)  # durable (spooled) before we answer
-                for i in to_dlq:
-                    verdicts[i] = dataclasses.replace(verdicts[i], dead_lettered=True)
+                for i in to_dlq:  # fresh values from this call's decisions: marked in place
+                    verdicts[i].dead_lettered = True
         if self.telemetry.verdict_duration is not None:
             self.telemetry.verdict_duration.record(time.perf_counter() - started,
                                                    {"job": job})
@@ -318,6 +313,44 @@ class Home:
 
     def close(self) -> None:
         self.channel.close()
+
+
+# Per-record span events cost more than the decision itself at 100% sampling: a decision span
+# carries counts for the whole report, and events for at most this many records (RETRY and FAIL
+# verdicts before SKIPs, since they are the ones worth reading).
+MAX_VERDICT_EVENTS = 8
+
+
+def _annotate(span, verdicts: Sequence[Verdict]) -> None:
+    """Summarise a report's verdicts on its decision span (docs/OBSERVABILITY.md)."""
+    kinds: dict[tuple[Action, Category], int] = {}
+    picked: list[int] = []
+    skips: list[int] = []
+    skip = Action.SKIP
+    for i, v in enumerate(verdicts):
+        a = v.action
+        key = (a, v.category)
+        kinds[key] = kinds.get(key, 0) + 1
+        if a is not skip:
+            if len(picked) < MAX_VERDICT_EVENTS:
+                picked.append(i)
+        elif len(skips) < MAX_VERDICT_EVENTS:
+            skips.append(i)
+    if len(picked) < MAX_VERDICT_EVENTS:
+        picked = sorted(picked + skips[:MAX_VERDICT_EVENTS - len(picked)])
+    attrs: dict[str, int] = {}
+    for (a, c), n in kinds.items():
+        for name in (f"spillway.verdicts.{a.value.lower()}",
+                     f"spillway.verdicts.category.{c.value}"):
+            attrs[name] = attrs.get(name, 0) + n
+    attrs["spillway.verdicts.events.omitted"] = len(verdicts) - len(picked)
+    span.set_attributes(attrs)
+    for i in picked:
+        v = verdicts[i]
+        span.add_event("spillway.verdict", {
+            "spillway.record.id": v.record_id, "spillway.action": v.action.value,
+            "spillway.category": v.category.value, "spillway.reason": v.reason,
+            "spillway.attempt": v.attempt})
 
 
 def _traceparent(span) -> str:

@@ -36,7 +36,15 @@ _ACTION_TO_PB = {m.Action.RETRY: pb.ACTION_RETRY, m.Action.SKIP: pb.ACTION_SKIP,
                  m.Action.FAIL: pb.ACTION_FAIL}
 
 
+# StageRef values are immutable and few: one per (stage, custom name) seen, bounded.
+_STAGE_REFS: dict[tuple[int, str], m.StageRef] = {}
+_MAX_STAGE_REFS = 4096
+
+
 def stage_ref(stage: int, custom: str, where: str) -> m.StageRef:
+    ref = _STAGE_REFS.get((stage, custom))
+    if ref is not None:
+        return ref
     try:
         s = _STAGE_FROM_PB[stage]
     except KeyError:
@@ -45,7 +53,11 @@ def stage_ref(stage: int, custom: str, where: str) -> m.StageRef:
         ) from None
     if s is m.Stage.CUSTOM and not custom.strip():
         raise ValueError(f"{where}.custom_stage: required with STAGE_CUSTOM")
-    return m.StageRef(s, custom.strip() if s is m.Stage.CUSTOM else "")
+    ref = m.StageRef(s, custom.strip() if s is m.Stage.CUSTOM else "")
+    if len(_STAGE_REFS) >= _MAX_STAGE_REFS:
+        _STAGE_REFS.clear()
+    _STAGE_REFS[(stage, custom)] = ref
+    return ref
 
 
 def stage_to_pb(ref: m.StageRef) -> tuple[int, str]:
@@ -62,61 +74,107 @@ def task_identity(t: pb.TaskIdentity) -> m.TaskIdentity:
 def _exception(e: pb.ExceptionInfo, where: str) -> m.ExceptionInfo:
     if not e.class_name:
         raise ValueError(f"{where}.exception.class_name: required")
+    has = e.HasField
     return m.ExceptionInfo(
-        class_name=e.class_name,
-        class_chain=tuple(e.class_chain) or (e.class_name,),
-        message=e.message,
-        stack_trace=e.stack_trace,
-        grpc_status_code=e.grpc_status_code if e.HasField("grpc_status_code") else None,
-        http_status_code=e.http_status_code if e.HasField("http_status_code") else None,
-        kafka_retriable=e.kafka_retriable if e.HasField("kafka_retriable") else None,
-        kafka_fatal=e.kafka_fatal if e.HasField("kafka_fatal") else None,
-        kafka_txn_requires_abort=(e.kafka_txn_requires_abort
-                                  if e.HasField("kafka_txn_requires_abort") else None),
-        marker_category=_CATEGORY_FROM_PB.get(e.marker_category),
-        causes=tuple(e.causes),
+        e.class_name,
+        tuple(e.class_chain) or (e.class_name,),
+        e.message,
+        e.stack_trace,
+        e.grpc_status_code if has("grpc_status_code") else None,
+        e.http_status_code if has("http_status_code") else None,
+        e.kafka_retriable if has("kafka_retriable") else None,
+        e.kafka_fatal if has("kafka_fatal") else None,
+        e.kafka_txn_requires_abort if has("kafka_txn_requires_abort") else None,
+        _CATEGORY_FROM_PB.get(e.marker_category),
+        tuple(e.causes),
     )
 
 
-def failed_record(r: pb.FailedRecord, index: int) -> m.FailedRecord:
-    where = f"records[{index}]"
-    if not r.record_id:
-        raise ValueError(f"{where}.record_id: required (stable across task attempts)")
-    if not r.HasField("exception"):
+def failed_record(r: pb.FailedRecord, index: int, *,
+                  previous: tuple[pb.ExceptionInfo, m.ExceptionInfo] | None = None
+                  ) -> m.FailedRecord:
+    """One record; `previous` (the last record's exception message and its converted value)
+    lets records of a batch that failed with an identical exception share one value."""
+    if not r.record_id or not r.HasField("exception"):
+        where = f"records[{index}]"
+        if not r.record_id:
+            raise ValueError(f"{where}.record_id: required (stable across task attempts)")
         raise ValueError(f"{where}.exception: required")
+    has = r.HasField
     source = None
-    if r.HasField("source"):
-        if not r.source.topic:
-            raise ValueError(f"{where}.source.topic: required when source is set")
-        source = m.SourceCoordinates(r.source.topic, r.source.partition, r.source.offset)
+    if has("source"):
+        src = r.source
+        if not src.topic:
+            raise ValueError(f"records[{index}].source.topic: required when source is set")
+        source = m.SourceCoordinates(src.topic, src.partition, src.offset)
+    stage = _STAGE_REFS.get((r.stage, r.custom_stage))
+    if stage is None:
+        stage = stage_ref(r.stage, r.custom_stage, f"records[{index}]")
+    e = r.exception
+    if previous is not None and previous[0] == e:
+        exception = previous[1]
+    else:
+        exception = _exception(e, f"records[{index}]")
+    headers = r.headers
     return m.FailedRecord(
-        record_id=r.record_id,
-        stage=stage_ref(r.stage, r.custom_stage, where),
-        exception=_exception(r.exception, where),
-        function_name=r.function_name,
-        source=source,
-        key=r.key if r.HasField("key") else None,
-        value=r.value if r.HasField("value") else None,
-        headers=tuple((h.key, h.value if h.HasField("value") else None) for h in r.headers),
-        timestamp_ms=r.timestamp_ms if r.HasField("timestamp_ms") else None,
-        attempt=max(1, r.attempt),
-        traceparent=r.traceparent,
-        tracestate=r.tracestate,
+        r.record_id,
+        stage,
+        exception,
+        r.function_name,
+        source,
+        r.key if has("key") else None,
+        r.value if has("value") else None,
+        tuple((h.key, h.value if h.HasField("value") else None) for h in headers)
+        if headers else (),
+        r.timestamp_ms if has("timestamp_ms") else None,
+        r.attempt if r.attempt > 1 else 1,
+        r.traceparent,
+        r.tracestate,
     )
+
+
+def failed_records(records) -> list[m.FailedRecord]:
+    """A report's records, in order (ValueError naming the first invalid field)."""
+    out = []
+    previous = None
+    for i, r in enumerate(records):
+        rec = failed_record(r, i, previous=previous)
+        out.append(rec)
+        previous = (r.exception, rec.exception)
+    return out
 
 
 def verdict_to_pb(v: m.Verdict, dead_letter: bool = False) -> pb.Verdict:
-    return pb.Verdict(
-        dead_letter=dead_letter,
-        record_id=v.record_id,
-        action=_ACTION_TO_PB[v.action],
-        retry_delay_ms=max(0, int(v.retry_delay_ms)),
-        category=_CATEGORY_TO_PB[v.category],
-        reason=v.reason,
-        dead_lettered=v.dead_lettered,
-        attempt=v.attempt,
-        job_failed=v.job_failed,
-    )
+    return pb.Verdict(**_verdict_fields(v, dead_letter))
+
+
+def _verdict_fields(v: m.Verdict, dead_letter: bool) -> dict:
+    """Only the fields that differ from their protobuf defaults (cheaper to set)."""
+    f = {"record_id": v.record_id, "action": _ACTION_TO_PB[v.action],
+         "category": _CATEGORY_TO_PB[v.category], "reason": v.reason, "attempt": v.attempt}
+    if v.retry_delay_ms > 0:
+        f["retry_delay_ms"] = int(v.retry_delay_ms)
+    if dead_letter:
+        f["dead_letter"] = True
+    if v.dead_lettered:
+        f["dead_lettered"] = True
+    if v.job_failed:
+        f["job_failed"] = True
+    return f
+
+
+def report_response(answers) -> pb.ReportFailuresResponse:
+    """The response for `(verdict, dead_letter)` pairs, built in place (no per-verdict copy)."""
+    resp = pb.ReportFailuresResponse()
+    add = resp.verdicts.add
+    action_pb, category_pb = _ACTION_TO_PB, _CATEGORY_TO_PB
+    for v, dead_letter in answers:
+        if v.retry_delay_ms > 0 or dead_letter or v.dead_lettered or v.job_failed:
+            add(**_verdict_fields(v, dead_letter))
+        else:
+            add(record_id=v.record_id, action=action_pb[v.action],
+                category=category_pb[v.category], reason=v.reason, attempt=v.attempt)
+    return resp
 
 
 _ACTION_FROM_PB = {v: k for k, v in _ACTION_TO_PB.items()}

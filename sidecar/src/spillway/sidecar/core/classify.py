@@ -27,7 +27,7 @@ may be given bare (``ValueError``) or qualified (``builtins.ValueError``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from .model import Category, ExceptionInfo
@@ -126,6 +126,8 @@ BUILTIN_RULES: Mapping[str, Category] = _table([
     )),
 ])
 
+MAX_CACHED = 4096  # distinct (class chain, flags, codes) remembered per job
+
 # grpc.StatusCode numeric values (grpc is never imported by the core).
 GRPC_STATUS_NAMES: Mapping[int, str] = MappingProxyType({
     0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
@@ -190,6 +192,9 @@ class Classifier:
 
     user_rules: Mapping[str, Category]
     default: Category = Category.DATA
+    # Answers by everything a classification reads (never the message): a batch of records
+    # failing the same way is classified once. Bounded; cleared when full.
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, rules: Iterable[tuple[str, Category]], default: Category) -> Classifier:
@@ -199,6 +204,18 @@ class Classifier:
         return cls(MappingProxyType(table), default)
 
     def classify(self, exc: ExceptionInfo) -> Classification:
+        key = (exc.class_name, exc.class_chain, exc.marker_category, exc.kafka_txn_requires_abort,
+               exc.kafka_fatal, exc.kafka_retriable, exc.grpc_status_code, exc.http_status_code)
+        cache = self._cache
+        hit = cache.get(key)
+        if hit is None:
+            hit = self._classify(exc)
+            if len(cache) >= MAX_CACHED:
+                cache.clear()
+            cache[key] = hit
+        return hit
+
+    def _classify(self, exc: ExceptionInfo) -> Classification:
         chain = chain_of(exc)
         hit = _match_chain(chain, self.user_rules)
         if hit is not None:

@@ -98,6 +98,25 @@ class ScopedCounts:
         for c in self.scopes(stage, task):
             c.last_error_timestamp_ms = max(c.last_error_timestamp_ms, wall_ms)
 
+    def add_batch(self, stage: str, task: str, amounts: list[int], wall_ms: int) -> None:
+        """One report's failures of one stage at once: ``amounts`` in ``BATCH_FIELDS`` order,
+        and the errors' wall-clock time (the same as ``bump`` and ``error_at`` per record)."""
+        failures, errors, skipped, retries, logged, dropped = amounts
+        for c in self.scopes(stage, task):
+            c.total_record_failures += failures
+            c.total_record_errors += errors
+            c.total_records_skipped += skipped
+            c.total_retries += retries
+            c.total_errors_logged += logged
+            c.dropped_records += dropped
+            if wall_ms > c.last_error_timestamp_ms:
+                c.last_error_timestamp_ms = wall_ms
+
+
+# The order of the amounts `ScopedCounts.add_batch` takes.
+BATCH_FIELDS = ("total_record_failures", "total_record_errors", "total_records_skipped",
+                "total_retries", "total_errors_logged", "dropped_records")
+
 
 class WindowedCounter:
     """A sum over a sliding time window, in ``WINDOW_BUCKETS`` buckets: O(1) memory.
@@ -128,20 +147,34 @@ class WindowedCounter:
             self._total -= self._buckets.popleft()[1]
 
     def add(self, now_ms: float, amount: float = 1.0, at_ms: float | None = None) -> None:
+        width = self._width
+        if not width:  # no window: a running total
+            self._total += amount
+            return
+        buckets = self._buckets
+        if at_ms is None and buckets:
+            # the common case, in O(1): now's bucket is the newest one
+            last = buckets[-1]
+            if last[0] == int(now_ms // width):
+                if buckets[0][0] < int((now_ms - self.window_ms) // width):
+                    self._expire(now_ms)  # never the newest bucket: it is now's
+                last[1] += amount
+                self._total += amount
+                return
         self._expire(now_ms)
         idx = self._index(now_ms if at_ms is None else at_ms)
-        if self._width and self._buckets and idx < self._buckets[0][0]:
+        if buckets and idx < buckets[0][0]:
             return  # the bucket it belonged to has already left the window
-        for b in reversed(self._buckets):
+        for b in reversed(buckets):
             if b[0] == idx:
                 b[1] += amount
                 self._total += amount
                 return
             if b[0] < idx:
                 break
-        self._buckets.append([idx, amount])
-        if len(self._buckets) > 1 and self._buckets[-2][0] > idx:
-            self._buckets = deque(sorted(self._buckets, key=lambda b: b[0]))
+        buckets.append([idx, amount])
+        if len(buckets) > 1 and buckets[-2][0] > idx:
+            self._buckets = deque(sorted(buckets, key=lambda b: b[0]))
         self._total += amount
 
     def total(self, now_ms: float) -> float:

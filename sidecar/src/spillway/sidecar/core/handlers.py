@@ -95,11 +95,17 @@ _BUILTINS: dict[str, type[LogAndContinue] | type[LogAndFail]] = {
 }
 
 
+_FIXED = {LogAndContinue: HandlerResponse.CONTINUE, LogAndFail: HandlerResponse.FAIL}
+
+
 @dataclass(frozen=True, slots=True)
 class LoadedHandler:
     handler: ErrorHandler
     name: str                   # what reasons call it
     derived: bool               # True: errors.handler.class unset, chosen by errors.tolerance
+    # A built-in's answer, which never depends on the context: the engine then need not build
+    # one. None for user classes.
+    fixed: HandlerResponse | None = None
 
 
 def is_builtin(spec: str) -> bool:
@@ -132,10 +138,10 @@ def load_handler(spec: str, tolerance_mode: str,
     spec = spec.strip()
     if not spec:
         cls = LogAndFail if tolerance_mode == "none" else LogAndContinue
-        return LoadedHandler(cls(), cls.name, derived=True)
+        return LoadedHandler(cls(), cls.name, derived=True, fixed=_FIXED[cls])
     builtin = _BUILTINS.get(spec.lower())
     if builtin is not None:
-        return LoadedHandler(builtin(), builtin.name, derived=False)
+        return LoadedHandler(builtin(), builtin.name, derived=False, fixed=_FIXED[builtin])
     module_name, attr = split_spec(spec)
     try:
         obj: object = importlib.import_module(module_name)

@@ -118,10 +118,10 @@ class _Job:
             self.skipped.popitem(last=False)
 
 
-def _bump(table: dict[str, int], key: str) -> None:
+def _bump(table: dict[str, int], key: str, n: int = 1) -> None:
     if key not in table and len(table) >= MAX_BREAKDOWN_KEYS:
         key = OTHER_KEY
-    table[key] = table.get(key, 0) + 1
+    table[key] = table.get(key, 0) + n
 
 
 def _describe(record: FailedRecord) -> str:
@@ -132,13 +132,64 @@ def _describe(record: FailedRecord) -> str:
         exc.class_name or "<unknown exception>")
 
 
-@dataclass(slots=True)
-class _Outcome:
-    """One record's answer, plus what to log after the lock is released."""
+# One record's answer, plus what to log after the lock is released: (decision, log, rule).
+_Outcome = tuple[Decision, bool, str]
 
-    decision: Decision
-    log: bool = False
-    rule: str = ""
+# Indexes into a batch's per-stage amounts (`counters.BATCH_FIELDS` order).
+_FAILURES, _ERRORS, _SKIPPED, _RETRIES, _LOGGED, _DROPPED = range(6)
+_RETRIABLE = frozenset(c for c in Category if c.retriable)
+
+
+class _Batch:
+    """One report's bookkeeping, kept locally while its records are decided and applied to the
+    job's tables once at the end (still under the job's lock, so nobody sees it half done):
+    counters per stage, the breakdowns, and the retry budget's failure reports, which are
+    charged before any retry is granted, so the budget sees exactly what it would per record.
+    Also remembers the last record's description, which a batch failing the same way shares."""
+
+    __slots__ = ("amounts", "last_stage", "last_amounts", "last_ref", "by_stage", "by_class",
+                 "by_category", "reports", "last_exc", "last_cls", "last_what", "reasons")
+
+    def __init__(self) -> None:
+        self.amounts: dict[str, list[int]] = {}
+        self.last_stage: str | None = None
+        self.last_amounts: list[int] = []
+        self.last_ref: StageRef | None = None
+        self.by_stage: dict[str, int] = {}
+        self.by_class: dict[str, int] = {}
+        self.by_category: dict[Category, int] = {}
+        self.reports = 0
+        self.last_exc: object = None
+        self.last_cls: object = None
+        self.last_what = ""
+        self.reasons: dict[tuple[str, str], str] = {}
+
+    def stage_amounts(self, stage: str) -> list[int]:
+        if stage == self.last_stage:
+            return self.last_amounts
+        # re-inserted so that stages are applied in the order of their last record, as the
+        # per-record counters would have touched them (least recently used first)
+        a = self.amounts.pop(stage, None)
+        if a is None:
+            a = [0, 0, 0, 0, 0, 0]
+        self.amounts[stage] = a
+        self.last_stage, self.last_amounts = stage, a
+        return a
+
+    def charge_reports(self, j: _Job, now: float) -> None:
+        if self.reports:
+            j.budget.on_report(now, self.reports)
+            self.reports = 0
+
+    def apply(self, j: _Job, tid: str, now: float, wall: int) -> None:
+        self.charge_reports(j, now)
+        for stage, a in self.amounts.items():
+            j.counts.add_batch(stage, tid, a, wall)
+        for table, counted in ((j.by_stage, self.by_stage), (j.by_class, self.by_class)):
+            for key, n in counted.items():
+                _bump(table, key, n)
+        for category, n in self.by_category.items():
+            _bump(j.by_category, category.value, n)
 
 
 class PolicyEngine:
@@ -200,41 +251,56 @@ class PolicyEngine:
         j = self._job(job)
         now = self._clock.monotonic() * 1000.0
         wall = self._clock.wall_ms()
+        batch = _Batch()
+        tid = task.task_id
         with j.lock:
-            outcomes = [self._decide_one(j, task, r, now, wall) for r in records]
+            try:
+                outcomes = [self._decide_one(j, task, tid, r, now, wall, batch) for r in records]
+            finally:
+                batch.apply(j, tid, now, wall)
         if j.settings.log_enable:
             self._write_logs(j, task, records, outcomes, wall)
-        return [o.decision for o in outcomes]
+        return [o[0] for o in outcomes]
 
     def _write_logs(self, j: _Job, task: TaskIdentity, records: Sequence[FailedRecord],
                     outcomes: Sequence[_Outcome], wall: int) -> None:
         failures = 0
-        for record, outcome in zip(records, outcomes, strict=True):
-            if not outcome.log:
+        for record, (decision, log, rule) in zip(records, outcomes, strict=True):
+            if not log:
                 continue
             try:
                 self._logger.log_error(error_fields(
                     job=j.settings.job, task=task, record=record,
-                    verdict=outcome.decision.verdict,
+                    verdict=decision.verdict,
                     include_messages=j.settings.log_include_messages, wall_ms=wall,
-                    rule=outcome.rule))
+                    rule=rule))
             except Exception:  # a broken log sink must not change verdicts; it is counted
                 failures += 1
         if failures:
             with j.lock:
                 j.log_failures += failures
 
-    def _decide_one(self, j: _Job, task: TaskIdentity, record: FailedRecord,
-                    now: float, wall: int) -> _Outcome:
+    def _decide_one(self, j: _Job, task: TaskIdentity, tid: str, record: FailedRecord,
+                    now: float, wall: int, b: _Batch) -> _Outcome:
         s = j.settings
-        stage, tid, rid = record.stage.name, task.task_id, record.record_id
-        j.counts.bump(stage, tid, "total_record_failures")
-        j.counts.error_at(stage, tid, wall)
-        _bump(j.by_stage, stage)
-        _bump(j.by_class, record.exception.class_name or "<unknown>")
-        cls = j.classifier.classify(record.exception)
-        _bump(j.by_category, cls.category.value)
-        j.budget.on_report(now)
+        rid, exc, ref = record.record_id, record.exception, record.stage
+        if ref is b.last_ref:
+            stage = b.last_stage        # StageRef.name, once per batch (refs are shared)
+        else:
+            stage = ref.name
+            b.last_ref = ref
+        amounts = b.stage_amounts(stage)
+        amounts[_FAILURES] += 1           # and the batch's wall time as the last error's
+        counted = b.by_stage
+        counted[stage] = counted.get(stage, 0) + 1
+        key = exc.class_name or "<unknown>"
+        counted = b.by_class
+        counted[key] = counted.get(key, 0) + 1
+        cls = j.classifier.classify(exc)
+        category = cls.category
+        counted = b.by_category       # by Category: its value is taken once, in apply()
+        counted[category] = counted.get(category, 0) + 1
+        b.reports += 1                    # budget.on_report, charged before any retry
 
         skipped = j.skipped.get(rid)
         if skipped is not None and not j.failure_reason:
@@ -242,49 +308,51 @@ class PolicyEngine:
             # counted once; dead-lettered again (duplicates are possible, loss is not)
             j.skipped.move_to_end(rid)
             skipped.attempts += 1
-            return _Outcome(Decision(Verdict(
-                record_id=rid, action=Action.SKIP, category=skipped.category,
-                reason=f"already skipped by an earlier task attempt: {skipped.reason}",
-                attempt=skipped.attempts), dead_letter=s.dlq.enabled))
+            return (Decision(Verdict(
+                rid, Action.SKIP, skipped.category,
+                f"already skipped by an earlier task attempt: {skipped.reason}",
+                skipped.attempts), s.dlq.enabled), False, "")
 
         state = j.state_for(rid, now)
         state.attempts += 1
-        state.last_class = record.exception.class_name
-
-        def verdict(action: Action, reason: str, *, delay: int = 0,
-                    job_failed: bool = False) -> Verdict:
-            return Verdict(record_id=rid, action=action, category=cls.category, reason=reason,
-                           attempt=state.attempts, retry_delay_ms=delay, job_failed=job_failed)
+        state.last_class = exc.class_name
 
         if j.failure_reason:
-            return _Outcome(Decision(verdict(
-                Action.FAIL, f"job {s.job!r} has failed: {j.failure_reason}", job_failed=True)))
+            return (Decision(Verdict(
+                rid, Action.FAIL, category, f"job {s.job!r} has failed: {j.failure_reason}",
+                state.attempts, job_failed=True)), False, "")
 
-        category = cls.category
-        what = f"{_describe(record)} [{cls.describe()}]"
+        if exc is b.last_exc and cls is b.last_cls:
+            what = b.last_what            # a batch failing the same way: one description
+        else:
+            what = f"{_describe(record)} [{cls.describe()}]"
+            b.last_exc, b.last_cls, b.last_what = exc, cls, what
         if category is Category.INVALID_CONFIGURATION:
             reason = self._fail_job(j, (
                 f"job {s.job!r} failed on an invalid-configuration error in stage {stage} "
                 f"(record {rid!r}): {what}; fix the configuration and re-run"))
-            return self._error(j, stage, tid, verdict(Action.FAIL, reason, job_failed=True), cls)
+            return self._error(j, amounts, Verdict(rid, Action.FAIL, category, reason,
+                                                   state.attempts, job_failed=True), cls)
         if category is Category.ABORTABLE:
-            return self._error(j, stage, tid, verdict(Action.FAIL, (
+            return self._error(j, amounts, Verdict(rid, Action.FAIL, category, (
                 f"abortable error in stage {stage}: {what}; failing this task attempt only, "
-                f"Spark will re-run the task")), cls)
+                f"Spark will re-run the task"), state.attempts), cls)
         if category is Category.APPLICATION_RECOVERABLE:
-            return self._error(j, stage, tid, verdict(Action.FAIL, (
+            return self._error(j, amounts, Verdict(rid, Action.FAIL, category, (
                 f"application-recoverable error in stage {stage}: {what}; failing this task "
-                f"attempt only, Spark will restart the task with fresh clients and state")), cls)
+                f"attempt only, Spark will restart the task with fresh clients and state"),
+                state.attempts), cls)
 
-        if category.retriable:
+        if category in _RETRIABLE:
+            b.charge_reports(j, now)
             retry = self._try_retry(j, task, record, state, cls, now)
             if isinstance(retry, Verdict):
-                j.counts.bump(stage, tid, "total_retries")
-                return _Outcome(Decision(retry))
+                amounts[_RETRIES] += 1
+                return (Decision(retry), False, "")
             why = f"retries exhausted: {retry}"
         else:
             why = "data error: never retried"
-        return self._handle(j, task, record, state, cls, why, what, now, wall)
+        return self._handle(j, task, tid, record, state, cls, why, what, now, wall, amounts, b)
 
     def _try_retry(self, j: _Job, task: TaskIdentity, record: FailedRecord,
                    state: _RecordState, cls: Classification, now: float) -> Verdict | str:
@@ -333,30 +401,30 @@ class PolicyEngine:
         return Verdict(record_id=record.record_id, action=Action.RETRY, category=cls.category,
                        reason=reason, attempt=state.attempts, retry_delay_ms=decision.delay_ms)
 
-    def _handle(self, j: _Job, task: TaskIdentity, record: FailedRecord, state: _RecordState,
-                cls: Classification, why: str, what: str, now: float, wall: int) -> _Outcome:
+    def _handle(self, j: _Job, task: TaskIdentity, tid: str, record: FailedRecord,
+                state: _RecordState, cls: Classification, why: str, what: str, now: float,
+                wall: int, amounts: list[int], b: _Batch) -> _Outcome:
         """KIP-1033 handler, then tolerance, for a record that will not be retried."""
         s = j.settings
-        stage, tid, rid = record.stage.name, task.task_id, record.record_id
+        stage, rid, category = record.stage.name, record.record_id, cls.category
 
-        def verdict(action: Action, reason: str, job_failed: bool = False) -> Verdict:
-            return Verdict(record_id=rid, action=action, category=cls.category, reason=reason,
-                           attempt=state.attempts, job_failed=job_failed)
-
-        src = record.source
-        context = ErrorHandlerContext(
-            job=s.job, record_id=rid, topic=src.topic if src else None,
-            partition=src.partition if src else -1, offset=src.offset if src else -1,
-            headers=record.headers, processor_node_id=record.function_name, task_id=tid,
-            timestamp=record.timestamp_ms if record.timestamp_ms is not None else wall,
-            stage=stage, exception=record.exception, category=cls.category,
-            attempt=state.attempts, reason=why, record=record)
-        try:
-            response = invoke(j.handler, context)
-        except HandlerError as exc:
-            j.handler_failures += 1
-            reason = self._fail_job(j, f"job {s.job!r} failed: {exc} (stage {stage})")
-            return self._error(j, stage, tid, verdict(Action.FAIL, reason, True), cls)
+        response = j.handler.fixed  # a built-in's answer does not depend on the context
+        if response is None:
+            src = record.source
+            context = ErrorHandlerContext(
+                job=s.job, record_id=rid, topic=src.topic if src else None,
+                partition=src.partition if src else -1, offset=src.offset if src else -1,
+                headers=record.headers, processor_node_id=record.function_name, task_id=tid,
+                timestamp=record.timestamp_ms if record.timestamp_ms is not None else wall,
+                stage=stage, exception=record.exception, category=category,
+                attempt=state.attempts, reason=why, record=record)
+            try:
+                response = invoke(j.handler, context)
+            except HandlerError as exc:
+                j.handler_failures += 1
+                reason = self._fail_job(j, f"job {s.job!r} failed: {exc} (stage {stage})")
+                return self._error(j, amounts, Verdict(rid, Action.FAIL, category, reason,
+                                                       state.attempts, job_failed=True), cls)
 
         if response is HandlerResponse.FAIL:
             if j.handler.derived:
@@ -365,33 +433,37 @@ class PolicyEngine:
             else:
                 reason = (f"job {s.job!r} failed: errors.handler.class={j.handler.name} returned "
                           f"FAIL for record {rid!r} (stage {stage}): {what}; {why}")
-            return self._error(j, stage, tid,
-                               verdict(Action.FAIL, self._fail_job(j, reason), True), cls)
+            return self._error(j, amounts, Verdict(rid, Action.FAIL, category,
+                                                   self._fail_job(j, reason), state.attempts,
+                                                   job_failed=True), cls)
 
         tol = j.tolerance.admit(rid, stage, now, (task.stage_id, task.partition_id))
         if tol.exceeded:
             reason = self._fail_job(j, f"{tol.reason}; last error: {what} (record {rid!r})")
-            return self._error(j, stage, tid, verdict(Action.FAIL, reason, True), cls)
+            return self._error(j, amounts, Verdict(rid, Action.FAIL, category, reason,
+                                                   state.attempts, job_failed=True), cls)
 
         dead_letter = s.dlq.enabled
-        where = (f"dead-lettered to {s.dlq.topic}" if dead_letter
-                 else "dropped (no errors.deadletterqueue.topic.name)")
-        reason = f"skipped, {where}: {what}; {why}"
-        j.remember_skipped(rid, _Skipped(cls.category, reason, state.attempts))
-        j.counts.bump(stage, tid, "total_records_skipped")
+        reason = b.reasons.get((what, why))
+        if reason is None:
+            where = (f"dead-lettered to {s.dlq.topic}" if dead_letter
+                     else "dropped (no errors.deadletterqueue.topic.name)")
+            reason = b.reasons[(what, why)] = f"skipped, {where}: {what}; {why}"
+        j.remember_skipped(rid, _Skipped(category, reason, state.attempts))
+        amounts[_SKIPPED] += 1
         if not dead_letter:
-            j.counts.bump(stage, tid, "dropped_records")
-        return self._error(j, stage, tid, verdict(Action.SKIP, reason), cls,
-                           dead_letter=dead_letter)
+            amounts[_DROPPED] += 1
+        return self._error(j, amounts, Verdict(rid, Action.SKIP, category, reason,
+                                               state.attempts), cls, dead_letter=dead_letter)
 
-    def _error(self, j: _Job, stage: str, tid: str, v: Verdict, cls: Classification, *,
+    def _error(self, j: _Job, amounts: list[int], v: Verdict, cls: Classification, *,
                dead_letter: bool = False) -> _Outcome:
         """Count one KIP-298 error (and its log / DLQ hand-off)."""
-        j.counts.bump(stage, tid, "total_record_errors")
+        amounts[_ERRORS] += 1
         logged = j.settings.log_enable
         if logged or dead_letter:
-            j.counts.bump(stage, tid, "total_errors_logged")
-        return _Outcome(Decision(v, dead_letter=dead_letter), log=logged, rule=cls.rule)
+            amounts[_LOGGED] += 1
+        return (Decision(v, dead_letter), logged, cls.rule)
 
     @staticmethod
     def _fail_job(j: _Job, reason: str) -> str:

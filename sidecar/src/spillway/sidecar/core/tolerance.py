@@ -48,6 +48,10 @@ class ToleranceResult:
     counted: bool = True       # False: this record id had already been counted
 
 
+_WITHIN = ToleranceResult(False)                  # the common answers, shared (immutable)
+_ALREADY_COUNTED = ToleranceResult(False, "", counted=False)
+
+
 @dataclass(slots=True)
 class _Slot:
     flushed: bool = False
@@ -89,16 +93,18 @@ class ToleranceTracker:
     def admit(self, record_id: str, stage: str, now_ms: float,
               task: TaskKey = (0, 0)) -> ToleranceResult:
         """Count one error (once per record id) and check the limits."""
-        if record_id in self._counted:
-            self._counted.move_to_end(record_id)
-            return ToleranceResult(False, "", counted=False)
-        self._counted[record_id] = None
-        if len(self._counted) > self.max_ids:
-            self._counted.popitem(last=False)
+        counted = self._counted
+        if record_id in counted:
+            counted.move_to_end(record_id)
+            return _ALREADY_COUNTED
+        counted[record_id] = None
+        if len(counted) > self.max_ids:
+            counted.popitem(last=False)
             self.ids_evicted += 1
         self.errors_total += 1
-        for pair in (self._job, self._stage(stage)):
-            pair.errors.add(now_ms)
+        self._job.errors.add(now_ms)
+        pair = self._stages.get(stage)
+        (pair if pair is not None else self._stage(stage)).errors.add(now_ms)
         slot = self._slot(task)
         slot.errors[stage] = slot.errors.get(stage, 0) + 1
         if slot.flushed:
@@ -147,9 +153,11 @@ class ToleranceTracker:
             if self.errors_total:
                 return ToleranceResult(True, f"job {self.job!r} failed on its first error: "
                                              f"errors.tolerance=none")
-            return ToleranceResult(False)
-        where = f" (stage {stage})" if stage else ""
-        reason = self._over(self._job, now_ms, f"job {self.job!r} exceeded", where)
+            return _WITHIN
+        if self.s.max_errors < 0 and self.s.max_ratio < 0:
+            return _WITHIN  # no limits: nothing to check
+        reason = self._over(self._job, now_ms, f"job {self.job!r} exceeded",
+                            f" (stage {stage})" if stage else "")
         if reason:
             return ToleranceResult(True, reason)
         if self.s.per_stage:
@@ -158,7 +166,7 @@ class ToleranceTracker:
                                     f"exceeded", " (errors.tolerance.per.stage=true)")
                 if reason:
                     return ToleranceResult(True, reason)
-        return ToleranceResult(False)
+        return _WITHIN
 
     def _over(self, pair: _Pair, now_ms: float, who: str, where: str) -> str:
         in_window = f" in the last {self.s.window_ms} ms" if self.s.window_ms else ""
