@@ -237,3 +237,46 @@ def test_fatal_flag_wins_over_the_code():
     assert f.outcome is Outcome.REBUILD
     f = classify(KafkaError(KafkaError.INVALID_MSG, txn_requires_abort=True))
     assert (f.outcome, f.category) == (Outcome.REBUILD, "abortable")
+
+
+def test_committed_records_reach_the_producer_from_memory_without_reading_the_spool(
+        fake, pipeline):
+    p = pipeline()
+    for i in range(0, 300, 50):
+        p.submit([rec(f"r{j}", "t1") for j in range(i, i + 50)])
+    assert p.wait_task("t1", 5) == 300
+    assert fake.made[0].delivered == [f"r{j}".encode() for j in range(300)]
+    stats = p.stats()
+    assert stats["spool-reads"] == 0 and stats["handoff-overflows"] == 0
+    _wait_for(lambda: p.stats()["spool-depth"] == 0)  # acknowledged rows are deleted
+
+
+def test_a_full_hand_off_falls_back_to_the_spool_in_order_then_resumes(fake, pipeline):
+    p = pipeline(handoff_bytes=2_000, max_inflight_bytes=3_000)
+    p.submit([rec("warm", "t0")])
+    assert p.wait_task("t0", 5) == 1
+    prod = fake.made[0]
+    prod.open.clear()  # Kafka stops acknowledging: in flight fills, then the hand-off
+    for i in range(0, 400, 20):
+        p.submit([rec(f"r{j:03d}", "t1") for j in range(i, i + 20)])
+    assert p.stats()["handoff-overflows"] >= 1
+    prod.open.set()
+    assert p.wait_task("t1", 5) == 400
+    assert p.force_flush(5)
+    delivered = [v for v in prod.delivered if v != b"warm"]
+    assert sorted(delivered) == [f"r{j:03d}".encode() for j in range(400)]  # no loss, no dup
+    assert delivered == sorted(delivered)  # in seq order
+    reads = p.stats()["spool-reads"]
+    assert 0 < reads < 400
+    # caught up: new records come from memory again
+    p.submit([rec("after", "t2")])
+    assert p.wait_task("t2", 5) == 1
+    assert p.stats()["spool-reads"] == reads
+    _wait_for(lambda: p.stats()["spool-depth"] == 0)
+
+
+def _wait_for(cond, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)

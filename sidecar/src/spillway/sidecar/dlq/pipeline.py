@@ -15,11 +15,15 @@ in fact been written): at most the records in flight at that moment (``max_infli
 once they are in it, i.e. handed to the pipeline's producer side. That mode is NOT crash-safe:
 a crash, or a shutdown before Kafka acknowledged them, loses them (the loss is logged).
 
-Drain worker: one thread, woken by an Event, reads the spool in chunks (``read_chunk``, 5,000 by
-default) so that a million spooled records never sit in memory (at most ``max_inflight_records`` /
-``max_inflight_bytes`` do), hands many records to librdkafka before serving delivery reports (one
-poll per batch, never one flush per record), deletes acknowledged rows in batches, and acts on
-failures by their category (see `producer.classify`):
+Drain worker: one thread, woken by an Event. The spool's writer hands it each committed record
+from memory (``handoff_bytes``, 4 MiB): nothing just written is read back. When that hand-off is
+full (Kafka behind or gone), and after a restart, the drain reads the spool instead, in seq order
+and in chunks (``read_chunk``), until it has caught up, so that a million spooled records never sit
+in memory (at most ``max_inflight_records`` / ``max_inflight_bytes`` do, plus the hand-off). It
+hands many records to librdkafka before serving delivery reports (one poll per batch, never one
+flush per record), deletes acknowledged rows in batches (by seq ranges), gives freed heap back to
+the OS once a large backlog has drained, and acts on failures by their category (see
+`producer.classify`):
 
 - retriable: produced again after an exponential backoff (``write-retries``);
 - fatal (producer unusable): the producer is closed and rebuilt, its records produced again;
@@ -51,13 +55,14 @@ from ..core.model import DlqRecord
 from ..core.ports import Clock, RandomSource, SystemClock
 from ..errors import BackpressureError, ConfigError, DlqError, FlushTimeoutError
 from .producer import DeliveryFailure, KafkaDlqProducer, Outcome, ProduceRefused, producer_config
-from .spool import MemoryQueue, Placed, RecordStore, Spool
+from .spool import MemoryQueue, Placed, RecordStore, Spool, release_memory
 from .tracing import record_batch_spans
 
 log = logging.getLogger(__name__)
 
 OnAck = Callable[[str, int], None]
 _TASKS_KEPT = 65_536  # finished task attempts whose counts wait_task can still report
+_TRIM_AFTER_RECORDS = 10_000  # records drained before an idle drain gives memory back
 
 
 def default_spool_dir() -> str:
@@ -108,8 +113,9 @@ class DlqPipeline:
         rng: RandomSource | None = None,
         on_ack: OnAck | None = None,
         read_chunk: int = 5_000,
-        max_inflight_records: int = 50_000,
-        max_inflight_bytes: int = 64 * 1024 * 1024,
+        max_inflight_records: int = 20_000,
+        max_inflight_bytes: int = 4 * 1024 * 1024,
+        handoff_bytes: int = 4 * 1024 * 1024,
         delete_batch: int = 5_000,
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 5_000,
@@ -132,6 +138,7 @@ class DlqPipeline:
         self._chunk = max(1, read_chunk)
         self._max_inflight = max(1, max_inflight_records)
         self._max_inflight_bytes = max(1, max_inflight_bytes)
+        self._handoff_max = max(1, handoff_bytes)
         self._delete_batch = max(1, delete_batch)
         self._backoff_s = retry_backoff_ms / 1000.0
         self._backoff_max_s = retry_backoff_max_ms / 1000.0
@@ -155,6 +162,14 @@ class DlqPipeline:
         self._closing = False
         self._closed = False
 
+        # the in-memory hand-off from the spool's writer to the drain, under _hlock
+        self._hlock = threading.Lock()
+        self._handoff: collections.deque[_Entry] = collections.deque()
+        self._handoff_bytes = 0
+        self._overflow = True   # read the spool instead (at start: recovered rows)
+        self._skipped_upto = 0  # highest seq the hand-off refused (overflow): read from SQLite
+        self._floor = 0         # seqs up to here the drain already read from SQLite
+
         # drain-thread state
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -170,6 +185,9 @@ class DlqPipeline:
         self._first_ack_t = 0.0
         self._rejects: list[tuple[int, str]] = []
         self._last_fail_log: dict[int, float] = {}
+        self._written_since_trim = 0
+        self._trim_at = 0.0
+        self._avg_size = 1024  # of the rows read from the spool: sizes the next read
 
         # counters (written by the drain thread)
         self._c_requests = 0
@@ -180,6 +198,8 @@ class DlqPipeline:
         self._c_rebuilds = 0
         self._c_possible_dups = 0
         self._c_backpressure = 0
+        self._c_overflows = 0    # times the in-memory hand-off was full
+        self._c_spool_reads = 0  # records read back from the spool
         self._last_error = ""
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -196,7 +216,7 @@ class DlqPipeline:
                                 max_records=self._max_records)
         else:
             self._store = MemoryQueue(max_bytes=self._max_bytes, max_records=self._max_records)
-        self._recovered_upto = self._store.last_seq()
+        self._recovered_upto = self._skipped_upto = self._store.last_seq()
         self._thread = threading.Thread(target=self._run, name="spillway-dlq-drain", daemon=True)
         self._thread.start()
         return self
@@ -220,6 +240,7 @@ class DlqPipeline:
 
         def on_commit(placed: Sequence[Placed]) -> None:
             self._register(keys, placed)
+            self._hand_off(records, placed)
 
         try:
             store.append(records, on_commit)
@@ -245,23 +266,59 @@ class DlqPipeline:
         under another task, or by an earlier process, is followed by seq: it is then unread, in
         the drain's hands, acknowledged-not-yet-deleted or rejected-not-yet-moved.
         """
+        all_fresh = all(p.fresh for p in placed)
         with self._cv:
-            for tk, (seq, owner, fresh) in zip(keys, placed, strict=True):
-                t = self._task(tk)
-                if fresh:
-                    t.pending += 1
-                elif owner == tk and seq > self._recovered_upto:
-                    continue  # the same task reported it again: already counted
-                elif seq in self._acked_set:
-                    t.acked += 1
-                elif seq in self._rejected_pending:
-                    t.rejected += 1
-                    t.last_error = self._rejected_pending[seq]
-                else:
-                    self._followers.setdefault(seq, []).append(tk)
-                    t.pending += 1
+            if all_fresh:  # the usual case: count per task, not per record
+                for tk, n in collections.Counter(keys).items():
+                    self._task(tk).pending += n
+            else:
+                for tk, (seq, owner, fresh, _) in zip(keys, placed, strict=True):
+                    t = self._task(tk)
+                    if fresh:
+                        t.pending += 1
+                    elif owner == tk and seq > self._recovered_upto:
+                        continue  # the same task reported it again: already counted
+                    elif seq in self._acked_set:
+                        t.acked += 1
+                    elif seq in self._rejected_pending:
+                        t.rejected += 1
+                        t.last_error = self._rejected_pending[seq]
+                    else:
+                        self._followers.setdefault(seq, []).append(tk)
+                        t.pending += 1
             self._commits += 1
             self._evict()
+        self._wake.set()
+
+    def _hand_off(self, records: Sequence[DlqRecord], placed: Sequence[Placed]) -> None:
+        """Runs in the spool's writer right after the commit (and `_register`), in seq order:
+        give the new rows to the drain from memory, so that it need not read back what was just
+        written. When the hand-off is full (Kafka is behind or gone) the rows are left to the
+        drain to read from the spool, and so is every later row until it has caught up."""
+        entries = [_Entry(p.seq, rec, p.size) for rec, p in zip(records, placed, strict=True)
+                   if p.fresh]
+        if not entries:
+            return
+        size = sum(e.size for e in entries)
+        with self._hlock:
+            if not self._overflow and self._handoff_bytes + size > self._handoff_max:
+                # the drain is behind (Kafka slow or gone): let go of what waits here too, the
+                # drain reads it back from the spool when its turn comes
+                self._overflow = True
+                self._c_overflows += 1
+                if self._handoff:
+                    self._skipped_upto = max(self._skipped_upto, self._handoff[-1].seq)
+                    self._handoff.clear()
+                    self._handoff_bytes = 0
+            if self._overflow:
+                self._skipped_upto = max(self._skipped_upto, entries[-1].seq)
+                return
+            floor = self._floor
+            if entries[0].seq <= floor:  # already read from the spool
+                entries = [e for e in entries if e.seq > floor]
+                size = sum(e.size for e in entries)
+            self._handoff.extend(entries)
+            self._handoff_bytes += size
         self._wake.set()
 
     def _evict(self) -> None:
@@ -390,6 +447,8 @@ class DlqPipeline:
             "producer-rebuilds": float(self._c_rebuilds),
             "possible-duplicates": float(self._c_possible_dups),
             "backpressure-rejections": float(self._c_backpressure),
+            "spool-reads": float(self._c_spool_reads),
+            "handoff-overflows": float(self._c_overflows),
         }
 
     def last_error(self) -> str:
@@ -428,7 +487,8 @@ class DlqPipeline:
                     break
                 produced = True
             produced = self._read_more() or produced
-        more_to_read = self._read_commits != self._commits and self._room() > 0
+        more_to_read = self._room() > 0 and (
+            bool(self._handoff) or (self._overflow and self._read_commits != self._commits))
         self._producer.poll(0 if produced or more_to_read else
                             (0.05 if self._inflight else 0))
         self._handle_reports()
@@ -439,7 +499,26 @@ class DlqPipeline:
             return 0.0  # (rows left over after a failed delete or reject wait for the next wake)
         if self._retry:
             return max(0.0, min(1.0, self._retry[0][0] - self._clock.monotonic()))
+        self._trim_when_idle()
         return 1.0
+
+    def _trim_when_idle(self) -> None:
+        """Once a large backlog has drained and the drain has been idle for a second, hand the
+        freed heap back to the OS (the spool already did when it emptied; this catches what
+        was freed after that: reports, librdkafka buffers)."""
+        assert self._store is not None
+        if self._written_since_trim < _TRIM_AFTER_RECORDS or self._acked_pending:
+            return
+        now = self._clock.monotonic()
+        if self._store.depth() or self._handoff:
+            self._trim_at = 0.0
+        elif not self._trim_at:
+            self._trim_at = now + 1.0
+        elif now >= self._trim_at:
+            self._trim_at = 0.0
+            self._written_since_trim = 0
+            release_memory()
+            log.debug("DLQ drain idle after a backlog: freed heap handed back to the OS")
 
     def _room(self) -> int:
         held = len(self._inflight) + len(self._retry) + len(self._suspects)
@@ -449,37 +528,76 @@ class DlqPipeline:
         return self._max_inflight - held
 
     def _read_more(self) -> bool:
+        """Take new rows: from the in-memory hand-off, else (after a restart, or once the
+        hand-off overflowed) from the spool."""
+        assert self._store is not None
+        room = self._room()
+        budget = self._max_inflight_bytes - self._held_bytes
+        if room <= 0 or budget <= 0:
+            return False
+        limit = min(self._chunk, room)
+        last = self._store.last_seq()  # every row up to it has been handed off or skipped
+        taken: list[_Entry] = []
+        with self._hlock:
+            handoff = self._handoff
+            while handoff and len(taken) < limit and budget > 0:
+                e = handoff.popleft()
+                budget -= e.size
+                taken.append(e)
+            self._handoff_bytes -= sum(e.size for e in taken)
+            from_spool = not handoff and self._overflow
+            if not handoff and not self._overflow and not taken:
+                self._cursor = max(self._cursor, last)  # rows up to `last` all taken
+        if taken:
+            self._cursor = taken[-1].seq
+            return self._produce_new(taken)
+        if from_spool:
+            return self._read_spool(limit, budget)
+        return False
+
+    def _read_spool(self, limit: int, budget: int) -> bool:
         assert self._store is not None
         with self._lock:
             commits = self._commits
         if commits == self._read_commits:
             return False
-        room = self._room()
-        limit = min(self._chunk, room)
-        if limit <= 0 or (limit < self._chunk // 4 and self._inflight):
+        # as many rows as the byte budget allows (by the average size read so far); rather
+        # than many small reads, wait until a quarter of the window is free again
+        fit = self._max_inflight_bytes // self._avg_size + 1
+        limit = min(limit, budget // self._avg_size + 1)
+        if self._inflight and limit < min(self._chunk, self._max_inflight, fit) // 4:
             return False
         last = self._store.last_seq()  # committed before it was published
         rows = self._store.read_batch(self._cursor, limit)
         short = len(rows) < limit
         if short:
             self._read_commits = commits
-        produced = False
-        for i, row in enumerate(rows):
-            self._cursor = row.seq
-            e = _Entry(row.seq, row.record, row.size)
-            self._held_bytes += e.size
-            if not self._produce(e):  # librdkafka full: keep the rest for later, in order
-                for rest in rows[i + 1:]:
-                    self._cursor = rest.seq
-                    r = _Entry(rest.seq, rest.record, rest.size)
-                    self._held_bytes += r.size
-                    heapq.heappush(self._retry, (self._clock.monotonic(), r))
-                break
-            produced = True
+        entries = [_Entry(row.seq, row.record, row.size) for row in rows]
+        self._c_spool_reads += len(entries)
+        if entries:
+            self._cursor = entries[-1].seq
+            self._avg_size = max(1, sum(e.size for e in entries) // len(entries))
         if short:
             # read to the end: a seq up to `last` that is not there never will be (an ignored
             # duplicate can use one up), so the cursor may pass it
             self._cursor = max(self._cursor, last)
+            with self._hlock:
+                if not self._handoff and self._skipped_upto <= self._cursor:
+                    self._overflow = False  # caught up: back to the in-memory hand-off
+                    self._floor = self._cursor
+        return self._produce_new(entries)
+
+    def _produce_new(self, entries: list[_Entry]) -> bool:
+        produced = False
+        for i, e in enumerate(entries):
+            self._held_bytes += e.size
+            if not self._produce(e):  # librdkafka full: keep the rest for later, in order
+                now = self._clock.monotonic()
+                for r in entries[i + 1:]:
+                    self._held_bytes += r.size
+                    heapq.heappush(self._retry, (now, r))
+                break
+            produced = True
         return produced
 
     def _produce(self, e: _Entry, *, solo: bool = False) -> bool:
@@ -487,7 +605,7 @@ class DlqPipeline:
         e.solo = solo
         e.sent_ns = time.time_ns()
         try:
-            self._producer.produce(e.rec, e.seq, max_wait_s=0.5)
+            self._producer.produce(e.rec, e.seq, max_wait_s=0.5, poll=False)
         except BufferError:
             heapq.heappush(self._retry, (self._clock.monotonic(), e))
             return False
@@ -544,11 +662,20 @@ class DlqPipeline:
         if self.tracer is not None:
             record_batch_spans(self.tracer, acked, partitions)
         per_job: collections.Counter[str] = collections.Counter()
+        per_task: collections.Counter[str] = collections.Counter()
         with self._cv:
+            self._acked_set.update(e.seq for e in acked)
+            followers, upto = self._followers, self._recovered_upto
             for e in acked:
-                self._acked_set.add(e.seq)
-                self._settle(e, acked=True)
                 per_job[e.rec.job] += 1
+                if followers and e.seq in followers:
+                    self._settle(e, acked=True)
+                elif e.seq > upto:  # the owner's count, settled per task below
+                    per_task[e.rec.task_key] += 1
+            for tk, n in per_task.items():
+                t = self._task(tk)
+                t.pending -= n
+                t.acked += n
             self._evict()
             self._cv.notify_all()
         for e in acked:
@@ -557,6 +684,7 @@ class DlqPipeline:
             self._first_ack_t = self._clock.monotonic()
         self._acked_pending.extend(e.seq for e in acked)
         self._c_written += len(acked)
+        self._written_since_trim += len(acked)
         if self._on_ack is not None:
             for job, n in per_job.items():
                 try:

@@ -25,6 +25,7 @@ may write it twice. Duplicates are possible, losses are not (KIP-1191 says the s
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import threading
 import time
@@ -215,24 +216,27 @@ class KafkaDlqProducer:
         self.last_error = failure
         self._on_delivery(token, failure)
 
-    def produce(self, rec: DlqRecord, token: int, *, max_wait_s: float = 5.0) -> None:
+    def _delivered(self, generation: int, token: int, err: KafkaError | None, msg: Any) -> None:
+        self._report(generation, token, err, msg.partition() if msg is not None else -1)
+
+    def produce(self, rec: DlqRecord, token: int, *, max_wait_s: float = 5.0,
+                poll: bool = True) -> None:
         """Hand `rec` to librdkafka. Raises ProduceRefused when it refuses the record, and
-        BufferError when its queue stays full for `max_wait_s` (the caller retries later)."""
+        BufferError when its queue stays full for `max_wait_s` (the caller retries later).
+        ``poll=False``: the caller polls itself once after a batch of produce calls."""
         p = self._get()
-        gen = self._generation
-
-        def report(err: KafkaError | None, msg: Any, _t: int = token) -> None:
-            self._report(gen, _t, err, msg.partition() if msg is not None else -1)
-
-        deadline = time.monotonic() + max_wait_s
+        report = functools.partial(self._delivered, self._generation, token)
+        headers = list(rec.headers) if rec.headers else None
+        deadline = 0.0
         while True:
             try:
-                p.produce(rec.topic, value=rec.value, key=rec.key,
-                          headers=list(rec.headers) if rec.headers else None,
+                p.produce(rec.topic, value=rec.value, key=rec.key, headers=headers,
                           on_delivery=report)
                 break
             except BufferError:
-                if time.monotonic() >= deadline:
+                if not deadline:
+                    deadline = time.monotonic() + max_wait_s
+                elif time.monotonic() >= deadline:
                     raise
                 self.poll(0.05)
             except KafkaException as exc:
@@ -244,7 +248,8 @@ class KafkaDlqProducer:
                 if failure.outcome is Outcome.REBUILD:
                     self.fatal_error = failure
                 raise ProduceRefused(failure) from exc
-        self.poll(0)
+        if poll:
+            self.poll(0)
 
     def _raised(self, exc: KafkaException) -> None:
         """confluent-kafka raises a fatal error out of poll()/flush(): note it for a rebuild."""

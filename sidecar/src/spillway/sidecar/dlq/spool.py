@@ -25,8 +25,10 @@ rows keep counting against the bounds until an operator removes them (`purge_rej
 from __future__ import annotations
 
 import collections
+import ctypes
 import fcntl
 import logging
+import marshal
 import os
 import sqlite3
 import struct
@@ -77,44 +79,54 @@ CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 _COLUMNS = "job, record_id, task_key, topic, key, value, headers, traceparent, size"
 _INSERT = f"INSERT OR IGNORE INTO spool ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _CHUNK = 500  # host parameters per IN (...) list
-
+_CACHE_KIB = 2048  # SQLite page cache per connection (PRAGMA cache_size, negative = KiB)
+_WAL_LIMIT = 64 * 1024 * 1024  # the WAL file is cut back to this after a checkpoint
+# After a drain leaves the spool empty, memory is handed back to the OS once it held this much.
+_RELEASE_AFTER_BYTES = 16 * 1024 * 1024
 
 
 class Placed(NamedTuple):
-    """Where an appended record went: its row's seq, the task_key stored on that row, and
-    whether this append created the row (False: the record was already spooled)."""
+    """Where an appended record went: its row's seq, the task_key stored on that row, whether
+    this append created the row (False: the record was already spooled), and the bytes the
+    record accounts for against ``spool.max.bytes``."""
 
     seq: int
     owner: str
     fresh: bool
+    size: int = 0
 
 
 OnCommit = Callable[[Sequence[Placed]], None]
 
 
 # --- header codec ---------------------------------------------------------------------------
-# count:u32, then per header: name length:u16, name (UTF-8), value length:i32 (-1: None), value.
+# marshal (format version 4) of the headers tuple: one C call each way. Blobs written by earlier
+# versions (count:u32 big-endian, then per header: name length:u16, name (UTF-8), value
+# length:i32 (-1: None), value) start with a zero byte, which a marshalled tuple never does, and
+# are still read.
 
+_MARSHAL_VERSION = 4
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
 
 
 def encode_headers(headers: Sequence[Header]) -> bytes:
-    parts = [_U32.pack(len(headers))]
-    for name, value in headers:
-        nb = name.encode("utf-8")
-        parts.append(_U16.pack(len(nb)))
-        parts.append(nb)
-        if value is None:
-            parts.append(_I32.pack(-1))
-        else:
-            parts.append(_I32.pack(len(value)))
-            parts.append(value)
-    return b"".join(parts)
+    if type(headers) is not tuple:
+        headers = tuple(headers)
+    return marshal.dumps(headers, _MARSHAL_VERSION)
 
 
 def decode_headers(blob: bytes) -> tuple[Header, ...]:
+    if blob[:1] == b"\x00":
+        return _decode_legacy(blob)
+    out = marshal.loads(blob)
+    if type(out) is not tuple:
+        raise DlqError(f"corrupt DLQ spool row: headers decode to {type(out).__name__}")
+    return out
+
+
+def _decode_legacy(blob: bytes) -> tuple[Header, ...]:
     (count,) = _U32.unpack_from(blob, 0)
     pos = 4
     out: list[Header] = []
@@ -133,6 +145,31 @@ def decode_headers(blob: bytes) -> tuple[Header, ...]:
     return tuple(out)
 
 
+def _load_malloc_trim() -> Callable[[], None] | None:
+    """glibc's ``malloc_trim(0)`` (hands freed heap pages back to the OS), or None elsewhere."""
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
+            return None
+        fn = ctypes.CDLL(None).malloc_trim  # the process's own libc
+    except (ValueError, OSError, AttributeError):  # not glibc: no malloc_trim
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return lambda: fn(0)
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+def release_memory() -> None:
+    """Give freed heap memory back to the OS (glibc only; a no-op elsewhere)."""
+    if _malloc_trim is not None:
+        try:
+            _malloc_trim()
+        except Exception:  # pragma: no cover - never let housekeeping fail a drain
+            log.debug("malloc_trim failed", exc_info=True)
+
+
 def record_size(rec: DlqRecord, headers_blob: bytes) -> int:
     """The bytes a record accounts for against ``spool.max.bytes``."""
     return (len(rec.key or b"") + len(rec.value or b"") + len(headers_blob) + len(rec.topic)
@@ -149,6 +186,21 @@ def _record(row: Sequence) -> DlqRecord:
     job, record_id, task_key, topic, key, value, blob, traceparent = row
     return DlqRecord(topic=topic, key=key, value=value, headers=decode_headers(blob),
                      record_id=record_id, job=job, task_key=task_key, traceparent=traceparent)
+
+
+def seq_ranges(seqs: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted, de-duplicated runs of consecutive seqs as (first, last) pairs."""
+    ordered = sorted(set(seqs))
+    out: list[tuple[int, int]] = []
+    lo = hi = ordered[0]
+    for s in ordered[1:]:
+        if s == hi + 1:
+            hi = s
+        else:
+            out.append((lo, hi))
+            lo = hi = s
+    out.append((lo, hi))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +289,7 @@ class Spool:
             (self._rejected, rejected_bytes) = self._conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM rejected").fetchone()
             self._bytes = pending_bytes + rejected_bytes
+            self._peak_bytes = self._bytes
             row = self._conn.execute(
                 "SELECT seq FROM sqlite_sequence WHERE name = 'spool'").fetchone()
             self._last_seq = row[0] if row else 0
@@ -278,6 +331,8 @@ class Spool:
                                timeout=30.0)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
+        conn.execute(f"PRAGMA journal_size_limit={_WAL_LIMIT}")
         return conn
 
     # -- writing --------------------------------------------------------------------------
@@ -362,7 +417,7 @@ class Spool:
                     "SELECT seq FROM sqlite_sequence WHERE name = 'spool'").fetchone()
                 last = row[0] if row else 0
                 if inserted == len(rows) and last - before == len(rows):
-                    placed = [Placed(seq, r[2], True)
+                    placed = [Placed(seq, r[2], True, r[8])
                               for seq, r in zip(range(before + 1, last + 1), rows, strict=True)]
                 else:  # some were already spooled (or repeated in this batch): look each up
                     placed, seen = [], set()
@@ -370,7 +425,8 @@ class Spool:
                         seq, owner = conn.execute(
                             "SELECT seq, task_key FROM spool WHERE job = ? AND record_id = ?",
                             (r[0], r[1])).fetchone()
-                        placed.append(Placed(seq, owner, seq > before and seq not in seen))
+                        placed.append(Placed(seq, owner, seq > before and seq not in seen,
+                                             r[8]))
                         seen.add(seq)
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
@@ -387,9 +443,9 @@ class Spool:
                     new_n += 1
                     new_bytes += r[8]
             with self._lock:
-                self._last_seq = last
                 self._depth += new_n
                 self._bytes += new_bytes
+                self._peak_bytes = max(self._peak_bytes, self._bytes)
             pos = 0
             for req in accepted:
                 req.placed = placed[pos:pos + len(req.rows)]
@@ -399,24 +455,32 @@ class Spool:
                         req.on_commit(req.placed)
                     except Exception:
                         log.exception("DLQ spool on_commit hook failed")
+            with self._lock:  # published once every hook of the group has run
+                self._last_seq = last
 
     def delete(self, seqs: Sequence[int]) -> int:
-        """Remove rows Kafka acknowledged; returns how many were there."""
+        """Remove rows Kafka acknowledged; returns how many were there.
+
+        The seqs are deleted by contiguous ranges (``seq BETWEEN ? AND ?``), one statement per
+        run of consecutive seqs. When this leaves the spool empty after it held a lot, SQLite's
+        caches and the process's freed heap are handed back to the OS.
+        """
         if not seqs:
             return 0
+        ranges = seq_ranges(seqs)
         n, freed = 0, 0
         with self._wlock:
             conn = self._conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                for i in range(0, len(seqs), _CHUNK):
-                    part = seqs[i:i + _CHUNK]
-                    marks = ",".join("?" * len(part))
-                    for (size,) in conn.execute(
-                            f"DELETE FROM spool WHERE seq IN ({marks}) RETURNING size",
-                            part).fetchall():
-                        n += 1
-                        freed += size
+                for lo, hi in ranges:
+                    count, size = conn.execute(
+                        "SELECT COUNT(*), TOTAL(size) FROM spool WHERE seq BETWEEN ? AND ?",
+                        (lo, hi)).fetchone()
+                    if count:
+                        n += count
+                        freed += int(size)
+                        conn.execute("DELETE FROM spool WHERE seq BETWEEN ? AND ?", (lo, hi))
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 if conn.in_transaction:
@@ -425,7 +489,24 @@ class Spool:
             with self._lock:
                 self._depth -= n
                 self._bytes -= freed
+                release = (self._depth == 0 and self._peak_bytes >= _RELEASE_AFTER_BYTES)
+                if release:
+                    self._peak_bytes = self._bytes
+            if release:
+                self._release_memory()
         return n
+
+    def _release_memory(self) -> None:
+        """The spool is empty after having been large: shrink SQLite's page caches and give
+        freed heap back to the OS (under the write lock)."""
+        try:
+            self._conn.execute("PRAGMA shrink_memory")
+            with self._rlock:
+                self._reader.execute("PRAGMA shrink_memory")
+        except sqlite3.Error as exc:
+            log.debug("DLQ spool: releasing memory failed: %s", exc)
+        release_memory()
+        log.info("DLQ spool %s drained: released SQLite caches and freed heap", self.path)
 
     def reject(self, items: Sequence[tuple[int, str]], now_ms: int) -> int:
         """Move rows Kafka can never accept to the rejected table, with the reason."""
@@ -501,6 +582,7 @@ class Spool:
     # -- status ---------------------------------------------------------------------------
 
     def last_seq(self) -> int:
+        """The highest seq committed whose on_commit hooks have all run."""
         with self._lock:
             return self._last_seq
 
@@ -577,9 +659,9 @@ class MemoryQueue:
                     self._rows[seq] = SpooledRecord(seq, rec, s)
                     self._index[key] = seq
                     self._bytes += s
-                    placed.append(Placed(seq, rec.task_key, True))
+                    placed.append(Placed(seq, rec.task_key, True, s))
                 else:
-                    placed.append(Placed(seq, self._rows[seq].record.task_key, False))
+                    placed.append(Placed(seq, self._rows[seq].record.task_key, False, s))
             if on_commit is not None:
                 on_commit(placed)
         return [p.seq for p in placed]

@@ -1,8 +1,10 @@
 """One PRODUCER span per acknowledged DLQ batch (per topic and partition), linking to the trace
-context of every record in it (OpenTelemetry messaging conventions for batch sends).
+context of the records in it (OpenTelemetry messaging conventions for batch sends).
 
 The span runs from the batch's first hand-off to the producer until Kafka acknowledged it.
-Links are capped per span by the tracer provider's SpanLimits; batches are cut to fit.
+Links are capped at MAX_LINKS_PER_SPAN (the SDK's default SpanLimits keep no more anyway): a
+batch of up to that many records links once per record; a larger one links each distinct trace
+context once, and what passes the cap is counted in ``spillway.links.dropped``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
 from ..core.dlq_record import valid_traceparent
 
-MAX_LINKS_PER_SPAN = 1000
+MAX_LINKS_PER_SPAN = 128
 
 
 def _context(traceparent: str) -> SpanContext | None:
@@ -27,6 +29,27 @@ def _context(traceparent: str) -> SpanContext | None:
                        trace_flags=TraceFlags(int(flags, 16)))
 
 
+def _links(batch: Sequence) -> tuple[list[Link], int]:
+    """The batch's links and how many were left out past the cap."""
+    if len(batch) <= MAX_LINKS_PER_SPAN:
+        parents = [e.rec.traceparent for e in batch]
+    else:
+        parents = list(dict.fromkeys(e.rec.traceparent for e in batch))
+    links: list[Link] = []
+    cache: dict[str, SpanContext | None] = {}
+    dropped = 0
+    for tp in parents:
+        if not tp:
+            continue
+        if len(links) >= MAX_LINKS_PER_SPAN:
+            dropped += 1
+            continue
+        ctx = cache[tp] if tp in cache else cache.setdefault(tp, _context(tp))
+        if ctx is not None:
+            links.append(Link(ctx))
+    return links, dropped
+
+
 def record_batch_spans(tracer: trace.Tracer, entries: Sequence, partitions: Sequence[int]) -> None:
     """`entries` carry `.rec` (a DlqRecord) and `.sent_ns`; `partitions` the acked partition."""
     groups: dict[tuple[str, int], list] = defaultdict(list)
@@ -34,21 +57,21 @@ def record_batch_spans(tracer: trace.Tracer, entries: Sequence, partitions: Sequ
         groups[(e.rec.topic, p)].append(e)
     end = time.time_ns()
     for (topic, partition), batch in groups.items():
-        for i in range(0, len(batch), MAX_LINKS_PER_SPAN):
-            chunk = batch[i:i + MAX_LINKS_PER_SPAN]
-            links = [Link(ctx) for ctx in (_context(e.rec.traceparent) for e in chunk) if ctx]
-            attrs = {
-                "messaging.system": "kafka",
-                "messaging.operation.type": "send",
-                "messaging.operation.name": "send",
-                "messaging.destination.name": topic,
-                "messaging.batch.message_count": len(chunk),
-                "spillway.jobs": sorted({e.rec.job for e in chunk}),
-            }
-            if partition >= 0:
-                attrs["messaging.destination.partition.id"] = str(partition)
-            span = tracer.start_span(f"send {topic}", kind=SpanKind.PRODUCER, links=links,
-                                     attributes=attrs,
-                                     start_time=min(e.sent_ns for e in chunk) or end,
-                                     context=trace.set_span_in_context(trace.INVALID_SPAN))
-            span.end(end_time=end)
+        links, dropped = _links(batch)
+        attrs = {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
+            "messaging.destination.name": topic,
+            "messaging.batch.message_count": len(batch),
+            "spillway.jobs": sorted({e.rec.job for e in batch}),
+        }
+        if dropped:
+            attrs["spillway.links.dropped"] = dropped
+        if partition >= 0:
+            attrs["messaging.destination.partition.id"] = str(partition)
+        span = tracer.start_span(f"send {topic}", kind=SpanKind.PRODUCER, links=links,
+                                 attributes=attrs,
+                                 start_time=min(e.sent_ns for e in batch) or end,
+                                 context=trace.set_span_in_context(trace.INVALID_SPAN))
+        span.end(end_time=end)
