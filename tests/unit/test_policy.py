@@ -390,6 +390,60 @@ def test_schedule_state_is_bounded(engine, monkeypatch):
     assert flat["records-tracked"] == 10 and flat["records-evicted"] == 15
 
 
+def test_skipped_ids_are_compact_bounded_and_least_recently_seen_evicted(engine):
+    engine.register_job("j", {"errors.tolerance": "all",
+                              "errors.deadletterqueue.topic.name": "dlq.j"})
+    j = engine._jobs["j"]
+    j.ids.limit = 10
+    engine.decide("j", task(), [rec(f"j/TRANSFORMATION/0/{i}", VALUE) for i in range(10)])
+    # one shared answer for the batch, no record-id strings kept, no schedules left
+    infos = {id(j.ids.get(k)) for k in j.ids.keys()}
+    assert len(infos) == 1 and all(type(k) is int for k in j.ids.keys())
+    assert len(j.records) == 0
+    again = engine.decide("j", task(attempt=1), [rec("j/TRANSFORMATION/0/0", VALUE)])[0]
+    assert again.verdict.action is Action.SKIP and again.dead_letter
+    assert "already skipped" in again.verdict.reason and again.verdict.attempt == 2
+    # 9 new ids evict 1..9, not 0 (seen again most recently)
+    engine.decide("j", task(), [rec(f"j/TRANSFORMATION/0/{i}", VALUE) for i in range(10, 19)])
+    assert len(j.ids) == 10 and j.tolerance.ids_evicted == 9
+    d0, d1 = engine.decide("j", task(attempt=2), [rec("j/TRANSFORMATION/0/0", VALUE),
+                                                  rec("j/TRANSFORMATION/0/1", VALUE)])
+    assert "already skipped" in d0.verdict.reason and d0.verdict.attempt == 3
+    # an evicted id is decided afresh: still SKIP and dead-lettered, counted again
+    assert d1.verdict.action is Action.SKIP and d1.dead_letter
+    assert "already skipped" not in d1.verdict.reason
+    assert engine.summary("j").counts.total_record_errors == 20
+
+
+class _Colliding(str):
+    """A record id whose digest collides with every other one's."""
+
+    def __hash__(self) -> int:
+        return 42
+
+
+def test_a_digest_collision_never_loses_a_record(engine):
+    engine.register_job("j", {"errors.tolerance": "all",
+                              "errors.deadletterqueue.topic.name": "dlq.j"})
+    a, b = engine.decide("j", task(), [rec(_Colliding("a"), VALUE), rec(_Colliding("b"), VALUE)])
+    # b looks already skipped: answered SKIP under its own id and dead-lettered all the same
+    assert (a.verdict.action, b.verdict.action) == (Action.SKIP, Action.SKIP)
+    assert a.dead_letter and b.dead_letter and b.verdict.record_id == "b"
+    assert "already skipped" in b.verdict.reason
+
+
+def test_retry_schedules_are_keyed_by_digest_and_continue_across_attempts(engine):
+    engine.register_job("j", {"errors.retry.max.retries": "2", "errors.tolerance": "all",
+                              "errors.retry.budget.ratio": "-1", "errors.circuit.enable": "false"})
+    j = engine._jobs["j"]
+    for attempt in range(2):
+        v = engine.decide("j", task(attempt=attempt), [rec("r")])[0].verdict
+        assert v.action is Action.RETRY
+    assert all(type(k) is int for k in j.records.keys()) and len(j.records) == 1
+    v = engine.decide("j", task(attempt=2), [rec("r")])[0].verdict
+    assert v.action is Action.SKIP and v.attempt == 3 and len(j.records) == 0
+
+
 def test_concurrent_decisions_count_every_record_once(engine):
     engine.register_job("j", {"errors.tolerance": "all"})
 

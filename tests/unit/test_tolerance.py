@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import sys
+from collections import OrderedDict
+
 import pytest
 
 from spillway.sidecar.core.counters import WindowedCounter
@@ -15,7 +19,7 @@ from spillway.sidecar.core.model import (
 )
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.core.settings import ToleranceSettings
-from spillway.sidecar.core.tolerance import ToleranceTracker
+from spillway.sidecar.core.tolerance import KEY_MASK, IdTable, ToleranceTracker, record_key
 from support.fakes import FakeClock, FakeRng
 
 
@@ -81,7 +85,7 @@ def test_counted_ids_are_bounded():
     t = ToleranceTracker("x", ToleranceSettings("all", -1, -1, 0, 0, False), max_ids=100)
     for i in range(1000):
         t.admit(str(i), "S", 0)
-    assert len(t._counted) == 100 and t.ids_evicted == 900
+    assert len(t.ids) == 100 and t.ids_evicted == 900
 
 
 def test_processed_slots_are_bounded_and_keep_their_counts():
@@ -229,3 +233,78 @@ def test_progress_replaces_per_stage_so_two_wrappers_in_one_task_both_count():
     # a running total for one stage replaces that stage's earlier figure only
     t.record_progress((1, 0), {"TRANSFORMATION": 38}, 2)
     assert t.records_processed == 78
+
+
+# --- the compact id table ------------------------------------------------------------------------
+
+def test_counted_ids_are_kept_as_60_bit_digests_not_strings():
+    t = tol()
+    t.admit("job/TRANSFORMATION/3/12345", "S", 0)
+    assert t.ids.keys() == [record_key("job/TRANSFORMATION/3/12345")]
+    key = t.ids.keys()[0]
+    assert type(key) is int and 0 <= key <= KEY_MASK and sys.getsizeof(key) <= 32
+    # a caller that already has the key passes it: the same id is not counted twice
+    assert not t.admit("job/TRANSFORMATION/3/12345", "S", 1, key=key).counted
+    assert t.errors_total == 1
+
+
+def test_id_table_evicts_the_least_recently_used():
+    t: IdTable[int] = IdTable(3)
+    for k in (1, 2, 3):
+        t.add(k, k)
+    t.touch(1)                       # order now 2, 3, 1
+    t.add(4, 4)                      # evicts 2
+    assert t.keys() == [3, 1, 4] and 2 not in t and t.evicted == 1
+    t.add(3, 30)                     # present: new value, most recently used
+    t.replace(1, 10)                 # new value, order unchanged
+    assert t.keys() == [1, 4, 3] and t.get(3) == 30 and t.get(1) == 10
+    assert t.pop(4) == 4 and t.pop(4) is None and t.pop(99, -1) == -1
+    t.add(5, 5)
+    t.add(6, 6)                      # evicts 1, the least recently used
+    assert t.keys() == [3, 5, 6] and len(t) == 3 and t.evicted == 2
+    t.replace(1, 1)                  # absent: nothing
+    assert 1 not in t
+
+
+def test_id_table_matches_an_lru_ordered_dict_under_random_use():
+    rng = random.Random(7)
+    t: IdTable[int] = IdTable(50)
+    ref: OrderedDict[int, int] = OrderedDict()
+    evicted = 0
+    for step in range(60_000):
+        k = rng.randrange(120)
+        op = rng.random()
+        if op < 0.45:
+            t.add(k, step)
+            ref[k] = step
+            ref.move_to_end(k)
+            if len(ref) > 50:
+                ref.popitem(last=False)
+                evicted += 1
+        elif op < 0.75:
+            if k in ref:
+                t.touch(k)
+                ref.move_to_end(k)
+        elif op < 0.95:
+            assert t.pop(k) == ref.pop(k, None)
+        else:
+            t.replace(k, -step)
+            if k in ref:
+                ref[k] = -step
+        if step % 997 == 0:
+            assert t.keys() == list(ref) and t.evicted == evicted
+            assert all(t.get(k) == v for k, v in ref.items())
+            # stale occurrences are compacted away: the order stays within bounds
+            assert len(t._order) <= 2 * len(t) + 1024 and len(t._stale) <= len(t._order)
+    assert t.keys() == list(ref) and len(t) == len(ref) and t.evicted == evicted
+
+
+def test_id_table_dict_does_not_grow_under_churn():
+    t: IdTable[None] = IdTable(2_000)
+    for k in range(50_000):          # every add past 2 000 evicts one: deleted dict slots
+        t.add(k * 7919, None)
+    assert len(t) == 2_000 and t.keys()[0] == 48_000 * 7919
+    # ~37 bytes per entry when sized for its live entries; a dict left to grow on its own
+    # would be ~74 (three times its live size at its next resize)
+    assert sys.getsizeof(t._d) < 2_000 * 50
+    assert len(t._order) == 2_000

@@ -23,7 +23,14 @@ The sidecar owns each record's schedule, keyed by (job, record id), so a re-atte
 (new attempt number, same record ids) continues the record's retry count, retry clock and
 budget instead of restarting them. Memory is bounded: per job at most
 ``MAX_TRACKED_RECORDS`` schedules (least recently reported evicted; recovered and skipped
-records leave at once) and ``MAX_SKIPPED_IDS`` skipped ids.
+records leave at once) and ``tolerance.MAX_COUNTED_IDS`` counted error ids, which also hold the
+skipped records' answers (one table: a skipped record is a counted one). Both tables are keyed
+by a 60-bit digest of the record id (`tolerance.record_key`), not the id string, and store no
+per-entry object besides the key: a skipped record's answer is a (category, reason, attempts)
+tuple shared by every record skipped the same way (`_Job.skip_info`). A digest collision (about
+n^2 / 2^61 for n remembered ids) can make a distinct record look already skipped (still SKIP,
+still dead-lettered, not counted again) or share another record's retry schedule (it may run
+out of retries sooner, then goes to the handler and tolerance as usual); no record is lost.
 
 Threads: the engine's own lock guards only the job table; each job has its lock, held while its
 records are decided (the KIP-1033 handler is called under it, so handlers need not be
@@ -33,7 +40,6 @@ thread-safe) and released before error log lines are written.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -49,10 +55,10 @@ from .model import (Action, Category, Counts, Decision, FailedRecord, JobSummary
                     TaskIdentity, Verdict)
 from .ports import Clock, ErrorLogger, RandomSource
 from .settings import JobSettings, job_settings
-from .tolerance import ToleranceTracker
+from .tolerance import KEY_MASK, IdTable, ToleranceTracker
 
 MAX_TRACKED_RECORDS = 100_000
-MAX_SKIPPED_IDS = 100_000
+MAX_SKIP_INFOS = 4_096    # distinct skip answers shared per job (cleared when full)
 MAX_BREAKDOWN_KEYS = 1_000
 OTHER_KEY = "(other)"
 MAX_MESSAGE_CHARS = 300
@@ -68,11 +74,9 @@ class _RecordState:
     last_class: str = ""
 
 
-@dataclass(slots=True)
-class _Skipped:
-    category: Category
-    reason: str
-    attempts: int
+# A skipped record's answer, (category, reason, attempts): immutable and shared by every record
+# skipped the same way (`_Job.skip_info`), so remembering a skipped id costs no object of its own.
+_SkipInfo = tuple[Category, str, int]
 
 
 class _Job:
@@ -87,8 +91,9 @@ class _Job:
         self.budget = RetryBudget(r.budget_ratio, r.budget_min_retries, r.budget_window_ms)
         self.breakers = Breakers(settings.circuit)
         self.tolerance = ToleranceTracker(settings.job, settings.tolerance)
-        self.records: OrderedDict[str, _RecordState] = OrderedDict()
-        self.skipped: OrderedDict[str, _Skipped] = OrderedDict()
+        self.records: IdTable[_RecordState] = IdTable(MAX_TRACKED_RECORDS)  # by record_key
+        self.ids = self.tolerance.ids   # record_key -> _SkipInfo (None: counted, not skipped)
+        self.skip_infos: dict[_SkipInfo, _SkipInfo] = {}
         self.counts = ScopedCounts()
         self.by_stage: dict[str, int] = {}
         self.by_category: dict[str, int] = {}
@@ -96,26 +101,38 @@ class _Job:
         self.failure_reason = ""
         self.dlq_acked = 0
         self.recovered = 0
-        self.records_evicted = 0
         self.handler_failures = 0
         self.log_failures = 0
 
-    def state_for(self, record_id: str, now_ms: float) -> _RecordState:
-        st = self.records.get(record_id)
+    @property
+    def records_evicted(self) -> int:
+        return self.records.evicted
+
+    def state_for(self, key: int, now_ms: float) -> _RecordState:
+        records = self.records
+        st = records.get(key)
         if st is None:
-            st = self.records[record_id] = _RecordState(first_ms=now_ms)
-            if len(self.records) > MAX_TRACKED_RECORDS:
-                self.records.popitem(last=False)
-                self.records_evicted += 1
+            st = _RecordState(first_ms=now_ms)
+            records.add(key, st)
         else:
-            self.records.move_to_end(record_id)
+            records.touch(key)
         return st
 
-    def remember_skipped(self, record_id: str, skipped: _Skipped) -> None:
-        self.records.pop(record_id, None)
-        self.skipped[record_id] = skipped
-        if len(self.skipped) > MAX_SKIPPED_IDS:
-            self.skipped.popitem(last=False)
+    def skip_info(self, category: Category, reason: str, attempts: int) -> _SkipInfo:
+        """The shared answer for records skipped this way (reasons are per report and per
+        exception message: equal ones across reports are merged here)."""
+        info = (category, reason, attempts)
+        shared = self.skip_infos.get(info)
+        if shared is None:
+            if len(self.skip_infos) >= MAX_SKIP_INFOS:
+                self.skip_infos.clear()   # entries keep theirs; only sharing starts afresh
+            shared = self.skip_infos[info] = info
+        return shared
+
+    def remember_skipped(self, key: int, info: _SkipInfo) -> None:
+        """The record was counted (tolerance.admit added its key) and skipped."""
+        self.records.pop(key)
+        self.ids.replace(key, info)
 
 
 def _bump(table: dict[str, int], key: str, n: int = 1) -> None:
@@ -148,7 +165,8 @@ class _Batch:
     Also remembers the last record's description, which a batch failing the same way shares."""
 
     __slots__ = ("amounts", "last_stage", "last_amounts", "last_ref", "by_stage", "by_class",
-                 "by_category", "reports", "last_exc", "last_cls", "last_what", "reasons")
+                 "by_category", "reports", "last_exc", "last_cls", "last_what", "reasons",
+                 "last_info")
 
     def __init__(self) -> None:
         self.amounts: dict[str, list[int]] = {}
@@ -163,6 +181,7 @@ class _Batch:
         self.last_cls: object = None
         self.last_what = ""
         self.reasons: dict[tuple[str, str], str] = {}
+        self.last_info: _SkipInfo | None = None
 
     def stage_amounts(self, stage: str) -> list[int]:
         if stage == self.last_stage:
@@ -302,18 +321,19 @@ class PolicyEngine:
         counted[category] = counted.get(category, 0) + 1
         b.reports += 1                    # budget.on_report, charged before any retry
 
-        skipped = j.skipped.get(rid)
+        key = hash(rid) & KEY_MASK        # tolerance.record_key(rid)
+        skipped = j.ids.get(key)
         if skipped is not None and not j.failure_reason:
             # a re-attempted task met a record an earlier attempt already skipped: same answer,
             # counted once; dead-lettered again (duplicates are possible, loss is not)
-            j.skipped.move_to_end(rid)
-            skipped.attempts += 1
+            skipped = j.skip_info(skipped[0], skipped[1], skipped[2] + 1)
+            j.ids.add(key, skipped)       # and now the most recently seen
             return (Decision(Verdict(
-                rid, Action.SKIP, skipped.category,
-                f"already skipped by an earlier task attempt: {skipped.reason}",
-                skipped.attempts), s.dlq.enabled), False, "")
+                rid, Action.SKIP, skipped[0],
+                f"already skipped by an earlier task attempt: {skipped[1]}",
+                skipped[2]), s.dlq.enabled), False, "")
 
-        state = j.state_for(rid, now)
+        state = j.state_for(key, now)
         state.attempts += 1
         state.last_class = exc.class_name
 
@@ -352,7 +372,8 @@ class PolicyEngine:
             why = f"retries exhausted: {retry}"
         else:
             why = "data error: never retried"
-        return self._handle(j, task, tid, record, state, cls, why, what, now, wall, amounts, b)
+        return self._handle(j, task, tid, record, key, state, cls, why, what, now, wall,
+                            amounts, b)
 
     def _try_retry(self, j: _Job, task: TaskIdentity, record: FailedRecord,
                    state: _RecordState, cls: Classification, now: float) -> Verdict | str:
@@ -401,7 +422,7 @@ class PolicyEngine:
         return Verdict(record_id=record.record_id, action=Action.RETRY, category=cls.category,
                        reason=reason, attempt=state.attempts, retry_delay_ms=decision.delay_ms)
 
-    def _handle(self, j: _Job, task: TaskIdentity, tid: str, record: FailedRecord,
+    def _handle(self, j: _Job, task: TaskIdentity, tid: str, record: FailedRecord, key: int,
                 state: _RecordState, cls: Classification, why: str, what: str, now: float,
                 wall: int, amounts: list[int], b: _Batch) -> _Outcome:
         """KIP-1033 handler, then tolerance, for a record that will not be retried."""
@@ -437,7 +458,7 @@ class PolicyEngine:
                                                    self._fail_job(j, reason), state.attempts,
                                                    job_failed=True), cls)
 
-        tol = j.tolerance.admit(rid, stage, now, (task.stage_id, task.partition_id))
+        tol = j.tolerance.admit(rid, stage, now, (task.stage_id, task.partition_id), key)
         if tol.exceeded:
             reason = self._fail_job(j, f"{tol.reason}; last error: {what} (record {rid!r})")
             return self._error(j, amounts, Verdict(rid, Action.FAIL, category, reason,
@@ -449,7 +470,11 @@ class PolicyEngine:
             where = (f"dead-lettered to {s.dlq.topic}" if dead_letter
                      else "dropped (no errors.deadletterqueue.topic.name)")
             reason = b.reasons[(what, why)] = f"skipped, {where}: {what}; {why}"
-        j.remember_skipped(rid, _Skipped(category, reason, state.attempts))
+        info = b.last_info
+        if (info is None or info[1] is not reason or info[0] is not category
+                or info[2] != state.attempts):
+            info = b.last_info = j.skip_info(category, reason, state.attempts)
+        j.remember_skipped(key, info)
         amounts[_SKIPPED] += 1
         if not dead_letter:
             amounts[_DROPPED] += 1
@@ -478,7 +503,7 @@ class PolicyEngine:
         now = self._clock.monotonic() * 1000.0
         with j.lock:
             for rid in record_ids:
-                st = j.records.pop(rid, None)
+                st = j.records.pop(hash(rid) & KEY_MASK)
                 if st is None:
                     continue
                 j.recovered += 1

@@ -20,7 +20,9 @@ flushes, or at once if it already has.
 
 Counting is idempotent by record id: a re-attempted Spark task re-reporting a record that was
 already counted does not count it again (``MAX_COUNTED_IDS`` ids are remembered per job, least
-recently seen evicted first). Processed counts are per Spark task (stage, partition): the same
+recently seen evicted first). Ids are remembered as 60-bit digests (`record_key`) in an
+`IdTable`, not as strings; the policy engine keeps its skipped-record answers in the same table
+(`ToleranceTracker.ids`), so a job holds one id table, not two. Processed counts are per Spark task (stage, partition): the same
 attempt reporting twice, or a new attempt of the task, replaces the earlier count
 (``MAX_TASK_SLOTS`` tasks remembered; an evicted task's counts stay but can no longer be
 replaced).
@@ -28,9 +30,10 @@ replaced).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from .counters import WindowedCounter
 from .settings import ToleranceSettings
@@ -39,6 +42,150 @@ MAX_COUNTED_IDS = 200_000
 MAX_TASK_SLOTS = 100_000
 
 TaskKey = tuple[int, int]   # (Spark stage id, partition id): stable across task attempts
+
+# Record ids are remembered as 60-bit digests, not strings: Python's str hash (64-bit SipHash,
+# keyed per process: fine for in-process state, never persisted or compared across processes)
+# masked to 60 bits, which CPython keeps in a 32-byte int object (a full 64-bit value takes 48)
+# and which frees the request's id strings at once. Two of n remembered ids collide with
+# probability about n^2 / 2^61 (~4e-8 at 300 000 ids). A collision can only make a distinct record
+# look already counted / already skipped: it is still answered SKIP (and dead-lettered when the
+# job has a DLQ), never lost; it is just not counted as a new error (docs/POLICY.md).
+KEY_BITS = 60
+KEY_MASK = (1 << KEY_BITS) - 1
+
+
+def record_key(record_id: str) -> int:
+    """The digest under which a record id is remembered (see KEY_BITS)."""
+    return hash(record_id) & KEY_MASK
+
+
+V = TypeVar("V")
+_MISSING: object = object()
+
+
+class IdTable(Generic[V]):
+    """A bounded map, least recently used entry evicted first, with no per-entry node.
+
+    An OrderedDict costs a linked-list node per entry (~100 bytes with its index, for int keys),
+    and a plain dict cannot evict its oldest entry cheaply (a dict iterator skips every deleted
+    slot before the first live one, so FIFO eviction from a dict is quadratic). Here a plain dict
+    holds the values and a deque of keys the use order: a touch appends the key again and counts
+    the earlier occurrence as stale (`_stale`: key -> stale occurrences, always the earliest ones
+    of that key), eviction pops from the left skipping stale occurrences, and the deque is rebuilt
+    once stale occurrences outnumber live entries (amortised O(1)).
+
+    A dict whose entries keep being deleted and added (eviction, a schedule dropped right after
+    it was made) does not reuse the deleted slots: it grows to three times its live size at its
+    next resize, ~100 bytes per entry at 200 000 entries. So the dict is copied afresh (sized for
+    its live entries, `dict(d)`) once deletions reach half its size, before it would grow:
+    ~52 bytes per entry plus 8 in the deque, besides the key. Not thread-safe: callers hold
+    their job's lock.
+    """
+
+    __slots__ = ("limit", "evicted", "_d", "_order", "_stale", "_dead")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.evicted = 0
+        self._d: dict[Hashable, V] = {}
+        self._order: deque[Hashable] = deque()
+        self._stale: dict[Hashable, int] = {}
+        self._dead = 0          # dict deletions since the dict was last copied
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._d
+
+    def get(self, key: Hashable, default: V | None = None) -> V | None:
+        return self._d.get(key, default)
+
+    def add(self, key: Hashable, value: V) -> None:
+        """Set key's value and make it the most recently used; evict past the limit."""
+        d = self._d
+        if key in d:
+            d[key] = value
+            self.touch(key)
+            return
+        d[key] = value
+        self._order.append(key)
+        if len(d) > self.limit:
+            self._evict()
+
+    def replace(self, key: Hashable, value: V) -> None:
+        """Change a present key's value without touching it (absent: nothing)."""
+        d = self._d
+        if key in d:
+            d[key] = value
+
+    def touch(self, key: Hashable) -> None:
+        """Make a present key the most recently used."""
+        order = self._order
+        if order[-1] == key:
+            return
+        order.append(key)
+        stale = self._stale
+        stale[key] = stale.get(key, 0) + 1
+        if len(order) > 2 * len(self._d) + 1024:
+            self._compact()
+
+    def pop(self, key: Hashable, default: V | None = None) -> V | None:
+        d = self._d
+        value = d.pop(key, _MISSING)
+        if value is _MISSING:
+            return default
+        order = self._order
+        if order[-1] == key:     # its last occurrence, so its live one: the common case
+            order.pop()          # (a record's schedule is dropped right after it was made)
+        else:
+            stale = self._stale
+            stale[key] = stale.get(key, 0) + 1
+            if len(order) > 2 * len(d) + 1024:
+                self._compact()
+        self._dead += 1
+        if self._dead >= 512 and self._dead >= len(d) >> 1:
+            self._shrink()
+        return value  # type: ignore[return-value]
+
+    def keys(self) -> list[Hashable]:
+        """The keys, least recently used first."""
+        left = dict(self._stale)
+        out = []
+        for k in self._order:
+            n = left.get(k)
+            if n:
+                left[k] = n - 1
+            else:
+                out.append(k)
+        return out
+
+    def _evict(self) -> None:
+        order, stale = self._order, self._stale
+        while True:
+            k = order.popleft()
+            n = stale.get(k) if stale else None
+            if n:                          # a later occurrence is the live one
+                if n == 1:
+                    del stale[k]
+                else:
+                    stale[k] = n - 1
+                continue
+            d = self._d
+            del d[k]
+            self.evicted += 1
+            self._dead += 1
+            if self._dead >= 512 and self._dead >= len(d) >> 1:
+                self._shrink()
+            return
+
+    def _shrink(self) -> None:
+        self._d = dict(self._d)   # not d.copy(): that may clone the deleted slots too
+        self._dead = 0
+
+    def _compact(self) -> None:
+        self._order = deque(self.keys())
+        self._stale = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,28 +226,33 @@ class ToleranceTracker:
         self.s = settings
         self.max_ids = max_ids
         self.max_slots = max_slots
-        self._counted: OrderedDict[str, None] = OrderedDict()
+        # counted record ids (as `record_key` digests); the policy engine stores its skip answer
+        # as the value (None: counted but not skipped)
+        self.ids: IdTable[object] = IdTable(max_ids)
         self._job = _Pair(settings.window_ms)
         self._stages: dict[str, _Pair] = {}
         self._slots: OrderedDict[TaskKey, _Slot] = OrderedDict()
         self.records_processed = 0       # whole-job total, for the summary
         self.errors_total = 0
-        self.ids_evicted = 0
         self.slots_evicted = 0
+
+    @property
+    def ids_evicted(self) -> int:
+        return self.ids.evicted
 
     # --- errors ---------------------------------------------------------------------------
 
     def admit(self, record_id: str, stage: str, now_ms: float,
-              task: TaskKey = (0, 0)) -> ToleranceResult:
-        """Count one error (once per record id) and check the limits."""
-        counted = self._counted
-        if record_id in counted:
-            counted.move_to_end(record_id)
+              task: TaskKey = (0, 0), key: int | None = None) -> ToleranceResult:
+        """Count one error (once per record id) and check the limits. `key`: the id's
+        `record_key`, when the caller already has it."""
+        ids = self.ids
+        if key is None:
+            key = hash(record_id) & KEY_MASK
+        if key in ids:
+            ids.touch(key)
             return _ALREADY_COUNTED
-        counted[record_id] = None
-        if len(counted) > self.max_ids:
-            counted.popitem(last=False)
-            self.ids_evicted += 1
+        ids.add(key, None)
         self.errors_total += 1
         self._job.errors.add(now_ms)
         pair = self._stages.get(stage)
