@@ -74,7 +74,7 @@ def test_concurrent_appends_are_group_committed(spool, monkeypatch):
     real_commit = Spool._commit
 
     def counting(self, batch):
-        commits.append(sum(len(r.rows) for r in batch))
+        commits.append(sum(len(r.records) for r in batch))
         return real_commit(self, batch)
 
     monkeypatch.setattr(Spool, "_commit", counting)
@@ -104,10 +104,9 @@ def test_on_commit_runs_after_commit_with_where_each_record_went(spool):
 
     def hook(placed):
         # the rows are committed: a separate connection sees them
-        seqs = ",".join(str(p.seq) for p in placed)
+        rows = ",".join(str(p.seq >> 16) for p in placed if p.fresh)  # seq = row id * 2**16 + i
         con = sqlite3.connect(spool.path)
-        n = con.execute(
-            f"SELECT COUNT(DISTINCT seq) FROM spool WHERE seq IN ({seqs})").fetchone()[0]
+        n = con.execute(f"SELECT SUM(n) FROM batches WHERE id IN ({rows})").fetchone()[0]
         con.close()
         assert all(p.size > 0 for p in placed)
         seen.append(([p._replace(size=0) for p in placed], n))  # sizes: checked above
@@ -123,7 +122,7 @@ def test_on_commit_runs_after_commit_with_where_each_record_went(spool):
     assert again[0] == seqs[1] and again[1] == again[2] > seqs[1]
     assert seen == [([Placed(seqs[1], "job/0.0.0/1", False),
                       Placed(again[1], "job/0.0.1/2", True),
-                      Placed(again[1], "job/0.0.1/2", False)], 2)]
+                      Placed(again[1], "job/0.0.1/2", False)], 1)]
     assert spool.depth() == 3
 
 
@@ -161,8 +160,9 @@ def test_byte_bound_raises_backpressure(tmp_path):
 
 def test_reopen_recovers_rows_in_order_and_counters(tmp_path):
     s = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
-    seqs = s.append([rec(i) for i in range(100)])
-    s.delete(seqs[:10])
+    first = s.append([rec(i) for i in range(10)])
+    seqs = s.append([rec(i) for i in range(10, 100)])
+    s.delete(first)  # a whole batch row settled: deleted
     nbytes = s.bytes()
     s.close()
     again = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
@@ -171,10 +171,53 @@ def test_reopen_recovers_rows_in_order_and_counters(tmp_path):
         assert again.depth() == 90 and again.bytes() == nbytes
         rows = again.read_batch(0, 1_000)
         assert [r.record.record_id for r in rows] == [f"r{i}" for i in range(10, 100)]
+        assert [r.seq for r in rows] == seqs
         assert rows[0].record == rec(10)
         assert again.append([rec(1000)])[0] > seqs[-1]
     finally:
         again.close()
+
+
+def test_a_batch_row_is_deleted_only_once_every_record_in_it_is_settled(spool):
+    seqs = spool.append([rec(i) for i in range(4)])
+    held = spool.bytes()
+    assert spool.delete(seqs[:3]) == 3
+    assert spool.depth() == 1 and spool.bytes() == held  # the row still holds its bytes
+    con = sqlite3.connect(spool.path)
+    try:
+        assert con.execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 1
+        assert [r.seq for r in spool.read_batch(0, 10)] == seqs[3:]
+        assert spool.delete(seqs[3:]) == 1
+        assert con.execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 0
+    finally:
+        con.close()
+    assert spool.depth() == 0 and spool.bytes() == 0
+
+
+def test_a_partly_acknowledged_row_is_produced_again_in_full_after_a_restart(tmp_path):
+    s = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
+    seqs = s.append([rec(i) for i in range(6)])
+    assert s.delete(seqs[:4]) == 4  # acknowledged, then the process dies
+    assert s.depth() == 2
+    s.close()
+    again = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
+    try:
+        # duplicates are possible (the 4 acknowledged come back), loss is not
+        assert again.recovered == 6 and again.depth() == 6
+        rows = again.read_batch(0, 100)
+        assert [r.seq for r in rows] == seqs
+        assert [r.record for r in rows] == [rec(i) for i in range(6)]
+        assert again.delete(seqs) == 6 and again.depth() == 0 and again.bytes() == 0
+    finally:
+        again.close()
+
+
+def test_appends_larger_than_a_row_are_split_and_seqs_stay_ordered(spool):
+    seqs = spool.append([rec(i, size=100_000) for i in range(25)])  # 2.5 MB: three rows
+    assert seqs == sorted(seqs) and len({s >> 16 for s in seqs}) == 3
+    assert [r.record.record_id for r in spool.read_batch(seqs[3], 100)] == [
+        f"r{i}" for i in range(4, 25)]
+    assert spool.delete(seqs) == 25 and spool.bytes() == 0
 
 
 def test_a_spool_directory_is_used_by_one_process_at_a_time(tmp_path):
@@ -248,3 +291,85 @@ def test_header_blobs_written_by_the_earlier_codec_are_still_read():
     legacy = (struct.pack(">I", 2) + struct.pack(">H", 1) + b"a" + struct.pack(">i", 2) + b"xy"
               + struct.pack(">H", 1) + b"b" + struct.pack(">i", -1))
     assert decode_headers(legacy) == (("a", b"xy"), ("b", None))
+
+
+def test_rejecting_one_record_of_a_batch_keeps_the_others_and_survives_a_restart(tmp_path):
+    s = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
+    seqs = s.append([rec(i) for i in range(3)])
+    held = s.bytes()
+    assert s.reject([(seqs[1], "INVALID_RECORD: bad")], now_ms=7) == 1
+    assert s.reject([(seqs[1], "again")], now_ms=8) == 0  # already settled
+    assert s.depth() == 2 and s.rejected_count() == 1 and s.bytes() == held
+    assert [r.seq for r in s.read_batch(0, 10)] == [seqs[0], seqs[2]]
+    s.close()
+    again = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
+    try:
+        assert again.depth() == 2 and again.rejected_count() == 1 and again.bytes() == held
+        assert [r.seq for r in again.read_batch(0, 10)] == [seqs[0], seqs[2]]  # never again
+        (row,) = again.rejected()
+        assert (row.seq, row.record, row.error) == (seqs[1], rec(1), "INVALID_RECORD: bad")
+        assert again.delete([seqs[0], seqs[2]]) == 2
+        assert again.depth() == 0 and again.bytes() == row_size(again)
+        assert again.purge_rejected() == 1 and again.bytes() == 0
+    finally:
+        again.close()
+
+
+def row_size(s: Spool) -> int:
+    con = sqlite3.connect(s.path)
+    try:
+        return con.execute("SELECT COALESCE(SUM(size), 0) FROM rejected").fetchone()[0]
+    finally:
+        con.close()
+
+
+def _write_v1_spool(directory, records, rejected=()) -> None:
+    """A spool as the previous version wrote it: one `spool` row per record."""
+    con = sqlite3.connect(os.path.join(directory, "dlq-spool.sqlite3"))
+    con.executescript("""
+        CREATE TABLE spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL,
+            record_id TEXT NOT NULL, task_key TEXT NOT NULL, topic TEXT NOT NULL, key BLOB,
+            value BLOB, headers BLOB NOT NULL, traceparent TEXT NOT NULL, size INTEGER NOT NULL,
+            UNIQUE (job, record_id));
+        CREATE TABLE rejected (seq INTEGER PRIMARY KEY, job TEXT NOT NULL,
+            record_id TEXT NOT NULL, task_key TEXT NOT NULL, topic TEXT NOT NULL, key BLOB,
+            value BLOB, headers BLOB NOT NULL, traceparent TEXT NOT NULL, size INTEGER NOT NULL,
+            error TEXT NOT NULL, rejected_ms INTEGER NOT NULL);
+        CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO meta VALUES ('schema', '1');
+    """)
+    cols = "job, record_id, task_key, topic, key, value, headers, traceparent, size"
+    for r in records:
+        con.execute(f"INSERT INTO spool ({cols}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (r.job, r.record_id, r.task_key, r.topic, r.key, r.value,
+                     encode_headers(r.headers), r.traceparent, 50))
+    for seq, r in rejected:
+        con.execute(f"INSERT INTO rejected (seq, {cols}, error, rejected_ms) "
+                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'old', 1)",
+                    (seq, r.job, r.record_id, r.task_key, r.topic, r.key, r.value,
+                     encode_headers(r.headers), r.traceparent, 50))
+    con.execute("DELETE FROM spool WHERE record_id = 'r0'")  # used seqs are never reused
+    con.commit()
+    con.close()
+
+
+def test_a_spool_of_the_previous_per_record_format_is_converted_and_nothing_is_lost(tmp_path):
+    _write_v1_spool(str(tmp_path), [rec(i) for i in range(5)], rejected=[(70_000, rec(99))])
+    s = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
+    try:
+        assert s.recovered == 4 and s.depth() == 4 and s.rejected_count() == 1
+        rows = s.read_batch(0, 100)
+        assert [r.record for r in rows] == [rec(i) for i in range(1, 5)]
+        assert min(r.seq for r in rows) > 70_000  # above every seq the old spool used
+        assert s.rejected()[0].record == rec(99)
+        assert s.append([rec(3)]) == [rows[2].seq]  # still pending: stored once
+        assert s.delete([r.seq for r in rows]) == 4 and s.depth() == 0
+    finally:
+        s.close()
+    con = sqlite3.connect(os.path.join(str(tmp_path), "dlq-spool.sqlite3"))
+    try:
+        names = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert "spool" not in names
+        assert con.execute("SELECT value FROM meta WHERE name='schema'").fetchone() == ("2",)
+    finally:
+        con.close()

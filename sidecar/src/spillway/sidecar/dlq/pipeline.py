@@ -2,14 +2,19 @@
 
     submit() ──group commit──▶ spool (SQLite, fsync) ──drain worker──▶ producer ──▶ Kafka
         returns once durable          bounded: backpressure       delivery report = proof
-                                                                   ack ─▶ delete row,
+                                                                   ack ─▶ settle record,
                                                                           wake wait_task()
 
 A record the sidecar has accepted (``submit()`` returned) is never lost: it stays in the spool
 until Kafka acknowledges it, across broker outages and sidecar restarts (``kill -9`` included);
-after a restart the spool's rows are drained in order. Duplicates are possible (a record acked by
-Kafka whose row was not yet deleted when the sidecar died; a re-produce after a timeout that had
-in fact been written): at most the records in flight at that moment (``max_inflight_records``).
+after a restart the spool's records are drained in order. Duplicates are possible (a record acked
+by Kafka whose batch row was not yet deleted when the sidecar died: the records in flight at that
+moment, ``max_inflight_records``, and the acknowledged records of rows that still had one pending;
+a re-produce after a timeout that had in fact been written).
+
+Seqs are per record (the spool's virtual seqs: batch row id * 2**16 + index), so ordering, the
+per-task counts and read-back work per record; "deleting" a seq settles it in its batch row, and
+the spool deletes the row once all of its records are settled.
 
 ``spool.enable=false``: records wait in a bounded in-memory queue instead, and `submit()` returns
 once they are in it, i.e. handed to the pipeline's producer side. That mode is NOT crash-safe:
@@ -21,7 +26,7 @@ full (Kafka behind or gone), and after a restart, the drain reads the spool inst
 and in chunks (``read_chunk``), until it has caught up, so that a million spooled records never sit
 in memory (at most ``max_inflight_records`` / ``max_inflight_bytes`` do, plus the hand-off). It
 hands many records to librdkafka before serving delivery reports (one poll per batch, never one
-flush per record), deletes acknowledged rows in batches (by seq ranges), gives freed heap back to
+flush per record), settles acknowledged records in batches, gives freed heap back to
 the OS once a large backlog has drained, and acts on failures by their category (see
 `producer.classify`):
 

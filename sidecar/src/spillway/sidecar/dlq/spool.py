@@ -2,38 +2,55 @@
 Kafka acknowledges it.
 
 SQLite (stdlib ``sqlite3``) in WAL mode with ``synchronous=FULL``: a committed row survives a
-``kill -9`` of the sidecar and a power loss. Rows are kept in arrival order under a monotonically
-increasing ``seq`` (AUTOINCREMENT: never reused, even after deletes), unique per
-``(job, record_id)`` (a record reported twice while still spooled is stored once), with the
-``task_key`` of the task attempt that first reported it.
+``kill -9`` of the sidecar and a power loss. One row per group commit (a few hundred records,
+split at 65,536 records or 1 MiB): the records, each marshalled on its own and concatenated, plus
+their end offsets, the count of records not yet rejected (``n``) and their bytes (``size``). Rows
+are numbered by AUTOINCREMENT (never reused, even after deletes); a record's ``seq`` is virtual:
+``row_id * 2**16 + index``, so that seqs keep arrival order.
 
-Group commit: `append()` hands its rows to one writer thread, which combines every request queued
-meanwhile into one transaction (one fsync) and then wakes each caller. A caller returns only once
-its rows are committed.
+A row is deleted once every record in it is settled: acknowledged by Kafka, or moved to the
+``rejected`` table (which keeps one row per record). Acknowledgements of part of a row are kept in
+memory only (one byte per record, and only for such partly settled rows): after a crash the whole
+row is produced again, minus its rejected records. Duplicates are possible, loss is not.
+
+Deduplication: a record reported again (same job and record id) while it is still pending and
+among the last ``_DEDUP_WINDOW`` records spooled (recovered ones included) is stored once, and
+the caller is told the seq it already has. Older ones may be stored twice.
+
+Group commit: `append()` hands its records to one writer thread, which combines every request
+queued meanwhile into one transaction (one INSERT per batch row, one fsync) and then wakes each
+caller. A caller returns only once its records are committed.
 
 Bounds and full-policy: ``spool.max.records`` and ``spool.max.bytes`` bound everything the spool
-holds (pending rows plus rejected rows). An `append()` that would pass either mark raises
-BackpressureError and stores none of its rows: never a silent drop.
+holds (pending records plus rejected ones; a row's bytes count until the row is deleted). An
+`append()` that would pass either mark raises BackpressureError and stores none of its records:
+never a silent drop.
 
-Rejected rows: a record Kafka can never accept (too large, invalid) is moved out of the pending
-table into the ``rejected`` table, so that it is neither lost nor produced again in a loop; those
-rows keep counting against the bounds until an operator removes them (`purge_rejected()`).
+Rejected records: a record Kafka can never accept (too large, invalid) is copied into the
+``rejected`` table and settled in its row, so that it is neither lost nor produced again in a
+loop; those keep counting against the bounds until an operator removes them (`purge_rejected()`).
+
+Spools written by the previous version (schema 1: one ``spool`` row per record) are converted at
+open, in one transaction, into batch rows numbered above every seq they used.
 
 `MemoryQueue` offers the same interface without durability, for ``spool.enable=false``.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import ctypes
 import fcntl
+import itertools
 import logging
 import marshal
 import os
 import sqlite3
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -44,21 +61,15 @@ log = logging.getLogger(__name__)
 
 DB_NAME = "dlq-spool.sqlite3"
 LOCK_NAME = "dlq-spool.lock"
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS spool (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    job TEXT NOT NULL,
-    record_id TEXT NOT NULL,
-    task_key TEXT NOT NULL,
-    topic TEXT NOT NULL,
-    key BLOB,
-    value BLOB,
-    headers BLOB NOT NULL,
-    traceparent TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS batches (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    n INTEGER NOT NULL,
     size INTEGER NOT NULL,
-    UNIQUE (job, record_id)
+    ends BLOB NOT NULL,
+    data BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS rejected (
     seq INTEGER PRIMARY KEY,
@@ -77,8 +88,13 @@ CREATE TABLE IF NOT EXISTS rejected (
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 _COLUMNS = "job, record_id, task_key, topic, key, value, headers, traceparent, size"
-_INSERT = f"INSERT OR IGNORE INTO spool ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_ROW_BITS = 16  # seq = row id * 2**16 + index in the row
+_IDX_MASK = (1 << _ROW_BITS) - 1
+_ROW_RECORDS = 1 << _ROW_BITS  # records per batch row at most
+_ROW_BYTES = 1024 * 1024  # a batch row is closed once it holds this much
+_DEDUP_WINDOW = 65_536  # recent records a repeated report is matched against
 _CHUNK = 500  # host parameters per IN (...) list
+_PAGE_SIZE = 16384  # bytes per SQLite page for a new spool
 _CACHE_KIB = 2048  # SQLite page cache per connection (PRAGMA cache_size, negative = KiB)
 _WAL_LIMIT = 64 * 1024 * 1024  # the WAL file is cut back to this after a checkpoint
 # After a drain leaves the spool empty, memory is handed back to the OS once it held this much.
@@ -86,7 +102,7 @@ _RELEASE_AFTER_BYTES = 16 * 1024 * 1024
 
 
 class Placed(NamedTuple):
-    """Where an appended record went: its row's seq, the task_key stored on that row, whether
+    """Where an appended record went: its seq, the task_key stored with it, whether
     this append created the row (False: the record was already spooled), and the bytes the
     record accounts for against ``spool.max.bytes``."""
 
@@ -176,10 +192,21 @@ def record_size(rec: DlqRecord, headers_blob: bytes) -> int:
             + len(rec.record_id) + len(rec.job) + len(rec.task_key) + len(rec.traceparent))
 
 
-def _row(rec: DlqRecord) -> tuple:
-    blob = encode_headers(rec.headers)
-    return (rec.job, rec.record_id, rec.task_key, rec.topic, rec.key, rec.value, blob,
-            rec.traceparent, record_size(rec, blob))
+def encode_record(rec: DlqRecord) -> bytes:
+    """One record as stored in a batch row: marshal of its fields, headers as a tuple. Its
+    length is the bytes it accounts for against ``spool.max.bytes``."""
+    headers = rec.headers
+    if type(headers) is not tuple:
+        headers = tuple(headers)
+    return marshal.dumps((rec.topic, rec.key, rec.value, headers, rec.record_id, rec.job,
+                          rec.task_key, rec.traceparent), _MARSHAL_VERSION)
+
+
+def _decode(data: bytes, start: int, end: int) -> DlqRecord:
+    fields = marshal.loads(memoryview(data)[start:end])
+    if type(fields) is not tuple or len(fields) != 8:
+        raise DlqError("corrupt DLQ spool row: a record does not decode to its 8 fields")
+    return DlqRecord(*fields)
 
 
 def _record(row: Sequence) -> DlqRecord:
@@ -253,12 +280,64 @@ def _backpressure(n: int, size: int, held_records: int, held_bytes: int, max_rec
 
 @dataclass(eq=False)
 class _Request:
-    rows: list[tuple]
+    records: Sequence[DlqRecord]
+    blobs: list[bytes]  # each record encoded (`encode_record`)
     size: int
     on_commit: OnCommit | None
     done: threading.Event = field(default_factory=threading.Event)
     placed: list[Placed] = field(default_factory=list)
     error: BaseException | None = None
+
+
+class _Row:
+    """What the spool keeps in memory per batch row: its record count, the records not yet
+    settled (acknowledged or rejected), the bytes it holds, and, only once some but not all of
+    its records are settled, one byte per record saying which."""
+
+    __slots__ = ("total", "left", "size", "done")
+
+    def __init__(self, total: int, left: int, size: int) -> None:
+        self.total = total
+        self.left = left
+        self.size = size
+        self.done: bytearray | None = None
+
+    def pending(self, idx: int) -> bool:
+        return idx < self.total and (self.done is None or not self.done[idx])
+
+
+def _ends(data_ends: bytes) -> array:
+    a = array("I")
+    a.frombytes(data_ends)
+    return a
+
+
+def _decode_row(rid: int, ends: bytes, data: bytes, start: int, row: _Row
+                ) -> Iterator[tuple[int, SpooledRecord]]:
+    """The pending records of a batch row from index `start` on, in order."""
+    e = _ends(ends)
+    done = row.done
+    prev = e[start - 1] if 0 < start <= len(e) else 0
+    base = rid << _ROW_BITS
+    for i in range(start, len(e)):
+        end = e[i]
+        if done is None or not done[i]:
+            yield i, SpooledRecord(base | i, _decode(data, prev, end), end - prev)
+        prev = end
+
+
+def _split(blobs: list[bytes]) -> list[list[bytes]]:
+    """Cut records into batch rows: a row is closed once it holds _ROW_BYTES (the record that
+    crosses the mark included) or _ROW_RECORDS records."""
+    cum = list(itertools.accumulate(map(len, blobs)))
+    rows: list[list[bytes]] = []
+    lo, n = 0, len(blobs)
+    while lo < n:
+        base = cum[lo - 1] if lo else 0
+        hi = min(bisect.bisect_left(cum, base + _ROW_BYTES, lo) + 1, n, lo + _ROW_RECORDS)
+        rows.append(blobs[lo:hi])
+        lo = hi
+    return rows
 
 
 class Spool:
@@ -276,23 +355,31 @@ class Spool:
         self.max_records = max_records
         self._max_group = max_group_records
         self._append_timeout_s = append_timeout_s
+        self._rows: dict[int, _Row] = {}
+        # the dedup window: (job, record_id) -> (seq, task_key) of recently spooled records, in
+        # two generations of at most _DEDUP_WINDOW // 2 each
+        self._recent: dict[tuple[str, str], tuple[int, str]] = {}
+        self._recent_old: dict[tuple[str, str], tuple[int, str]] = {}
         os.makedirs(directory, exist_ok=True)
         self._lock_fd = self._take_lock(directory)
         try:
             self._conn = self._connect()
             self._conn.executescript(_SCHEMA)
+            self._migrate_v1()
             self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)",
                                (SCHEMA_VERSION,))
             self._reader = self._connect()
-            (self._depth, pending_bytes) = self._conn.execute(
-                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM spool").fetchone()
+            pending_bytes = self._load_rows()
             (self._rejected, rejected_bytes) = self._conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM rejected").fetchone()
             self._bytes = pending_bytes + rejected_bytes
             self._peak_bytes = self._bytes
             row = self._conn.execute(
-                "SELECT seq FROM sqlite_sequence WHERE name = 'spool'").fetchone()
-            self._last_seq = row[0] if row else 0
+                "SELECT seq FROM sqlite_sequence WHERE name = 'batches'").fetchone()
+            last_row = row[0] if row else 0
+            # every seq of the last row (whatever its size) is at or below this one
+            self._last_seq = (last_row << _ROW_BITS) | _IDX_MASK if last_row else 0
+            self._fill_dedup_window()
         except sqlite3.Error as exc:
             os.close(self._lock_fd)
             raise DlqError(f"cannot open the DLQ spool {self.path}: {exc}") from exc
@@ -300,7 +387,7 @@ class Spool:
         if self._depth:
             log.info("DLQ spool %s: recovered %d records (%d bytes) to drain", self.path,
                      self._depth, pending_bytes)
-        self._lock = threading.Lock()     # counters
+        self._lock = threading.Lock()     # counters and the per-row state
         self._wlock = threading.Lock()    # one write transaction at a time
         self._rlock = threading.Lock()    # the reader connection
         self._cv = threading.Condition()  # the writer's queue
@@ -329,30 +416,119 @@ class Spool:
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                timeout=30.0)
+        # Batch rows are large blobs: big pages mean fewer overflow pages to write, checksum
+        # and walk. Only takes effect when the database file is created.
+        conn.execute(f"PRAGMA page_size={_PAGE_SIZE}")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
         conn.execute(f"PRAGMA journal_size_limit={_WAL_LIMIT}")
         return conn
 
+    def _migrate_v1(self) -> None:
+        """A spool written by an earlier version (one ``spool`` row per record): move its rows,
+        in seq order, into batch rows numbered after every seq it used, in one transaction."""
+        conn = self._conn
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'spool'"
+                        ).fetchone() is None:
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            (old_max,) = conn.execute(
+                "SELECT MAX(m) FROM (SELECT COALESCE(MAX(seq), 0) AS m FROM spool "
+                "UNION ALL SELECT COALESCE(MAX(seq), 0) FROM rejected "
+                "UNION ALL SELECT seq FROM sqlite_sequence WHERE name = 'spool')").fetchone()
+            base = (old_max or 0) >> _ROW_BITS  # new seqs start above every old one
+            if conn.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'batches'",
+                            (base,)).rowcount == 0:
+                conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('batches', ?)",
+                             (base,))
+            moved = 0
+            blobs: list[bytes] = []
+            nbytes = 0
+            cur = conn.execute(
+                "SELECT job, record_id, task_key, topic, key, value, headers, traceparent "
+                "FROM spool ORDER BY seq")
+            for old in cur:
+                blob = encode_record(_record(old))
+                blobs.append(blob)
+                nbytes += len(blob)
+                if len(blobs) >= _ROW_RECORDS or nbytes >= _ROW_BYTES:
+                    self._insert_row(conn, blobs)
+                    moved += len(blobs)
+                    blobs, nbytes = [], 0
+            if blobs:
+                self._insert_row(conn, blobs)
+                moved += len(blobs)
+            conn.execute("DROP TABLE spool")
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        log.info("DLQ spool %s: converted %d records from the per-record format (schema 1) to "
+                 "batch rows", self.path, moved)
+
+    def _load_rows(self) -> int:
+        """Rebuild the per-row state from the table; returns the pending bytes."""
+        depth = pending_bytes = 0
+        for rid, n, size, total in self._conn.execute(
+                "SELECT id, n, size, length(ends) / 4 FROM batches"):
+            self._rows[rid] = _Row(total, n, size)
+            depth += n
+            pending_bytes += size
+        if self._rows:  # records of those rows already moved to the rejected table
+            for (seq,) in self._conn.execute("SELECT seq FROM rejected WHERE seq >= ?",
+                                             (min(self._rows) << _ROW_BITS,)):
+                row = self._rows.get(seq >> _ROW_BITS)
+                if row is not None and (seq & _IDX_MASK) < row.total:
+                    if row.done is None:
+                        row.done = bytearray(row.total)
+                    row.done[seq & _IDX_MASK] = 1
+        self._depth = depth
+        return pending_bytes
+
+    def _fill_dedup_window(self) -> None:
+        """Put the newest recovered records in the dedup window (at most half of it)."""
+        room = _DEDUP_WINDOW // 2
+        window: list[tuple[tuple[str, str], tuple[int, str]]] = []
+        cur = self._conn.execute("SELECT id, ends, data FROM batches ORDER BY id DESC")
+        for rid, ends, data in cur:
+            row = self._rows[rid]
+            for i, rec in reversed(list(_decode_row(rid, ends, data, 0, row))):
+                window.append(((rec.record.job, rec.record.record_id),
+                               (rec.seq, rec.record.task_key)))
+            if len(window) >= room:
+                break
+        cur.close()
+        self._recent_old = dict(reversed(window))
+
+    @staticmethod
+    def _insert_row(conn: sqlite3.Connection, blobs: list[bytes]) -> int:
+        ends = array("I", itertools.accumulate(map(len, blobs)))
+        return conn.execute(
+            "INSERT INTO batches (n, size, ends, data) VALUES (?, ?, ?, ?)",
+            (len(blobs), ends[-1], ends.tobytes(), b"".join(blobs))).lastrowid
+
     # -- writing --------------------------------------------------------------------------
 
     def append(self, records: Sequence[DlqRecord], on_commit: OnCommit | None = None
                ) -> list[int]:
-        """Store `records` durably; return their seqs (an already-spooled record: its row's).
+        """Store `records` durably; return their seqs (an already-spooled record: its seq).
 
         `on_commit(placed)` runs in the writer thread right after the commit, before any later
         delete can run. Raises BackpressureError past the bounds, DlqError if the disk fails.
         """
         if not records:
             return []
-        rows = [_row(r) for r in records]
-        req = _Request(rows, sum(r[8] for r in rows), on_commit)
+        blobs = [encode_record(r) for r in records]
+        req = _Request(records, blobs, sum(map(len, blobs)), on_commit)
         with self._lock:
             held_records, held_bytes = self._depth + self._rejected, self._bytes
-        if (held_records + len(rows) > self.max_records
+        if (held_records + len(blobs) > self.max_records
                 or held_bytes + req.size > self.max_bytes):
-            raise _backpressure(len(rows), req.size, held_records, held_bytes,
+            raise _backpressure(len(blobs), req.size, held_records, held_bytes,
                                 self.max_records, self.max_bytes)
         with self._cv:
             if self._closing:
@@ -374,10 +550,10 @@ class Spool:
                 if not self._queue:
                     return
                 batch = [self._queue.popleft()]
-                n = len(batch[0].rows)
-                while self._queue and n + len(self._queue[0].rows) <= self._max_group:
+                n = len(batch[0].blobs)
+                while self._queue and n + len(self._queue[0].blobs) <= self._max_group:
                     req = self._queue.popleft()
-                    n += len(req.rows)
+                    n += len(req.blobs)
                     batch.append(req)
             try:
                 self._commit(batch)
@@ -390,13 +566,55 @@ class Spool:
                 for req in batch:
                     req.done.set()
 
+    def _spooled(self, key: tuple[str, str]) -> tuple[int, str] | None:
+        """(seq, task_key) of this record when it is in the dedup window and still pending."""
+        hit = self._recent.get(key) or self._recent_old.get(key)
+        if hit is not None:
+            row = self._rows.get(hit[0] >> _ROW_BITS)
+            if row is not None and row.pending(hit[0] & _IDX_MASK):
+                return hit
+        return None
+
+    def _plan(self, accepted: list[_Request]
+              ) -> tuple[list[list[bytes]], list[list[tuple[int, int, str, bool]]]]:
+        """Where each record goes when some were seen before: (row number in this group, index,
+        task_key, True) for a new one; (-1, its seq, its task_key, False) for one still spooled,
+        or (row number, index, task_key, False) for one repeated within this group."""
+        rows: list[list[bytes]] = [[]]
+        row_bytes = 0
+        plans: list[list[tuple[int, int, str, bool]]] = []
+        local: dict[tuple[str, str], tuple[int, int, str]] = {}
+        for req in accepted:
+            plan = []
+            for rec, blob in zip(req.records, req.blobs, strict=True):
+                key = (rec.job, rec.record_id)
+                hit = local.get(key)
+                if hit is not None:
+                    plan.append((hit[0], hit[1], hit[2], False))
+                    continue
+                old = self._spooled(key)
+                if old is not None:
+                    plan.append((-1, old[0], old[1], False))
+                    continue
+                cur = rows[-1]
+                if len(cur) >= _ROW_RECORDS or row_bytes >= _ROW_BYTES:
+                    cur = []
+                    rows.append(cur)
+                    row_bytes = 0
+                local[key] = at = (len(rows) - 1, len(cur), rec.task_key)
+                cur.append(blob)
+                row_bytes += len(blob)
+                plan.append((*at, True))
+            plans.append(plan)
+        return [r for r in rows if r], plans
+
     def _commit(self, batch: list[_Request]) -> None:
         with self._wlock:
             with self._lock:
                 held_records, held_bytes = self._depth + self._rejected, self._bytes
             accepted: list[_Request] = []
             for req in batch:
-                n = len(req.rows)
+                n = len(req.blobs)
                 if (held_records + n > self.max_records
                         or held_bytes + req.size > self.max_bytes):
                     req.error = _backpressure(n, req.size, held_records, held_bytes,
@@ -407,28 +625,21 @@ class Spool:
                 accepted.append(req)
             if not accepted:
                 return
-            rows = [row for req in accepted for row in req.rows]
+            keys = [(r.job, r.record_id) for req in accepted for r in req.records]
+            if (len(set(keys)) == len(keys) and self._recent.keys().isdisjoint(keys)
+                    and self._recent_old.keys().isdisjoint(keys)):
+                rows = _split([b for req in accepted for b in req.blobs])  # all new: in order
+                plans = None
+            else:
+                rows, plans = self._plan(accepted)
             conn = self._conn
-            before = self._last_seq
+            ids: list[int] = []
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                inserted = conn.executemany(_INSERT, rows).rowcount
-                row = conn.execute(
-                    "SELECT seq FROM sqlite_sequence WHERE name = 'spool'").fetchone()
-                last = row[0] if row else 0
-                if inserted == len(rows) and last - before == len(rows):
-                    placed = [Placed(seq, r[2], True, r[8])
-                              for seq, r in zip(range(before + 1, last + 1), rows, strict=True)]
-                else:  # some were already spooled (or repeated in this batch): look each up
-                    placed, seen = [], set()
-                    for r in rows:
-                        seq, owner = conn.execute(
-                            "SELECT seq, task_key FROM spool WHERE job = ? AND record_id = ?",
-                            (r[0], r[1])).fetchone()
-                        placed.append(Placed(seq, owner, seq > before and seq not in seen,
-                                             r[8]))
-                        seen.add(seq)
-                conn.execute("COMMIT")
+                if rows:
+                    conn.execute("BEGIN IMMEDIATE")
+                    for blobs in rows:
+                        ids.append(self._insert_row(conn, blobs))
+                    conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -437,56 +648,113 @@ class Spool:
                 for req in accepted:
                     req.error = err
                 return
-            new_n, new_bytes = 0, 0
-            for p, r in zip(placed, rows, strict=True):
-                if p.fresh:
-                    new_n += 1
-                    new_bytes += r[8]
+            new_n = sum(len(r) for r in rows)
+            new_bytes = 0
             with self._lock:
+                for rid, blobs in zip(ids, rows, strict=True):
+                    size = sum(map(len, blobs))
+                    self._rows[rid] = _Row(len(blobs), len(blobs), size)
+                    new_bytes += size
                 self._depth += new_n
                 self._bytes += new_bytes
                 self._peak_bytes = max(self._peak_bytes, self._bytes)
-            pos = 0
+            recent = self._recent
+            if plans is None:
+                seqs: list[int] = []
+                for rid, blobs in zip(ids, rows, strict=True):
+                    seqs.extend(range(rid << _ROW_BITS, (rid << _ROW_BITS) + len(blobs)))
+                owners = [r.task_key for req in accepted for r in req.records]
+                recent.update(zip(keys, zip(seqs, owners)))
+                pos = 0
+                for req in accepted:
+                    end = pos + len(req.blobs)
+                    req.placed = list(map(Placed, seqs[pos:end], owners[pos:end],
+                                          itertools.repeat(True), map(len, req.blobs)))
+                    pos = end
+            else:
+                for req, plan in zip(accepted, plans, strict=True):
+                    placed = req.placed = []
+                    for (rn, idx, owner, fresh), rec, blob in zip(plan, req.records, req.blobs,
+                                                                  strict=True):
+                        seq = idx if rn < 0 else (ids[rn] << _ROW_BITS) | idx
+                        placed.append(Placed(seq, owner, fresh, len(blob)))
+                        if fresh:
+                            recent[(rec.job, rec.record_id)] = (seq, owner)
+            if len(recent) >= _DEDUP_WINDOW // 2:
+                self._recent_old, self._recent = recent, {}
             for req in accepted:
-                req.placed = placed[pos:pos + len(req.rows)]
-                pos += len(req.rows)
                 if req.on_commit is not None:
                     try:
                         req.on_commit(req.placed)
                     except Exception:
                         log.exception("DLQ spool on_commit hook failed")
-            with self._lock:  # published once every hook of the group has run
-                self._last_seq = last
+            if ids:
+                with self._lock:  # published once every hook of the group has run
+                    self._last_seq = (ids[-1] << _ROW_BITS) | (len(rows[-1]) - 1)
+
+    def _settle(self, seqs: Sequence[int]) -> tuple[list[tuple[_Row, list[int]]], list[int]]:
+        """Which records of `seqs` are still pending, per row; and which rows that empties."""
+        by_row: dict[int, list[int]] = {}
+        for s in seqs:
+            by_row.setdefault(s >> _ROW_BITS, []).append(s & _IDX_MASK)
+        marks: list[tuple[_Row, list[int]]] = []
+        emptied: list[int] = []
+        for rid, idxs in by_row.items():
+            row = self._rows.get(rid)
+            if row is None:
+                continue
+            done = row.done
+            fresh = sorted({i for i in idxs if i < row.total
+                            and (done is None or not done[i])})
+            if not fresh:
+                continue
+            marks.append((row, fresh))
+            if len(fresh) == row.left:
+                emptied.append(rid)
+        return marks, emptied
+
+    def _apply(self, marks: list[tuple[_Row, list[int]]], emptied: list[int]) -> tuple[int, int]:
+        """Record settled records in memory (under both locks); returns (records, bytes freed)."""
+        n = freed = 0
+        for row, idxs in marks:
+            row.left -= len(idxs)
+            n += len(idxs)
+            if row.left:
+                if row.done is None:
+                    row.done = bytearray(row.total)
+                for i in idxs:
+                    row.done[i] = 1
+        for rid in emptied:
+            freed += self._rows.pop(rid).size
+        return n, freed
 
     def delete(self, seqs: Sequence[int]) -> int:
-        """Remove rows Kafka acknowledged; returns how many were there.
+        """Settle records Kafka acknowledged; returns how many were pending.
 
-        The seqs are deleted by contiguous ranges (``seq BETWEEN ? AND ?``), one statement per
-        run of consecutive seqs. When this leaves the spool empty after it held a lot, SQLite's
-        caches and the process's freed heap are handed back to the OS.
+        A batch row is deleted (one statement per run of consecutive row ids) once all of its
+        records are settled; until then only the in-memory count changes, and after a crash the
+        whole row is produced again. When this leaves the spool empty after it held a lot,
+        SQLite's caches and the process's freed heap are handed back to the OS.
         """
         if not seqs:
             return 0
-        ranges = seq_ranges(seqs)
-        n, freed = 0, 0
         with self._wlock:
-            conn = self._conn
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                for lo, hi in ranges:
-                    count, size = conn.execute(
-                        "SELECT COUNT(*), TOTAL(size) FROM spool WHERE seq BETWEEN ? AND ?",
-                        (lo, hi)).fetchone()
-                    if count:
-                        n += count
-                        freed += int(size)
-                        conn.execute("DELETE FROM spool WHERE seq BETWEEN ? AND ?", (lo, hi))
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise DlqError(f"DLQ spool delete failed ({self.path}): {exc}") from exc
+            marks, emptied = self._settle(seqs)
+            if not marks:
+                return 0
+            if emptied:
+                conn = self._conn
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    for lo, hi in seq_ranges(emptied):
+                        conn.execute("DELETE FROM batches WHERE id BETWEEN ? AND ?", (lo, hi))
+                    conn.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise DlqError(f"DLQ spool delete failed ({self.path}): {exc}") from exc
             with self._lock:
+                n, freed = self._apply(marks, emptied)
                 self._depth -= n
                 self._bytes -= freed
                 release = (self._depth == 0 and self._peak_bytes >= _RELEASE_AFTER_BYTES)
@@ -509,31 +777,57 @@ class Spool:
         log.info("DLQ spool %s drained: released SQLite caches and freed heap", self.path)
 
     def reject(self, items: Sequence[tuple[int, str]], now_ms: int) -> int:
-        """Move rows Kafka can never accept to the rejected table, with the reason."""
+        """Copy records Kafka can never accept to the rejected table, with the reason, and
+        settle them in their batch rows (the row's count and bytes columns drop accordingly)."""
         if not items:
             return 0
-        moved = 0
+        errors = dict(items)
         with self._wlock:
+            marks, emptied = self._settle(list(errors))
+            if not marks:
+                return 0
+            by_id = {id(row): rid for rid, row in self._rows.items()}
+            shrink: list[tuple[_Row, int]] = []  # applied once committed
             conn = self._conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                for seq, error in items:
-                    cur = conn.execute(
-                        f"INSERT OR REPLACE INTO rejected (seq, {_COLUMNS}, error, rejected_ms) "
-                        f"SELECT seq, {_COLUMNS}, ?, ? FROM spool WHERE seq = ?",
-                        (error, now_ms, seq))
-                    if cur.rowcount:
-                        conn.execute("DELETE FROM spool WHERE seq = ?", (seq,))
-                        moved += 1
+                for row, idxs in marks:
+                    rid = by_id[id(row)]
+                    ends, data = conn.execute("SELECT ends, data FROM batches WHERE id = ?",
+                                              (rid,)).fetchone()
+                    e = _ends(ends)
+                    moved_bytes = 0
+                    for i in idxs:
+                        start = e[i - 1] if i else 0
+                        r = _decode(data, start, e[i])
+                        size = e[i] - start
+                        moved_bytes += size
+                        seq = (rid << _ROW_BITS) | i
+                        conn.execute(
+                            f"INSERT OR REPLACE INTO rejected (seq, {_COLUMNS}, error, "
+                            f"rejected_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (seq, r.job, r.record_id, r.task_key, r.topic, r.key, r.value,
+                             encode_headers(r.headers), r.traceparent, size, errors[seq],
+                             now_ms))
+                    if rid in emptied:
+                        conn.execute("DELETE FROM batches WHERE id = ?", (rid,))
+                    else:
+                        conn.execute("UPDATE batches SET n = n - ?, size = size - ? "
+                                     "WHERE id = ?", (len(idxs), moved_bytes, rid))
+                    shrink.append((row, moved_bytes))
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise DlqError(f"DLQ spool reject failed ({self.path}): {exc}") from exc
             with self._lock:
-                self._depth -= moved
-                self._rejected += moved
-        return moved
+                for row, moved_bytes in shrink:
+                    row.size -= moved_bytes
+                n, freed = self._apply(marks, emptied)
+                self._depth -= n
+                self._rejected += n
+                self._bytes -= freed
+        return n
 
     def purge_rejected(self, seqs: Sequence[int] | None = None) -> int:
         """Drop rejected rows (all, or these seqs) once an operator has dealt with them."""
@@ -564,13 +858,34 @@ class Spool:
     # -- reading --------------------------------------------------------------------------
 
     def read_batch(self, after_seq: int, limit: int) -> list[SpooledRecord]:
-        """Up to `limit` pending rows with seq > `after_seq`, in seq order."""
+        """Up to `limit` pending records with seq > `after_seq`, in seq order (records of a
+        batch row already settled in this process are left out)."""
+        out: list[SpooledRecord] = []
+        if limit <= 0:
+            return out
+        first_row = after_seq >> _ROW_BITS
+        with self._lock:
+            last_row = self._last_seq >> _ROW_BITS
         with self._rlock:
-            rows = self._reader.execute(
-                "SELECT seq, size, job, record_id, task_key, topic, key, value, headers, "
-                "traceparent FROM spool WHERE seq > ? ORDER BY seq LIMIT ?",
-                (after_seq, limit)).fetchall()
-        return [SpooledRecord(r[0], _record(r[2:]), r[1]) for r in rows]
+            cur = self._reader.execute(
+                "SELECT id, ends, data FROM batches WHERE id >= ? AND id <= ? ORDER BY id",
+                (first_row, last_row))
+            try:
+                for rid, ends, data in cur:
+                    with self._lock:
+                        row = self._rows.get(rid)
+                        if row is None:  # settled and deleted meanwhile
+                            continue
+                        row_view = _Row(row.total, row.left, row.size)
+                        row_view.done = bytes(row.done) if row.done is not None else None
+                    start = (after_seq & _IDX_MASK) + 1 if rid == first_row else 0
+                    for _, r in _decode_row(rid, ends, data, start, row_view):
+                        out.append(r)
+                        if len(out) >= limit:
+                            return out
+            finally:
+                cur.close()
+        return out
 
     def rejected(self, limit: int = 100) -> list[RejectedRecord]:
         with self._rlock:
@@ -592,7 +907,7 @@ class Spool:
             return self._depth
 
     def bytes(self) -> int:
-        """Bytes held: waiting records plus rejected ones."""
+        """Bytes held: batch rows not yet deleted plus rejected records."""
         with self._lock:
             return self._bytes
 
