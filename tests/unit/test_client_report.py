@@ -351,3 +351,93 @@ def test_trace_context_of_the_same_context_is_reused():
     assert first[0].startswith("00-") and report.trace_context(ctx) is first
     other = set_span_in_context(provider.get_tracer("t").start_span("s2"))
     assert report.trace_context(other) != first
+
+
+def _reference_record(record_id, stage, exc, *, custom_stage="", function_name="", source=None,
+                      key=None, value=None, headers=(), timestamp_ms=None, attempt=1,
+                      context=None):
+    """failed_record built the straightforward way: every field passed, nested messages
+    copied in (what failed_record must still produce)."""
+    import traceback
+
+    tp, ts = report.trace_context(context)
+    info = pb.ExceptionInfo(
+        class_name=report.qualified_name(type(exc)),
+        class_chain=[report.qualified_name(c) for c in type(exc).__mro__ if c is not object],
+        message=str(exc), stack_trace="".join(traceback.format_exception(exc)),
+        causes=report.causes(exc))
+    if (code := report.grpc_status_code(exc)) is not None:
+        info.grpc_status_code = code
+    if (status := report.http_status_code(exc)) is not None:
+        info.http_status_code = status
+    retriable, fatal, abort = report.kafka_flags(exc)
+    if retriable is not None:
+        info.kafka_retriable = retriable
+    if fatal is not None:
+        info.kafka_fatal = fatal
+    if abort is not None:
+        info.kafka_txn_requires_abort = abort
+    rec = pb.FailedRecord(
+        record_id=record_id, stage=report.stage_value(stage), custom_stage=custom_stage,
+        function_name=function_name,
+        headers=[pb.Header(key=k, value=report.as_bytes(v)) if v is not None
+                 else pb.Header(key=k) for k, v in headers],
+        exception=info, attempt=max(1, int(attempt)), traceparent=tp, tracestate=ts)
+    if source is not None:
+        rec.source.CopyFrom(pb.SourceCoordinates(topic=source[0], partition=int(source[1]),
+                                                 offset=int(source[2])))
+    if key is not None:
+        rec.key = report.as_bytes(key)
+    if value is not None:
+        rec.value = report.as_bytes(value)
+    if timestamp_ms is not None:
+        rec.timestamp_ms = int(timestamp_ms)
+    return rec
+
+
+def test_failed_record_matches_the_reference_construction_byte_for_byte():
+    class Http(Exception):
+        status_code = 503
+
+    def chained(_msg):
+        try:
+            raise KeyError("k")
+        except KeyError as e:
+            raise ValueError("v") from e
+
+    def suppressed(_msg):
+        try:
+            raise KeyError("k")
+        except KeyError:
+            raise ValueError("none") from None
+
+    def during(_msg):
+        try:
+            raise KeyError("k")
+        except KeyError:
+            raise ValueError("during")  # noqa: B904 - the implicit context is the point
+
+    noted = ValueError("n")
+    noted.add_note("note 1\nnote 2")
+    excs = [_raise(ValueError("plain é")), ValueError("no traceback"), _raise(Http("h")),
+            _raise(noted), _caught(chained), _caught(suppressed), _caught(during),
+            _raise(builtins.ExceptionGroup("g", [ValueError(1), TypeError(2)]))]
+    span_ctx = set_span_in_context(TracerProvider().get_tracer("t").start_span("s"))
+    variants = [
+        dict(),
+        dict(custom_stage="c", function_name="f.g", source=("t", 0, 0), key="k", value=b"",
+             headers=[("a", None), ("b", "s"), ("c", b"x")], timestamp_ms=0, attempt=0,
+             context=span_ctx),
+        dict(source=("topic", 3, 2**40), key=b"", value="é", timestamp_ms=17, attempt=5),
+        dict(source=("", 0, 0), headers=(("h", bytearray(b"1")),), context=span_ctx),
+    ]
+    for exc in excs:
+        for kw in variants:
+            stage = "CUSTOM" if kw.get("custom_stage") else "SINK"
+            got = report.failed_record("rid", stage, exc, **kw)
+            want = _reference_record("rid", stage, exc, **kw)
+            assert got == want
+            assert got.SerializeToString(deterministic=True) == \
+                want.SerializeToString(deterministic=True)
+            assert got.HasField("source") == want.HasField("source")
+            assert report.exception_info(exc) == want.exception

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from spillway.sidecar.core.dlq_record import (
+    DlqBuilder,
     build_dlq_record,
+    build_dlq_records,
     truncate_utf8,
     valid_traceparent,
 )
@@ -215,3 +219,150 @@ def test_a_valid_original_traceparent_header_is_kept_when_the_record_carries_non
     rec = build(rec=failed(headers=(("traceparent", TP.encode()),)))
     assert hdrs(rec)["traceparent"] == TP.encode()
     assert rec.traceparent == TP
+
+
+# --- the per-report builder gives what building each record from scratch gives ------------------
+
+def _reference(settings, record, verdict, task, *, now_ms, sidecar_id, fallback=""):
+    """The DLQ record built the straightforward way (the builder's specification)."""
+    import re
+
+    from spillway.sidecar.core.dlq_record import task_description, truncate_utf8
+    from spillway.sidecar.core.model import DlqRecord, task_key
+
+    def valid(tp):
+        m = re.fullmatch(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}", tp)
+        return bool(m) and m.group(1) != "0" * 32 and m.group(2) != "0" * 16
+
+    def utf8(text):
+        return text.encode("utf-8", "backslashreplace")
+
+    if not valid(record.traceparent):
+        record = dataclasses.replace(record, traceparent=fallback, tracestate="")
+    dlq, exc = settings.dlq, record.exception
+    added = []
+    if dlq.context_headers:
+        p = "__connect.errors." if dlq.header_format == "connect" else "__dlq.errors."
+        if record.source is not None:
+            added += [(p + "topic", utf8(record.source.topic)),
+                      (p + "partition", str(record.source.partition).encode()),
+                      (p + "offset", str(record.source.offset).encode())]
+        if dlq.header_format == "connect":
+            added += [(p + "connector.name", utf8(settings.job)),
+                      (p + "task.id", utf8(task.task_id))]
+        else:
+            added += [(p + "group", utf8(settings.job)),
+                      (p + "delivery.count", str(verdict.attempt).encode()),
+                      (p + "task.id", utf8(task.task_id))]
+        added += [(p + "stage", utf8(record.stage.name)),
+                  (p + "class.name", utf8(record.function_name)),
+                  (p + "exception.class.name", utf8(exc.class_name)),
+                  (p + "exception.message", utf8(exc.message))]
+        if exc.stack_trace and dlq.stacktrace_max_bytes > 0:
+            added.append((p + "exception.stacktrace",
+                          truncate_utf8(exc.stack_trace, dlq.stacktrace_max_bytes)))
+    copy = dlq.copy_record
+    added += [("spillway.record.id", utf8(record.record_id)),
+              ("spillway.error.category", verdict.category.value.encode()),
+              ("spillway.attempts", str(verdict.attempt).encode()),
+              ("spillway.reason", utf8(verdict.reason)),
+              ("spillway.job", utf8(settings.job)),
+              ("spillway.task", utf8(task_description(task))),
+              ("spillway.sidecar", utf8(sidecar_id)),
+              ("spillway.timestamp", str(now_ms).encode()),
+              ("spillway.record.copied", b"true" if copy else b"false")]
+    original = record.headers if copy else ()
+    parent, state = record.traceparent, record.tracestate
+    if not valid(parent):
+        parent, state = "", ""
+        orig = dict(original)
+        if orig.get("traceparent") is not None:
+            text = orig["traceparent"].decode("ascii", "replace")
+            if valid(text):
+                parent = text
+                raw = orig.get("tracestate")
+                state = raw.decode("ascii", "replace") if raw is not None else ""
+    if parent:
+        added.append(("traceparent", parent.encode("ascii")))
+        if 0 < len(state) <= 512 and all(0x20 <= ord(c) < 0x7F for c in state):
+            added.append(("tracestate", state.encode("ascii")))
+    replaced = {n for n, _ in added} | {"traceparent", "tracestate"}
+    return DlqRecord(
+        topic=dlq.topic, key=record.key if copy else None,
+        value=record.value if copy else None,
+        headers=tuple(h for h in original if h[0] not in replaced) + tuple(added),
+        record_id=record.record_id, job=settings.job, task_key=task_key(settings.job, task),
+        traceparent=parent)
+
+
+def test_the_builder_matches_the_reference_for_varied_records():
+    import random
+
+    rnd = random.Random(7)
+    bad = "00-00000000000000000000000000000000-00f067aa0ba902b7-01"
+    own = "00-aaf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+    names = ["content-type", "traceparent", "tracestate", "__connect.errors.stage",
+             "__connect.errors.topic", "__dlq.errors.group", "spillway.job",
+             "__connect.errors.exception.stacktrace", "x"]
+    values = [b"v", TP.encode(), bad.encode(), b"ts=1", None, b"\xff\xfe", "é".encode()]
+    stages = [StageRef(Stage.TRANSFORMATION), StageRef(Stage.CUSTOM, "enr\udcff"),
+              StageRef(Stage.SINK)]
+    n = 0
+    for ctx in ("true", "false"):
+        for fmt in ("connect", "dlq"):
+            for copy in ("true", "false"):
+                for max_bytes in ("0", "20", "8000"):
+                    s = job_settings("job-é", {
+                        "errors.deadletterqueue.topic.name": "dlq.x",
+                        "errors.deadletterqueue.context.headers.enable": ctx,
+                        "errors.deadletterqueue.headers.format": fmt,
+                        "errors.deadletterqueue.copy.record.enable": copy,
+                        "errors.deadletterqueue.stacktrace.max.bytes": max_bytes})
+                    builder = DlqBuilder(s, TASK, now_ms=123, sidecar_id="sc")
+                    for i in range(40):
+                        rec = failed(
+                            record_id=f"r-{i}-é", stage=rnd.choice(stages),
+                            exception=ExceptionInfo(
+                                class_name="builtins.ValueError",
+                                message=rnd.choice(["", "bad é", "x\udc80"]),
+                                stack_trace=rnd.choice(["", "Traceback\n" + "é" * 50])),
+                            function_name=rnd.choice(["", "f.g"]),
+                            source=rnd.choice([None, SourceCoordinates("t", 3, 99)]),
+                            key=rnd.choice([None, b"k"]), value=rnd.choice([None, b"v"]),
+                            headers=tuple((rnd.choice(names), rnd.choice(values))
+                                          for _ in range(rnd.randint(0, 5))),
+                            traceparent=rnd.choice(["", TP, bad, "junk"]),
+                            tracestate=rnd.choice(["", "a=b", "\x01"]))
+                        v = Verdict(rec.record_id, Action.SKIP, rnd.choice(list(Category)),
+                                    "why é", rnd.randint(1, 12))
+                        assert build_dlq_record(s, rec, v, TASK, now_ms=123, sidecar_id="sc") \
+                            == _reference(s, rec, v, TASK, now_ms=123, sidecar_id="sc")
+                        for fallback in ("", own, bad):
+                            assert builder.build(rec, v, fallback) == _reference(
+                                s, rec, v, TASK, now_ms=123, sidecar_id="sc", fallback=fallback)
+                        n += 1
+    assert n == 2 * 2 * 2 * 3 * 40
+
+
+def test_build_dlq_records_builds_each_record_of_a_report():
+    recs = [failed(record_id=f"r{i}", traceparent=TP if i % 2 else "") for i in range(4)]
+    verdicts = [VERDICT] * 4
+    own = "00-aaf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+    out = build_dlq_records(settings(), TASK, zip(recs, verdicts), now_ms=5, sidecar_id="n",
+                            fallback_traceparent=own)
+    assert [r.traceparent for r in out] == [own, TP, own, TP]
+    assert out[1] == build_dlq_record(settings(), recs[1], VERDICT, TASK, now_ms=5,
+                                      sidecar_id="n")
+
+
+def test_the_fast_dlq_record_factory_builds_ordinary_frozen_records():
+    from spillway.sidecar.core import dlq_record
+    from spillway.sidecar.core.model import DlqRecord
+
+    args = ("dlq.x", None, b"v", (("h", b"1"),), "r", "j", "j/1.2.0/7", TP)
+    rec = dlq_record._new_dlq_record(*args)
+    want = DlqRecord(*args)
+    assert type(rec) is DlqRecord and rec == want and hash(rec) == hash(want)
+    assert repr(rec) == repr(want)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rec.topic = "other"

@@ -75,3 +75,29 @@ def test_timestamps():
     assert timestamp_ms(1700000000123) == 1700000000123
     aware = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
     assert timestamp_ms(aware) == 1704067200000
+
+
+def test_row_json_matches_json_dumps_of_the_row():
+    import base64
+    import decimal
+
+    from spillway.spark._records import _json_default, as_mapping
+    from spillway.spark._records import _scalar as scalar
+
+    def reference(row):
+        m = as_mapping(row)
+        payload = {k: scalar(v) for k, v in m.items()} if m is not None else row
+        if hasattr(row, "asDict"):
+            payload = row.asDict(recursive=True)
+        return json.dumps(payload, default=_json_default, separators=(",", ":"),
+                          ensure_ascii=False).encode("utf-8")
+
+    rows = [b'{"order_id": 1, "amount": ', b"", b"\x00\xff" * 50, 'str "q" \\ é \n \x01', "",
+            None, 1, 2.5, float("nan"), True, [1, "a", b"b"], (1, 2), bytearray(b"ba"), {1},
+            {"a": 1, "b": b"x", "c": [1, (2, 3)], "d": dt.date(2020, 1, 2),
+             "e": decimal.Decimal("1.10"), "f": {"g": "é"}},
+            Row(id=1, value=b"abc", nested=Row(x=1, y=[Row(z="é")]),
+                d=dt.datetime(2020, 1, 1, 1, 1))]
+    for row in rows:
+        assert row_json(row) == reference(row), row
+    assert row_json(b"\x01\x02") == b'"' + base64.b64encode(b"\x01\x02") + b'"'

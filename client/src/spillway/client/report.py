@@ -207,24 +207,28 @@ class StackCache:
     def frames(self, tb: Any) -> str:
         """The formatted frames of traceback ``tb`` (what follows "Traceback (most recent call
         last):"), formatted once per frame signature."""
-        codes: list = []
         key: list = []
+        append = key.append
         t = tb
         while t is not None:
-            code = t.tb_frame.f_code
-            codes.append(code)
-            key.append(id(code))
-            key.append(t.tb_lasti)
+            append(id(t.tb_frame.f_code))
+            append(t.tb_lasti)
             t = t.tb_next
         sig = tuple(key)
+        # ids are unique among live objects only: an entry holds its code objects, so they stay
+        # alive and no other code object can have their ids while the entry is kept; a matching
+        # signature therefore names the same code objects
         with self._lock:
             entry = self._entries.get(sig)
-            # ids are unique among live objects only: an entry holds its code objects (alive,
-            # so their ids are not reused) and must name the same ones
-            if entry is not None and all(a is b for a, b in zip(entry[0], codes)):
+            if entry is not None:
                 self._entries.move_to_end(sig)
                 self.hits += 1
                 return entry[1]
+        codes = []
+        t = tb
+        while t is not None:
+            codes.append(t.tb_frame.f_code)
+            t = t.tb_next
         text = "".join(traceback.format_tb(tb))
         with self._lock:
             self.misses += 1
@@ -273,16 +277,28 @@ def _exception_only(exc: BaseException) -> str:
     return "".join(lines)
 
 
+#: Formatted the standard way: their text depends on more than the frames.
+_UNCACHED = (SyntaxError, builtins.BaseExceptionGroup)
+
+
 def format_stack_trace(exc: BaseException) -> str:
     """``"".join(traceback.format_exception(exc))``, with each traceback's frames formatted once
     per frame signature (see `StackCache`)."""
+    if exc.__cause__ is None and (exc.__suppress_context__ or exc.__context__ is None) \
+            and not isinstance(exc, _UNCACHED):
+        # the common case, one exception and no chain to print (a suppressed context is not
+        # printed, whatever it is)
+        only = _exception_only(exc)
+        if only:
+            tb = exc.__traceback__
+            return _TRACEBACK_HEADER + stack_cache.frames(tb) + only if tb is not None else only
     # the exceptions traceback.TracebackException would link, in its order (LIFO, first seen)
     seen = {id(exc)}
     links: dict[int, tuple[BaseException | None, BaseException | None]] = {}
     queue = [exc]
     while queue:
         e = queue.pop()
-        if isinstance(e, (SyntaxError, builtins.BaseExceptionGroup)):
+        if isinstance(e, _UNCACHED):
             return "".join(traceback.format_exception(exc))
         cause = e.__cause__
         if cause is not None and id(cause) not in seen:
@@ -339,30 +355,38 @@ def _class_names(cls: type) -> tuple[str, list[str]]:
     return names
 
 
-def exception_info(exc: BaseException) -> pb.ExceptionInfo:
-    cls = type(exc)
-    class_name, class_chain = _class_names(cls)
-    info = pb.ExceptionInfo(
-        class_name=class_name,
-        class_chain=class_chain,
-        message=str(exc),
-        stack_trace=format_stack_trace(exc),
-        causes=causes(exc),
-    )
+def _exception_fields(exc: BaseException) -> dict[str, Any]:
+    """The fields of ``exc``'s ExceptionInfo (only those that are set), as keyword arguments:
+    protobuf builds a nested message from them faster than it copies a built one in."""
+    class_name, class_chain = _class_names(type(exc))
+    fields: dict[str, Any] = {
+        "class_name": class_name,
+        "class_chain": class_chain,
+        "message": str(exc),
+        "stack_trace": format_stack_trace(exc),
+    }
+    if exc.__cause__ is not None or exc.__context__ is not None:
+        chain = causes(exc)
+        if chain:
+            fields["causes"] = chain
     if (code := grpc_status_code(exc)) is not None:
-        info.grpc_status_code = code
+        fields["grpc_status_code"] = code
     if (status := http_status_code(exc)) is not None:
-        info.http_status_code = status
+        fields["http_status_code"] = status
     retriable, fatal, txn_abort = kafka_flags(exc)
     if retriable is not None:
-        info.kafka_retriable = retriable
+        fields["kafka_retriable"] = retriable
     if fatal is not None:
-        info.kafka_fatal = fatal
+        fields["kafka_fatal"] = fatal
     if txn_abort is not None:
-        info.kafka_txn_requires_abort = txn_abort
+        fields["kafka_txn_requires_abort"] = txn_abort
     if (marker := marker_category_name(exc)) is not None:
-        info.marker_category = CATEGORY_BY_NAME[marker]
-    return info
+        fields["marker_category"] = CATEGORY_BY_NAME[marker]
+    return fields
+
+
+def exception_info(exc: BaseException) -> pb.ExceptionInfo:
+    return pb.ExceptionInfo(**_exception_fields(exc))
 
 
 # --- trace context -------------------------------------------------------------------------
@@ -439,26 +463,32 @@ def failed_record(
     if stage_v == pb.STAGE_CUSTOM and not custom_stage:
         raise ValueError("custom_stage: required with stage CUSTOM")
     traceparent, tracestate = trace_context(context)
-    rec = pb.FailedRecord(
-        record_id=record_id,
-        stage=stage_v,
-        custom_stage=custom_stage,
-        function_name=function_name,
-        headers=[pb.Header(key=k, value=as_bytes(v)) if v is not None else pb.Header(key=k)
-                 for k, v in headers],
-        exception=exception_info(exc),
-        attempt=max(1, int(attempt)),
-        traceparent=traceparent,
-        tracestate=tracestate,
-    )
+    # keyword construction, defaults left out (setting a proto3 scalar to its default is the
+    # same as not setting it; `optional` fields and `source` are set only when given)
+    fields: dict[str, Any] = {
+        "record_id": record_id,
+        "stage": stage_v,
+        "exception": _exception_fields(exc),
+        "attempt": max(1, int(attempt)),
+    }
+    if custom_stage:
+        fields["custom_stage"] = custom_stage
+    if function_name:
+        fields["function_name"] = function_name
+    if traceparent:
+        fields["traceparent"] = traceparent
+    if tracestate:
+        fields["tracestate"] = tracestate
+    hs = [{"key": k, "value": as_bytes(v)} if v is not None else {"key": k} for k, v in headers]
+    if hs:
+        fields["headers"] = hs
     if source is not None:
         topic, partition, offset = source
-        rec.source.CopyFrom(pb.SourceCoordinates(topic=topic, partition=int(partition),
-                                                 offset=int(offset)))
+        fields["source"] = {"topic": topic, "partition": int(partition), "offset": int(offset)}
     if (k := as_bytes(key)) is not None:
-        rec.key = k
+        fields["key"] = k
     if (v := as_bytes(value)) is not None:
-        rec.value = v
+        fields["value"] = v
     if timestamp_ms is not None:
-        rec.timestamp_ms = int(timestamp_ms)
-    return rec
+        fields["timestamp_ms"] = int(timestamp_ms)
+    return pb.FailedRecord(**fields)

@@ -6,7 +6,6 @@ The servicer only translates (protobuf <-> core values) and maps errors to statu
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import random
@@ -29,9 +28,9 @@ from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from . import __version__, telemetry
 from .adapters import convert
 from .core import config
-from .core.dlq_record import build_dlq_record, valid_traceparent
+from .core.dlq_record import DlqBuilder
 from .core.guardrails import check_topic_name
-from .core.model import Action, Category, Decision, FailedRecord, StageRef, Verdict, task_key
+from .core.model import Action, Category, Decision, StageRef, Verdict, task_key
 from .core.policy import PolicyEngine
 from .core.ports import SystemClock
 from .core.settings import JobSettings, job_settings
@@ -206,9 +205,9 @@ class Sidecar:
                 own = _traceparent(span)
                 settings = self.engine.settings(job)
                 now_ms = SystemClock().wall_ms()
-                dlq = [build_dlq_record(
-                    settings, _with_trace(records[i], own), verdicts[i], task, now_ms=now_ms,
-                    sidecar_id=self.sidecar_id) for i in to_dlq]
+                build = DlqBuilder(settings, task, now_ms=now_ms,
+                                   sidecar_id=self.sidecar_id).build
+                dlq = [build(records[i], verdicts[i], own) for i in to_dlq]
                 with tracer.start_as_current_span(
                         "spillway.spool", attributes={"spillway.records": len(dlq)}):
                     self.pipeline.submit(dlq)  # durable (spooled) before we answer
@@ -358,12 +357,6 @@ def _traceparent(span) -> str:
     if not ctx.is_valid:
         return ""
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
-
-
-def _with_trace(record: FailedRecord, traceparent: str) -> FailedRecord:
-    if valid_traceparent(record.traceparent):
-        return record
-    return dataclasses.replace(record, traceparent=traceparent, tracestate="")
 
 
 class _Random:

@@ -52,6 +52,7 @@ Submit = Callable[..., "Future[list[pb.Verdict]]"]
 
 KIP_STAGE_NAMES = {pb.STAGE_SINK: "TASK_PUT", pb.STAGE_PRODUCE: "KAFKA_PRODUCE"}
 _DONE = object()
+_FAIL, _RETRY, _SKIP = pb.ACTION_FAIL, pb.ACTION_RETRY, pb.ACTION_SKIP
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,19 +401,24 @@ class Engine:
         self._apply(batch, future.result())
 
     def _apply(self, batch: list[Unit], verdicts: list[pb.Verdict]) -> None:
-        fails = [(u, v) for u, v in zip(batch, verdicts, strict=True) if v.action == pb.ACTION_FAIL]
-        if fails:
+        if len(batch) != len(verdicts):
+            for _ in zip(batch, verdicts, strict=True):  # raises, naming the shorter one
+                pass
+        actions = [v.action for v in verdicts]
+        if _FAIL in actions:
+            fails = [(u, v) for u, v, a in zip(batch, verdicts, actions) if a == _FAIL]
             unit, verdict = next(((u, v) for u, v in fails if v.job_failed), fails[0])
             raise error_for_verdict(self.session.job, unit.record, verdict) from unit.exc
-        for unit, verdict in zip(batch, verdicts, strict=True):
-            if verdict.action == pb.ACTION_RETRY:
+        skipped = self.session.skipped
+        for unit, verdict, action in zip(batch, verdicts, actions):
+            if action == _SKIP:
+                skipped(unit.record, verdict)
+            elif action == _RETRY:
                 unit.attempt += 1
                 if verdict.category == pb.CATEGORY_REFRESH_RETRIABLE:
                     self._refresh_due = True
                 due = self.clock() + verdict.retry_delay_ms / 1000.0
                 heapq.heappush(self._waiting, (due, next(self._seq), unit))
-            elif verdict.action == pb.ACTION_SKIP:
-                self.session.skipped(unit.record, verdict)
             else:
                 raise SidecarProtocolError(
                     f"ReportFailures: verdict for record {verdict.record_id!r} has no action "

@@ -138,15 +138,29 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
+# one encoder for every row: json.dumps with these arguments builds the same one per call
+_ROW_ENCODER = json.JSONEncoder(default=_json_default, separators=(",", ":"),
+                                ensure_ascii=False)
+_encode_row = _ROW_ENCODER.encode
+
+
 def row_json(row: Any) -> bytes:
     """The row as compact JSON (bytes as base64, dates ISO-8601): the DLQ value of a row that
     did not come from Kafka."""
-    m = as_mapping(row)
-    payload = {k: _scalar(v) for k, v in m.items()} if m is not None else row
+    cls = type(row)
+    if cls is bytes:  # a JSON string of base64 text: nothing in it to escape
+        return b'"' + base64.b64encode(row) + b'"'
+    if cls is str:
+        return _encode_row(row).encode("utf-8")
     if hasattr(row, "asDict"):
         payload = row.asDict(recursive=True)
-    return json.dumps(payload, default=_json_default, separators=(",", ":"),
-                      ensure_ascii=False).encode("utf-8")
+    else:
+        m = as_mapping(row)
+        payload = {k: _scalar(v) for k, v in m.items()} if m is not None else row
+    return _encode_row(payload).encode("utf-8")
+
+
+_PLAIN = (bytes, str)  # rows that are values, not mappings
 
 
 def context_of(row: Any, fallback_id: Callable[[], str],
@@ -155,6 +169,9 @@ def context_of(row: Any, fallback_id: Callable[[], str],
     """The context of a failed row: Kafka coordinates, original key/value/headers/timestamp when
     the row (or what ``source(row)`` returns) has the Kafka source columns; else a positional
     id and the row as JSON."""
+    if source is None and type(row) in _PLAIN:  # no columns: a positional id, the row as JSON
+        rid = str(record_id(row)) if record_id is not None else ""
+        return RecordContext(rid or fallback_id(), None, None, row_json(row))
     m = as_mapping(source(row) if source is not None else row)
     rid = str(record_id(row)) if record_id is not None else ""
     source = None

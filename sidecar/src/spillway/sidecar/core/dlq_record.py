@@ -23,8 +23,9 @@ boundary and end with a marker saying how many bytes were cut; 0 leaves the stac
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .model import DlqRecord, FailedRecord, Header, TaskIdentity, Verdict, task_key
 from .settings import JobSettings
@@ -47,14 +48,31 @@ H_TRACEPARENT = "traceparent"
 H_TRACESTATE = "tracestate"
 
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+_TRACEPARENT_LEN = 55
 _TRACESTATE_MAX = 512  # W3C: vendors may drop a longer tracestate
+_ZERO_TRACE = "0" * 32
+_ZERO_SPAN = "0" * 16
+
+# A task reports every failure under the same trace context: each distinct traceparent is
+# checked once (bounded; only strings of the one valid length are kept).
+_TRACEPARENT_CACHE_SIZE = 4096
+_traceparent_ok: dict[str, bool] = {}
 
 
 def valid_traceparent(value: str) -> bool:
     """W3C trace context, version 00: ``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>``,
     lower-case hex, neither id all zeros."""
+    ok = _traceparent_ok.get(value)
+    if ok is not None:
+        return ok
+    if len(value) != _TRACEPARENT_LEN:
+        return False
     m = _TRACEPARENT.fullmatch(value)
-    return bool(m) and m.group(1) != "0" * 32 and m.group(2) != "0" * 16
+    ok = bool(m) and m.group(1) != _ZERO_TRACE and m.group(2) != _ZERO_SPAN
+    if len(_traceparent_ok) >= _TRACEPARENT_CACHE_SIZE:
+        _traceparent_ok.clear()
+    _traceparent_ok[value] = ok
+    return ok
 
 
 def valid_tracestate(value: str) -> bool:
@@ -95,88 +113,227 @@ def task_description(task: TaskIdentity) -> str:
             f"tid={task.task_attempt_id} executor={task.executor_id} host={task.host}")
 
 
-def _context_headers(settings: JobSettings, record: FailedRecord, verdict: Verdict,
-                     task: TaskIdentity) -> list[Header]:
-    dlq = settings.dlq
-    exc = record.exception
-    prefix = CONNECT_PREFIX if dlq.header_format == "connect" else DLQ_PREFIX
-    out: list[Header] = []
-    if record.source is not None:
-        out += [(prefix + "topic", _utf8(record.source.topic)),
-                (prefix + "partition", str(record.source.partition).encode()),
-                (prefix + "offset", str(record.source.offset).encode())]
-    if dlq.header_format == "connect":
-        out += [(prefix + "connector.name", _utf8(settings.job)),
-                (prefix + "task.id", _utf8(task.task_id))]
-    else:
-        out += [(prefix + "group", _utf8(settings.job)),
-                (prefix + "delivery.count", str(verdict.attempt).encode()),
-                (prefix + "task.id", _utf8(task.task_id))]
-    out += [(prefix + "stage", _utf8(record.stage.name)),
-            (prefix + "class.name", _utf8(record.function_name)),
-            (prefix + "exception.class.name", _utf8(exc.class_name)),
-            (prefix + "exception.message", _utf8(exc.message))]
-    if exc.stack_trace and dlq.stacktrace_max_bytes > 0:
-        out.append((prefix + "exception.stacktrace",
-                    truncate_utf8(exc.stack_trace, dlq.stacktrace_max_bytes)))
-    return out
+
+# --- the builder -----------------------------------------------------------------------------
+#
+# Every dead-lettered record costs CPU on a machine shared with Spark, so what does not depend
+# on the record is worked out once: per job settings (header names, the job's encoded name, the
+# set of names that replace original headers) and per report (the task's and sidecar's headers,
+# the timestamp). The output is the same as building each record from scratch (tests compare
+# them).
+
+_SPILLWAY_NAMES = (H_RECORD_ID, H_CATEGORY, H_ATTEMPTS, H_REASON, H_JOB, H_TASK, H_SIDECAR,
+                   H_TIMESTAMP, H_COPIED, H_TRACEPARENT, H_TRACESTATE)
 
 
-def _trace_headers(record: FailedRecord, original: Iterable[Header]) -> list[Header]:
-    """The record's own trace context wins; else a valid one from the original headers."""
-    parent, state = record.traceparent, record.tracestate
-    if not valid_traceparent(parent):
-        parent, state = "", ""
-        orig = dict(original)
-        raw_parent = orig.get(H_TRACEPARENT)
-        if raw_parent is not None:
-            text = raw_parent.decode("ascii", "replace")
-            if valid_traceparent(text):
-                parent = text
-                raw_state = orig.get(H_TRACESTATE)
-                state = raw_state.decode("ascii", "replace") if raw_state is not None else ""
-    if not parent:
-        return []
-    out: list[Header] = [(H_TRACEPARENT, parent.encode("ascii"))]
-    if valid_tracestate(state):
-        out.append((H_TRACESTATE, state.encode("ascii")))
-    return out
+class _JobParts:
+    """What a job's settings fix about its DLQ records."""
+
+    __slots__ = ("settings", "topic", "job", "job_b", "copy", "copied_b", "context", "connect",
+                 "stack_max", "n_topic", "n_partition", "n_offset", "n_job", "n_delivery",
+                 "n_task_id", "n_stage", "n_class", "n_exc_class", "n_exc_message",
+                 "n_stacktrace", "replaced")
+
+    def __init__(self, settings: JobSettings) -> None:
+        dlq = settings.dlq
+        self.settings = settings
+        self.topic = dlq.topic
+        self.job = settings.job
+        self.job_b = _utf8(settings.job)
+        self.copy = dlq.copy_record
+        self.copied_b = b"true" if dlq.copy_record else b"false"
+        self.context = dlq.context_headers
+        self.connect = dlq.header_format == "connect"
+        self.stack_max = dlq.stacktrace_max_bytes
+        prefix = CONNECT_PREFIX if self.connect else DLQ_PREFIX
+        self.n_topic = prefix + "topic"
+        self.n_partition = prefix + "partition"
+        self.n_offset = prefix + "offset"
+        self.n_job = prefix + ("connector.name" if self.connect else "group")
+        self.n_delivery = prefix + "delivery.count"
+        self.n_task_id = prefix + "task.id"
+        self.n_stage = prefix + "stage"
+        self.n_class = prefix + "class.name"
+        self.n_exc_class = prefix + "exception.class.name"
+        self.n_exc_message = prefix + "exception.message"
+        self.n_stacktrace = prefix + "exception.stacktrace"
+        # the names a DLQ record adds, by (has source coordinates, has a stack trace): they
+        # replace same-named original headers, and no others do
+        base = set(_SPILLWAY_NAMES)
+        if self.context:
+            base |= {self.n_job, self.n_task_id, self.n_stage, self.n_class, self.n_exc_class,
+                     self.n_exc_message}
+            if not self.connect:
+                base.add(self.n_delivery)
+        self.replaced: dict[tuple[bool, bool], frozenset[str]] = {}
+        for has_source in (False, True):
+            for has_stack in (False, True):
+                names = set(base)
+                if self.context and has_source:
+                    names |= {self.n_topic, self.n_partition, self.n_offset}
+                if self.context and has_stack:
+                    names.add(self.n_stacktrace)
+                self.replaced[has_source, has_stack] = frozenset(names)
+
+
+_job_parts: dict[int, _JobParts] = {}
+_JOB_PARTS_MAX = 256
+
+
+def _parts(settings: JobSettings) -> _JobParts:
+    parts = _job_parts.get(id(settings))
+    if parts is None or parts.settings is not settings:  # ids are reused once freed
+        parts = _JobParts(settings)
+        if len(_job_parts) >= _JOB_PARTS_MAX:
+            _job_parts.clear()
+        _job_parts[id(settings)] = parts
+    return parts
+
+
+def _dlq_record_factory() -> Callable[..., DlqRecord]:
+    """``DlqRecord(topic, key, value, headers, record_id, job, task_key, traceparent)``.
+
+    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` and costs
+    more than the rest of building a DLQ record; the slots' own setters do the same for a
+    third of that. Used only while DlqRecord is exactly those slotted fields with no
+    ``__post_init__``; otherwise the class itself is called."""
+    names = ("topic", "key", "value", "headers", "record_id", "job", "task_key", "traceparent")
+    fields = dataclasses.fields(DlqRecord)
+    slots = [DlqRecord.__dict__.get(n) for n in names]
+    if (tuple(f.name for f in fields) != names or "__post_init__" in DlqRecord.__dict__
+            or not all(type(d) is _MEMBER_DESCRIPTOR for d in slots)):
+        return DlqRecord
+    new = DlqRecord.__new__
+    s0, s1, s2, s3, s4, s5, s6, s7 = (d.__set__ for d in slots)
+
+    def make(topic, key, value, headers, record_id, job, task_key_, traceparent):
+        rec = new(DlqRecord)
+        s0(rec, topic)
+        s1(rec, key)
+        s2(rec, value)
+        s3(rec, headers)
+        s4(rec, record_id)
+        s5(rec, job)
+        s6(rec, task_key_)
+        s7(rec, traceparent)
+        return rec
+
+    return make
+
+
+_MEMBER_DESCRIPTOR = type(TaskIdentity.__dict__["stage_id"])
+_new_dlq_record = _dlq_record_factory()
+
+_category_b: dict[object, bytes] = {}
+_stage_b: dict[object, bytes] = {}
+
+
+class DlqBuilder:
+    """Builds the DLQ records of one report: `settings.job`'s records dead-lettered by `task`
+    at `now_ms` on sidecar `sidecar_id`. ``build(record, verdict)`` is `build_dlq_record`."""
+
+    __slots__ = ("_p", "_task_id_b", "_tail", "_task_key")
+
+    def __init__(self, settings: JobSettings, task: TaskIdentity, *, now_ms: int,
+                 sidecar_id: str) -> None:
+        p = self._p = _parts(settings)
+        self._task_id_b = _utf8(task.task_id)
+        self._tail = ((H_JOB, p.job_b), (H_TASK, _utf8(task_description(task))),
+                      (H_SIDECAR, _utf8(sidecar_id)), (H_TIMESTAMP, str(now_ms).encode()),
+                      (H_COPIED, p.copied_b))
+        self._task_key = task_key(settings.job, task)
+
+    def build(self, record: FailedRecord, verdict: Verdict,
+              fallback_traceparent: str = "") -> DlqRecord:
+        """The DLQ record for `record`, dead-lettered with `verdict`. A record without a valid
+        trace context of its own gets `fallback_traceparent` (if valid) as if it were its own."""
+        p = self._p
+        copy = p.copy
+        attempt_b = str(verdict.attempt).encode()
+        exc = record.exception
+        has_stack = bool(exc.stack_trace) and p.stack_max > 0
+        source = record.source
+        if p.context:
+            added: list[Header] = []
+            if source is not None:
+                added += ((p.n_topic, _utf8(source.topic)),
+                          (p.n_partition, str(source.partition).encode()),
+                          (p.n_offset, str(source.offset).encode()))
+            if p.connect:
+                added += ((p.n_job, p.job_b), (p.n_task_id, self._task_id_b))
+            else:
+                added += ((p.n_job, p.job_b), (p.n_delivery, attempt_b),
+                          (p.n_task_id, self._task_id_b))
+            stage = record.stage
+            stage_b = _stage_b.get(stage)
+            if stage_b is None:
+                stage_b = _utf8(stage.name)
+                if len(_stage_b) < 1024:
+                    _stage_b[stage] = stage_b
+            added += ((p.n_stage, stage_b),
+                      (p.n_class, _utf8(record.function_name)),
+                      (p.n_exc_class, _utf8(exc.class_name)),
+                      (p.n_exc_message, _utf8(exc.message)))
+            if has_stack:
+                added.append((p.n_stacktrace, truncate_utf8(exc.stack_trace, p.stack_max)))
+        else:
+            added = []
+        category = verdict.category
+        category_b = _category_b.get(category)
+        if category_b is None:
+            category_b = _category_b[category] = category.value.encode()
+        added += ((H_RECORD_ID, _utf8(record.record_id)),
+                  (H_CATEGORY, category_b),
+                  (H_ATTEMPTS, attempt_b),
+                  (H_REASON, _utf8(verdict.reason)))
+        added += self._tail
+        original = record.headers if copy else ()
+        # trace context: the record's own, else the fallback, else a valid one from the
+        # original headers; an invalid one is never copied through
+        parent = record.traceparent
+        state = ""
+        if valid_traceparent(parent):
+            state = record.tracestate
+        elif fallback_traceparent and valid_traceparent(fallback_traceparent):
+            parent = fallback_traceparent
+        else:
+            parent = ""
+            if original:
+                orig = dict(original)
+                raw_parent = orig.get(H_TRACEPARENT)
+                if raw_parent is not None:
+                    text = raw_parent.decode("ascii", "replace")
+                    if valid_traceparent(text):
+                        parent = text
+                        raw_state = orig.get(H_TRACESTATE)
+                        state = raw_state.decode("ascii", "replace") if raw_state is not None \
+                            else ""
+        if parent:
+            added.append((H_TRACEPARENT, parent.encode("ascii")))
+            if state and valid_tracestate(state):
+                added.append((H_TRACESTATE, state.encode("ascii")))
+        if original:
+            # added headers overwrite same-named original ones (KIP-1191); trace headers are
+            # always spillway's decision
+            replaced = p.replaced[source is not None, has_stack]
+            headers = tuple([h for h in original if h[0] not in replaced] + added)
+        else:
+            headers = tuple(added)
+        return _new_dlq_record(p.topic, record.key if copy else None,
+                               record.value if copy else None, headers, record.record_id, p.job,
+                               self._task_key, parent)
 
 
 def build_dlq_record(settings: JobSettings, record: FailedRecord, verdict: Verdict,
                      task: TaskIdentity, *, now_ms: int, sidecar_id: str) -> DlqRecord:
     """The DLQ record for `record`, dead-lettered with `verdict` by `task` of `settings.job`."""
-    dlq = settings.dlq
-    copy = dlq.copy_record
-    added: list[Header] = []
-    if dlq.context_headers:
-        added += _context_headers(settings, record, verdict, task)
-    added += [
-        (H_RECORD_ID, _utf8(record.record_id)),
-        (H_CATEGORY, verdict.category.value.encode()),
-        (H_ATTEMPTS, str(verdict.attempt).encode()),
-        (H_REASON, _utf8(verdict.reason)),
-        (H_JOB, _utf8(settings.job)),
-        (H_TASK, _utf8(task_description(task))),
-        (H_SIDECAR, _utf8(sidecar_id)),
-        (H_TIMESTAMP, str(now_ms).encode()),
-        (H_COPIED, b"true" if copy else b"false"),
-    ]
-    original = record.headers if copy else ()
-    trace = _trace_headers(record, original)
-    added += trace
-    # Added headers overwrite same-named original ones (KIP-1191); trace headers are always
-    # spillway's decision, so an invalid original traceparent/tracestate never passes through.
-    replaced = {name for name, _ in added} | {H_TRACEPARENT, H_TRACESTATE}
-    headers = tuple(h for h in original if h[0] not in replaced) + tuple(added)
-    traceparent = trace[0][1].decode("ascii") if trace else ""
-    return DlqRecord(
-        topic=dlq.topic,
-        key=record.key if copy else None,
-        value=record.value if copy else None,
-        headers=headers,
-        record_id=record.record_id,
-        job=settings.job,
-        task_key=task_key(settings.job, task),
-        traceparent=traceparent,
-    )
+    return DlqBuilder(settings, task, now_ms=now_ms, sidecar_id=sidecar_id).build(record, verdict)
+
+
+def build_dlq_records(settings: JobSettings, task: TaskIdentity,
+                      items: Iterable[tuple[FailedRecord, Verdict]], *, now_ms: int,
+                      sidecar_id: str, fallback_traceparent: str = "") -> list[DlqRecord]:
+    """`build_dlq_record` for each (record, verdict) of one report; records without a valid
+    trace context of their own get `fallback_traceparent` (if valid)."""
+    build = DlqBuilder(settings, task, now_ms=now_ms, sidecar_id=sidecar_id).build
+    return [build(r, v, fallback_traceparent) for r, v in items]
