@@ -308,3 +308,26 @@ def test_id_table_dict_does_not_grow_under_churn():
     # would be ~74 (three times its live size at its next resize)
     assert sys.getsizeof(t._d) < 2_000 * 50
     assert len(t._order) == 2_000
+
+
+def test_count_errors_equals_admits_when_unlimited():
+    """With no limits, counting a report's new errors at once (`count_errors`, what the policy
+    engine does per report) leaves the tracker as one `admit` per record would."""
+    settings = ToleranceSettings("all", -1, -1, 0, 60_000, True)
+    one, batch = ToleranceTracker("x", settings), ToleranceTracker("x", settings)
+    assert one.unlimited and batch.unlimited
+    for t in (one, batch):
+        t.record_progress((1, 0), {"S": 10}, 5.0)
+    for i in range(3):
+        assert not one.admit(f"r{i}", "S", 10.0, (1, 0)).exceeded
+    one.admit("q", "T", 10.0, (1, 1))
+    batch.count_errors("S", (1, 0), 3, 10.0)
+    batch.count_errors("T", (1, 1), 1, 10.0)
+    assert batch.errors_total == one.errors_total == 4
+    for pa, pb_ in ((one._job, batch._job), (one._stages["S"], batch._stages["S"])):
+        for f in ("errors", "settled", "processed"):
+            assert getattr(pa, f).total(10.0) == getattr(pb_, f).total(10.0)
+    assert list(one._slots) == list(batch._slots)
+    assert one._slots[(1, 0)] == batch._slots[(1, 0)]
+    assert not ToleranceTracker("x", ToleranceSettings("none", -1, -1, 0, 0, False)).unlimited
+    assert not ToleranceTracker("x", ToleranceSettings("all", 5, -1, 0, 0, False)).unlimited

@@ -133,14 +133,113 @@ def failed_record(r: pb.FailedRecord, index: int, *,
     )
 
 
-def failed_records(records) -> list[m.FailedRecord]:
-    """A report's records, in order (ValueError naming the first invalid field)."""
+class PbFailedRecord:
+    """A reported record as the core reads it (`model.FailedRecord`'s fields), over its
+    protobuf message: validated and converted up front are only what every record's decision
+    reads (record id, stage, exception); the rest (key, value, headers, source, ...) is read
+    from the message when asked for, which for most records is never (only a dead-lettered,
+    logged or custom-handled record needs them). Treat it as a value, like FailedRecord;
+    `to_model()` gives the plain dataclass."""
+
+    __slots__ = ("record_id", "stage", "exception", "_r")
+
+    def __init__(self, r: pb.FailedRecord, record_id: str, stage: m.StageRef,
+                 exception: m.ExceptionInfo) -> None:
+        self._r = r
+        self.record_id = record_id
+        self.stage = stage
+        self.exception = exception
+
+    @property
+    def function_name(self) -> str:
+        return self._r.function_name
+
+    @property
+    def source(self) -> m.SourceCoordinates | None:
+        r = self._r
+        if not r.HasField("source"):
+            return None
+        src = r.source
+        return m.SourceCoordinates(src.topic, src.partition, src.offset)
+
+    @property
+    def key(self) -> bytes | None:
+        r = self._r
+        return r.key if r.HasField("key") else None
+
+    @property
+    def value(self) -> bytes | None:
+        r = self._r
+        return r.value if r.HasField("value") else None
+
+    @property
+    def headers(self) -> tuple[m.Header, ...]:
+        headers = self._r.headers
+        return tuple((h.key, h.value if h.HasField("value") else None)
+                     for h in headers) if headers else ()
+
+    @property
+    def timestamp_ms(self) -> int | None:
+        r = self._r
+        return r.timestamp_ms if r.HasField("timestamp_ms") else None
+
+    @property
+    def attempt(self) -> int:
+        a = self._r.attempt
+        return a if a > 1 else 1
+
+    @property
+    def traceparent(self) -> str:
+        return self._r.traceparent
+
+    @property
+    def tracestate(self) -> str:
+        return self._r.tracestate
+
+    def to_model(self) -> m.FailedRecord:
+        return m.FailedRecord(self.record_id, self.stage, self.exception, self.function_name,
+                              self.source, self.key, self.value, self.headers,
+                              self.timestamp_ms, self.attempt, self.traceparent,
+                              self.tracestate)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PbFailedRecord):
+            other = other.to_model()
+        if isinstance(other, m.FailedRecord):
+            return self.to_model() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # like the (mutable) dataclass
+
+    def __repr__(self) -> str:
+        return repr(self.to_model()).replace("FailedRecord(", "PbFailedRecord(", 1)
+
+
+def failed_records(records) -> list[PbFailedRecord]:
+    """A report's records, in order (ValueError naming the first invalid field, with the same
+    checks and messages as `failed_record`). Records of a batch that failed with an identical
+    exception share one converted value."""
     out = []
-    previous = None
+    append = out.append
+    prev_pb = prev = None
+    refs = _STAGE_REFS
     for i, r in enumerate(records):
-        rec = failed_record(r, i, previous=previous)
-        out.append(rec)
-        previous = (r.exception, rec.exception)
+        rid = r.record_id
+        has = r.HasField
+        if not rid or not has("exception"):
+            if not rid:
+                raise ValueError(f"records[{i}].record_id: required (stable across task attempts)")
+            raise ValueError(f"records[{i}].exception: required")
+        if has("source") and not r.source.topic:
+            raise ValueError(f"records[{i}].source.topic: required when source is set")
+        stage = refs.get((r.stage, r.custom_stage))
+        if stage is None:
+            stage = stage_ref(r.stage, r.custom_stage, f"records[{i}]")
+        e = r.exception
+        if prev_pb is None or prev_pb != e:
+            prev = _exception(e, f"records[{i}]")
+            prev_pb = e
+        append(PbFailedRecord(r, rid, stage, prev))
     return out
 
 

@@ -55,7 +55,7 @@ from .model import (Action, Category, Counts, Decision, FailedRecord, JobSummary
                     TaskIdentity, Verdict)
 from .ports import Clock, ErrorLogger, RandomSource
 from .settings import JobSettings, job_settings
-from .tolerance import KEY_MASK, IdTable, ToleranceTracker
+from .tolerance import _WITHIN, KEY_MASK, IdTable, ToleranceTracker
 
 MAX_TRACKED_RECORDS = 100_000
 MAX_SKIP_INFOS = 4_096    # distinct skip answers shared per job (cleared when full)
@@ -108,16 +108,6 @@ class _Job:
     def records_evicted(self) -> int:
         return self.records.evicted
 
-    def state_for(self, key: int, now_ms: float) -> _RecordState:
-        records = self.records
-        st = records.get(key)
-        if st is None:
-            st = _RecordState(first_ms=now_ms)
-            records.add(key, st)
-        else:
-            records.touch(key)
-        return st
-
     def skip_info(self, category: Category, reason: str, attempts: int) -> _SkipInfo:
         """The shared answer for records skipped this way (reasons are per report and per
         exception message: equal ones across reports are merged here)."""
@@ -129,10 +119,11 @@ class _Job:
             shared = self.skip_infos[info] = info
         return shared
 
-    def remember_skipped(self, key: int, info: _SkipInfo) -> None:
-        """The record was counted (tolerance.admit added its key) and skipped."""
-        self.records.pop(key)
-        self.ids.replace(key, info)
+    def new_state(self, key: int, now_ms: float, record: FailedRecord) -> _RecordState:
+        """The schedule of a data error first seen now (attempt 1), made when it is kept."""
+        st = _RecordState(first_ms=now_ms, attempts=1, last_class=record.exception.class_name)
+        self.records.add(key, st)
+        return st
 
 
 def _bump(table: dict[str, int], key: str, n: int = 1) -> None:
@@ -155,6 +146,9 @@ _Outcome = tuple[Decision, bool, str]
 # Indexes into a batch's per-stage amounts (`counters.BATCH_FIELDS` order).
 _FAILURES, _ERRORS, _SKIPPED, _RETRIES, _LOGGED, _DROPPED = range(6)
 _RETRIABLE = frozenset(c for c in Category if c.retriable)
+_DATA = Category.DATA
+_DATA_WHY = "data error: never retried"
+_CONTINUE = HandlerResponse.CONTINUE
 
 
 class _Batch:
@@ -166,7 +160,7 @@ class _Batch:
 
     __slots__ = ("amounts", "last_stage", "last_amounts", "last_ref", "by_stage", "by_class",
                  "by_category", "reports", "last_exc", "last_cls", "last_what", "reasons",
-                 "last_info")
+                 "last_info", "cls_exc", "cls", "new_errors")
 
     def __init__(self) -> None:
         self.amounts: dict[str, list[int]] = {}
@@ -182,6 +176,9 @@ class _Batch:
         self.last_what = ""
         self.reasons: dict[tuple[str, str], str] = {}
         self.last_info: _SkipInfo | None = None
+        self.cls_exc: object = None       # the last exception value classified, and its class
+        self.cls: Classification | None = None
+        self.new_errors: dict[str, int] = {}   # by stage: errors counted by tolerance at the end
 
     def stage_amounts(self, stage: str) -> list[int]:
         if stage == self.last_stage:
@@ -200,8 +197,12 @@ class _Batch:
             j.budget.on_report(now, self.reports)
             self.reports = 0
 
-    def apply(self, j: _Job, tid: str, now: float, wall: int) -> None:
+    def apply(self, j: _Job, task: TaskIdentity, tid: str, now: float, wall: int) -> None:
         self.charge_reports(j, now)
+        if self.new_errors:
+            tkey = (task.stage_id, task.partition_id)
+            for stage, n in self.new_errors.items():
+                j.tolerance.count_errors(stage, tkey, n, now)
         for stage, a in self.amounts.items():
             j.counts.add_batch(stage, tid, a, wall)
         for table, counted in ((j.by_stage, self.by_stage), (j.by_class, self.by_class)):
@@ -276,7 +277,7 @@ class PolicyEngine:
             try:
                 outcomes = [self._decide_one(j, task, tid, r, now, wall, batch) for r in records]
             finally:
-                batch.apply(j, tid, now, wall)
+                batch.apply(j, task, tid, now, wall)
         if j.settings.log_enable:
             self._write_logs(j, task, records, outcomes, wall)
         return [o[0] for o in outcomes]
@@ -315,7 +316,11 @@ class PolicyEngine:
         key = exc.class_name or "<unknown>"
         counted = b.by_class
         counted[key] = counted.get(key, 0) + 1
-        cls = j.classifier.classify(exc)
+        if exc is b.cls_exc:
+            cls = b.cls                   # records of a batch share their exception value
+        else:
+            cls = b.cls = j.classifier.classify(exc)
+            b.cls_exc = exc
         category = cls.category
         counted = b.by_category       # by Category: its value is taken once, in apply()
         counted[category] = counted.get(category, 0) + 1
@@ -333,7 +338,22 @@ class PolicyEngine:
                 f"already skipped by an earlier task attempt: {skipped[1]}",
                 skipped[2]), s.dlq.enabled), False, "")
 
-        state = j.state_for(key, now)
+        state = j.records.get(key)
+        if state is None and category is _DATA and not j.failure_reason:
+            # a data error never seen before: it is never retried, so it needs no schedule
+            # (`_handle` makes one only if the record is not skipped, as it would be kept)
+            if exc is b.last_exc and cls is b.last_cls:
+                what = b.last_what
+            else:
+                what = f"{_describe(record)} [{cls.describe()}]"
+                b.last_exc, b.last_cls, b.last_what = exc, cls, what
+            return self._handle(j, task, tid, record, key, None, cls, _DATA_WHY, what, now,
+                                wall, amounts, b, stage)
+        if state is None:
+            state = _RecordState(first_ms=now)
+            j.records.add(key, state)
+        else:
+            j.records.touch(key)
         state.attempts += 1
         state.last_class = exc.class_name
 
@@ -371,9 +391,9 @@ class PolicyEngine:
                 return (Decision(retry), False, "")
             why = f"retries exhausted: {retry}"
         else:
-            why = "data error: never retried"
+            why = _DATA_WHY
         return self._handle(j, task, tid, record, key, state, cls, why, what, now, wall,
-                            amounts, b)
+                            amounts, b, stage)
 
     def _try_retry(self, j: _Job, task: TaskIdentity, record: FailedRecord,
                    state: _RecordState, cls: Classification, now: float) -> Verdict | str:
@@ -423,13 +443,18 @@ class PolicyEngine:
                        reason=reason, attempt=state.attempts, retry_delay_ms=decision.delay_ms)
 
     def _handle(self, j: _Job, task: TaskIdentity, tid: str, record: FailedRecord, key: int,
-                state: _RecordState, cls: Classification, why: str, what: str, now: float,
-                wall: int, amounts: list[int], b: _Batch) -> _Outcome:
-        """KIP-1033 handler, then tolerance, for a record that will not be retried."""
+                state: _RecordState | None, cls: Classification, why: str, what: str,
+                now: float, wall: int, amounts: list[int], b: _Batch, stage: str) -> _Outcome:
+        """KIP-1033 handler, then tolerance, for a record that will not be retried. `state`
+        None: a data error seen for the first time (attempt 1), whose schedule is made only if
+        the record is not skipped (a skipped record's schedule is dropped at once)."""
         s = j.settings
-        stage, rid, category = record.stage.name, record.record_id, cls.category
+        rid, category = record.record_id, cls.category
+        attempts = state.attempts if state is not None else 1
 
         response = j.handler.fixed  # a built-in's answer does not depend on the context
+        if state is None and response is not _CONTINUE:
+            state = j.new_state(key, now, record)   # kept unless the record is skipped
         if response is None:
             src = record.source
             context = ErrorHandlerContext(
@@ -438,14 +463,14 @@ class PolicyEngine:
                 headers=record.headers, processor_node_id=record.function_name, task_id=tid,
                 timestamp=record.timestamp_ms if record.timestamp_ms is not None else wall,
                 stage=stage, exception=record.exception, category=category,
-                attempt=state.attempts, reason=why, record=record)
+                attempt=attempts, reason=why, record=record)
             try:
                 response = invoke(j.handler, context)
             except HandlerError as exc:
                 j.handler_failures += 1
                 reason = self._fail_job(j, f"job {s.job!r} failed: {exc} (stage {stage})")
                 return self._error(j, amounts, Verdict(rid, Action.FAIL, category, reason,
-                                                       state.attempts, job_failed=True), cls)
+                                                       attempts, job_failed=True), cls)
 
         if response is HandlerResponse.FAIL:
             if j.handler.derived:
@@ -455,14 +480,27 @@ class PolicyEngine:
                 reason = (f"job {s.job!r} failed: errors.handler.class={j.handler.name} returned "
                           f"FAIL for record {rid!r} (stage {stage}): {what}; {why}")
             return self._error(j, amounts, Verdict(rid, Action.FAIL, category,
-                                                   self._fail_job(j, reason), state.attempts,
+                                                   self._fail_job(j, reason), attempts,
                                                    job_failed=True), cls)
 
-        tol = j.tolerance.admit(rid, stage, now, (task.stage_id, task.partition_id), key)
+        tolerance = j.tolerance
+        if tolerance.unlimited:           # no limit to check: counted per stage at the end
+            ids = j.ids
+            if key in ids:
+                ids.touch(key)            # already counted by an earlier attempt
+            else:
+                ids.add(key, None)
+                new = b.new_errors
+                new[stage] = new.get(stage, 0) + 1
+            tol = _WITHIN
+        else:
+            tol = tolerance.admit(rid, stage, now, (task.stage_id, task.partition_id), key)
         if tol.exceeded:
+            if state is None:
+                state = j.new_state(key, now, record)
             reason = self._fail_job(j, f"{tol.reason}; last error: {what} (record {rid!r})")
             return self._error(j, amounts, Verdict(rid, Action.FAIL, category, reason,
-                                                   state.attempts, job_failed=True), cls)
+                                                   attempts, job_failed=True), cls)
 
         dead_letter = s.dlq.enabled
         reason = b.reasons.get((what, why))
@@ -472,14 +510,16 @@ class PolicyEngine:
             reason = b.reasons[(what, why)] = f"skipped, {where}: {what}; {why}"
         info = b.last_info
         if (info is None or info[1] is not reason or info[0] is not category
-                or info[2] != state.attempts):
-            info = b.last_info = j.skip_info(category, reason, state.attempts)
-        j.remember_skipped(key, info)
+                or info[2] != attempts):
+            info = b.last_info = j.skip_info(category, reason, attempts)
+        if state is not None:
+            j.records.pop(key)
+        j.ids.replace(key, info)          # tolerance.admit added the key
         amounts[_SKIPPED] += 1
         if not dead_letter:
             amounts[_DROPPED] += 1
         return self._error(j, amounts, Verdict(rid, Action.SKIP, category, reason,
-                                               state.attempts), cls, dead_letter=dead_letter)
+                                               attempts), cls, dead_letter=dead_letter)
 
     def _error(self, j: _Job, amounts: list[int], v: Verdict, cls: Classification, *,
                dead_letter: bool = False) -> _Outcome:

@@ -232,6 +232,10 @@ class ToleranceTracker:
         self._job = _Pair(settings.window_ms)
         self._stages: dict[str, _Pair] = {}
         self._slots: OrderedDict[TaskKey, _Slot] = OrderedDict()
+        # no limit can be exceeded: `admit` is then a dedupe plus counting, which the policy
+        # engine does per report (`ids`, then `count_errors` once per stage)
+        self.unlimited = (settings.mode != "none" and settings.max_errors < 0
+                          and settings.max_ratio < 0)
         self.records_processed = 0       # whole-job total, for the summary
         self.errors_total = 0
         self.slots_evicted = 0
@@ -266,6 +270,19 @@ class ToleranceTracker:
                 f"job {self.job!r} failed on its first error: errors.tolerance=none "
                 f"(stage {stage})"))
         return self.check(now_ms, stage)
+
+    def count_errors(self, stage: str, task: TaskKey, n: int, now_ms: float) -> None:
+        """What ``n`` calls of `admit` counting new ids of one stage and task at ``now_ms`` do
+        besides remembering the ids, for a tracker with no limits (`unlimited`: every check
+        passes, so counting a report's errors at its end is the same as one by one)."""
+        self.errors_total += n
+        self._job.errors.add(now_ms, n)
+        pair = self._stages.get(stage)
+        (pair if pair is not None else self._stage(stage)).errors.add(now_ms, n)
+        slot = self._slot(task)
+        slot.errors[stage] = slot.errors.get(stage, 0) + n
+        if slot.flushed:
+            self._settle(slot, now_ms)
 
     # --- processed records ----------------------------------------------------------------
 
