@@ -48,8 +48,10 @@ def serve_properties(args: argparse.Namespace, env: dict[str, str]) -> dict[str,
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .dlq.spool import limit_malloc_arenas
     from .server import start_server
 
+    limit_malloc_arenas()  # before any thread starts (memory returned after a drain)
     raw = serve_properties(args, dict(os.environ))
     running = start_server(raw, install_global_telemetry=True)
     # Tell whoever started us where we listen (port 0 picks a free one): one parseable line.

@@ -21,14 +21,14 @@ once they are in it, i.e. handed to the pipeline's producer side. That mode is N
 a crash, or a shutdown before Kafka acknowledged them, loses them (the loss is logged).
 
 Drain worker: one thread, woken by an Event. The spool's writer hands it each committed record
-from memory (``handoff_bytes``, 4 MiB): nothing just written is read back. When that hand-off is
-full (Kafka behind or gone), and after a restart, the drain reads the spool instead, in seq order
-and in chunks (``read_chunk``), until it has caught up, so that a million spooled records never sit
-in memory (at most ``max_inflight_records`` / ``max_inflight_bytes`` do, plus the hand-off). It
-hands many records to librdkafka before serving delivery reports (one poll per batch, never one
-flush per record), settles acknowledged records in batches, gives freed heap back to
-the OS once a large backlog has drained, and acts on failures by their category (see
-`producer.classify`):
+from memory (``handoff_bytes``, 16 MiB: a burst of reports from 32 executors fits): nothing just
+written is read back. When that hand-off is full (Kafka behind or gone), and after a restart,
+the drain reads the spool instead, in seq order and in chunks (``read_chunk``), until it has
+caught up, so that a million spooled records never sit in memory (at most
+``max_inflight_records`` / ``max_inflight_bytes`` do, plus the hand-off). It hands many records
+to librdkafka before serving delivery reports (one poll per batch, never one flush per record),
+settles acknowledged records in batches, gives freed heap back to the OS once a large backlog
+has drained, and acts on failures by their category (see `producer.classify`):
 
 - retriable: produced again after an exponential backoff (``write-retries``);
 - fatal (producer unusable): the producer is closed and rebuilt, its records produced again;
@@ -120,7 +120,7 @@ class DlqPipeline:
         read_chunk: int = 5_000,
         max_inflight_records: int = 20_000,
         max_inflight_bytes: int = 4 * 1024 * 1024,
-        handoff_bytes: int = 4 * 1024 * 1024,
+        handoff_bytes: int = 16 * 1024 * 1024,
         delete_batch: int = 5_000,
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 5_000,

@@ -186,6 +186,22 @@ def release_memory() -> None:
             log.debug("malloc_trim failed", exc_info=True)
 
 
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number
+
+
+def limit_malloc_arenas(arenas: int = 2) -> bool:
+    """Cap glibc's per-thread malloc arenas (default 8 per core). A sidecar's gRPC pool,
+    librdkafka and SQLite threads otherwise each fragment their own arena, and memory freed
+    after a drain stays resident in them. Call before threads start; MALLOC_ARENA_MAX in the
+    environment wins. Returns whether the cap was set."""
+    if _malloc_trim is None or os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    try:
+        return bool(ctypes.CDLL(None).mallopt(_M_ARENA_MAX, arenas))
+    except (OSError, AttributeError):
+        return False
+
+
 def record_size(rec: DlqRecord, headers_blob: bytes) -> int:
     """The bytes a record accounts for against ``spool.max.bytes``."""
     return (len(rec.key or b"") + len(rec.value or b"") + len(headers_blob) + len(rec.topic)
@@ -757,9 +773,12 @@ class Spool:
                 n, freed = self._apply(marks, emptied)
                 self._depth -= n
                 self._bytes -= freed
-                release = (self._depth == 0 and self._peak_bytes >= _RELEASE_AFTER_BYTES)
+                empty = self._depth == 0
+                release = empty and self._peak_bytes >= _RELEASE_AFTER_BYTES
                 if release:
                     self._peak_bytes = self._bytes
+            if empty:  # nothing pending: the dedup window can match nothing (see _spooled)
+                self._recent, self._recent_old = {}, {}
             if release:
                 self._release_memory()
         return n
