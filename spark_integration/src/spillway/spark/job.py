@@ -397,39 +397,17 @@ def _udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_colum
     direct = hasattr(tc_class, "_taskContext")  # pyspark's layout; else the public accessor
     current = (lambda: tc_class._taskContext) if direct else tc_class.get
     if direct and _single_argument(fn):
-        if error_column:
-            def call(arg):
-                st = holder[0]
-                if st is None or st.tc is not tc_class._taskContext:
-                    st = enter()
-                index = st.rows
-                st.rows = index + 1
-                try:
-                    return fn(arg), None
-                except Exception as exc:  # noqa: BLE001 - user code
-                    return failed(st, (arg,), index, exc)
-        else:
-            def call(arg):
-                st = holder[0]
-                if st is None or st.tc is not tc_class._taskContext:
-                    st = enter()
-                index = st.rows
-                st.rows = index + 1
-                try:
-                    return fn(arg)
-                except Exception as exc:  # noqa: BLE001 - user code
-                    return failed(st, (arg,), index, exc)
-    elif error_column:
-        def call(*args):
+        def call(arg):
             st = holder[0]
-            if st is None or st.tc is not current():
+            if st is None or st.tc is not tc_class._taskContext:
                 st = enter()
             index = st.rows
             st.rows = index + 1
             try:
-                return fn(*args), None
+                out = fn(arg)
             except Exception as exc:  # noqa: BLE001 - user code
-                return failed(st, args, index, exc)
+                return failed(st, (arg,), index, exc)
+            return (out, None) if error_column else out
     else:
         def call(*args):
             st = holder[0]
@@ -438,9 +416,10 @@ def _udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_colum
             index = st.rows
             st.rows = index + 1
             try:
-                return fn(*args)
+                out = fn(*args)
             except Exception as exc:  # noqa: BLE001 - user code
                 return failed(st, args, index, exc)
+            return (out, None) if error_column else out
 
     return call
 

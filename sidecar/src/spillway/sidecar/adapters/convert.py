@@ -20,7 +20,6 @@ _STAGE_FROM_PB = {
     pb.STAGE_PRODUCE: m.Stage.PRODUCE,
     pb.STAGE_CUSTOM: m.Stage.CUSTOM,
 }
-_STAGE_TO_PB = {v: k for k, v in _STAGE_FROM_PB.items()}
 
 _CATEGORY_FROM_PB = {
     pb.CATEGORY_RETRIABLE: m.Category.RETRIABLE,
@@ -60,10 +59,6 @@ def stage_ref(stage: int, custom: str, where: str) -> m.StageRef:
     return ref
 
 
-def stage_to_pb(ref: m.StageRef) -> tuple[int, str]:
-    return _STAGE_TO_PB[ref.stage], ref.custom
-
-
 def task_identity(t: pb.TaskIdentity) -> m.TaskIdentity:
     return m.TaskIdentity(
         stage_id=t.stage_id, partition_id=t.partition_id, attempt_number=t.attempt_number,
@@ -87,49 +82,6 @@ def _exception(e: pb.ExceptionInfo, where: str) -> m.ExceptionInfo:
         e.kafka_txn_requires_abort if has("kafka_txn_requires_abort") else None,
         _CATEGORY_FROM_PB.get(e.marker_category),
         tuple(e.causes),
-    )
-
-
-def failed_record(r: pb.FailedRecord, index: int, *,
-                  previous: tuple[pb.ExceptionInfo, m.ExceptionInfo] | None = None
-                  ) -> m.FailedRecord:
-    """One record; `previous` (the last record's exception message and its converted value)
-    lets records of a batch that failed with an identical exception share one value."""
-    if not r.record_id or not r.HasField("exception"):
-        where = f"records[{index}]"
-        if not r.record_id:
-            raise ValueError(f"{where}.record_id: required (stable across task attempts)")
-        raise ValueError(f"{where}.exception: required")
-    has = r.HasField
-    source = None
-    if has("source"):
-        src = r.source
-        if not src.topic:
-            raise ValueError(f"records[{index}].source.topic: required when source is set")
-        source = m.SourceCoordinates(src.topic, src.partition, src.offset)
-    stage = _STAGE_REFS.get((r.stage, r.custom_stage))
-    if stage is None:
-        stage = stage_ref(r.stage, r.custom_stage, f"records[{index}]")
-    e = r.exception
-    if previous is not None and previous[0] == e:
-        exception = previous[1]
-    else:
-        exception = _exception(e, f"records[{index}]")
-    headers = r.headers
-    return m.FailedRecord(
-        r.record_id,
-        stage,
-        exception,
-        r.function_name,
-        source,
-        r.key if has("key") else None,
-        r.value if has("value") else None,
-        tuple((h.key, h.value if h.HasField("value") else None) for h in headers)
-        if headers else (),
-        r.timestamp_ms if has("timestamp_ms") else None,
-        r.attempt if r.attempt > 1 else 1,
-        r.traceparent,
-        r.tracestate,
     )
 
 
@@ -216,9 +168,8 @@ class PbFailedRecord:
 
 
 def failed_records(records) -> list[PbFailedRecord]:
-    """A report's records, in order (ValueError naming the first invalid field, with the same
-    checks and messages as `failed_record`). Records of a batch that failed with an identical
-    exception share one converted value."""
+    """A report's records, in order (ValueError naming the first invalid field). Records of a
+    batch that failed with an identical exception share one converted value."""
     out = []
     append = out.append
     prev_pb = prev = None
@@ -241,10 +192,6 @@ def failed_records(records) -> list[PbFailedRecord]:
             prev_pb = e
         append(PbFailedRecord(r, rid, stage, prev))
     return out
-
-
-def verdict_to_pb(v: m.Verdict, dead_letter: bool = False) -> pb.Verdict:
-    return pb.Verdict(**_verdict_fields(v, dead_letter))
 
 
 def _verdict_fields(v: m.Verdict, dead_letter: bool) -> dict:
