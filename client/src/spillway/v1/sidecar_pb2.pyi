@@ -29,6 +29,12 @@ class Category(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CATEGORY_INVALID_CONFIGURATION: _ClassVar[Category]
     CATEGORY_DATA: _ClassVar[Category]
 
+class Payload(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PAYLOAD_UNSPECIFIED: _ClassVar[Payload]
+    PAYLOAD_SOURCE: _ClassVar[Payload]
+    PAYLOAD_STAGE_INPUT: _ClassVar[Payload]
+
 class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ACTION_UNSPECIFIED: _ClassVar[Action]
@@ -51,13 +57,16 @@ CATEGORY_ABORTABLE: Category
 CATEGORY_APPLICATION_RECOVERABLE: Category
 CATEGORY_INVALID_CONFIGURATION: Category
 CATEGORY_DATA: Category
+PAYLOAD_UNSPECIFIED: Payload
+PAYLOAD_SOURCE: Payload
+PAYLOAD_STAGE_INPUT: Payload
 ACTION_UNSPECIFIED: Action
 ACTION_RETRY: Action
 ACTION_SKIP: Action
 ACTION_FAIL: Action
 
 class RegisterJobRequest(_message.Message):
-    __slots__ = ("job", "properties", "home")
+    __slots__ = ("job", "properties", "home", "run_id", "home_instance_id", "peer")
     class PropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -68,13 +77,19 @@ class RegisterJobRequest(_message.Message):
     JOB_FIELD_NUMBER: _ClassVar[int]
     PROPERTIES_FIELD_NUMBER: _ClassVar[int]
     HOME_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    HOME_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
     job: str
     properties: _containers.ScalarMap[str, str]
     home: str
-    def __init__(self, job: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., home: _Optional[str] = ...) -> None: ...
+    run_id: str
+    home_instance_id: str
+    peer: str
+    def __init__(self, job: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., home: _Optional[str] = ..., run_id: _Optional[str] = ..., home_instance_id: _Optional[str] = ..., peer: _Optional[str] = ...) -> None: ...
 
 class RegisterJobResponse(_message.Message):
-    __slots__ = ("job", "effective_properties")
+    __slots__ = ("job", "effective_properties", "run_id", "job_token", "home", "home_instance_id")
     class EffectivePropertiesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -84,9 +99,17 @@ class RegisterJobResponse(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     JOB_FIELD_NUMBER: _ClassVar[int]
     EFFECTIVE_PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    HOME_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     job: str
     effective_properties: _containers.ScalarMap[str, str]
-    def __init__(self, job: _Optional[str] = ..., effective_properties: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    run_id: str
+    job_token: str
+    home: str
+    home_instance_id: str
+    def __init__(self, job: _Optional[str] = ..., effective_properties: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., job_token: _Optional[str] = ..., home: _Optional[str] = ..., home_instance_id: _Optional[str] = ...) -> None: ...
 
 class SourceCoordinates(_message.Message):
     __slots__ = ("topic", "partition", "offset")
@@ -123,7 +146,7 @@ class TaskIdentity(_message.Message):
     def __init__(self, stage_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., attempt_number: _Optional[int] = ..., task_attempt_id: _Optional[int] = ..., executor_id: _Optional[str] = ..., host: _Optional[str] = ...) -> None: ...
 
 class ExceptionInfo(_message.Message):
-    __slots__ = ("class_name", "class_chain", "message", "stack_trace", "grpc_status_code", "http_status_code", "kafka_retriable", "kafka_fatal", "kafka_txn_requires_abort", "marker_category", "causes")
+    __slots__ = ("class_name", "class_chain", "message", "stack_trace", "grpc_status_code", "http_status_code", "kafka_retriable", "kafka_fatal", "kafka_txn_requires_abort", "marker_category", "causes", "kafka_error_code")
     CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
     CLASS_CHAIN_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +158,7 @@ class ExceptionInfo(_message.Message):
     KAFKA_TXN_REQUIRES_ABORT_FIELD_NUMBER: _ClassVar[int]
     MARKER_CATEGORY_FIELD_NUMBER: _ClassVar[int]
     CAUSES_FIELD_NUMBER: _ClassVar[int]
+    KAFKA_ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     class_name: str
     class_chain: _containers.RepeatedScalarFieldContainer[str]
     message: str
@@ -146,10 +170,11 @@ class ExceptionInfo(_message.Message):
     kafka_txn_requires_abort: bool
     marker_category: Category
     causes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, class_name: _Optional[str] = ..., class_chain: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., stack_trace: _Optional[str] = ..., grpc_status_code: _Optional[int] = ..., http_status_code: _Optional[int] = ..., kafka_retriable: _Optional[bool] = ..., kafka_fatal: _Optional[bool] = ..., kafka_txn_requires_abort: _Optional[bool] = ..., marker_category: _Optional[_Union[Category, str]] = ..., causes: _Optional[_Iterable[str]] = ...) -> None: ...
+    kafka_error_code: str
+    def __init__(self, class_name: _Optional[str] = ..., class_chain: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., stack_trace: _Optional[str] = ..., grpc_status_code: _Optional[int] = ..., http_status_code: _Optional[int] = ..., kafka_retriable: _Optional[bool] = ..., kafka_fatal: _Optional[bool] = ..., kafka_txn_requires_abort: _Optional[bool] = ..., marker_category: _Optional[_Union[Category, str]] = ..., causes: _Optional[_Iterable[str]] = ..., kafka_error_code: _Optional[str] = ...) -> None: ...
 
 class FailedRecord(_message.Message):
-    __slots__ = ("record_id", "stage", "custom_stage", "function_name", "source", "key", "value", "headers", "timestamp_ms", "exception", "attempt", "traceparent", "tracestate")
+    __slots__ = ("record_id", "stage", "custom_stage", "function_name", "source", "key", "value", "headers", "timestamp_ms", "exception", "attempt", "traceparent", "tracestate", "payload")
     RECORD_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +188,7 @@ class FailedRecord(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     record_id: str
     stage: Stage
     custom_stage: str
@@ -176,24 +202,27 @@ class FailedRecord(_message.Message):
     attempt: int
     traceparent: str
     tracestate: str
-    def __init__(self, record_id: _Optional[str] = ..., stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., function_name: _Optional[str] = ..., source: _Optional[_Union[SourceCoordinates, _Mapping]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., exception: _Optional[_Union[ExceptionInfo, _Mapping]] = ..., attempt: _Optional[int] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+    payload: Payload
+    def __init__(self, record_id: _Optional[str] = ..., stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., function_name: _Optional[str] = ..., source: _Optional[_Union[SourceCoordinates, _Mapping]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., exception: _Optional[_Union[ExceptionInfo, _Mapping]] = ..., attempt: _Optional[int] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., payload: _Optional[_Union[Payload, str]] = ...) -> None: ...
 
 class ReportFailuresRequest(_message.Message):
-    __slots__ = ("job", "task", "records", "recovered_record_ids", "decide_only")
+    __slots__ = ("job", "task", "records", "recovered_record_ids", "decide_only", "run_id")
     JOB_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     RECOVERED_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
     DECIDE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     job: str
     task: TaskIdentity
     records: _containers.RepeatedCompositeFieldContainer[FailedRecord]
     recovered_record_ids: _containers.RepeatedScalarFieldContainer[str]
     decide_only: bool
-    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., records: _Optional[_Iterable[_Union[FailedRecord, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., decide_only: _Optional[bool] = ...) -> None: ...
+    run_id: str
+    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., records: _Optional[_Iterable[_Union[FailedRecord, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., decide_only: _Optional[bool] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("record_id", "action", "retry_delay_ms", "category", "reason", "dead_lettered", "attempt", "job_failed", "dead_letter")
+    __slots__ = ("record_id", "action", "retry_delay_ms", "category", "reason", "dead_lettered", "attempt", "job_failed", "dead_letter", "retry_budget_exhausted")
     RECORD_ID_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     RETRY_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +232,7 @@ class Verdict(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     JOB_FAILED_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
+    RETRY_BUDGET_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
     record_id: str
     action: Action
     retry_delay_ms: int
@@ -212,7 +242,8 @@ class Verdict(_message.Message):
     attempt: int
     job_failed: bool
     dead_letter: bool
-    def __init__(self, record_id: _Optional[str] = ..., action: _Optional[_Union[Action, str]] = ..., retry_delay_ms: _Optional[int] = ..., category: _Optional[_Union[Category, str]] = ..., reason: _Optional[str] = ..., dead_lettered: _Optional[bool] = ..., attempt: _Optional[int] = ..., job_failed: _Optional[bool] = ..., dead_letter: _Optional[bool] = ...) -> None: ...
+    retry_budget_exhausted: bool
+    def __init__(self, record_id: _Optional[str] = ..., action: _Optional[_Union[Action, str]] = ..., retry_delay_ms: _Optional[int] = ..., category: _Optional[_Union[Category, str]] = ..., reason: _Optional[str] = ..., dead_lettered: _Optional[bool] = ..., attempt: _Optional[int] = ..., job_failed: _Optional[bool] = ..., dead_letter: _Optional[bool] = ..., retry_budget_exhausted: _Optional[bool] = ...) -> None: ...
 
 class ReportFailuresResponse(_message.Message):
     __slots__ = ("verdicts",)
@@ -231,18 +262,20 @@ class StageCount(_message.Message):
     def __init__(self, stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., records: _Optional[int] = ...) -> None: ...
 
 class FlushTaskRequest(_message.Message):
-    __slots__ = ("job", "task", "processed", "recovered_record_ids", "progress_only")
+    __slots__ = ("job", "task", "processed", "recovered_record_ids", "progress_only", "run_id")
     JOB_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     PROCESSED_FIELD_NUMBER: _ClassVar[int]
     RECOVERED_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     job: str
     task: TaskIdentity
     processed: _containers.RepeatedCompositeFieldContainer[StageCount]
     recovered_record_ids: _containers.RepeatedScalarFieldContainer[str]
     progress_only: bool
-    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., processed: _Optional[_Iterable[_Union[StageCount, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., progress_only: _Optional[bool] = ...) -> None: ...
+    run_id: str
+    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., processed: _Optional[_Iterable[_Union[StageCount, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., progress_only: _Optional[bool] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class FlushTaskResponse(_message.Message):
     __slots__ = ("dlq_records_acknowledged",)
@@ -251,10 +284,12 @@ class FlushTaskResponse(_message.Message):
     def __init__(self, dlq_records_acknowledged: _Optional[int] = ...) -> None: ...
 
 class GetJobSummaryRequest(_message.Message):
-    __slots__ = ("job",)
+    __slots__ = ("job", "run_id")
     JOB_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     job: str
-    def __init__(self, job: _Optional[str] = ...) -> None: ...
+    run_id: str
+    def __init__(self, job: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class CountEntry(_message.Message):
     __slots__ = ("key", "count")
@@ -265,7 +300,7 @@ class CountEntry(_message.Message):
     def __init__(self, key: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class JobSummary(_message.Message):
-    __slots__ = ("job", "failed", "failure_reason", "records_processed", "total_record_failures", "total_record_errors", "total_records_skipped", "total_retries", "total_errors_logged", "dlq_records_written", "last_error_timestamp_ms", "by_stage", "by_category", "by_exception_class", "sidecar_id", "dropped_records")
+    __slots__ = ("job", "failed", "failure_reason", "records_processed", "total_record_failures", "total_record_errors", "total_records_skipped", "total_retries", "total_errors_logged", "dlq_records_written", "last_error_timestamp_ms", "by_stage", "by_category", "by_exception_class", "sidecar_id", "dropped_records", "run_id", "records_refused", "retry_budget_exhausted")
     JOB_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +317,9 @@ class JobSummary(_message.Message):
     BY_EXCEPTION_CLASS_FIELD_NUMBER: _ClassVar[int]
     SIDECAR_ID_FIELD_NUMBER: _ClassVar[int]
     DROPPED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    RETRY_BUDGET_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
     job: str
     failed: bool
     failure_reason: str
@@ -298,14 +336,23 @@ class JobSummary(_message.Message):
     by_exception_class: _containers.RepeatedCompositeFieldContainer[CountEntry]
     sidecar_id: str
     dropped_records: int
-    def __init__(self, job: _Optional[str] = ..., failed: _Optional[bool] = ..., failure_reason: _Optional[str] = ..., records_processed: _Optional[int] = ..., total_record_failures: _Optional[int] = ..., total_record_errors: _Optional[int] = ..., total_records_skipped: _Optional[int] = ..., total_retries: _Optional[int] = ..., total_errors_logged: _Optional[int] = ..., dlq_records_written: _Optional[int] = ..., last_error_timestamp_ms: _Optional[int] = ..., by_stage: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_category: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_exception_class: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., sidecar_id: _Optional[str] = ..., dropped_records: _Optional[int] = ...) -> None: ...
+    run_id: str
+    records_refused: int
+    retry_budget_exhausted: int
+    def __init__(self, job: _Optional[str] = ..., failed: _Optional[bool] = ..., failure_reason: _Optional[str] = ..., records_processed: _Optional[int] = ..., total_record_failures: _Optional[int] = ..., total_record_errors: _Optional[int] = ..., total_records_skipped: _Optional[int] = ..., total_retries: _Optional[int] = ..., total_errors_logged: _Optional[int] = ..., dlq_records_written: _Optional[int] = ..., last_error_timestamp_ms: _Optional[int] = ..., by_stage: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_category: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_exception_class: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., sidecar_id: _Optional[str] = ..., dropped_records: _Optional[int] = ..., run_id: _Optional[str] = ..., records_refused: _Optional[int] = ..., retry_budget_exhausted: _Optional[int] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("job", "page_size", "page_token")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    page_size: int
+    page_token: str
+    def __init__(self, job: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class SidecarStatus(_message.Message):
-    __slots__ = ("sidecar_id", "version", "counters", "jobs", "instance_id")
+    __slots__ = ("sidecar_id", "version", "counters", "jobs", "instance_id", "next_page_token", "jobs_total", "advertised_address")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -318,9 +365,33 @@ class SidecarStatus(_message.Message):
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    JOBS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISED_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     sidecar_id: str
     version: str
     counters: _containers.ScalarMap[str, float]
     jobs: _containers.RepeatedCompositeFieldContainer[JobSummary]
     instance_id: str
-    def __init__(self, sidecar_id: _Optional[str] = ..., version: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ..., instance_id: _Optional[str] = ...) -> None: ...
+    next_page_token: str
+    jobs_total: int
+    advertised_address: str
+    def __init__(self, sidecar_id: _Optional[str] = ..., version: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ..., instance_id: _Optional[str] = ..., next_page_token: _Optional[str] = ..., jobs_total: _Optional[int] = ..., advertised_address: _Optional[str] = ...) -> None: ...
+
+class EndJobRequest(_message.Message):
+    __slots__ = ("job", "run_id", "local_only")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    run_id: str
+    local_only: bool
+    def __init__(self, job: _Optional[str] = ..., run_id: _Optional[str] = ..., local_only: _Optional[bool] = ...) -> None: ...
+
+class EndJobResponse(_message.Message):
+    __slots__ = ("summaries", "unreachable")
+    SUMMARIES_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
+    summaries: _containers.RepeatedCompositeFieldContainer[JobSummary]
+    unreachable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, summaries: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ..., unreachable: _Optional[_Iterable[str]] = ...) -> None: ...

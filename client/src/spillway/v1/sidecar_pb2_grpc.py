@@ -59,6 +59,11 @@ class ErrorSidecarStub:
                 request_serializer=spillway_dot_v1_dot_sidecar__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=spillway_dot_v1_dot_sidecar__pb2.SidecarStatus.FromString,
                 _registered_method=True)
+        self.EndJob = channel.unary_unary(
+                '/spillway.v1.ErrorSidecar/EndJob',
+                request_serializer=spillway_dot_v1_dot_sidecar__pb2.EndJobRequest.SerializeToString,
+                response_deserializer=spillway_dot_v1_dot_sidecar__pb2.EndJobResponse.FromString,
+                _registered_method=True)
 
 
 class ErrorSidecarServicer:
@@ -99,7 +104,17 @@ class ErrorSidecarServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetStatus(self, request, context):
-        """Live counters of the sidecar (for `spillway status`).
+        """Live counters of the sidecar (for `spillway status`), and the job runs the caller may see,
+        a page at a time (or one job by name).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndJob(self, request, context):
+        """Ends one run of a job: waits for its DLQ records, releases its state on this sidecar (and,
+        at the job's home, on every node sidecar that registered the run) and answers the final
+        summaries. The run's name may then be registered again. Needs the run's job token.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -132,6 +147,11 @@ def add_ErrorSidecarServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=spillway_dot_v1_dot_sidecar__pb2.GetStatusRequest.FromString,
                     response_serializer=spillway_dot_v1_dot_sidecar__pb2.SidecarStatus.SerializeToString,
+            ),
+            'EndJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndJob,
+                    request_deserializer=spillway_dot_v1_dot_sidecar__pb2.EndJobRequest.FromString,
+                    response_serializer=spillway_dot_v1_dot_sidecar__pb2.EndJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +289,33 @@ class ErrorSidecar:
             '/spillway.v1.ErrorSidecar/GetStatus',
             spillway_dot_v1_dot_sidecar__pb2.GetStatusRequest.SerializeToString,
             spillway_dot_v1_dot_sidecar__pb2.SidecarStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spillway.v1.ErrorSidecar/EndJob',
+            spillway_dot_v1_dot_sidecar__pb2.EndJobRequest.SerializeToString,
+            spillway_dot_v1_dot_sidecar__pb2.EndJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
