@@ -86,3 +86,24 @@ def test_tolerance_exceeded_names_job_stage_limit_and_count(client):
     assert (err.limit, err.count) == ("errors.tolerance.max.errors=1", 2)
     for part in (job, "stage TRANSFORMATION", "builtins.ValueError", "orders/0/1"):
         assert part in str(err)
+
+
+def test_retry_budget_deferral_is_flagged_on_the_verdict_and_counted_in_the_summary(client):
+    job = _job()
+    client.register_job(job, {"errors.tolerance": "all", "errors.retry.timeout": "-1",
+                              "errors.retry.budget.ratio": "0",
+                              "errors.retry.budget.min.retries": "2",
+                              "errors.circuit.enable": "false"})
+
+    def failure(i):
+        try:
+            raise ConnectionError("dependency down")
+        except ConnectionError as exc:
+            return report.failed_record(f"r{i}", "TRANSFORMATION", exc)
+
+    verdicts = client.report_failures(job, TASK, [failure(i) for i in range(4)])
+    assert [v.action for v in verdicts] == [pb.ACTION_RETRY] * 4          # deferred, not dropped
+    assert [v.retry_budget_exhausted for v in verdicts] == [False, False, True, True]
+    assert "retry budget exhausted" in verdicts[2].reason
+    assert verdicts[3].retry_delay_ms > verdicts[2].retry_delay_ms >= 300
+    assert client.job_summary(job).retry_budget_exhausted == 2

@@ -40,57 +40,164 @@ def task(p: int, attempt: int = 0) -> TaskIdentity:
 
 # --- budget ------------------------------------------------------------------------------------
 
-def test_budget_always_allows_the_minimum():
-    b = RetryBudget(ratio=0.0, min_retries=3, window_ms=1000)
-    assert [b.try_acquire(0).allowed for _ in range(4)] == [True, True, True, False]
+def test_budget_grants_the_minimum_at_once_then_defers_at_the_refill_rate():
+    b = RetryBudget(ratio=0.0, min_retries=3, window_ms=1000)      # 3 per s: a token per 334 ms
+    grants = [b.acquire(0, 10, None) for _ in range(6)]
+    assert [g.delay_ms for g in grants] == [10, 10, 10, 334, 667, 1000]
+    assert [g.limited for g in grants] == [False] * 3 + [True] * 3
+    assert b.exhausted_total == 3
+    assert "retry deferred from 10 ms to 334 ms" in grants[3].reason
 
 
-def test_budget_grows_with_reports():
-    b = RetryBudget(ratio=0.5, min_retries=0, window_ms=1000)
-    assert not b.try_acquire(0).allowed
-    b.on_report(0, 10)
-    assert [b.try_acquire(0).allowed for _ in range(6)] == [True] * 5 + [False]
-
-
-def test_budget_window_slides():
+def test_budget_a_long_backoff_is_not_deferred():
     b = RetryBudget(ratio=0.0, min_retries=1, window_ms=1000)
-    assert b.try_acquire(0).allowed
-    assert not b.try_acquire(500).allowed
-    assert b.try_acquire(1100).allowed
+    assert b.acquire(0, 0, None).delay_ms == 0
+    g = b.acquire(0, 5_000, None)                 # the token comes before the backoff ends
+    assert (g.delay_ms, g.limited) == (5_000, False) and b.exhausted_total == 0
+
+
+def test_budget_grows_with_deposits():
+    b = RetryBudget(ratio=0.5, min_retries=1, window_ms=1000)
+    b.deposit(0, 10)                              # allowance 1 + 0.5 × 10 = 6
+    assert [b.acquire(0, 0, None).limited for _ in range(7)] == [False] * 6 + [True]
+
+
+def test_budget_refills_with_time():
+    b = RetryBudget(ratio=0.0, min_retries=2, window_ms=1000)
+    assert not b.acquire(0, 0, None).limited and not b.acquire(0, 0, None).limited
+    assert b.acquire(100, 0, None).limited        # 0.2 tokens back: deferred
+    assert not b.acquire(2_000, 0, None).limited  # the debt was paid and the bucket refilled
+
+
+def test_budget_refuses_only_past_the_records_deadline_and_then_takes_no_token():
+    b = RetryBudget(ratio=0.0, min_retries=1, window_ms=1000)
+    b.acquire(0, 0, None)
+    g = b.acquire(0, 0, 500)                      # next token in 1000 ms, 500 ms left
+    assert (g.delay_ms, g.limited) == (None, True)
+    assert "after errors.retry.timeout (500 ms left)" in g.reason
+    assert b.acquire(0, 0, 1_000).delay_ms == 1_000   # the refused one reserved nothing
 
 
 def test_budget_disabled_with_minus_one():
-    b = RetryBudget(ratio=-1, min_retries=0, window_ms=1000)
-    assert all(b.try_acquire(0).allowed for _ in range(1000))
+    b = RetryBudget(ratio=-1, min_retries=1, window_ms=1000)
+    assert all(b.acquire(0, 7, 1).delay_ms == 7 for _ in range(1000))
+    assert b.exhausted_total == 0
 
 
-def test_budget_refusal_reason_names_the_properties():
+def test_budget_reason_names_the_properties():
     b = RetryBudget(ratio=0.25, min_retries=1, window_ms=2000)
-    b.on_report(0, 2)                       # allowance: 1 + 0.25 × 2 = 1.5 retries
-    assert b.try_acquire(0).allowed and b.try_acquire(0).allowed
-    v = b.try_acquire(0)
-    assert not v.allowed
-    assert v.reason == ("retry budget exhausted: 2 retries for 2 failure reports in the last "
-                        "2000 ms (errors.retry.budget.ratio=0.25, "
-                        "errors.retry.budget.min.retries=1)")
+    b.deposit(0, 4)                               # allowance: 1 + 0.25 × 4 = 2 per 2000 ms
+    b.acquire(0, 0, None), b.acquire(0, 0, None)
+    g = b.acquire(0, 300, None)
+    assert g.reason == ("retry budget exhausted: at most 2 retries per 2000 ms for this job "
+                        "(errors.retry.budget.min.retries=1 + errors.retry.budget.ratio=0.25 × "
+                        "4 records processed or failed in the window); retry deferred from "
+                        "300 ms to 1000 ms")
 
 
-def test_engine_budget_exhaustion_is_an_exhausted_retry_with_its_reason():
+def test_engine_budget_defers_then_refuses_past_the_timeout_and_says_so():
     clock = Clock()
     e = PolicyEngine(clock=clock, rng=Rng())
-    e.register_job("j", {"errors.tolerance": "all", "errors.retry.max.retries": "5",
+    e.register_job("j", {"errors.tolerance": "all", "errors.retry.timeout": "8000",
                          "errors.retry.budget.ratio": "0", "errors.retry.budget.min.retries": "2",
                          "errors.circuit.enable": "false"})
     # the budget is the job's: spread over tasks and task attempts, it is still spent
     v1 = e.decide("j", task(0), [FailedRecord("a", T, CONN)])[0].verdict
     v2 = e.decide("j", task(1, attempt=1), [FailedRecord("b", T, CONN)])[0].verdict
     v3 = e.decide("j", task(2), [FailedRecord("c", T, CONN)])[0].verdict
-    assert (v1.action, v2.action) == (Action.RETRY, Action.RETRY)
-    assert v3.action is Action.SKIP
-    assert "retries exhausted: retry budget exhausted: 2 retries for 3 failure reports" in v3.reason
-    assert e.counters()["retry-budget-exhausted"] == 1
-    clock.ms += 11_000                                      # the window moved on
-    assert e.decide("j", task(2), [FailedRecord("d", T, CONN)])[0].verdict.action is Action.RETRY
+    assert [v.action for v in (v1, v2, v3)] == [Action.RETRY] * 3
+    assert (v1.retry_delay_ms, v1.retry_budget_exhausted) == (300, False)
+    # 2 per 10 s: the third retry's token comes in 5 s, later than its backoff
+    assert (v3.retry_delay_ms, v3.retry_budget_exhausted) == (5_000, True)
+    assert "retry deferred from 300 ms to 5000 ms" in v3.reason
+    # "d" has 8 s left and the next token is 10 s away: refused, handled as exhausted
+    v4 = e.decide("j", task(2), [FailedRecord("d", T, CONN)])[0].verdict
+    assert v4.action is Action.SKIP and v4.retry_budget_exhausted
+    assert "retries exhausted: retry budget exhausted" in v4.reason
+    assert "after errors.retry.timeout" in v4.reason
+    assert e.counters()["retry-budget-exhausted"] == 2
+    assert e.summary("j").retry_budget_exhausted == 2
+
+
+def _outage(e: PolicyEngine, clock: FakeClock, n: int, outage_ms: float, *, partitions: int = 1,
+            job: str = "j") -> dict[str, int]:
+    """Drive `n` records the way the executors do: each fails while the dependency is down
+    (the first `outage_ms`), is retried after its verdict's delay, and recovers once it is up.
+    Returns the outcome counts and the retries started per 10 s window."""
+    import heapq
+
+    start = clock.ms
+    due = [(start, i) for i in range(n)]
+    heapq.heapify(due)
+    out = {"recovered": 0, "skipped": 0, "failed": 0, "retries": 0, "deferred": 0,
+           "last_ms": 0, "max_per_window": 0}
+    started: dict[int, int] = {}
+    while due:
+        t, i = heapq.heappop(due)
+        clock.ms = t
+        rid, p = f"r{i}", i % partitions
+        if t - start >= outage_ms:
+            e.record_recovered(job, task(p), [rid])
+            out["recovered"] += 1
+            out["last_ms"] = max(out["last_ms"], t - start)
+            continue
+        v = e.decide(job, task(p), [FailedRecord(rid, T, CONN)])[0].verdict
+        if v.action is Action.RETRY:
+            out["retries"] += 1
+            out["deferred"] += v.retry_budget_exhausted
+            w = int((t + v.retry_delay_ms - start) // 10_000)
+            started[w] = started.get(w, 0) + 1
+            heapq.heappush(due, (t + v.retry_delay_ms, i))
+        else:
+            out["skipped" if v.action is Action.SKIP else "failed"] += 1
+    out["max_per_window"] = max(started.values(), default=0)
+    return out
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_3_second_outage_of_60_records_recovers_all_60_with_the_default_budget(partitions):
+    """KIP-298's promise: errors.retry.timeout=60000 retries through a short outage. (With
+    the old default budget, ratio 0.5 of failure reports + 10, 55 of 60 were skipped.)"""
+    clock = Clock()
+    e = PolicyEngine(clock=clock, rng=Rng())
+    e.register_job("j", {"errors.tolerance": "all", "errors.retry.timeout": "60000"})
+    out = _outage(e, clock, 60, 3_000, partitions=partitions)
+    assert (out["recovered"], out["skipped"], out["failed"]) == (60, 0, 0)
+    assert e.summary("j").counts.total_records_skipped == 0
+
+
+def test_infinite_timeout_keeps_retrying_one_record_through_40_failures():
+    clock = Clock()
+    for props in ({}, {"errors.retry.budget.min.retries": "1"}):   # default, and a tiny budget
+        e = PolicyEngine(clock=clock, rng=Rng())
+        e.register_job("j", {"errors.tolerance": "all", "errors.retry.timeout": "-1", **props})
+        verdicts = []
+        for _ in range(40):
+            v = e.decide("j", task(0), [FailedRecord("x", T, CONN)])[0].verdict
+            verdicts.append(v)
+            clock.ms += v.retry_delay_ms
+        assert [v.action for v in verdicts] == [Action.RETRY] * 40, props
+        assert verdicts[-1].attempt == 40
+
+
+def test_a_retry_storm_is_rate_limited_by_deferral_and_nothing_is_dropped():
+    """2,000 records, a dependency down for 5 minutes, no retry timeout: every record is
+    retried until it recovers, and the retries started per 10 s stay near the budget."""
+    clock = Clock()
+    e = PolicyEngine(clock=clock, rng=Rng())
+    e.register_job("j", {"errors.tolerance": "all", "errors.retry.timeout": "-1",
+                         "errors.circuit.enable": "false"})
+    out = _outage(e, clock, 2_000, 300_000)
+    assert (out["recovered"], out["skipped"], out["failed"]) == (2_000, 0, 0)
+    assert out["deferred"] > 0 and e.summary("j").retry_budget_exhausted == out["deferred"]
+    # allowance: 100 + 0.2 × 2,000 first failures = 500 per window; a full bucket's burst on top
+    assert out["max_per_window"] <= 2 * 500
+    # without a budget, the same storm starts far more retries per window
+    clock2 = Clock()
+    e2 = PolicyEngine(clock=clock2, rng=Rng())
+    e2.register_job("j", {"errors.tolerance": "all", "errors.retry.timeout": "-1",
+                          "errors.circuit.enable": "false", "errors.retry.budget.ratio": "-1"})
+    assert _outage(e2, clock2, 2_000, 300_000)["max_per_window"] > 2 * 500
 
 
 # --- breaker alone -----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ def test_defaults_are_kip298_fail_fast_no_retry():
     assert (s.retry.timeout_ms, s.retry.delay_max_ms) == (0, 60_000)
     assert not s.retry.fine_grained
     assert (s.retry.budget_ratio, s.retry.budget_min_retries, s.retry.budget_window_ms) == (
-        0.5, 10, 10_000)
+        0.2, 100, 10_000)
     c = s.circuit
     assert (c.enable, c.failure_threshold, c.min_tasks, c.window_ms, c.open_ms,
             c.success_threshold, c.max_holds) == (True, 20, 2, 10_000, 5_000, 3, 10)

@@ -514,6 +514,7 @@ class JobReport:
     total_errors_logged: int = 0
     dlq_records_written: int = 0
     dropped_records: int = 0
+    retry_budget_exhausted: int = 0   # retries the job's retry budget deferred or refused
     last_error_timestamp_ms: int = 0
     by_stage: dict[str, int] = field(default_factory=dict)
     by_category: dict[str, int] = field(default_factory=dict)
@@ -522,7 +523,7 @@ class JobReport:
 
     _SUMS = ("records_processed", "total_record_failures", "total_record_errors",
              "total_records_skipped", "total_retries", "total_errors_logged",
-             "dlq_records_written", "dropped_records")
+             "dlq_records_written", "dropped_records", "retry_budget_exhausted")
 
     def add(self, target: str, s: pb.JobSummary) -> None:
         self.per_sidecar[target] = s

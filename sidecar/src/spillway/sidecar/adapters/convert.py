@@ -206,6 +206,8 @@ def _verdict_fields(v: m.Verdict, dead_letter: bool) -> dict:
         f["dead_lettered"] = True
     if v.job_failed:
         f["job_failed"] = True
+    if v.retry_budget_exhausted:
+        f["retry_budget_exhausted"] = True
     return f
 
 
@@ -215,7 +217,8 @@ def report_response(answers) -> pb.ReportFailuresResponse:
     add = resp.verdicts.add
     action_pb, category_pb = _ACTION_TO_PB, _CATEGORY_TO_PB
     for v, dead_letter in answers:
-        if v.retry_delay_ms > 0 or dead_letter or v.dead_lettered or v.job_failed:
+        if (v.retry_delay_ms > 0 or dead_letter or v.dead_lettered or v.job_failed
+                or v.retry_budget_exhausted):
             add(**_verdict_fields(v, dead_letter))
         else:
             add(record_id=v.record_id, action=action_pb[v.action],
@@ -232,7 +235,7 @@ def verdict_from_pb(v: pb.Verdict) -> m.Verdict:
         record_id=v.record_id, action=_ACTION_FROM_PB[v.action],
         category=_CATEGORY_FROM_PB.get(v.category, m.Category.DATA), reason=v.reason,
         attempt=v.attempt, retry_delay_ms=v.retry_delay_ms, dead_lettered=v.dead_lettered,
-        job_failed=v.job_failed,
+        job_failed=v.job_failed, retry_budget_exhausted=v.retry_budget_exhausted,
     )
 
 
@@ -257,4 +260,5 @@ def summary_to_pb(s: m.JobSummary, sidecar_id: str) -> pb.JobSummary:
         by_exception_class=_entries(s.by_exception_class),
         sidecar_id=sidecar_id,
         dropped_records=c.dropped_records,
+        retry_budget_exhausted=s.retry_budget_exhausted,
     )

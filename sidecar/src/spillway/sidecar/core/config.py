@@ -160,11 +160,13 @@ _PROPS: list[Prop] = [
     Prop("errors.retry.jitter.factor", p_optional_float(0.0, 1.0), "",
          "status-store KIP: jitter factor in [0, 1] (unset: 0.25 for the finer family, "
          "KIP-298's jitter once the cap is reached otherwise)"),
-    Prop("errors.retry.budget.ratio", p_float(0.0, 1.0, extra=(-1.0,)), "0.5",
-         "retries in the window may be at most errors.retry.budget.min.retries plus this "
-         "fraction of the job's failure reports in the window (-1: no budget)"),
-    Prop("errors.retry.budget.min.retries", p_int(0), "10",
-         "retries always allowed per budget window, whatever the ratio"),
+    Prop("errors.retry.budget.ratio", p_float(0.0, 1.0, extra=(-1.0,)), "0.2",
+         "retry budget (a rate bound that defers retries, never drops them): the job's retries "
+         "per window may be errors.retry.budget.min.retries plus this fraction of the records "
+         "it processed or saw fail for the first time in the window (-1: no budget)"),
+    Prop("errors.retry.budget.min.retries", p_int(1), "100",
+         "retries per budget window always available, whatever the ratio (100 per 10 s: "
+         "Finagle's 10 retries per second)"),
     Prop("errors.retry.budget.window.ms", p_int(1), "10000",
          "the window over which the retry budget is measured, ms"),
     Prop("errors.circuit.enable", p_bool, "true",

@@ -142,6 +142,7 @@ class Verdict:
     retry_delay_ms: int = 0
     dead_lettered: bool = False
     job_failed: bool = False
+    retry_budget_exhausted: bool = False   # the retry budget deferred or refused a retry
 
 
 @dataclass(slots=True)
@@ -194,6 +195,7 @@ class JobSummary:
     by_stage: dict[str, int] = field(default_factory=dict)
     by_category: dict[str, int] = field(default_factory=dict)
     by_exception_class: dict[str, int] = field(default_factory=dict)
+    retry_budget_exhausted: int = 0   # retries the budget deferred or refused
 
 
 def task_key(job: str, task: TaskIdentity) -> str:

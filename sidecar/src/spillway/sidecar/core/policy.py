@@ -11,9 +11,10 @@ For each reported record, in order (docs/POLICY.md has the user-facing version):
    - abortable → FAIL this task attempt only; Spark re-runs the task;
    - application-recoverable → FAIL this task attempt only: Spark restarts the task with fresh
      clients and state, which is the recovery KIP-1050 asks the application for;
-   - retriable / refresh-retriable → RETRY while the schedule allows (`backoff.py`), the retry
-     budget allows (`budget.py`) and, if its circuit is open, with the circuit's shared wait
-     (`breaker.py`); otherwise the record's retries are exhausted;
+   - retriable / refresh-retriable → RETRY while the schedule allows (`backoff.py`), deferred
+     if need be by the job's retry budget (`budget.py`, a bound on the retry rate) and, if its
+     circuit is open, with the circuit's shared wait (`breaker.py`); otherwise the record's
+     retries are exhausted;
    - data → never retried.
 4. An exhausted or data record goes to the KIP-1033 handler (`handlers.py`): FAIL fails the
    job; CONTINUE is subject to the tolerance limits (`tolerance.py`): within them → SKIP
@@ -140,6 +141,12 @@ def _describe(record: FailedRecord) -> str:
         exc.class_name or "<unknown exception>")
 
 
+class _BudgetRefusal(str):
+    """Why a record's retries ended: the retry budget had no slot before its deadline."""
+
+    __slots__ = ()
+
+
 # One record's answer, plus what to log after the lock is released: (decision, log, rule).
 _Outcome = tuple[Decision, bool, str]
 
@@ -154,8 +161,9 @@ _CONTINUE = HandlerResponse.CONTINUE
 class _Batch:
     """One report's bookkeeping, kept locally while its records are decided and applied to the
     job's tables once at the end (still under the job's lock, so nobody sees it half done):
-    counters per stage, the breakdowns, and the retry budget's failure reports, which are
-    charged before any retry is granted, so the budget sees exactly what it would per record.
+    counters per stage, the breakdowns, and the retry budget's deposits (records failing for
+    the first time), which are made before any retry is granted, so the budget sees exactly
+    what it would per record.
     Also remembers the last record's description, which a batch failing the same way shares."""
 
     __slots__ = ("amounts", "last_stage", "last_amounts", "last_ref", "by_stage", "by_class",
@@ -194,7 +202,7 @@ class _Batch:
 
     def charge_reports(self, j: _Job, now: float) -> None:
         if self.reports:
-            j.budget.on_report(now, self.reports)
+            j.budget.deposit(now, self.reports)
             self.reports = 0
 
     def apply(self, j: _Job, task: TaskIdentity, tid: str, now: float, wall: int) -> None:
@@ -324,8 +332,6 @@ class PolicyEngine:
         category = cls.category
         counted = b.by_category       # by Category: its value is taken once, in apply()
         counted[category] = counted.get(category, 0) + 1
-        b.reports += 1                    # budget.on_report, charged before any retry
-
         key = hash(rid) & KEY_MASK        # tolerance.record_key(rid)
         skipped = j.ids.get(key)
         if skipped is not None and not j.failure_reason:
@@ -339,6 +345,8 @@ class PolicyEngine:
                 skipped[2]), s.dlq.enabled), False, "")
 
         state = j.records.get(key)
+        if state is None:
+            b.reports += 1                # a first failure: a budget deposit, before any retry
         if state is None and category is _DATA and not j.failure_reason:
             # a data error never seen before: it is never retried, so it needs no schedule
             # (`_handle` makes one only if the record is not skipped, as it would be kept)
@@ -389,6 +397,14 @@ class PolicyEngine:
             if isinstance(retry, Verdict):
                 amounts[_RETRIES] += 1
                 return (Decision(retry), False, "")
+            if isinstance(retry, _BudgetRefusal):
+                # the budget had no slot before the record's deadline: handled as exhausted,
+                # and the final verdict says the budget was why
+                out = self._handle(j, task, tid, record, key, state, cls,
+                                   f"retries exhausted: {retry}", what, now, wall, amounts, b,
+                                   stage)
+                out[0].verdict.retry_budget_exhausted = True
+                return out
             why = f"retries exhausted: {retry}"
         else:
             why = _DATA_WHY
@@ -397,7 +413,9 @@ class PolicyEngine:
 
     def _try_retry(self, j: _Job, task: TaskIdentity, record: FailedRecord,
                    state: _RecordState, cls: Classification, now: float) -> Verdict | str:
-        """A RETRY verdict, or the reason the record's retries are exhausted."""
+        """A RETRY verdict (possibly deferred by the retry budget), or the reason the record's
+        retries are exhausted (a `_BudgetRefusal` when the budget had no slot before the
+        record's deadline)."""
         s = j.settings
         rs = RetryState(retries=state.retries, elapsed_ms=now - state.first_ms,
                         last_delay_ms=state.last_delay_ms)
@@ -416,10 +434,14 @@ class PolicyEngine:
                     else j.schedule.hold(rs, hold.wait_ms))
         if decision.delay_ms is None:
             return decision.reason
+        delay, budget_note = decision.delay_ms, ""
         if charged:
-            budget = j.budget.try_acquire(now)
-            if not budget.allowed:
-                return budget.reason
+            timeout = j.schedule.deadline.timeout_ms
+            grant = j.budget.acquire(now, delay, None if timeout is None
+                                     else timeout - rs.elapsed_ms)
+            if grant.delay_ms is None:
+                return _BudgetRefusal(grant.reason)
+            delay, budget_note = grant.delay_ms, grant.reason
             state.retries += 1
         else:
             state.holds += 1
@@ -429,18 +451,21 @@ class PolicyEngine:
         refresh = ("run the stage's refresh hook, then " if cls.category
                    is Category.REFRESH_RETRIABLE else "")
         note = f" ({decision.reason})" if decision.reason else ""
+        if budget_note:
+            note += f" ({budget_note})"
         what = f"{cls.category.value} {_describe(record)} [{cls.rule}]"
         if hold is None:
-            reason = f"{what}: {refresh}retry {state.retries}{of} in {decision.delay_ms} ms{note}"
+            reason = f"{what}: {refresh}retry {state.retries}{of} in {delay} ms{note}"
         elif charged:
             reason = (f"{what}: {hold.reason}; {refresh}retry {state.retries}{of} in "
-                      f"{decision.delay_ms} ms (charged: errors.circuit.max.holds="
+                      f"{delay} ms (charged: errors.circuit.max.holds="
                       f"{s.circuit.max_holds} reached){note}")
         else:
             reason = (f"{what}: {hold.reason}; {refresh}retry in {decision.delay_ms} ms "
                       f"(hold {state.holds}, not charged to the record's retries){note}")
         return Verdict(record_id=record.record_id, action=Action.RETRY, category=cls.category,
-                       reason=reason, attempt=state.attempts, retry_delay_ms=decision.delay_ms)
+                       reason=reason, attempt=state.attempts, retry_delay_ms=delay,
+                       retry_budget_exhausted=bool(budget_note))
 
     def _handle(self, j: _Job, task: TaskIdentity, tid: str, record: FailedRecord, key: int,
                 state: _RecordState | None, cls: Classification, why: str, what: str,
@@ -559,7 +584,10 @@ class PolicyEngine:
         for ref, n in processed.items():
             counts[ref.name] = counts.get(ref.name, 0) + int(n)
         with j.lock:
+            before = j.tolerance.records_processed
             j.tolerance.record_progress((task.stage_id, task.partition_id), counts, now)
+            # processed work is the budget's main deposit (a re-attempt's replaced count is not)
+            j.budget.deposit(now, j.tolerance.records_processed - before)
             if not j.failure_reason:
                 result = j.tolerance.check(now)
                 if result.exceeded:
@@ -585,6 +613,7 @@ class PolicyEngine:
                 by_stage=dict(j.by_stage),
                 by_category=dict(j.by_category),
                 by_exception_class=dict(j.by_class),
+                retry_budget_exhausted=j.budget.exhausted_total,
             )
 
     def stage_counts(self, job: str, stage: str) -> Counts:
