@@ -137,3 +137,43 @@ def test_a_3_second_outage_of_60_records_recovers_all_60_with_the_default_retry_
     s = job.summary()
     assert (s.total_records_skipped, s.total_record_errors) == (0, 0)
     assert s.total_retries >= 60          # every record was retried at least once
+
+
+def test_kafka_refresh_retriable_codes_run_the_refresh_hook_and_config_codes_fail_the_job(
+        spark, sidecar, broker, topic_name, tmp_path):
+    """KIP-1050 end to end: a real KafkaException(NOT_LEADER_FOR_PARTITION) from the user's
+    produce is refresh-then-retry (the refresh hook runs before the retry, the record comes
+    out); TOPIC_AUTHORIZATION_FAILED is invalid-configuration (the job fails, nothing
+    retried)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    job = _job(sidecar, topic_name, **{"errors.retry.timeout": "30000"})
+    calls, refreshes = tmp_path / "calls", tmp_path / "refreshes"
+
+    def refresh():
+        with open(refreshes, "a") as fh:
+            fh.write("1\n")
+
+    def fn(x):
+        with open(calls, "a") as fh:
+            fh.write(f"{x}\n")
+        if x == 3 and _calls(calls)[3] == 1:
+            raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+        return x
+
+    out = job.map_partitions(spark.sparkContext.parallelize(range(5), 1), fn,
+                             refresh=refresh).collect()
+    assert sorted(out) == list(range(5))
+    assert _calls(calls)[3] == 2 and refreshes.read_text().split() == ["1"]
+    assert job.summary().by_category == {"refresh-retriable": 1}
+
+    denied = _job(sidecar, topic_name, **{"errors.retry.timeout": "30000"})
+
+    def produce(x):
+        raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    with pytest.raises(Exception) as failed:
+        denied.map_partitions(spark.sparkContext.parallelize([1], 1), produce).collect()
+    assert "invalid-configuration" in denied.failure_message(failed.value)
+    s = denied.summary()
+    assert s.failed and s.total_retries == 0 and s.by_category == {"invalid-configuration": 1}

@@ -5,8 +5,9 @@ client never imports confluent_kafka, requests or any HTTP library:
 
 - gRPC: ``exc.code()`` returning a ``grpc.StatusCode``;
 - HTTP: ``exc.status_code``, ``exc.status``, ``exc.response.status_code`` (first int in 100..599);
-- confluent-kafka: ``exc.args[0]`` (a KafkaError) with ``retriable()``, ``fatal()``,
-  ``txn_requires_abort()``;
+- confluent-kafka: a KafkaError (``retriable()``, ``fatal()``, ``txn_requires_abort()`` and its
+  ``name()``, the code KIP-1050's table classifies) carried as ``exc.args[0]`` by the exception
+  or, when it wraps one, by the first exception of its cause chain that carries one;
 - spillway markers (`spillway.client.markers`): ``marker_category``.
 
 The W3C trace context of the given (or current) OpenTelemetry context goes on each record, only
@@ -136,15 +137,56 @@ def _flag(obj: Any, name: str) -> bool | None:
     return value if isinstance(value, bool) else None
 
 
-def kafka_flags(exc: BaseException) -> tuple[bool | None, bool | None, bool | None]:
+def _carried_kafka_error(obj: BaseException) -> Any:
+    args = getattr(obj, "args", None)
+    for cand in ((args[0], obj) if args else (obj,)):
+        if callable(getattr(cand, "retriable", None)) and callable(getattr(cand, "fatal", None)):
+            return cand
+    return None
+
+
+def kafka_error(exc: BaseException) -> Any:
+    """The confluent-kafka KafkaError ``exc`` carries (a KafkaException's ``args[0]``), else
+    the first one carried along its cause chain (an error raised ``from`` a KafkaException),
+    by duck typing; None if there is none."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        found = _carried_kafka_error(cur)
+        if found is not None:
+            return found
+        nxt = cur.__cause__
+        if nxt is None and not cur.__suppress_context__:
+            nxt = cur.__context__
+        cur = nxt
+    return None
+
+
+def kafka_flags(exc: BaseException, err: Any = None) -> tuple[bool | None, bool | None,
+                                                               bool | None]:
     """(retriable, fatal, txn_requires_abort) of a confluent-kafka error, by duck typing."""
-    candidates = [exc.args[0]] if getattr(exc, "args", None) else []
-    candidates.append(exc)
-    for obj in candidates:
-        if callable(getattr(obj, "retriable", None)) and callable(getattr(obj, "fatal", None)):
-            return (_flag(obj, "retriable"), _flag(obj, "fatal"),
-                    _flag(obj, "txn_requires_abort"))
-    return None, None, None
+    err = kafka_error(exc) if err is None else err
+    if err is None:
+        return None, None, None
+    return _flag(err, "retriable"), _flag(err, "fatal"), _flag(err, "txn_requires_abort")
+
+
+MAX_KAFKA_CODE_CHARS = 64    # librdkafka's names are under 40 characters
+
+
+def kafka_error_code(exc: BaseException, err: Any = None) -> str | None:
+    """``KafkaError.name()`` (e.g. ``NOT_LEADER_FOR_PARTITION``) of the Kafka error ``exc``
+    carries (see `kafka_error`), for the sidecar's KIP-1050 code table."""
+    err = kafka_error(exc) if err is None else err
+    fn = getattr(err, "name", None) if err is not None else None
+    if not callable(fn):
+        return None
+    try:
+        name = fn()
+    except Exception:
+        return None
+    return name[:MAX_KAFKA_CODE_CHARS] if isinstance(name, str) and name else None
 
 
 def causes(exc: BaseException) -> list[str]:
@@ -373,7 +415,12 @@ def _exception_fields(exc: BaseException) -> dict[str, Any]:
         fields["grpc_status_code"] = code
     if (status := http_status_code(exc)) is not None:
         fields["http_status_code"] = status
-    retriable, fatal, txn_abort = kafka_flags(exc)
+    if (kerr := kafka_error(exc)) is not None:
+        retriable, fatal, txn_abort = kafka_flags(exc, kerr)
+        if (code := kafka_error_code(exc, kerr)) is not None:
+            fields["kafka_error_code"] = code
+    else:
+        retriable = fatal = txn_abort = None
     if retriable is not None:
         fields["kafka_retriable"] = retriable
     if fatal is not None:

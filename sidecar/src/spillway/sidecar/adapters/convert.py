@@ -82,6 +82,7 @@ def _exception(e: pb.ExceptionInfo, where: str) -> m.ExceptionInfo:
         e.kafka_txn_requires_abort if has("kafka_txn_requires_abort") else None,
         _CATEGORY_FROM_PB.get(e.marker_category),
         tuple(e.causes),
+        e.kafka_error_code.strip().upper() or None,
     )
 
 

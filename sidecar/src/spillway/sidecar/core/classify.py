@@ -6,8 +6,13 @@ Precedence (first match wins; the verdict's reason names the rule that matched):
    the reported class and every ancestor in ``class_chain``, most specific class first;
 2. ``ExceptionInfo.marker_category``: the executor saw one of spillway's marker classes
    (``RetriableError`` …), which the user raised on purpose;
-3. confluent-kafka flags: ``kafka_txn_requires_abort`` → abortable, ``kafka_fatal`` →
-   application-recoverable, ``kafka_retriable`` → retriable (KIP-1050's producer mapping);
+3. confluent-kafka errors (``KAFKA_ERROR_CODES``, KIP-1050 for librdkafka's codes), in this
+   order: a code the table calls invalid-configuration; then the error's flags ``fatal`` →
+   application-recoverable (the client instance is unusable whatever the code) and
+   ``txn_requires_abort`` → abortable (KIP-1050: in a transaction, retriable errors become
+   abortable); then the code's own category; then, for a code the table does not know, the
+   ``retriable`` flag → retriable. A Kafka error none of these decides falls through (its class,
+   ``KafkaException``, is application-recoverable: KIP-1050's safe default for unknown errors);
 4. the gRPC status code (``_GRPC_CODES``);
 5. the HTTP status (``_HTTP_CODES``, then any other 5xx → retriable);
 6. built-in class rules (``BUILTIN_RULES``), matched along the chain, most specific first;
@@ -126,6 +131,53 @@ BUILTIN_RULES: Mapping[str, Category] = _table([
     )),
 ])
 
+# KIP-1050's categories for librdkafka's error codes (``confluent_kafka.KafkaError.name()``),
+# by the Java exception each code maps to in the KIP's table. Codes the KIP leaves out of scope
+# (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID) are absent: the error's flags decide.
+KAFKA_ERROR_CODES: Mapping[str, Category] = MappingProxyType({name: category for category, names in (
+    (RR, (  # InvalidMetadataException / coordinator errors: refresh metadata, then retry
+        "NOT_LEADER_FOR_PARTITION", "UNKNOWN_TOPIC_OR_PART", "LEADER_NOT_AVAILABLE",
+        "FENCED_LEADER_EPOCH", "UNKNOWN_LEADER_EPOCH", "REPLICA_NOT_AVAILABLE",
+        "PREFERRED_LEADER_NOT_AVAILABLE", "KAFKA_STORAGE_ERROR", "UNKNOWN_TOPIC_ID",
+        "INCONSISTENT_TOPIC_ID", "LISTENER_NOT_FOUND", "NOT_COORDINATOR",
+        "COORDINATOR_NOT_AVAILABLE", "REBOOTSTRAP_REQUIRED",
+        "_UNKNOWN_PARTITION", "_UNKNOWN_TOPIC", "_WAIT_COORD", "_NODE_UPDATE",
+    )),
+    (R, (   # RetriableException: retry after a backoff
+        "_TRANSPORT", "_MSG_TIMED_OUT", "_TIMED_OUT", "_TIMED_OUT_QUEUE", "_ALL_BROKERS_DOWN",
+        "_RESOLVE", "_QUEUE_FULL", "_RETRY", "_WAIT_CACHE", "_PREV_IN_PROGRESS", "_ISR_INSUFF",
+        "_UNKNOWN_BROKER", "REQUEST_TIMED_OUT", "NETWORK_EXCEPTION", "BROKER_NOT_AVAILABLE",
+        "NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "INVALID_MSG",
+        "COORDINATOR_LOAD_IN_PROGRESS", "CONCURRENT_TRANSACTIONS", "NOT_CONTROLLER",
+        "OFFSET_NOT_AVAILABLE", "THROTTLING_QUOTA_EXCEEDED", "UNSTABLE_OFFSET_COMMIT",
+        "FETCH_SESSION_ID_NOT_FOUND", "INVALID_FETCH_SESSION_EPOCH",
+    )),
+    (AB, (  # TransactionAbortableException; InvalidTxnState on the produce path
+        "TRANSACTION_ABORTABLE", "INVALID_TXN_STATE",
+    )),
+    (AR, (  # fencing and generation errors: only a new client (a task restart) recovers
+        "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "INVALID_PRODUCER_ID_MAPPING", "_FENCED",
+        "TRANSACTION_COORDINATOR_FENCED", "FENCED_INSTANCE_ID", "UNKNOWN_MEMBER_ID",
+        "ILLEGAL_GENERATION", "_FATAL",
+    )),
+    (IC, (  # authentication, authorization, unsupported or invalid settings and limits
+        "TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED",
+        "CLUSTER_AUTHORIZATION_FAILED", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+        "DELEGATION_TOKEN_AUTHORIZATION_FAILED", "SASL_AUTHENTICATION_FAILED",
+        "ILLEGAL_SASL_STATE", "UNSUPPORTED_SASL_MECHANISM", "UNACCEPTABLE_CREDENTIAL",
+        "SECURITY_DISABLED", "_AUTHENTICATION", "_SSL", "UNSUPPORTED_VERSION",
+        "UNSUPPORTED_FOR_MESSAGE_FORMAT", "UNSUPPORTED_COMPRESSION_TYPE", "INVALID_RECORD",
+        "INVALID_REQUIRED_ACKS", "MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE",
+        "INVALID_MSG_SIZE", "TOPIC_EXCEPTION", "INVALID_CONFIG", "INVALID_TRANSACTION_TIMEOUT",
+        "INVALID_PRINCIPAL_TYPE", "_INVALID_ARG", "_NOT_CONFIGURED", "_UNSUPPORTED_FEATURE",
+        "_NOT_IMPLEMENTED", "_UNKNOWN_PROTOCOL",
+    )),
+    (D, (   # this record's own bytes: spillway's addition (KIP-1050 covers client errors only)
+        "_KEY_SERIALIZATION", "_VALUE_SERIALIZATION", "_KEY_DESERIALIZATION",
+        "_VALUE_DESERIALIZATION", "_BAD_MSG",
+    )),
+) for name in names})
+
 MAX_CACHED = 4096  # distinct (class chain, flags, codes) remembered per job
 
 # grpc.StatusCode numeric values (grpc is never imported by the core).
@@ -205,7 +257,8 @@ class Classifier:
 
     def classify(self, exc: ExceptionInfo) -> Classification:
         key = (exc.class_name, exc.class_chain, exc.marker_category, exc.kafka_txn_requires_abort,
-               exc.kafka_fatal, exc.kafka_retriable, exc.grpc_status_code, exc.http_status_code)
+               exc.kafka_fatal, exc.kafka_retriable, exc.kafka_error_code, exc.grpc_status_code,
+               exc.http_status_code)
         cache = self._cache
         hit = cache.get(key)
         if hit is None:
@@ -223,12 +276,9 @@ class Classifier:
         if exc.marker_category is not None:
             return Classification(exc.marker_category,
                                   f"marker class {exc.marker_category.value}")
-        if exc.kafka_txn_requires_abort:
-            return Classification(AB, "Kafka error: transaction requires abort")
-        if exc.kafka_fatal:
-            return Classification(AR, "Kafka error: fatal")
-        if exc.kafka_retriable:
-            return Classification(R, "Kafka error: retriable")
+        hit = _classify_kafka(exc)
+        if hit is not None:
+            return hit
         code = exc.grpc_status_code
         if code is not None and code in _GRPC_CODES:
             return Classification(_GRPC_CODES[code],
@@ -244,3 +294,21 @@ class Classifier:
             return Classification(hit[1], f"built-in rule {hit[0]}")
         return Classification(
             self.default, f"no rule matched; errors.classification.default={self.default.value}")
+
+
+def _classify_kafka(exc: ExceptionInfo) -> Classification | None:
+    """Step 3 of the module docstring: a confluent-kafka error's code and flags."""
+    code = exc.kafka_error_code
+    category = KAFKA_ERROR_CODES.get(code) if code else None
+    if category is IC:
+        return Classification(IC, f"Kafka error code {code}")
+    if exc.kafka_fatal:
+        return Classification(AR, f"Kafka error{' ' + code if code else ''}: fatal")
+    if exc.kafka_txn_requires_abort:
+        return Classification(AB, f"Kafka error{' ' + code if code else ''}: "
+                                  f"transaction requires abort")
+    if category is not None:
+        return Classification(category, f"Kafka error code {code}")
+    if exc.kafka_retriable:
+        return Classification(R, f"Kafka error{' ' + code if code else ''}: retriable")
+    return None

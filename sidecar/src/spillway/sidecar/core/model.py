@@ -111,6 +111,7 @@ class ExceptionInfo:
     kafka_txn_requires_abort: bool | None = None
     marker_category: Category | None = None
     causes: tuple[str, ...] = ()
+    kafka_error_code: str | None = None     # confluent_kafka.KafkaError.name()
 
 
 Header = tuple[str, bytes | None]
