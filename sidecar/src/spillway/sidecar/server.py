@@ -25,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
-from . import __version__, telemetry
+from . import __version__, security, telemetry
 from .adapters import convert
 from .core import config
 from .core.dlq_record import DlqBuilder
@@ -131,6 +131,9 @@ class Sidecar:
     telemetry: Telemetry = field(default_factory=Telemetry)
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     homes: dict = field(default_factory=dict)  # job -> Home, for jobs homed elsewhere
+    security: security.SecurityConfig | None = None
+    listen_address: str = ""  # set by start_server once bound
+    advertised_address: str = ""  # advertised.address, else listen_address
     _topics_checked: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -445,6 +448,7 @@ def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
         props=props, engine=engine, pipeline=pipeline,
         sidecar_id=props["sidecar.id"] or socket.gethostname(),
         flush_timeout_s=props["flush.timeout.ms"] / 1000,
+        security=security.load_config(props),
     )
 
 
@@ -458,7 +462,14 @@ def start_server(
     """Build and start a sidecar from layered raw properties (see `config.resolve`)."""
     raw = config.resolve(explicit=raw or {})  # idempotent over an already-layered mapping
     sidecar = build_sidecar(raw)
-    interceptors = list(interceptors)
+    sec = sidecar.security
+    tcp = sidecar.props["listen.address"]
+    if tcp:
+        security.check_plaintext_listen(tcp, sec)
+    local_only = not tcp or security.is_loopback_host(security.split_host_port(tcp)[0])
+    # authentication first: nothing (tracing included) sees a call before it is authenticated
+    interceptors = [security.AuthInterceptor(security.Authenticator(sec, local_only=local_only)),
+                    *interceptors]
     if sidecar.props["telemetry.enable"]:
         from opentelemetry.instrumentation.grpc import server_interceptor
 
@@ -493,13 +504,17 @@ def start_server(
             os.unlink(path)  # a stale socket from a crashed run
         server.add_insecure_port(f"unix://{path}")
         address = f"unix://{path}"
-    if sidecar.props["listen.address"]:
-        host, _, port = sidecar.props["listen.address"].rpartition(":")
-        bound = server.add_insecure_port(sidecar.props["listen.address"])
+    if tcp:
+        host, _, port = tcp.rpartition(":")
+        if sec.tls is not None:
+            bound = server.add_secure_port(tcp, security.TlsReloader(sec.tls).server_credentials())
+        else:
+            bound = server.add_insecure_port(tcp)
         if bound == 0:
-            raise ConfigError("listen.address",
-                              f"cannot bind {sidecar.props['listen.address']}")
+            raise ConfigError("listen.address", f"cannot bind {tcp}")
         address = f"{host}:{bound}"  # port 0 picks a free port: report the real one
+    sidecar.listen_address = address
+    sidecar.advertised_address = sec.advertised_address or address
     server.start()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

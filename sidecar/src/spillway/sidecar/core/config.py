@@ -248,6 +248,41 @@ _PROPS: list[Prop] = [
          "address of the Prometheus endpoint (0.0.0.0 inside a container)", job=False),
     Prop("shutdown.grace.ms", p_int(0), "10000", "graceful stop: time for in-flight calls, ms",
          job=False),
+    # security (docs/SECURITY.md)
+    Prop("auth.token.file", p_str, "",
+         "file holding the node API token (one per line; the first is sent, all accepted; "
+         "re-read on change): every call must carry it as spillway-node-token metadata, or "
+         "a peer or admin credential ('' : no node token)", job=False),
+    Prop("auth.peer.token.file", p_str, "",
+         "file holding the cluster-wide sidecar-to-sidecar token (spillway-peer-token): "
+         "proves a caller is a peer sidecar, which alone may set sidecar-only request fields; "
+         "also sent when this sidecar dials a job's home", job=False),
+    Prop("auth.admin.token.file", p_str, "",
+         "file holding the operator token (spillway-admin-token) for spillway status and job "
+         "commands", job=False),
+    Prop("auth.peer.identities", p_str, "",
+         "comma-separated mTLS identities (certificate SAN DNS/URI or CN) accepted as peer "
+         "sidecars; needs tls.ca.file", job=False),
+    Prop("tls.cert.file", p_str, "",
+         "PEM certificate chain to serve TLS with (with tls.key.file; re-read on change). "
+         "Also this sidecar's client certificate when it dials a job's home", job=False),
+    Prop("tls.key.file", p_str, "", "PEM private key of tls.cert.file", job=False),
+    Prop("tls.ca.file", p_str, "",
+         "PEM CA bundle that verifies client certificates (mutual TLS) and the certificates "
+         "of homes this sidecar dials", job=False),
+    Prop("tls.client.auth", p_choice("auto", "none", "require"), "auto",
+         "client certificates: require (mutual TLS) or none; auto: require when tls.ca.file "
+         "is set", job=False),
+    Prop("listen.plaintext.allow", p_bool, "false",
+         "allow plaintext (no TLS) on a non-loopback listen.address; refused by default",
+         job=False),
+    Prop("advertised.address", p_str, "",
+         "host:port other nodes' sidecars reach this one at, named as a job's home (default: "
+         "the listen address, which is only right on a single host)", job=False),
+    Prop("home.allowed.addresses", p_str, "",
+         "comma-separated addresses this sidecar may dial as a job's home: host, host:port, "
+         "CIDR[:port], *.domain[:port] or * ('': loopback only; its own address is always "
+         "allowed). Matched before any DNS lookup", job=False),
 ]
 
 PROPERTIES: dict[str, Prop] = {p.name: p for p in _PROPS}

@@ -1,0 +1,172 @@
+"""Caller authentication decisions, secrets, token rotation and the home allow-list."""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+import pytest
+
+from spillway.sidecar import security
+from spillway.sidecar.errors import ConfigError
+from spillway.v1 import sidecar_pb2 as pb
+from support.tls import write_token
+
+
+def _cfg(tmp_path, **props):
+    return security.load_config(props)
+
+
+def _tokens(tmp_path):
+    return {"auth.token.file": str(write_token(tmp_path / "node", "node-secret")),
+            "auth.peer.token.file": str(write_token(tmp_path / "peer", "peer-secret")),
+            "auth.admin.token.file": str(write_token(tmp_path / "admin", "admin-secret"))}
+
+
+def test_secret_repr_hides_the_value_and_compares_exactly():
+    s = security.Secret("hunter2")
+    assert "hunter2" not in repr(s) and "hunter2" not in str(s) and "hunter2" not in f"{s!r}"
+    assert s.matches("hunter2") and s.matches(b"hunter2")
+    assert not s.matches("hunter") and not s.matches("hunter22") and not s.matches("")
+
+
+def test_token_file_is_reread_when_it_changes_and_keeps_old_tokens_when_emptied(tmp_path):
+    path = write_token(tmp_path / "t", "old")
+    tf = security.TokenFile("auth.token.file", str(path))
+    assert tf.matches("old") and not tf.matches("new")
+    write_token(path, "new", "old")  # rotation: both accepted, the first is the one sent
+    os.utime(path, ns=(1, 1))
+    assert tf.matches("new") and tf.matches("old") and tf.current().reveal() == "new"
+    write_token(path, "new")
+    os.utime(path, ns=(2, 2))
+    assert not tf.matches("old")
+    path.write_text("")  # half-written rotation: the previous tokens stay valid
+    assert tf.matches("new")
+
+
+def test_token_file_missing_or_empty_stops_start_up_naming_the_property(tmp_path):
+    with pytest.raises(ConfigError, match="auth.token.file: cannot read token file"):
+        security.load_config({"auth.token.file": str(tmp_path / "nope")})
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ConfigError, match="auth.peer.token.file: .* holds no token"):
+        security.load_config({"auth.peer.token.file": str(tmp_path / "empty")})
+
+
+def test_tls_settings_are_checked_at_start_up(tmp_path):
+    with pytest.raises(ConfigError, match="tls.key.file"):
+        security.load_config({"tls.cert.file": __file__})
+    with pytest.raises(ConfigError, match="tls.cert.file: file not found"):
+        security.load_config({"tls.cert.file": str(tmp_path / "x"), "tls.key.file": __file__})
+    with pytest.raises(ConfigError, match="tls.client.auth: require needs TLS"):
+        security.load_config({"tls.client.auth": "require"})
+    with pytest.raises(ConfigError, match="auth.peer.identities"):
+        security.load_config({"auth.peer.identities": "sidecar-1"})
+
+
+def _auth(cfg, md=(), ids=(), method="/spillway.v1.ErrorSidecar/GetStatus", local=False):
+    return security.Authenticator(cfg, local_only=local).authenticate(
+        method, dict(md), list(ids), "ipv4:10.0.0.9:4242")
+
+
+def test_no_credential_configured_on_loopback_trusts_local_callers(tmp_path):
+    cfg = security.load_config({})
+    c = _auth(cfg, local=True)
+    assert c.peer and c.admin and not c.authenticated
+    remote = _auth(cfg, local=False)  # listen.plaintext.allow on a routable address
+    assert not remote.peer and not remote.admin
+
+
+def test_node_token_required_when_configured(tmp_path):
+    cfg = security.load_config(_tokens(tmp_path))
+    with pytest.raises(security.Refused) as missing:
+        _auth(cfg, local=True)
+    assert missing.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "spillway-node-token" in str(missing.value)
+    with pytest.raises(security.Refused) as wrong:
+        _auth(cfg, {"spillway-node-token": "node-secreT"})
+    assert wrong.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "does not match" in str(wrong.value) and "node-secre" not in str(wrong.value)
+    node = _auth(cfg, {"spillway-node-token": "node-secret"})
+    assert node.authenticated and not node.peer and not node.admin
+    assert "secret" not in node.identity
+    peer = _auth(cfg, {"spillway-peer-token": "peer-secret"})
+    assert peer.authenticated and peer.peer and not peer.admin
+    admin = _auth(cfg, {"spillway-admin-token": "admin-secret"})
+    assert admin.admin and not admin.peer
+    # a health probe needs nothing
+    probe = _auth(cfg, method="/grpc.health.v1.Health/Check")
+    assert not probe.authenticated
+    # a valid node token does not excuse a wrong peer token
+    with pytest.raises(security.Refused):
+        _auth(cfg, {"spillway-node-token": "node-secret", "spillway-peer-token": "x"})
+
+
+def test_mtls_identity_listed_as_peer_is_a_peer(tmp_path):
+    from support.tls import Ca
+
+    ca = Ca.create(tmp_path)
+    leaf = ca.issue(tmp_path, "sidecar-a")
+    cfg = security.load_config({"tls.cert.file": str(leaf.cert), "tls.key.file": str(leaf.key),
+                                "tls.ca.file": str(ca.path),
+                                "auth.peer.identities": "sidecar-a.spark.internal, sidecar-b"})
+    assert cfg.tls.client_auth == "require"  # auto: a CA means mutual TLS
+    assert _auth(cfg, ids=["sidecar-b"]).peer
+    other = _auth(cfg, ids=["executor-7"])
+    assert other.authenticated and not other.peer and "executor-7" in other.identity
+
+
+def test_sidecar_only_fields_need_a_peer():
+    non_peer = security.Caller(authenticated=True, identity="node@x")
+    peer = security.Caller(authenticated=True, peer=True, identity="peer@x")
+    for req, field in [(pb.ReportFailuresRequest(job="j", decide_only=True), "decide_only"),
+                       (pb.FlushTaskRequest(job="j", progress_only=True), "progress_only"),
+                       (pb.EndJobRequest(job="j", local_only=True), "local_only"),
+                       (pb.RegisterJobRequest(job="j", peer="10.0.0.1:50051"), "peer")]:
+        with pytest.raises(security.Refused, match=field) as exc:
+            security.check_sidecar_only(req, non_peer)
+        assert exc.value.code == grpc.StatusCode.PERMISSION_DENIED
+        security.check_sidecar_only(req, peer)
+    security.check_sidecar_only(pb.ReportFailuresRequest(job="j"), non_peer)
+
+
+@pytest.mark.parametrize("address,patterns,allowed", [
+    ("127.0.0.1:50051", "", True),
+    ("localhost:1", "", True),
+    ("[::1]:50051", "", True),
+    ("10.0.0.5:50051", "", False),
+    ("metadata.google.internal:80", "", False),
+    ("10.0.0.5:50051", "10.0.0.0/8", True),
+    ("10.0.0.5:50052", "10.0.0.0/8:50051", False),
+    ("10.0.0.5:50051", "10.0.0.0/8:50051", True),
+    ("node-1.spark.internal:50051", "*.spark.internal:50051", True),
+    ("evil.internal:50051", "*.spark.internal:50051", False),
+    ("spark.internal.evil.com:50051", "*.spark.internal", False),
+    ("10.1.2.3:50051", "*.spark.internal", False),  # a name pattern never matches an IP
+    ("node-1:50051", "node-1", True),
+    ("node-1:50051", "node-2, node-1:50051", True),
+    ("anything:1", "*", True),
+    ("noport", "*", False),
+])
+def test_home_allow_list(address, patterns, allowed):
+    cfg = security.load_config({"home.allowed.addresses": patterns})
+    assert security.home_allowed(address, cfg) is allowed
+
+
+def test_own_address_is_always_allowed_and_bad_patterns_stop_start_up():
+    cfg = security.load_config({"home.allowed.addresses": "10.0.0.0/8"})
+    assert security.home_allowed("node-a:50051", cfg, own=["node-a:50051"])
+    with pytest.raises(ConfigError, match="home.allowed.addresses"):
+        security.load_config({"home.allowed.addresses": "10.0.0.0/33"})
+    with pytest.raises(ConfigError, match="home.allowed.addresses"):
+        security.load_config({"home.allowed.addresses": "::1:50051"})
+
+
+def test_plaintext_on_a_routable_address_is_refused_unless_allowed():
+    cfg = security.load_config({})
+    security.check_plaintext_listen("127.0.0.1:50051", cfg)
+    security.check_plaintext_listen("localhost:50051", cfg)
+    with pytest.raises(ConfigError, match="refusing to serve plaintext on 0.0.0.0:50051.*"
+                                          "tls.cert.file"):
+        security.check_plaintext_listen("0.0.0.0:50051", cfg)
+    security.check_plaintext_listen(
+        "0.0.0.0:50051", security.load_config({"listen.plaintext.allow": True}))
