@@ -26,9 +26,13 @@ def _build():
                    type_name=".grpc.health.v1.HealthCheckResponse.ServingStatus")
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
+    # GetMessageClass exists from protobuf 4.22; the client declares protobuf>=3.20.3, where
+    # MessageFactory.GetPrototype (removed in protobuf 5) is the way.
+    get_class = getattr(message_factory, "GetMessageClass", None) \
+        or message_factory.MessageFactory(pool).GetPrototype
     return (
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest")),
-        message_factory.GetMessageClass(pool.FindMessageTypeByName("grpc.health.v1.HealthCheckResponse")),
+        get_class(pool.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest")),
+        get_class(pool.FindMessageTypeByName("grpc.health.v1.HealthCheckResponse")),
     )
 
 

@@ -319,8 +319,10 @@ def _exception_only(exc: BaseException) -> str:
     return "".join(lines)
 
 
-#: Formatted the standard way: their text depends on more than the frames.
-_UNCACHED = (SyntaxError, builtins.BaseExceptionGroup)
+#: Formatted the standard way: their text depends on more than the frames. (Exception groups
+#: exist from Python 3.11; the client also runs on 3.10.)
+_UNCACHED = (SyntaxError,) + tuple(
+    t for t in (getattr(builtins, "BaseExceptionGroup", None),) if t is not None)
 
 
 def format_stack_trace(exc: BaseException) -> str:

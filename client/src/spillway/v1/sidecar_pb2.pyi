@@ -2,13 +2,12 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     STAGE_UNSPECIFIED: _ClassVar[Stage]
     STAGE_DESERIALIZATION: _ClassVar[Stage]
     STAGE_KEY_CONVERTER: _ClassVar[Stage]
@@ -20,7 +19,7 @@ class Stage(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STAGE_CUSTOM: _ClassVar[Stage]
 
 class Category(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     CATEGORY_UNSPECIFIED: _ClassVar[Category]
     CATEGORY_RETRIABLE: _ClassVar[Category]
     CATEGORY_REFRESH_RETRIABLE: _ClassVar[Category]
@@ -30,13 +29,13 @@ class Category(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CATEGORY_DATA: _ClassVar[Category]
 
 class Payload(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     PAYLOAD_UNSPECIFIED: _ClassVar[Payload]
     PAYLOAD_SOURCE: _ClassVar[Payload]
     PAYLOAD_STAGE_INPUT: _ClassVar[Payload]
 
 class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-    __slots__ = ()
+    __slots__ = []
     ACTION_UNSPECIFIED: _ClassVar[Action]
     ACTION_RETRY: _ClassVar[Action]
     ACTION_SKIP: _ClassVar[Action]
@@ -66,9 +65,9 @@ ACTION_SKIP: Action
 ACTION_FAIL: Action
 
 class RegisterJobRequest(_message.Message):
-    __slots__ = ("job", "properties", "home", "run_id", "home_instance_id", "peer")
+    __slots__ = ["job", "properties", "home", "run_id", "home_instance_id", "peer"]
     class PropertiesEntry(_message.Message):
-        __slots__ = ("key", "value")
+        __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
@@ -89,9 +88,9 @@ class RegisterJobRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., home: _Optional[str] = ..., run_id: _Optional[str] = ..., home_instance_id: _Optional[str] = ..., peer: _Optional[str] = ...) -> None: ...
 
 class RegisterJobResponse(_message.Message):
-    __slots__ = ("job", "effective_properties", "run_id", "job_token", "home", "home_instance_id")
+    __slots__ = ["job", "effective_properties", "run_id", "job_token", "home", "home_instance_id"]
     class EffectivePropertiesEntry(_message.Message):
-        __slots__ = ("key", "value")
+        __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
@@ -112,7 +111,7 @@ class RegisterJobResponse(_message.Message):
     def __init__(self, job: _Optional[str] = ..., effective_properties: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., job_token: _Optional[str] = ..., home: _Optional[str] = ..., home_instance_id: _Optional[str] = ...) -> None: ...
 
 class SourceCoordinates(_message.Message):
-    __slots__ = ("topic", "partition", "offset")
+    __slots__ = ["topic", "partition", "offset"]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -122,7 +121,7 @@ class SourceCoordinates(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class Header(_message.Message):
-    __slots__ = ("key", "value")
+    __slots__ = ["key", "value"]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     key: str
@@ -130,7 +129,7 @@ class Header(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class TaskIdentity(_message.Message):
-    __slots__ = ("stage_id", "partition_id", "attempt_number", "task_attempt_id", "executor_id", "host")
+    __slots__ = ["stage_id", "partition_id", "attempt_number", "task_attempt_id", "executor_id", "host"]
     STAGE_ID_FIELD_NUMBER: _ClassVar[int]
     PARTITION_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_NUMBER_FIELD_NUMBER: _ClassVar[int]
@@ -146,7 +145,7 @@ class TaskIdentity(_message.Message):
     def __init__(self, stage_id: _Optional[int] = ..., partition_id: _Optional[int] = ..., attempt_number: _Optional[int] = ..., task_attempt_id: _Optional[int] = ..., executor_id: _Optional[str] = ..., host: _Optional[str] = ...) -> None: ...
 
 class ExceptionInfo(_message.Message):
-    __slots__ = ("class_name", "class_chain", "message", "stack_trace", "grpc_status_code", "http_status_code", "kafka_retriable", "kafka_fatal", "kafka_txn_requires_abort", "marker_category", "causes", "kafka_error_code")
+    __slots__ = ["class_name", "class_chain", "message", "stack_trace", "grpc_status_code", "http_status_code", "kafka_retriable", "kafka_fatal", "kafka_txn_requires_abort", "marker_category", "causes", "kafka_error_code"]
     CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
     CLASS_CHAIN_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -171,10 +170,10 @@ class ExceptionInfo(_message.Message):
     marker_category: Category
     causes: _containers.RepeatedScalarFieldContainer[str]
     kafka_error_code: str
-    def __init__(self, class_name: _Optional[str] = ..., class_chain: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., stack_trace: _Optional[str] = ..., grpc_status_code: _Optional[int] = ..., http_status_code: _Optional[int] = ..., kafka_retriable: _Optional[bool] = ..., kafka_fatal: _Optional[bool] = ..., kafka_txn_requires_abort: _Optional[bool] = ..., marker_category: _Optional[_Union[Category, str]] = ..., causes: _Optional[_Iterable[str]] = ..., kafka_error_code: _Optional[str] = ...) -> None: ...
+    def __init__(self, class_name: _Optional[str] = ..., class_chain: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., stack_trace: _Optional[str] = ..., grpc_status_code: _Optional[int] = ..., http_status_code: _Optional[int] = ..., kafka_retriable: bool = ..., kafka_fatal: bool = ..., kafka_txn_requires_abort: bool = ..., marker_category: _Optional[_Union[Category, str]] = ..., causes: _Optional[_Iterable[str]] = ..., kafka_error_code: _Optional[str] = ...) -> None: ...
 
 class FailedRecord(_message.Message):
-    __slots__ = ("record_id", "stage", "custom_stage", "function_name", "source", "key", "value", "headers", "timestamp_ms", "exception", "attempt", "traceparent", "tracestate", "payload")
+    __slots__ = ["record_id", "stage", "custom_stage", "function_name", "source", "key", "value", "headers", "timestamp_ms", "exception", "attempt", "traceparent", "tracestate", "payload"]
     RECORD_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -206,7 +205,7 @@ class FailedRecord(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., function_name: _Optional[str] = ..., source: _Optional[_Union[SourceCoordinates, _Mapping]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., exception: _Optional[_Union[ExceptionInfo, _Mapping]] = ..., attempt: _Optional[int] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., payload: _Optional[_Union[Payload, str]] = ...) -> None: ...
 
 class ReportFailuresRequest(_message.Message):
-    __slots__ = ("job", "task", "records", "recovered_record_ids", "decide_only", "run_id")
+    __slots__ = ["job", "task", "records", "recovered_record_ids", "decide_only", "run_id"]
     JOB_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
@@ -219,10 +218,10 @@ class ReportFailuresRequest(_message.Message):
     recovered_record_ids: _containers.RepeatedScalarFieldContainer[str]
     decide_only: bool
     run_id: str
-    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., records: _Optional[_Iterable[_Union[FailedRecord, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., decide_only: _Optional[bool] = ..., run_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., records: _Optional[_Iterable[_Union[FailedRecord, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., decide_only: bool = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("record_id", "action", "retry_delay_ms", "category", "reason", "dead_lettered", "attempt", "job_failed", "dead_letter", "retry_budget_exhausted")
+    __slots__ = ["record_id", "action", "retry_delay_ms", "category", "reason", "dead_lettered", "attempt", "job_failed", "dead_letter", "retry_budget_exhausted"]
     RECORD_ID_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     RETRY_DELAY_MS_FIELD_NUMBER: _ClassVar[int]
@@ -243,16 +242,16 @@ class Verdict(_message.Message):
     job_failed: bool
     dead_letter: bool
     retry_budget_exhausted: bool
-    def __init__(self, record_id: _Optional[str] = ..., action: _Optional[_Union[Action, str]] = ..., retry_delay_ms: _Optional[int] = ..., category: _Optional[_Union[Category, str]] = ..., reason: _Optional[str] = ..., dead_lettered: _Optional[bool] = ..., attempt: _Optional[int] = ..., job_failed: _Optional[bool] = ..., dead_letter: _Optional[bool] = ..., retry_budget_exhausted: _Optional[bool] = ...) -> None: ...
+    def __init__(self, record_id: _Optional[str] = ..., action: _Optional[_Union[Action, str]] = ..., retry_delay_ms: _Optional[int] = ..., category: _Optional[_Union[Category, str]] = ..., reason: _Optional[str] = ..., dead_lettered: bool = ..., attempt: _Optional[int] = ..., job_failed: bool = ..., dead_letter: bool = ..., retry_budget_exhausted: bool = ...) -> None: ...
 
 class ReportFailuresResponse(_message.Message):
-    __slots__ = ("verdicts",)
+    __slots__ = ["verdicts"]
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
     verdicts: _containers.RepeatedCompositeFieldContainer[Verdict]
     def __init__(self, verdicts: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ...) -> None: ...
 
 class StageCount(_message.Message):
-    __slots__ = ("stage", "custom_stage", "records")
+    __slots__ = ["stage", "custom_stage", "records"]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     CUSTOM_STAGE_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
@@ -262,7 +261,7 @@ class StageCount(_message.Message):
     def __init__(self, stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., records: _Optional[int] = ...) -> None: ...
 
 class FlushTaskRequest(_message.Message):
-    __slots__ = ("job", "task", "processed", "recovered_record_ids", "progress_only", "run_id")
+    __slots__ = ["job", "task", "processed", "recovered_record_ids", "progress_only", "run_id"]
     JOB_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     PROCESSED_FIELD_NUMBER: _ClassVar[int]
@@ -275,16 +274,16 @@ class FlushTaskRequest(_message.Message):
     recovered_record_ids: _containers.RepeatedScalarFieldContainer[str]
     progress_only: bool
     run_id: str
-    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., processed: _Optional[_Iterable[_Union[StageCount, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., progress_only: _Optional[bool] = ..., run_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., processed: _Optional[_Iterable[_Union[StageCount, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., progress_only: bool = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class FlushTaskResponse(_message.Message):
-    __slots__ = ("dlq_records_acknowledged",)
+    __slots__ = ["dlq_records_acknowledged"]
     DLQ_RECORDS_ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
     dlq_records_acknowledged: int
     def __init__(self, dlq_records_acknowledged: _Optional[int] = ...) -> None: ...
 
 class GetJobSummaryRequest(_message.Message):
-    __slots__ = ("job", "run_id")
+    __slots__ = ["job", "run_id"]
     JOB_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     job: str
@@ -292,7 +291,7 @@ class GetJobSummaryRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class CountEntry(_message.Message):
-    __slots__ = ("key", "count")
+    __slots__ = ["key", "count"]
     KEY_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     key: str
@@ -300,7 +299,7 @@ class CountEntry(_message.Message):
     def __init__(self, key: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class JobSummary(_message.Message):
-    __slots__ = ("job", "failed", "failure_reason", "records_processed", "total_record_failures", "total_record_errors", "total_records_skipped", "total_retries", "total_errors_logged", "dlq_records_written", "last_error_timestamp_ms", "by_stage", "by_category", "by_exception_class", "sidecar_id", "dropped_records", "run_id", "records_refused", "retry_budget_exhausted")
+    __slots__ = ["job", "failed", "failure_reason", "records_processed", "total_record_failures", "total_record_errors", "total_records_skipped", "total_retries", "total_errors_logged", "dlq_records_written", "last_error_timestamp_ms", "by_stage", "by_category", "by_exception_class", "sidecar_id", "dropped_records", "run_id", "records_refused", "retry_budget_exhausted"]
     JOB_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -339,10 +338,10 @@ class JobSummary(_message.Message):
     run_id: str
     records_refused: int
     retry_budget_exhausted: int
-    def __init__(self, job: _Optional[str] = ..., failed: _Optional[bool] = ..., failure_reason: _Optional[str] = ..., records_processed: _Optional[int] = ..., total_record_failures: _Optional[int] = ..., total_record_errors: _Optional[int] = ..., total_records_skipped: _Optional[int] = ..., total_retries: _Optional[int] = ..., total_errors_logged: _Optional[int] = ..., dlq_records_written: _Optional[int] = ..., last_error_timestamp_ms: _Optional[int] = ..., by_stage: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_category: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_exception_class: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., sidecar_id: _Optional[str] = ..., dropped_records: _Optional[int] = ..., run_id: _Optional[str] = ..., records_refused: _Optional[int] = ..., retry_budget_exhausted: _Optional[int] = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., failed: bool = ..., failure_reason: _Optional[str] = ..., records_processed: _Optional[int] = ..., total_record_failures: _Optional[int] = ..., total_record_errors: _Optional[int] = ..., total_records_skipped: _Optional[int] = ..., total_retries: _Optional[int] = ..., total_errors_logged: _Optional[int] = ..., dlq_records_written: _Optional[int] = ..., last_error_timestamp_ms: _Optional[int] = ..., by_stage: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_category: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_exception_class: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., sidecar_id: _Optional[str] = ..., dropped_records: _Optional[int] = ..., run_id: _Optional[str] = ..., records_refused: _Optional[int] = ..., retry_budget_exhausted: _Optional[int] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
-    __slots__ = ("job", "page_size", "page_token")
+    __slots__ = ["job", "page_size", "page_token"]
     JOB_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -352,9 +351,9 @@ class GetStatusRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class SidecarStatus(_message.Message):
-    __slots__ = ("sidecar_id", "version", "counters", "jobs", "instance_id", "next_page_token", "jobs_total", "advertised_address")
+    __slots__ = ["sidecar_id", "version", "counters", "jobs", "instance_id", "next_page_token", "jobs_total", "advertised_address"]
     class CountersEntry(_message.Message):
-        __slots__ = ("key", "value")
+        __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: str
@@ -379,17 +378,17 @@ class SidecarStatus(_message.Message):
     def __init__(self, sidecar_id: _Optional[str] = ..., version: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ..., instance_id: _Optional[str] = ..., next_page_token: _Optional[str] = ..., jobs_total: _Optional[int] = ..., advertised_address: _Optional[str] = ...) -> None: ...
 
 class EndJobRequest(_message.Message):
-    __slots__ = ("job", "run_id", "local_only")
+    __slots__ = ["job", "run_id", "local_only"]
     JOB_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     LOCAL_ONLY_FIELD_NUMBER: _ClassVar[int]
     job: str
     run_id: str
     local_only: bool
-    def __init__(self, job: _Optional[str] = ..., run_id: _Optional[str] = ..., local_only: _Optional[bool] = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., run_id: _Optional[str] = ..., local_only: bool = ...) -> None: ...
 
 class EndJobResponse(_message.Message):
-    __slots__ = ("summaries", "unreachable")
+    __slots__ = ["summaries", "unreachable"]
     SUMMARIES_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     summaries: _containers.RepeatedCompositeFieldContainer[JobSummary]
