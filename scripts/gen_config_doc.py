@@ -26,6 +26,28 @@ DLQ producer settings for librdkafka pass through as `producer.kafka.<librdkafka
 """
 
 
+ALIASES_HEADER = """
+## Other KIPs' names
+
+Accepted wherever a property is (RegisterJob, flags, environment, file) and read as the
+property they name; effective properties and messages use spillway's name. Setting both names
+in one place to different values is refused, naming both (the same value twice is fine).
+
+| alias | property | environment |
+|---|---|---|"""
+
+ALIASES_FOOTER = """
+*The status-store family*: once any of its five knobs is set (under either name), every unset
+one takes that KIP's default: `max.retries` 5, `initial.backoff.ms` 300, `max.backoff.ms` 10000,
+`backoff.multiplier` 2.0, `jitter.factor` 0.25, and its formula shapes the delays. So a shape
+knob alone retries 5 times, as the KIP says, instead of enabling nothing. *Deliberate
+differences from that KIP*: an unset `max.backoff.ms` is lowered to `errors.retry.delay.max.ms`
+when that is lower (KIP-298 calls it the maximum delay between two retries), and an unset
+`initial.backoff.ms` is lowered to the cap, so a default never fails the KIP's start-up check
+`initial <= max`; `errors.retry.timeout`, when positive, still bounds the retry time as well
+(whichever bound is reached first ends the retries)."""
+
+
 def render() -> str:
     out = [HEADER]
     for title, job in (("Job properties", True), ("Sidecar properties", False)):
@@ -35,6 +57,10 @@ def render() -> str:
                 default = f"`{p.default}`" if p.default != "" else "(unset)"
                 out.append(f"| `{p.name}` | {default} | `{config.env_name(p.name)}` | "
                            f"{p.doc.replace('|', '/')} |")
+    out.append(ALIASES_HEADER)
+    for alias, name in config.ALIASES.items():
+        out.append(f"| `{alias}` | `{name}` | `{config.env_name(alias)}` |")
+    out.append(ALIASES_FOOTER)
     return "\n".join(out) + "\n"
 
 

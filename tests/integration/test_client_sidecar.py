@@ -107,3 +107,32 @@ def test_retry_budget_deferral_is_flagged_on_the_verdict_and_counted_in_the_summ
     assert "retry budget exhausted" in verdicts[2].reason
     assert verdicts[3].retry_delay_ms > verdicts[2].retry_delay_ms >= 300
     assert client.job_summary(job).retry_budget_exhausted == 2
+
+
+def test_status_store_kip_names_through_a_real_sidecar(client):
+    """A shape knob alone, under the status-store KIP's own name, retries as that KIP says:
+    max.retries 5 (then the handler), delays from initial.backoff.ms doubling, jitter <= 25 %."""
+    job = _job()
+    effective = client.register_job(job, {"errors.tolerance": "all",
+                                          "status.storage.retry.initial.backoff.ms": "100",
+                                          "errors.circuit.enable": "false"})
+    assert effective["errors.retry.initial.backoff.ms"] == "100"
+
+    def failure():
+        try:
+            raise TimeoutError("dependency timed out")
+        except TimeoutError as exc:
+            return report.failed_record("r1", "TRANSFORMATION", exc)
+
+    verdicts = [client.report_failures(job, TASK, [failure()])[0] for _ in range(6)]
+    assert [v.action for v in verdicts] == [pb.ACTION_RETRY] * 5 + [pb.ACTION_SKIP]
+    for n, v in enumerate(verdicts[:5]):
+        assert 100 * 2 ** n <= v.retry_delay_ms <= 100 * 2 ** n * 1.25 + 1
+    assert "errors.retry.max.retries=5 reached" in verdicts[5].reason
+
+    with pytest.raises(InvalidPolicyError) as refused:
+        client.register_job(_job(), {"status.storage.retry.max.retries": "4",
+                                     "errors.retry.max.retries": "3"})
+    assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "status.storage.retry.max.retries" in str(refused.value)
+    assert "errors.retry.max.retries" in str(refused.value)

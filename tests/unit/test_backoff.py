@@ -171,7 +171,10 @@ def _count_retries(p: dict[str, str], limit: int = 1000) -> int:
     ({"errors.retry.timeout": "-1"}, 1000),                         # unlimited
     ({"errors.retry.timeout": "-1", "errors.retry.max.retries": "7"}, 7),
     ({"errors.retry.timeout": "600000", "errors.retry.max.retries": "4"}, 4),
-    ({"errors.retry.initial.backoff.ms": "100"}, 0),                # shape alone enables nothing
+    ({"errors.retry.initial.backoff.ms": "100"}, 5),                # a shape knob: KIP's 5
+    ({"status.storage.retry.jitter.factor": "0.1"}, 5),             # under the KIP's name
+    ({"status.storage.retry.max.retries": "2"}, 2),
+    ({"errors.retry.timeout": "-1", "errors.retry.jitter.factor": "0"}, 5),
 ])
 def test_combination_rule_retry_counts(p, retries):
     assert _count_retries(p) == retries

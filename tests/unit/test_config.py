@@ -180,3 +180,65 @@ def test_fail_fast_job_under_a_continue_default_still_fails_on_the_first_error()
     v = e.decide("j", TaskIdentity(), [FailedRecord("r", StageRef(Stage.SINK),
                                                     ExceptionInfo("ValueError"))])[0].verdict
     assert v.action is Action.FAIL and v.job_failed and "errors.tolerance=none" in v.reason
+
+
+# --- other KIPs' names (aliases) ------------------------------------------------------------
+
+def test_status_store_kip_names_are_aliases_with_the_kips_defaults():
+    s = job_settings("j", {"status.storage.retry.initial.backoff.ms": "200"})
+    r = s.retry
+    assert (r.max_retries, r.initial_backoff_ms, r.max_backoff_ms, r.multiplier,
+            r.jitter_factor) == (5, 200, 10_000, 2.0, 0.25)
+    assert s.raw["errors.retry.initial.backoff.ms"] == "200"      # echoed by its canonical name
+    assert "status.storage.retry.initial.backoff.ms" not in s.raw
+    every = job_settings("j", {"status.storage.retry.max.retries": "7",
+                               "status.storage.retry.initial.backoff.ms": "100",
+                               "status.storage.retry.max.backoff.ms": "2000",
+                               "status.storage.retry.backoff.multiplier": "3",
+                               "status.storage.retry.jitter.factor": "0.5"}).retry
+    assert (every.max_retries, every.initial_backoff_ms, every.max_backoff_ms, every.multiplier,
+            every.jitter_factor) == (7, 100, 2000, 3.0, 0.5)
+    # the family not in use: KIP-298's pair alone (no retry by default)
+    plain = job_settings("j", {}).retry
+    assert plain.max_retries is None and not plain.fine_grained
+
+
+def test_an_unset_max_backoff_never_exceeds_kip298s_delay_max():
+    r = job_settings("j", {"errors.retry.max.retries": "3",
+                           "errors.retry.delay.max.ms": "100"}).retry
+    assert (r.max_backoff_ms, r.initial_backoff_ms) == (100, 100)
+
+
+def test_processing_exception_handler_is_kip1033s_name_for_the_handler():
+    s = job_settings("j", {"errors.tolerance": "all",
+                           "processing.exception.handler": "LogAndFail"})
+    assert s.handler_class == "LogAndFail"
+    # and it counts as set by the job for the tolerance checks
+    with pytest.raises(ConfigError, match="cannot continue under errors.tolerance=none"):
+        job_settings("j", {"processing.exception.handler": "LogAndContinue"})
+
+
+@pytest.mark.parametrize(("props", "named"), [
+    ({"status.storage.retry.max.retries": "4", "errors.retry.max.retries": "3"},
+     ("status.storage.retry.max.retries", "errors.retry.max.retries")),
+    ({"errors.handler.class": "LogAndFail", "processing.exception.handler": "LogAndContinue"},
+     ("errors.handler.class", "processing.exception.handler")),
+])
+def test_an_alias_and_its_canonical_name_set_differently_are_refused_naming_both(props, named):
+    with pytest.raises(ConfigError) as e:
+        job_settings("j", {"errors.tolerance": "all", **props})
+    assert all(name in str(e.value) for name in named)
+    # the same value twice is no conflict
+    same = {k: list(props.values())[0] for k in props}
+    job_settings("j", {"errors.tolerance": "all", **same})
+
+
+def test_aliases_in_the_environment_and_files():
+    from spillway.sidecar.core import config
+
+    raw = config.resolve(env={"SPILLWAY_STATUS_STORAGE_RETRY_MAX_RETRIES": "9"},
+                         file={"processing.exception.handler": "LogAndFail"})
+    assert (raw["errors.retry.max.retries"], raw["errors.handler.class"]) == ("9", "LogAndFail")
+    with pytest.raises(ConfigError, match="errors.retry.max.retries"):
+        config.resolve(env={"SPILLWAY_STATUS_STORAGE_RETRY_MAX_RETRIES": "9",
+                            "SPILLWAY_ERRORS_RETRY_MAX_RETRIES": "2"})

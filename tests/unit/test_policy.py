@@ -493,8 +493,11 @@ def test_engine_schedule_invariants(timeout, max_retries, fine, r, gaps, reattem
             assert clock.ms + v.retry_delay_ms <= first + int(timeout)
         clock.advance(v.retry_delay_ms + gaps[i % len(gaps)])
     else:
-        assert timeout == "-1" and max_retries is None     # only an unbounded policy goes on
+        # only an unbounded policy goes on (a jitter knob alone brings the KIP's 5 retries)
+        assert timeout == "-1" and max_retries is None and not fine
     if max_retries is not None:
         assert retries <= max_retries
+    elif fine:
+        assert retries <= 5                            # the status-store KIP's default
     if timeout == "0" and max_retries is None:
-        assert retries == 0
+        assert retries == (5 if fine else 0)

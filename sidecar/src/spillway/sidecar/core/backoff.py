@@ -15,17 +15,20 @@ KIP-298 family (the default)
 Status-store KIP family (finer knobs)
     ``errors.retry.max.retries``, ``errors.retry.initial.backoff.ms``,
     ``errors.retry.max.backoff.ms``, ``errors.retry.backoff.multiplier``,
-    ``errors.retry.jitter.factor``, with the KIP's exact formula::
+    ``errors.retry.jitter.factor`` (or the KIP's own names, ``status.storage.retry.*``), with
+    the KIP's exact formula::
 
         base   = initial × multiplier ** n          (n = retries already scheduled, from 0)
         capped = min(base, max)
         final  = capped + capped × jitter × random(0, 1)
 
 How they combine (the rule, stated once; docs/POLICY.md repeats it)
-    1. Shape. If any finer knob is set, the finer formula is used; each unset finer knob takes
-       its KIP-298 value: initial 300 ms, max ``errors.retry.delay.max.ms``, multiplier 2.0,
+    1. Shape. If any finer knob is set, the family is in use: the finer formula is used and each
+       unset knob takes the status-store KIP's default (settings.py): max.retries 5, initial
+       300 ms, max 10000 ms (or ``errors.retry.delay.max.ms`` when lower), multiplier 2.0,
        jitter 0.25. Otherwise the KIP-298 shape above is used.
-    2. Count bound. ``errors.retry.max.retries`` (when set) bounds the number of retries.
+    2. Count bound. ``errors.retry.max.retries`` (set, or 5 once the family is in use) bounds
+       the number of retries; so a shape knob alone retries 5 times, as the KIP says.
     3. Time bound. ``errors.retry.timeout`` > 0 bounds the time from the record's first failure:
        a wait that would end past it is shortened to end exactly at it (as Connect does), and
        once it has passed no retry is scheduled. -1 means no time bound.
@@ -218,7 +221,7 @@ class RetrySchedule:
 def schedule_from_settings(r: RetrySettings) -> RetrySchedule:
     """Apply the combination rule of the module docstring to validated settings."""
     wait: Wait
-    if r.fine_grained:
+    if r.fine_grained:   # settings.py filled the family's unset knobs with the KIP's defaults
         wait = ExponentialJitterWait(
             initial_ms=float(r.initial_backoff_ms if r.initial_backoff_ms is not None
                              else KIP298_START_MS),

@@ -149,17 +149,21 @@ _PROPS: list[Prop] = [
     Prop("errors.retry.delay.max.ms", p_int(1), "60000",
          "KIP-298: max delay between two consecutive retries, ms"),
     Prop("errors.retry.max.retries", p_optional_int(0), "",
-         "status-store KIP: max retries of one record; with errors.retry.timeout both bound, "
-         "whichever is reached first (unset: errors.retry.timeout alone decides)"),
+         "status-store KIP (alias status.storage.retry.max.retries): max retries of one "
+         "record; with errors.retry.timeout both bound, whichever is reached first (unset: 5 "
+         "once any knob of this family is set, else errors.retry.timeout alone decides)"),
     Prop("errors.retry.initial.backoff.ms", p_optional_int(0), "",
-         "status-store KIP: first backoff, ms (unset: 300, KIP-298's start)"),
+         "status-store KIP (alias status.storage.retry.initial.backoff.ms): first backoff, ms "
+         "(unset: 300)"),
     Prop("errors.retry.max.backoff.ms", p_optional_int(0), "",
-         "status-store KIP: backoff cap, ms (unset: errors.retry.delay.max.ms)"),
+         "status-store KIP (alias status.storage.retry.max.backoff.ms): backoff cap, ms "
+         "(unset: 10000, or errors.retry.delay.max.ms when that is lower)"),
     Prop("errors.retry.backoff.multiplier", p_optional_float(1.0), "",
-         "status-store KIP: multiplier per attempt, >= 1 (unset: 2.0)"),
+         "status-store KIP (alias status.storage.retry.backoff.multiplier): multiplier per "
+         "attempt, >= 1 (unset: 2.0)"),
     Prop("errors.retry.jitter.factor", p_optional_float(0.0, 1.0), "",
-         "status-store KIP: jitter factor in [0, 1] (unset: 0.25 for the finer family, "
-         "KIP-298's jitter once the cap is reached otherwise)"),
+         "status-store KIP (alias status.storage.retry.jitter.factor): jitter factor in [0, 1] "
+         "(unset: 0.25)"),
     Prop("errors.retry.budget.ratio", p_float(0.0, 1.0, extra=(-1.0,)), "0.2",
          "retry budget (a rate bound that defers retries, never drops them): the job's retries "
          "per window may be errors.retry.budget.min.retries plus this fraction of the records "
@@ -191,7 +195,7 @@ _PROPS: list[Prop] = [
          "KIP-298: include the record's key, value and headers in that line"),
     # KIP-1033 handler and KIP-1050 classification
     Prop("errors.handler.class", p_str, "",
-         "KIP-1033 handler for records whose retries are exhausted: LogAndContinue, LogAndFail, "
+         "KIP-1033 handler (alias processing.exception.handler) for records whose retries are exhausted: LogAndContinue, LogAndFail, "
          "or a user class as package.module:Class (unset: follows errors.tolerance, "
          "none -> LogAndFail, all -> LogAndContinue)"),
     Prop("errors.classification.default", p_choice(*CATEGORY_NAMES), "data",
@@ -287,12 +291,46 @@ _PROPS: list[Prop] = [
 
 PROPERTIES: dict[str, Prop] = {p.name: p for p in _PROPS}
 JOB_PROPERTIES = frozenset(p.name for p in _PROPS if p.job)
+
+# Other KIPs' literal names for spillway's properties: accepted anywhere a property is, and
+# read as the canonical name (which effective properties and messages use). Setting an alias
+# and its canonical name to different values in one place is refused, naming both.
+ALIASES: dict[str, str] = {
+    # the status-store KIP (its defaults apply whenever the family is in use: settings.py)
+    "status.storage.retry.max.retries": "errors.retry.max.retries",
+    "status.storage.retry.initial.backoff.ms": "errors.retry.initial.backoff.ms",
+    "status.storage.retry.max.backoff.ms": "errors.retry.max.backoff.ms",
+    "status.storage.retry.backoff.multiplier": "errors.retry.backoff.multiplier",
+    "status.storage.retry.jitter.factor": "errors.retry.jitter.factor",
+    # KIP-1033 (Kafka Streams' name for its processing handler)
+    "processing.exception.handler": "errors.handler.class",
+}
 # librdkafka settings for the DLQ producer pass through under this prefix: producer.kafka.<key>
 PRODUCER_PASSTHROUGH = "producer.kafka."
 
 
 def env_name(prop: str) -> str:
     return ENV_PREFIX + prop.upper().replace(".", "_").replace("-", "_")
+
+
+def canonical(layer: Mapping[str, str]) -> dict[str, str]:
+    """``layer`` with every alias (`ALIASES`) replaced by its canonical name; ConfigError naming
+    both when an alias and its canonical name (or two aliases of it) disagree."""
+    if not any(k in ALIASES for k in layer):
+        return dict(layer)
+    out: dict[str, str] = {}
+    given: dict[str, str] = {}          # canonical name -> the name it was given as
+    for k, v in layer.items():
+        name = ALIASES.get(k, k)
+        if name in out and out[name].strip() != v.strip():
+            first = given[name]
+            raise ConfigError(k, (
+                f"conflicts with {first}={out[name]!r}: {k}={v!r} "
+                f"{'is an alias of' if k != name else 'is the canonical name of'} "
+                f"{name if k != name else first}; set only one of {first} and {k}"))
+        out[name] = v
+        given.setdefault(name, k)
+    return out
 
 
 def _check_known(name: str, scope: str, allowed: frozenset[str] | None) -> None:
@@ -321,24 +359,25 @@ def resolve(
     out: dict[str, str] = {
         name: p.default for name, p in PROPERTIES.items() if allowed is None or name in allowed
     }
-    for layer in (defaults or {},):
+    for layer in (canonical(defaults or {}),):
         for k, v in layer.items():
             if allowed is None or k in allowed:
                 out[k] = v
-    for k, v in (file or {}).items():
+    for k, v in canonical(file or {}).items():
         _check_known(k, scope, allowed)
         out[k] = v
     if env is not None:
-        for name in out.keys() | set():
-            ev = env.get(env_name(name))
-            if ev is not None:
+        found = {name: ev for name in (*out, *ALIASES)
+                 if (ev := env.get(env_name(name))) is not None}
+        for name, ev in canonical(found).items():
+            if name in out:
                 out[name] = ev
         if allowed is None:
             for ek, ev in env.items():
                 if ek.startswith(env_name(PRODUCER_PASSTHROUGH)):
                     out[PRODUCER_PASSTHROUGH + ek[len(env_name(PRODUCER_PASSTHROUGH)):].lower()
                         .replace("_", ".")] = ev
-    for k, v in (explicit or {}).items():
+    for k, v in canonical(explicit or {}).items():
         _check_known(k, scope, allowed)
         out[k] = v
     return out

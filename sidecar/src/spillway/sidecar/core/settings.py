@@ -14,11 +14,26 @@ from . import config
 from .model import Category
 
 
+# The status-store KIP's defaults, which every unset knob of its family takes once any knob of
+# the family is set (under spillway's name or the KIP's `status.storage.retry.*` alias).
+FAMILY_DEFAULTS = {
+    "errors.retry.max.retries": 5,
+    "errors.retry.initial.backoff.ms": 300,
+    "errors.retry.max.backoff.ms": 10_000,
+    "errors.retry.backoff.multiplier": 2.0,
+    "errors.retry.jitter.factor": 0.25,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class RetrySettings:
+    """Retry knobs. When the status-store family is in use, its five knobs are all set here
+    (the unset ones at `FAMILY_DEFAULTS`, max.backoff at most errors.retry.delay.max.ms);
+    when it is not, all five are None and the KIP-298 pair alone applies."""
+
     timeout_ms: int               # errors.retry.timeout: 0 no retry, -1 unlimited
     delay_max_ms: int             # errors.retry.delay.max.ms
-    max_retries: int | None       # errors.retry.max.retries (None: unset)
+    max_retries: int | None       # errors.retry.max.retries (None: family not in use)
     initial_backoff_ms: int | None
     max_backoff_ms: int | None
     multiplier: float | None
@@ -99,14 +114,15 @@ class JobSettings:
         if not job or not job.strip():
             raise ConfigError("job", "a job name is required")
         v = config.parse(raw)
+        family = _retry_family(v)
         retry = RetrySettings(
             timeout_ms=v["errors.retry.timeout"],
             delay_max_ms=v["errors.retry.delay.max.ms"],
-            max_retries=v["errors.retry.max.retries"],
-            initial_backoff_ms=v["errors.retry.initial.backoff.ms"],
-            max_backoff_ms=v["errors.retry.max.backoff.ms"],
-            multiplier=v["errors.retry.backoff.multiplier"],
-            jitter_factor=v["errors.retry.jitter.factor"],
+            max_retries=family["errors.retry.max.retries"],
+            initial_backoff_ms=family["errors.retry.initial.backoff.ms"],
+            max_backoff_ms=family["errors.retry.max.backoff.ms"],
+            multiplier=family["errors.retry.backoff.multiplier"],
+            jitter_factor=family["errors.retry.jitter.factor"],
             budget_ratio=v["errors.retry.budget.ratio"],
             budget_min_retries=v["errors.retry.budget.min.retries"],
             budget_window_ms=v["errors.retry.budget.window.ms"],
@@ -156,24 +172,34 @@ class JobSettings:
         )
 
 
+def _retry_family(v: Mapping[str, object]) -> dict[str, object]:
+    """The status-store family's five knobs: all None when none is set; otherwise the set ones
+    and the KIP's defaults for the rest, except that an unset max.backoff.ms never exceeds
+    errors.retry.delay.max.ms (KIP-298's "maximum delay between two consecutive retries") and
+    an unset initial.backoff.ms never exceeds the max."""
+    if all(v[name] is None for name in FAMILY_DEFAULTS):
+        return dict.fromkeys(FAMILY_DEFAULTS)
+    out = {name: (v[name] if v[name] is not None else default)
+           for name, default in FAMILY_DEFAULTS.items()}
+    if v["errors.retry.max.backoff.ms"] is None:
+        out["errors.retry.max.backoff.ms"] = min(FAMILY_DEFAULTS["errors.retry.max.backoff.ms"],
+                                                 v["errors.retry.delay.max.ms"])
+    if v["errors.retry.initial.backoff.ms"] is None:     # a default never breaks the check
+        out["errors.retry.initial.backoff.ms"] = min(out["errors.retry.initial.backoff.ms"],
+                                                     out["errors.retry.max.backoff.ms"])
+    return out
+
+
 def _check_retry(retry: RetrySettings) -> None:
-    """initial <= max backoff, where an unset max is errors.retry.delay.max.ms (the KIP-298 cap
-    the finer family falls back to). Nothing is clamped."""
-    if retry.initial_backoff_ms is None:
+    """initial <= max backoff (the KIP's start-up check). Nothing is clamped."""
+    if retry.initial_backoff_ms is None or retry.max_backoff_ms is None:
         return
-    if retry.max_backoff_ms is not None:
-        if retry.initial_backoff_ms > retry.max_backoff_ms:
-            raise ConfigError(
-                "errors.retry.initial.backoff.ms",
-                f"must be <= errors.retry.max.backoff.ms ({retry.initial_backoff_ms} > "
-                f"{retry.max_backoff_ms})",
-            )
-    elif retry.initial_backoff_ms > retry.delay_max_ms:
+    if retry.initial_backoff_ms > retry.max_backoff_ms:
         raise ConfigError(
             "errors.retry.initial.backoff.ms",
-            f"must be <= the backoff cap, errors.retry.delay.max.ms when "
-            f"errors.retry.max.backoff.ms is unset ({retry.initial_backoff_ms} > "
-            f"{retry.delay_max_ms})",
+            f"must be <= errors.retry.max.backoff.ms ({retry.initial_backoff_ms} > "
+            f"{retry.max_backoff_ms}); an unset max.backoff.ms is the status-store KIP's "
+            f"10000, or errors.retry.delay.max.ms when that is lower",
         )
 
 
@@ -226,4 +252,5 @@ def job_settings(job: str, properties: Mapping[str, str],
                  sidecar_defaults: Mapping[str, str] | None = None) -> JobSettings:
     """Resolve a job's properties over the sidecar's job defaults, then parse and validate."""
     raw = config.resolve(explicit=properties, defaults=sidecar_defaults, scope="job")
-    return JobSettings.from_properties(job, raw, explicit=frozenset(properties))
+    return JobSettings.from_properties(job, raw,
+                                       explicit=frozenset(config.canonical(properties)))
