@@ -136,3 +136,42 @@ def test_status_store_kip_names_through_a_real_sidecar(client):
     assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
     assert "status.storage.retry.max.retries" in str(refused.value)
     assert "errors.retry.max.retries" in str(refused.value)
+
+
+@pytest.mark.parametrize("fmt", ["connect", "dlq"])
+def test_context_headers_on_a_real_dlq_record_keep_or_overwrite_originals_per_kip(
+        client, broker, topic_name, fmt):
+    """KIP-298 adds a __connect.errors.* header only if the record has none of that name (a
+    record dead-lettered before keeps the topic it first failed in); KIP-1191's __dlq.errors.*
+    headers overwrite same-named originals."""
+    job = _job()
+    client.register_job(job, {
+        "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic_name,
+        "errors.deadletterqueue.auto.create.topics.enable": "true",
+        "errors.deadletterqueue.topic.replication.factor": "1",
+        "errors.deadletterqueue.context.headers.enable": "true",
+        "errors.deadletterqueue.headers.format": fmt})
+    p = f"__{'connect' if fmt == 'connect' else 'dlq'}.errors."
+    try:
+        raise ValueError("bad amount")
+    except ValueError as exc:
+        rec = report.failed_record("orders.retry/2/77", "TRANSFORMATION", exc,
+                                   function_name="app.parse", source=("orders.retry", 2, 77),
+                                   key=b"k", value=b"v",
+                                   headers=[(p + "topic", b"orders"), (p + "offset", b"5"),
+                                            ("h", b"x")])
+    [v] = client.report_failures(job, TASK, [rec])
+    assert v.dead_lettered
+    assert client.flush_task(job, TASK, {"TRANSFORMATION": 1}) == 1
+    [msg] = read_all(broker.bootstrap_servers, topic_name)
+    headers = msg.headers()
+    names = [n for n, _ in headers]
+    assert len(names) == len(set(names)), names            # never two headers of one name
+    h = dict(headers)
+    assert h["h"] == b"x"
+    assert h[p + "partition"] == b"2" and h[p + "stage"] == b"TRANSFORMATION"
+    assert h[p + "task.id"] == b"1.0"                      # the Spark task: stage.partition
+    if fmt == "connect":      # the originals are kept: where the record first failed
+        assert (h[p + "topic"], h[p + "offset"]) == (b"orders", b"5")
+    else:                     # overwritten with this failure's coordinates
+        assert (h[p + "topic"], h[p + "offset"]) == (b"orders.retry", b"77")

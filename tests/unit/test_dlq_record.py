@@ -67,7 +67,7 @@ def hdrs(record) -> dict[str, bytes | None]:
     return dict(record.headers)
 
 
-def test_connect_format_writes_kip298_headers_and_overwrites_same_named_originals():
+def test_connect_format_writes_kip298_headers_only_where_the_original_has_none():
     rec = build(settings(**{"errors.deadletterqueue.context.headers.enable": "true"}))
     h = hdrs(rec)
     assert rec.topic == "dlq.orders"
@@ -80,7 +80,10 @@ def test_connect_format_writes_kip298_headers_and_overwrites_same_named_original
     assert h["__connect.errors.offset"] == b"1234567"
     assert h["__connect.errors.connector.name"] == b"orders-etl"
     assert h["__connect.errors.task.id"] == b"3.7"
-    assert h["__connect.errors.stage"] == b"TRANSFORMATION"  # the forged original is replaced
+    # KIP-298: added "only if they don't already exist in the message": the original's is kept
+    # (spillway.* headers stay the sidecar's own account)
+    assert h["__connect.errors.stage"] == b"forged"
+    assert h["spillway.error.category"] == b"data"
     assert h["__connect.errors.class.name"] == b"etl.parse_amount"
     assert h["__connect.errors.exception.class.name"] == b"builtins.ValueError"
     assert h["__connect.errors.exception.message"] == b"bad amount: 'x'"
@@ -107,7 +110,7 @@ def test_dlq_format_writes_kip1191_headers():
 
 def test_source_coordinates_only_when_known():
     s = settings(**{"errors.deadletterqueue.context.headers.enable": "true"})
-    h = hdrs(build(s, failed(source=None)))
+    h = hdrs(build(s, failed(source=None, headers=())))
     assert "__connect.errors.topic" not in h
     assert "__connect.errors.partition" not in h
     assert "__connect.errors.offset" not in h
@@ -262,6 +265,10 @@ def _reference(settings, record, verdict, task, *, now_ms, sidecar_id, fallback=
             added.append((p + "exception.stacktrace",
                           truncate_utf8(exc.stack_trace, dlq.stacktrace_max_bytes)))
     copy = dlq.copy_record
+    if dlq.context_headers and dlq.header_format == "connect" and copy:
+        # KIP-298: a context header only where the original has none of that name
+        have = {n for n, _ in record.headers}
+        added = [h for h in added if h[0] not in have]
     added += [("spillway.record.id", utf8(record.record_id)),
               ("spillway.error.category", verdict.category.value.encode()),
               ("spillway.attempts", str(verdict.attempt).encode()),

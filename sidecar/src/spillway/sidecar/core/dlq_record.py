@@ -7,8 +7,12 @@ Header families (all values UTF-8):
   headers (KIP-1191's copy switch);
 - the error-context headers, when ``errors.deadletterqueue.context.headers.enable`` is true, in the
   family ``errors.deadletterqueue.headers.format`` names: ``connect`` writes KIP-298's
-  ``__connect.errors.*``, ``dlq`` writes KIP-1191's ``__dlq.errors.*``. They overwrite original
-  headers of the same name (KIP-1191);
+  ``__connect.errors.*``, ``dlq`` writes KIP-1191's ``__dlq.errors.*``. A ``__connect.errors.*``
+  header is added only if the original record does not already carry one of that name (KIP-298:
+  "only if they don't already exist in the message"; e.g. a record dead-lettered a second time
+  keeps the topic it first failed in); ``__dlq.errors.*`` headers overwrite original headers of
+  the same name (KIP-1191). ``__connect.errors.task.id`` is the Spark task, ``<stage id>.<partition
+  id>`` (docs/DLQ.md says why);
 - spillway's own headers, always: ``spillway.record.id``, ``spillway.error.category``,
   ``spillway.attempts``, ``spillway.reason``, ``spillway.job``, ``spillway.task``,
   ``spillway.sidecar``, ``spillway.timestamp`` (ms since the epoch when the record was
@@ -132,7 +136,7 @@ class _JobParts:
     __slots__ = ("settings", "topic", "job", "job_b", "copy", "copied_b", "context", "connect",
                  "stack_max", "n_topic", "n_partition", "n_offset", "n_job", "n_delivery",
                  "n_task_id", "n_stage", "n_class", "n_exc_class", "n_exc_message",
-                 "n_stacktrace", "replaced")
+                 "n_stacktrace", "replaced", "keep_original")
 
     def __init__(self, settings: JobSettings) -> None:
         dlq = settings.dlq
@@ -160,7 +164,9 @@ class _JobParts:
         # the names a DLQ record adds, by (has source coordinates, has a stack trace): they
         # replace same-named original headers, and no others do
         base = set(_SPILLWAY_NAMES)
-        if self.context:
+        # KIP-298 adds a context header only where the original has none of that name
+        self.keep_original = self.context and self.connect
+        if self.context and not self.keep_original:
             base |= {self.n_job, self.n_task_id, self.n_stage, self.n_class, self.n_exc_class,
                      self.n_exc_message}
             if not self.connect:
@@ -169,9 +175,9 @@ class _JobParts:
         for has_source in (False, True):
             for has_stack in (False, True):
                 names = set(base)
-                if self.context and has_source:
+                if self.context and not self.keep_original and has_source:
                     names |= {self.n_topic, self.n_partition, self.n_offset}
-                if self.context and has_stack:
+                if self.context and not self.keep_original and has_stack:
                     names.add(self.n_stacktrace)
                 self.replaced[has_source, has_stack] = frozenset(names)
 
@@ -276,6 +282,10 @@ class DlqBuilder:
                       (p.n_exc_message, _utf8(exc.message)))
             if has_stack:
                 added.append((p.n_stacktrace, truncate_utf8(exc.stack_trace, p.stack_max)))
+            if p.keep_original and copy and record.headers:
+                have = {h[0] for h in record.headers if h[0].startswith(CONNECT_PREFIX)}
+                if have:
+                    added = [h for h in added if h[0] not in have]
         else:
             added = []
         category = verdict.category
@@ -313,7 +323,8 @@ class DlqBuilder:
             if state and valid_tracestate(state):
                 added.append((H_TRACESTATE, state.encode("ascii")))
         if original:
-            # added headers overwrite same-named original ones (KIP-1191); trace headers are
+            # added headers overwrite same-named original ones (KIP-1191; with the connect
+            # format, context headers the original has were not added); trace headers are
             # always spillway's decision
             replaced = p.replaced[source is not None, has_stack]
             headers = tuple([h for h in original if h[0] not in replaced] + added)
