@@ -8,6 +8,9 @@ Transient UNAVAILABLE is retried by gRPC itself, per the retry policy in ``SERVI
 (bounded: at most 5 attempts with exponential backoff, about 3 s in all), then surfaces. The
 channel's connectivity is tracked (`connectivity`) so that a deadline passing while the sidecar
 could not be reached is told apart from a sidecar that is slow to answer.
+
+Channels are keyed by target and `ChannelSecurity` (TLS material, token file; see `_auth`): a
+TLS channel carries the token as call credentials, a plaintext one through an interceptor.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import os
 import threading
 
 import grpc
+
+from ._auth import ChannelSecurity, MetadataInterceptor
 
 SERVICE = "spillway.v1.ErrorSidecar"
 
@@ -49,51 +54,81 @@ CHANNEL_OPTIONS: tuple[tuple[str, object], ...] = (
 
 _lock = threading.Lock()
 _pid = os.getpid()
-_channels: dict[str, grpc.Channel] = {}
-_states: dict[str, grpc.ChannelConnectivity] = {}
+_Key = tuple[str, ChannelSecurity | None]
+_channels: dict[_Key, tuple[grpc.Channel, grpc.Channel]] = {}  # key -> (base, with auth)
+_states: dict[_Key, grpc.ChannelConnectivity] = {}
 
 
-def _on_state(target: str, channel: grpc.Channel, state: grpc.ChannelConnectivity) -> None:
+def _on_state(key: _Key, channel: grpc.Channel, state: grpc.ChannelConnectivity) -> None:
     with _lock:
-        if _channels.get(target) is channel:
-            _states[target] = state
+        pair = _channels.get(key)
+        if pair is not None and pair[0] is channel:
+            _states[key] = state
 
 
-def get_channel(target: str) -> grpc.Channel:
+def _key(target: str, security: ChannelSecurity | None) -> _Key:
+    return (target, security if security is not None and (security.tls or security.token_file)
+            else None)
+
+
+def _open(target: str, security: ChannelSecurity | None) -> tuple[grpc.Channel, grpc.Channel]:
+    if security is not None and security.uses_tls(target):
+        options = CHANNEL_OPTIONS
+        if security.server_name:
+            options += (("grpc.ssl_target_name_override", security.server_name),)
+        base = grpc.secure_channel(target, security.channel_credentials(), options=options)
+        return base, base
+    base = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    if security is not None and security.token_file:
+        return base, grpc.intercept_channel(base, MetadataInterceptor(security))
+    return base, base
+
+
+def get_channel(target: str, security: ChannelSecurity | None = None) -> grpc.Channel:
     """The process's channel to ``target`` (created on first use, again after a fork)."""
     global _pid
+    key = _key(target, security)
     with _lock:
         if _pid != os.getpid():  # forked: forget the parent's channels without touching them
             _channels.clear()
             _states.clear()
             _pid = os.getpid()
-        channel = _channels.get(target)
-        if channel is None:
-            channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-            _channels[target] = channel
-            _states[target] = grpc.ChannelConnectivity.IDLE
-            new = channel
+        pair = _channels.get(key)
+        if pair is None:
+            pair = _open(target, key[1])
+            _channels[key] = pair
+            _states[key] = grpc.ChannelConnectivity.IDLE
+            new = pair[0]
         else:
             new = None
     if new is not None:  # outside the lock: the first callback may run at once
-        new.subscribe(functools.partial(_on_state, target, new), try_to_connect=False)
-    return channel
+        new.subscribe(functools.partial(_on_state, key, new), try_to_connect=False)
+    return pair[1]
 
 
-def connectivity(target: str) -> grpc.ChannelConnectivity | None:
+def base_channel(target: str, security: ChannelSecurity | None = None) -> grpc.Channel | None:
+    """The underlying channel (the one `get_channel` wraps with credentials), if open."""
+    with _lock:
+        pair = _channels.get(_key(target, security)) if _pid == os.getpid() else None
+    return pair[0] if pair else None
+
+
+def connectivity(target: str, security: ChannelSecurity | None = None
+                 ) -> grpc.ChannelConnectivity | None:
     """The last known state of this process's channel to ``target`` (None: no channel)."""
     with _lock:
-        return _states.get(target) if _pid == os.getpid() else None
+        return _states.get(_key(target, security)) if _pid == os.getpid() else None
 
 
-def close_channel(target: str) -> None:
+def close_channel(target: str, security: ChannelSecurity | None = None) -> None:
+    key = _key(target, security)
     with _lock:
-        channel = _channels.pop(target, None) if _pid == os.getpid() else None
-        _states.pop(target, None)
-    if channel is not None:
-        channel.close()
+        pair = _channels.pop(key, None) if _pid == os.getpid() else None
+        _states.pop(key, None)
+    if pair is not None:
+        pair[0].close()
 
 
 def cached_targets() -> list[str]:
     with _lock:
-        return list(_channels) if _pid == os.getpid() else []
+        return [k[0] for k in _channels] if _pid == os.getpid() else []

@@ -6,6 +6,9 @@
 - Every call carries a deadline (``timeout_s``); transient UNAVAILABLE is retried by gRPC's own
   retry policy for a few seconds, then raises SidecarUnavailableError. Nothing is dropped:
   every failure to deliver a report raises (see `spillway.client.errors`).
+- Credentials (see `_auth`): TLS with ``tls_ca_file`` (``$SPILLWAY_TLS_CA_FILE``), a client
+  certificate with ``tls_cert_file``/``tls_key_file`` (``$SPILLWAY_TLS_CERT_FILE``/``_KEY_FILE``),
+  the node token from ``token_file`` (``$SPILLWAY_TOKEN_FILE``) as call credentials.
 - Each call runs in an OpenTelemetry CLIENT span whose context travels in the call's metadata
   (``trace_calls=False`` turns this off, e.g. when an instrumentation interceptor is passed).
 """
@@ -19,7 +22,7 @@ import grpc
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
-from . import _channel, _health, _otel
+from . import _auth, _channel, _health, _otel
 from .errors import ADDRESS_ENV, SidecarProtocolError, map_rpc_error
 from .report import stage_value
 
@@ -63,23 +66,32 @@ class SidecarClient:
 
     def __init__(self, target: str | None = None, *, timeout_s: float = 10.0,
                  interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] = (),
-                 address_env: str = ADDRESS_ENV, trace_calls: bool = True) -> None:
+                 address_env: str = ADDRESS_ENV, trace_calls: bool = True,
+                 tls_ca_file: str | None = None, tls_cert_file: str | None = None,
+                 tls_key_file: str | None = None, token_file: str | None = None,
+                 tls_server_name: str = "",
+                 security: _auth.ChannelSecurity | None = None) -> None:
         if not timeout_s or timeout_s <= 0:
             raise ValueError(f"timeout_s: must be > 0 seconds, got {timeout_s!r}")
         self.address_env = address_env
         self.target = resolve_target(target, address_env=address_env)
+        # explicit arguments, then SPILLWAY_TLS_*_FILE / SPILLWAY_TOKEN_FILE ("" turns one off)
+        self.security = security or _auth.ChannelSecurity.resolve(
+            ca_file=tls_ca_file, cert_file=tls_cert_file, key_file=tls_key_file,
+            token_file=token_file, server_name=tls_server_name)
         self.timeout_s = float(timeout_s)
         self._interceptors = tuple(interceptors)
         self.trace_calls = trace_calls
         self._bound: tuple[grpc.Channel, grpc.Channel, pb_grpc.ErrorSidecarStub] | None = None
 
     def __repr__(self) -> str:
-        return f"SidecarClient(target={self.target!r}, timeout_s={self.timeout_s})"
+        tls = ", tls" if self.security.uses_tls(self.target) else ""
+        return f"SidecarClient(target={self.target!r}, timeout_s={self.timeout_s}{tls})"
 
     # --- plumbing --------------------------------------------------------------------------
 
     def _channel(self) -> grpc.Channel:
-        base = _channel.get_channel(self.target)
+        base = _channel.get_channel(self.target, self.security)
         bound = self._bound
         if bound is None or bound[0] is not base:
             chan = grpc.intercept_channel(base, *self._interceptors) if self._interceptors else base
@@ -102,7 +114,8 @@ class SidecarClient:
         except grpc.RpcError as exc:
             raise map_rpc_error(exc, method=method, target=self.target, job=job,
                                 address_env=self.address_env,
-                                connectivity=_channel.connectivity(self.target)) from exc
+                                connectivity=_channel.connectivity(self.target, self.security),
+                                tls=self.security.uses_tls(self.target)) from exc
 
     # --- the API ---------------------------------------------------------------------------
 
@@ -165,13 +178,14 @@ class SidecarClient:
                 return "SERVICE_UNKNOWN"
             raise map_rpc_error(exc, method="Health.Check", target=self.target,
                                 address_env=self.address_env,
-                                connectivity=_channel.connectivity(self.target)) from exc
+                                connectivity=_channel.connectivity(self.target, self.security),
+                                tls=self.security.uses_tls(self.target)) from exc
         return _health.status_name(resp)
 
     def close(self) -> None:
         """Close this process's channel to the target (the next call opens a new one)."""
         self._bound = None
-        _channel.close_channel(self.target)
+        _channel.close_channel(self.target, self.security)
 
     def __enter__(self) -> SidecarClient:
         return self

@@ -4,6 +4,9 @@ code on ``.code``.
 
     SpillwayClientError                 root; ``.code`` is the grpc.StatusCode when one applies
     ├── SidecarUnavailableError         the sidecar cannot be reached (UNAVAILABLE)
+    │   └── SidecarTlsError             ... because the TLS handshake failed (CA, expiry, name)
+    ├── SidecarAuthError                the sidecar refused the caller's credentials
+    │                                   (UNAUTHENTICATED, PERMISSION_DENIED)
     ├── SidecarTimeoutError             a call's deadline passed (DEADLINE_EXCEEDED)
     │   └── FlushTimeoutError           ... on FlushTask: DLQ records not acknowledged
     ├── SidecarBackpressureError        the sidecar's spool is full (RESOURCE_EXHAUSTED)
@@ -53,6 +56,22 @@ class SidecarUnavailableError(SpillwayClientError, ConnectionError):
             f"on Spark executors set it with spark.executorEnv.{address_env}",
             code=code,
         )
+
+
+class SidecarTlsError(SidecarUnavailableError):
+    def __init__(self, target: str, detail: str = "") -> None:
+        self.target = target
+        SpillwayClientError.__init__(
+            self,
+            f"TLS with the spillway sidecar at {target} failed ({detail}). The sidecar's "
+            "certificate must be signed by the CA in SPILLWAY_TLS_CA_FILE (tls_ca_file), be "
+            "valid now (not expired) and name the host dialled; with mutual TLS the client "
+            "certificate (SPILLWAY_TLS_CERT_FILE / SPILLWAY_TLS_KEY_FILE) must be signed by the "
+            "sidecar's tls.ca.file and valid too", code=grpc.StatusCode.UNAVAILABLE)
+
+
+class SidecarAuthError(SpillwayClientError, PermissionError):
+    pass
 
 
 class SidecarTimeoutError(SpillwayClientError, TimeoutError):
@@ -145,13 +164,20 @@ _BY_CODE: dict[grpc.StatusCode, type[SpillwayClientError]] = {
 }
 
 
+# What gRPC reports when the handshake fails on the client side (certificate problems).
+_TLS_FAILURE = re.compile(r"SSL_ERROR|handshake fail|CERTIFICATE_VERIFY|TSI_|certificate",
+                          re.IGNORECASE)
+# A TLS client whose handshake the server rejected sees the connection closed.
+_HANDSHAKE = re.compile(r"Socket closed|Connection reset|end of file", re.IGNORECASE)
+
 _NOT_CONNECTED = (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.CONNECTING,
                   grpc.ChannelConnectivity.IDLE, grpc.ChannelConnectivity.SHUTDOWN)
 
 
 def map_rpc_error(exc: grpc.RpcError, *, method: str, target: str, job: str = "",
                   address_env: str = ADDRESS_ENV,
-                  connectivity: grpc.ChannelConnectivity | None = None) -> SpillwayClientError:
+                  connectivity: grpc.ChannelConnectivity | None = None,
+                  tls: bool = False) -> SpillwayClientError:
     """The client error for a failed call; raise it ``from exc``.
 
     ``connectivity``: the channel's state when the call failed; a deadline that passed while
@@ -160,11 +186,26 @@ def map_rpc_error(exc: grpc.RpcError, *, method: str, target: str, job: str = ""
     """
     code = exc.code() if callable(getattr(exc, "code", None)) else None
     details = exc.details() if callable(getattr(exc, "details", None)) else str(exc)
+    if code is grpc.StatusCode.UNAVAILABLE and _TLS_FAILURE.search(details or ""):
+        return SidecarTlsError(target, f"{method}: {details}")
+    if code is grpc.StatusCode.UNAVAILABLE and tls and _HANDSHAKE.search(details or ""):
+        return SidecarTlsError(target, f"{method}: {details}")
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        return SidecarAuthError(
+            f"{method} on {target}: the sidecar refused the credentials ({details}). Give the "
+            "client the node token with SPILLWAY_TOKEN_FILE (token_file) on this node", code=code)
+    if code is grpc.StatusCode.PERMISSION_DENIED:
+        return SidecarAuthError(f"{method} on {target} was refused: {details}", code=code)
     if code is grpc.StatusCode.UNAVAILABLE:
-        return SidecarUnavailableError(target, f"{method}: {details}", address_env=address_env)
+        hint = ("; if the sidecar serves TLS, give the client its CA with SPILLWAY_TLS_CA_FILE"
+                if not tls and _HANDSHAKE.search(details or "") else "")
+        return SidecarUnavailableError(target, f"{method}: {details}{hint}",
+                                       address_env=address_env)
     if code is grpc.StatusCode.DEADLINE_EXCEEDED and connectivity in _NOT_CONNECTED:
+        hint = ("; over TLS a refused handshake (CA, expired or missing client certificate) "
+                "looks the same: check the certificates" if tls else "")
         return SidecarUnavailableError(
-            target, f"{method}: no connection before the deadline ({connectivity.name})",
+            target, f"{method}: no connection before the deadline ({connectivity.name}){hint}",
             code=code, address_env=address_env)
     if code is grpc.StatusCode.DEADLINE_EXCEEDED and method == "FlushTask":
         return FlushTimeoutError(

@@ -1,8 +1,10 @@
 """`spillway` command line: serve the sidecar, read its status, operate the DLQ.
 
     spillway serve  [--config FILE] [--listen HOST:PORT] [--unix-socket PATH]
-                    [--bootstrap-servers HOST:PORT] [--set key=value ...]
-    spillway status [--sidecar ADDR] [--json]
+                    [--bootstrap-servers HOST:PORT] [--tls-cert F --tls-key F [--tls-ca F]]
+                    [--token-file F] [--peer-token-file F] [--admin-token-file F]
+                    [--advertised-address HOST:PORT] [--set key=value ...]
+    spillway status [--sidecar ADDR] [--json] [--tls-ca F] [--token-file F]
     spillway dlq tail|redrive ...
 
 Configuration precedence for `serve`: flags (and --set), then SPILLWAY_* environment variables,
@@ -34,6 +36,39 @@ def _parse_set(values: list[str]) -> dict[str, str]:
     return out
 
 
+# One flag per secure setting of `spillway serve` (docs/SECURITY.md).
+_SECURITY_FLAGS = (("--tls-cert", "tls.cert.file"), ("--tls-key", "tls.key.file"),
+                   ("--tls-ca", "tls.ca.file"), ("--token-file", "auth.token.file"),
+                   ("--peer-token-file", "auth.peer.token.file"),
+                   ("--admin-token-file", "auth.admin.token.file"),
+                   ("--advertised-address", "advertised.address"))
+
+
+def add_client_security_args(p: argparse.ArgumentParser) -> None:
+    """TLS and token flags of the operator commands (status, job, ...)."""
+    p.add_argument("--tls-ca", help="CA bundle to verify the sidecar (default "
+                                    "$SPILLWAY_TLS_CA_FILE; TLS when set)")
+    p.add_argument("--tls-cert", help="client certificate for mutual TLS "
+                                      "(default $SPILLWAY_TLS_CERT_FILE)")
+    p.add_argument("--tls-key", help="its private key (default $SPILLWAY_TLS_KEY_FILE)")
+    p.add_argument("--token-file", help="operator token file, sent as spillway-admin-token "
+                                        "(default $SPILLWAY_ADMIN_TOKEN_FILE; else the node "
+                                        "token $SPILLWAY_TOKEN_FILE as spillway-node-token)")
+
+
+def operator_client(args: argparse.Namespace):
+    """A SidecarClient for the operator commands, with their TLS and token flags."""
+    from spillway.client import SidecarClient
+    from spillway.client import _auth
+
+    admin = args.token_file or os.environ.get(_auth.ADMIN_TOKEN_FILE_ENV, "")
+    security = _auth.ChannelSecurity.resolve(
+        ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
+        token_file=admin or None,
+        token_key=_auth.ADMIN_TOKEN_KEY if admin else _auth.NODE_TOKEN_KEY)
+    return SidecarClient(args.sidecar, timeout_s=args.timeout, security=security)
+
+
 def serve_properties(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
     explicit = _parse_set(args.set or [])
     if args.listen is not None:
@@ -42,6 +77,10 @@ def serve_properties(args: argparse.Namespace, env: dict[str, str]) -> dict[str,
         explicit["listen.unix.socket"] = args.unix_socket
     if args.bootstrap_servers is not None:
         explicit["bootstrap.servers"] = args.bootstrap_servers
+    for flag, prop in _SECURITY_FLAGS:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+        if value is not None:
+            explicit[prop] = value
     config_path = args.config or env.get("SPILLWAY_CONFIG")
     file_props = config.load_properties_file(config_path) if config_path else {}
     return config.resolve(explicit=explicit, env=env, file=file_props)
@@ -70,9 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from spillway.client import SidecarClient
-
-    client = SidecarClient(args.sidecar, timeout_s=args.timeout)
+    client = operator_client(args)
     status = client.status()
     if args.json:
         from google.protobuf.json_format import MessageToDict
@@ -104,6 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--listen", help="TCP host:port (default 127.0.0.1:50051; '' disables)")
     s.add_argument("--unix-socket", help="also (or only) serve on this Unix socket path")
     s.add_argument("--bootstrap-servers", help="Kafka for DLQ writes")
+    s.add_argument("--tls-cert", help="serve TLS with this PEM certificate chain (tls.cert.file)")
+    s.add_argument("--tls-key", help="its PEM private key (tls.key.file)")
+    s.add_argument("--tls-ca", help="CA bundle: require client certificates signed by it "
+                                    "(mutual TLS; tls.ca.file)")
+    s.add_argument("--token-file", help="node API token file (auth.token.file)")
+    s.add_argument("--peer-token-file", help="sidecar-to-sidecar token file "
+                                             "(auth.peer.token.file)")
+    s.add_argument("--admin-token-file", help="operator token file (auth.admin.token.file)")
+    s.add_argument("--advertised-address", help="host:port other nodes reach this sidecar at "
+                                                "(advertised.address)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="any property, e.g. --set errors.tolerance=all (repeatable)")
     s.set_defaults(func=cmd_serve)
@@ -113,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "127.0.0.1:50051)")
     st.add_argument("--timeout", type=float, default=5.0)
     st.add_argument("--json", action="store_true")
+    add_client_security_args(st)
     st.set_defaults(func=cmd_status)
 
     add_dlq_commands(sub)

@@ -384,6 +384,77 @@ def check_plaintext_listen(address: str, cfg: SecurityConfig) -> None:
         "trusted")
 
 
+# --- the Unix socket -----------------------------------------------------------------------
+
+
+def clear_stale_socket(path: str) -> None:
+    """Make room for our socket at `path`: only a stale socket (nobody accepting) is removed;
+    a live one, a regular file, a directory or a symlink stops start-up, untouched."""
+    prop = "listen.unix.socket"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise ConfigError(prop, f"directory {parent} does not exist (create it, e.g. "
+                                    "/run/spillway owned by the sidecar's user)") from None
+        return
+    kind = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else
+            "a directory" if stat.S_ISDIR(st.st_mode) else
+            "a regular file" if stat.S_ISREG(st.st_mode) else
+            None if stat.S_ISSOCK(st.st_mode) else "not a socket")
+    if kind is not None:
+        raise ConfigError(prop, f"{path} exists and is {kind}: refusing to replace it "
+                                "(choose another path or remove it yourself)")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        os.unlink(path)  # a stale socket from a crashed run
+        return
+    except OSError as exc:
+        raise ConfigError(prop, f"cannot check the socket at {path}: {exc.strerror}") from None
+    finally:
+        probe.close()
+    raise ConfigError(prop, f"another process is serving on {path}; refusing to take it over")
+
+
+def _uid(prop: str, owner: str) -> int:
+    import pwd
+
+    if owner.isdigit():
+        return int(owner)
+    try:
+        return pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        raise ConfigError(prop, f"no such user: {owner!r}") from None
+
+
+def _gid(prop: str, group: str) -> int:
+    import grp
+
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ConfigError(prop, f"no such group: {group!r}") from None
+
+
+def secure_socket(path: str, mode: int, owner: str = "", group: str = "") -> None:
+    """Owner, group and mode of our freshly bound socket (before the server accepts calls)."""
+    uid = _uid("listen.unix.socket.owner", owner) if owner else -1
+    gid = _gid("listen.unix.socket.group", group) if group else -1
+    if uid != -1 or gid != -1:
+        try:
+            os.chown(path, uid, gid, follow_symlinks=False)
+        except OSError as exc:
+            prop = "listen.unix.socket.owner" if uid != -1 else "listen.unix.socket.group"
+            raise ConfigError(prop, f"cannot chown {path}: {exc.strerror}") from None
+    os.chmod(path, mode)
+
+
 # --- the home allow-list -------------------------------------------------------------------
 
 

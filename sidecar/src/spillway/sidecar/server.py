@@ -443,6 +443,7 @@ def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
             batch_size=props["producer.batch.size"],
             producer_overrides=kafka_overrides,
             on_ack=engine.note_dead_letter_acked,
+            spool_group=props["spool.group"],
         )
     return Sidecar(
         props=props, engine=engine, pipeline=pipeline,
@@ -466,6 +467,8 @@ def start_server(
     tcp = sidecar.props["listen.address"]
     if tcp:
         security.check_plaintext_listen(tcp, sec)
+    if sidecar.props["listen.unix.socket"]:  # before anything starts: a refusal leaves no thread
+        security.clear_stale_socket(sidecar.props["listen.unix.socket"])
     local_only = not tcp or security.is_loopback_host(security.split_host_port(tcp)[0])
     # authentication first: nothing (tracing included) sees a call before it is authenticated
     interceptors = [security.AuthInterceptor(security.Authenticator(sec, local_only=local_only)),
@@ -500,9 +503,14 @@ def start_server(
     address = ""
     if sidecar.props["listen.unix.socket"]:
         path = sidecar.props["listen.unix.socket"]
-        if os.path.exists(path):
-            os.unlink(path)  # a stale socket from a crashed run
-        server.add_insecure_port(f"unix://{path}")
+        old_umask = os.umask(0o177)  # nobody else can connect before the mode below is set
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        finally:
+            os.umask(old_umask)
+        security.secure_socket(path, sidecar.props["listen.unix.socket.mode"],
+                               sidecar.props["listen.unix.socket.owner"],
+                               sidecar.props["listen.unix.socket.group"])
         address = f"unix://{path}"
     if tcp:
         host, _, port = tcp.rpartition(":")

@@ -98,6 +98,16 @@ def p_str(name: str, raw: str) -> str:
     return raw.strip()
 
 
+def p_octal_mode(name: str, raw: str) -> int:
+    try:
+        v = int(raw.strip(), 8)
+    except ValueError:
+        raise ConfigError(name, f"must be an octal file mode such as 0660, got {raw!r}") from None
+    if not 0 <= v <= 0o777:
+        raise ConfigError(name, f"must be an octal file mode in [0000, 0777], got {raw!r}")
+    return v
+
+
 def p_optional_int(lo: int):
     """Unset ("") means 'not configured' (None): lets the two retry families be told apart."""
     inner = p_int(lo)
@@ -227,7 +237,18 @@ _PROPS: list[Prop] = [
     Prop("listen.address", p_str, "127.0.0.1:50051",
          "TCP host:port to serve on ('' disables TCP); loopback by default, never all interfaces",
          job=False),
-    Prop("listen.unix.socket", p_str, "", "Unix socket path to serve on ('' disables)", job=False),
+    Prop("listen.unix.socket", p_str, "",
+         "Unix socket path to serve on ('' disables); the recommended node-local transport "
+         "(plaintext, guarded by its file mode). A stale socket there is replaced; any other "
+         "file stops start-up", job=False),
+    Prop("listen.unix.socket.mode", p_octal_mode, "0660",
+         "file mode of listen.unix.socket (octal), set before the first call is accepted",
+         job=False),
+    Prop("listen.unix.socket.owner", p_str, "",
+         "user (name or uid) to own listen.unix.socket ('': the sidecar's user)", job=False),
+    Prop("listen.unix.socket.group", p_str, "",
+         "group (name or gid) of listen.unix.socket, e.g. the executors' group ('': the "
+         "sidecar's group)", job=False),
     Prop("bootstrap.servers", p_str, "", "Kafka bootstrap servers for DLQ writes", job=False),
     Prop("sidecar.id", p_str, "", "this sidecar's name in summaries (default: host name)",
          job=False),
@@ -235,6 +256,9 @@ _PROPS: list[Prop] = [
          "state directory)", job=False),
     Prop("spool.enable", p_bool, "true", "spool DLQ records to disk before acknowledging",
          job=False),
+    Prop("spool.group", p_str, "",
+         "group given read access to the spool (directory 0750, files 0640); '': directory "
+         "0700, files 0600, the sidecar's user alone", job=False),
     Prop("spool.max.bytes", p_int(1), str(512 * 1024 * 1024),
          "spool high-water mark in bytes: backpressure past it", job=False),
     Prop("spool.max.records", p_int(1), "2000000",

@@ -125,6 +125,7 @@ class DlqPipeline:
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 5_000,
         producer_factory: Callable[[dict[str, Any]], Any] = Producer,
+        spool_group: str = "",
     ) -> None:
         if max_bytes < 1:
             raise ConfigError("spool.max.bytes", f"must be >= 1, got {max_bytes}")
@@ -136,6 +137,7 @@ class DlqPipeline:
         self.spool_dir = (spool_dir or default_spool_dir()) if spool_enable else ""
         self._max_bytes = max_bytes
         self._max_records = max_records
+        self._spool_group = spool_group
         self._clock: Clock = clock or SystemClock()
         self._on_ack = on_ack
         # set by the server when telemetry is on: one span per acknowledged batch
@@ -218,7 +220,7 @@ class DlqPipeline:
                 raise DlqError("the DLQ pipeline was shut down; build a new one")
         if self.spool_enable:
             self._store = Spool(self.spool_dir, max_bytes=self._max_bytes,
-                                max_records=self._max_records)
+                                max_records=self._max_records, group=self._spool_group)
         else:
             self._store = MemoryQueue(max_bytes=self._max_bytes, max_records=self._max_records)
         self._recovered_upto = self._skipped_upto = self._store.last_seq()

@@ -56,6 +56,7 @@ from typing import NamedTuple, Protocol
 
 from ..core.model import DlqRecord, Header
 from ..errors import BackpressureError, DlqError
+from . import perms
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +363,8 @@ class Spool:
     durable = True
 
     def __init__(self, directory: str, *, max_bytes: int, max_records: int,
-                 max_group_records: int = 20_000, append_timeout_s: float = 60.0) -> None:
+                 max_group_records: int = 20_000, append_timeout_s: float = 60.0,
+                 group: str = "") -> None:
         if max_bytes < 1 or max_records < 1:
             raise ValueError("spool bounds must be >= 1")
         self.directory = directory
@@ -376,7 +378,8 @@ class Spool:
         # two generations of at most _DEDUP_WINDOW // 2 each
         self._recent: dict[tuple[str, str], tuple[int, str]] = {}
         self._recent_old: dict[tuple[str, str], tuple[int, str]] = {}
-        os.makedirs(directory, exist_ok=True)
+        # DLQ payloads at rest: directory 0700, files 0600 (spool.group: 0750 / 0640)
+        perms.prepare(directory, self.path, (os.path.join(directory, LOCK_NAME),), group)
         self._lock_fd = self._take_lock(directory)
         try:
             self._conn = self._connect()
