@@ -98,10 +98,14 @@ def test_invalid_traceparent_is_replaced_by_the_decisions_context(observed, topi
     assert tp == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
-def test_prometheus_endpoint_shows_kip_counters_with_job_stage_task(observed, topic_name):
+def _scrape(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+
+def test_prometheus_endpoint_shows_kip_counters_per_job_and_stage(observed, topic_name):
     running, _, port = observed
     _report(running.address, "job-metrics", topic_name, 4, "")
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    body = _scrape(port)
 
     def value(metric, **labels):
         for line in body.splitlines():
@@ -111,14 +115,67 @@ def test_prometheus_endpoint_shows_kip_counters_with_job_stage_task(observed, to
         raise AssertionError(f"{metric} {labels} not in scrape:\n" + "\n".join(
             ln for ln in body.splitlines() if ln.startswith("spillway_")))
 
-    labels = {"job": "job-metrics", "stage": "TRANSFORMATION", "task": "2.1"}
+    labels = {"job": "job-metrics", "stage": "TRANSFORMATION"}
     assert value("spillway_record_failures_total", **labels) == 4
     assert value("spillway_record_errors_total", **labels) == 4
     assert value("spillway_records_skipped_total", **labels) == 4
     assert value("spillway_errors_logged_total", **labels) == 4
     assert value("spillway_retries_total", **labels) == 0
     assert value("spillway_dlq_records_total", job="job-metrics") == 4
+    # epoch seconds, not milliseconds
+    assert abs(value("spillway_last_error_timestamp_seconds", **labels) - time.time()) < 600
+    assert 'task="' not in body  # no per-partition series unless asked for
     assert re.search(r"^spillway_dlq_produce_requests_total(\{[^}]*\})? [1-9]", body, re.M)
     assert re.search(r"^spillway_spool_records(\{[^}]*\})? ", body, re.M)
-    assert re.search(r'^spillway_verdict_duration_seconds_count\{[^}]*job="job-metrics"', body,
-                     re.M)
+    assert re.search(r"^spillway_verdict_duration_seconds_count [1-9]", body, re.M)
+    # the buckets are in seconds: a verdict of this sidecar (decide + spool) takes well under
+    # a second, so it is counted below the 1 s boundary (the old ms buckets put all in "5")
+    buckets = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^spillway_verdict_duration_seconds_bucket\{le="([^"]+)"\} (\S+)', body, re.M)}
+    assert list(buckets)[:3] == ["0.0001", "0.00025", "0.0005"] and list(buckets)[-1] == "+Inf"
+    assert buckets["1.0"] > 0 and buckets["10.0"] <= buckets["+Inf"]
+
+
+def _doc_table() -> dict[str, tuple[str, set[str]]]:
+    """Prometheus name -> (kind, labels) from docs/OBSERVABILITY.md's metric table."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "OBSERVABILITY.md").read_text()
+    out = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[2].startswith("`spillway_"):
+            labels = set() if cells[4] == "—" else {x.strip() for x in cells[4].split(",")}
+            out[cells[2].strip("`")] = (cells[3], labels)
+    return out
+
+
+def test_every_scraped_series_is_documented_with_its_labels(observed, topic_name):
+    """docs/OBSERVABILITY.md against a real scrape: every family, its type and label names."""
+    running, _, port = observed
+    _report(running.address, "job-doc", topic_name, 1, "")
+    body = _scrape(port)
+    documented = _doc_table()
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", body, re.M))
+    assert set(types) == set(documented), (
+        f"scraped but undocumented: {sorted(set(types) - set(documented))}; documented but "
+        f"not scraped: {sorted(set(documented) - set(types))}")
+    seen: dict[str, set[str]] = {}
+    for m in re.finditer(r"^(spillway_\w+?)(_bucket|_count|_sum)?(?:\{([^}]*)\})? \S+$", body,
+                         re.M):
+        family = m.group(1) if m.group(1) in types else m.group(1) + (m.group(2) or "")
+        labels = set(re.findall(r'(\w+)="', m.group(3) or "")) - {"le"}
+        seen.setdefault(family, set()).update(labels)
+    for family, (kind, labels) in documented.items():
+        assert types[family] == kind, f"{family}: scraped {types[family]}, documented {kind}"
+        assert seen.get(family, set()) == labels, (
+            f"{family}: scraped labels {seen.get(family)}, documented {labels}")
+
+
+def test_series_of_a_released_job_disappear(observed, topic_name):
+    running, _, port = observed
+    _report(running.address, "job-gone", topic_name, 1, "")
+    assert 'job="job-gone"' in _scrape(port)
+    # release the job's state the way the registry's EndJob does: the engine forgets it
+    running.sidecar.engine._jobs.pop("job-gone")
+    assert 'job="job-gone"' not in _scrape(port)

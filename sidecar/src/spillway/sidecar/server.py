@@ -216,9 +216,7 @@ class Sidecar:
                     self.pipeline.submit(dlq)  # durable (spooled) before we answer
                 for i in to_dlq:  # fresh values from this call's decisions: marked in place
                     verdicts[i].dead_lettered = True
-        if self.telemetry.verdict_duration is not None:
-            self.telemetry.verdict_duration.record(time.perf_counter() - started,
-                                                   {"job": job})
+        self.telemetry.record_verdict_duration(time.perf_counter() - started)
         return [(v, False) for v in verdicts]
 
     def flush(self, request: pb.FlushTaskRequest, task, processed: Mapping[StageRef, int],
@@ -241,10 +239,16 @@ class Sidecar:
     def summary_pb(self, job: str) -> pb.JobSummary:
         return convert.summary_to_pb(self.engine.summary(job), self.sidecar_id)
 
-    def status_pb(self) -> pb.SidecarStatus:
+    def sidewide_counters(self) -> dict[str, float]:
+        """The sidecar-wide counters (engine, DLQ pipeline, health) by name: GetStatus and
+        the metrics read the same numbers."""
         counters = dict(self.engine.counters())
         if self.pipeline is not None:
             counters.update(self.pipeline.stats())
+        return counters
+
+    def status_pb(self) -> pb.SidecarStatus:
+        counters = self.sidewide_counters()
         return pb.SidecarStatus(
             sidecar_id=self.sidecar_id, version=__version__, counters=counters,
             instance_id=self.instance_id,
@@ -480,11 +484,12 @@ def start_server(
                               prometheus_host=sidecar.props["metrics.prometheus.host"],
                               sidecar_id=sidecar.sidecar_id,
                               install_global=install_global_telemetry)
-        tel.add_source(sidecar.engine.metric_rows)
+        task_label = sidecar.props["metrics.task.label.enable"]
+        tel.add_source(lambda: sidecar.engine.metric_rows(task_label=task_label))
+        tel.add_source(lambda: [(k, {}, float(v)) for k, v in sidecar.sidewide_counters().items()
+                                if k in telemetry.SIDECAR_WIDE])
         if sidecar.pipeline is not None:
-            pipeline = sidecar.pipeline
-            pipeline.tracer = tel.tracer
-            tel.add_source(lambda: [(k, {}, float(v)) for k, v in pipeline.stats().items()])
+            sidecar.pipeline.tracer = tel.tracer
         sidecar.telemetry = tel
         # gRPC server spans continue the executor's trace (W3C context in the metadata)
         interceptors.append(server_interceptor(tracer_provider=tel.tracer_provider))

@@ -15,9 +15,12 @@ pipeline already keep, so the hot path pays nothing for them.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry import metrics, trace
@@ -29,7 +32,7 @@ SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
 SERVICE_NAME = "spillway-sidecar"
 
 # KIP metric name -> (spillway metric name, instrument kind, unit, description).
-# docs/OBSERVABILITY.md carries this table for users.
+# docs/OBSERVABILITY.md carries this table for users (tests/unit/test_observability_doc.py).
 METRICS: dict[str, tuple[str, str, str, str]] = {
     "total-record-failures": ("spillway.record.failures", "counter", "{failure}",
                               "KIP-298: every failed attempt of a record"),
@@ -41,17 +44,17 @@ METRICS: dict[str, tuple[str, str, str, str]] = {
                       "KIP-298: RETRY verdicts given"),
     "total-errors-logged": ("spillway.errors.logged", "counter", "{error}",
                             "KIP-298: errors logged or written to the DLQ"),
-    "last-error-timestamp": ("spillway.last_error.timestamp", "gauge", "ms",
-                             "KIP-298: epoch ms of the last error"),
+    "last-error-timestamp": ("spillway.last_error.timestamp", "gauge", "s",
+                             "KIP-298: time of the last error, seconds since the Unix epoch"),
     "dropped-records": ("spillway.records.dropped", "counter", "{record}",
                         "KIP-1033: records skipped without a DLQ"),
+    "dlq-records-written": ("spillway.dlq.records", "counter", "{record}",
+                            "KIP-1191 DeadLetterQueueRecordCount: records acknowledged by Kafka"),
     "deadletterqueue-produce-requests": ("spillway.dlq.produce.requests", "counter",
                                          "{request}", "KIP-298/KIP-1191: DLQ produce requests"),
     "deadletterqueue-produce-failures": ("spillway.dlq.produce.failures", "counter",
                                          "{record}", "KIP-298/KIP-1191: DLQ records that "
                                          "failed to produce"),
-    "dlq-records-written": ("spillway.dlq.records", "counter", "{record}",
-                            "KIP-1191 DeadLetterQueueRecordCount: records acknowledged by Kafka"),
     "spool-depth": ("spillway.spool.records", "gauge", "{record}",
                     "DLQ records durable in the spool, not yet acknowledged by Kafka"),
     "spool-bytes": ("spillway.spool.size", "gauge", "By", "bytes held by the spool"),
@@ -63,16 +66,73 @@ METRICS: dict[str, tuple[str, str, str, str]] = {
                        "status-store KIP: DLQ writes that failed after retries"),
     "rejected-records": ("spillway.dlq.rejected", "counter", "{record}",
                          "DLQ records Kafka can never accept, kept aside (not lost)"),
+    "jobs": ("spillway.jobs", "gauge", "{job}", "job runs registered (live) on this sidecar"),
+    "jobs-failed": ("spillway.jobs.failed", "gauge", "{job}",
+                    "live job runs whose tolerance was exceeded"),
 }
+# Labelled by job (and stage); every other metric is one sidecar-wide series.
+PER_JOB = frozenset({"total-record-failures", "total-record-errors", "total-records-skipped",
+                     "total-retries", "total-errors-logged", "last-error-timestamp",
+                     "dropped-records", "dlq-records-written"})
+SIDECAR_WIDE = frozenset(METRICS) - PER_JOB
+# Rows are in KIP units; these are scaled to the exported unit (the KIP's ms -> seconds).
+_SCALE = {"last-error-timestamp": 0.001}
 
-# A row: (KIP metric name, attributes such as job/stage/task, value).
+# The verdict-duration histogram's bucket boundaries, in seconds: a verdict takes from tens of
+# microseconds (a cached classification) to seconds (a home sidecar across the network, a
+# spool fsync under load).
+VERDICT_DURATION_BOUNDARIES: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0)
+VERDICT_DURATION = ("spillway.verdict.duration", "s",
+                    "time to answer a ReportFailures call (decide + spool)")
+
+# A row: (KIP metric name, attributes such as job/stage, value).
 Row = tuple[str, Mapping[str, str], float]
 RowSource = Callable[[], Iterable[Row]]
+
+_UNIT_SUFFIX = {"s": "seconds", "By": "bytes", "ms": "milliseconds", "1": ""}
+
+
+def prometheus_name(name: str, kind: str, unit: str) -> str:
+    """The Prometheus name of an OTel instrument, as the OTel-to-Prometheus compatibility spec
+    derives it: dots become underscores, the unit is appended (annotations in braces are not
+    units), counters end in ``_total``."""
+    out = name.replace(".", "_")
+    suffix = "" if unit.startswith("{") else _UNIT_SUFFIX.get(unit, unit)
+    if suffix and not out.endswith("_" + suffix):
+        out += "_" + suffix
+    if kind == "counter":
+        out += "_total"
+    return out
 
 
 def _otlp_configured(signal: str) -> bool:
     return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
                 or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"))
+
+
+class DurationHistogram:
+    """Verdict durations in fixed buckets, sidecar-wide: one series set whatever the number of
+    jobs (a per-job label would multiply 18 series by every job). Recording is a bisect and
+    three additions under a lock; the Prometheus collector reads it."""
+
+    def __init__(self, boundaries: Sequence[float] = VERDICT_DURATION_BOUNDARIES) -> None:
+        self.boundaries = tuple(boundaries)
+        self._lock = threading.Lock()
+        self._counts = [0] * (len(self.boundaries) + 1)
+        self._sum = 0.0
+
+    def record(self, seconds: float) -> None:
+        i = bisect.bisect_left(self.boundaries, seconds)
+        with self._lock:
+            self._counts[i] += 1
+            self._sum += seconds
+
+    def snapshot(self) -> tuple[list[int], float]:
+        """(count per bucket, the last one past every boundary; sum of the values)."""
+        with self._lock:
+            return list(self._counts), self._sum
 
 
 @dataclass
@@ -81,9 +141,13 @@ class Telemetry:
     meter_provider: object | None = None
     prometheus_port: int = 0
     tracer: trace.Tracer = field(default_factory=lambda: trace.NoOpTracer())
-    verdict_duration: object | None = None  # histogram, seconds
+    verdict_duration: object | None = None  # OTel histogram, seconds (only with OTLP metrics)
+    durations: DurationHistogram = field(default_factory=DurationHistogram)
     _http_server: object | None = field(default=None, repr=False)
     _sources: list[RowSource] = field(default_factory=list)
+    _snap_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _snap: tuple[float, dict[str, list[tuple[Mapping[str, str], float]]]] | None = \
+        field(default=None, repr=False)
 
     def add_source(self, source: RowSource) -> None:
         self._sources.append(source)
@@ -96,6 +160,28 @@ class Telemetry:
             except Exception:  # a broken source must not break every other metric
                 log.exception("metric source failed")
         return out
+
+    def rows_by_name(self, max_age_s: float = 0.0) -> dict[str, list[tuple[Mapping[str, str],
+                                                                         float]]]:
+        """The rows grouped by KIP name, scaled to the exported unit. One collection reads
+        every instrument: with ``max_age_s`` a snapshot that recent is reused, so the sources
+        are read once per collection, not once per instrument."""
+        now = time.monotonic()
+        with self._snap_lock:
+            if self._snap is not None and now - self._snap[0] <= max_age_s:
+                return self._snap[1]
+            by: dict[str, list[tuple[Mapping[str, str], float]]] = {k: [] for k in METRICS}
+            for n, a, v in self.rows():
+                lst = by.get(n)
+                if lst is not None:
+                    lst.append((a, v * _SCALE[n] if n in _SCALE else v))
+            self._snap = (now, by)
+            return by
+
+    def record_verdict_duration(self, seconds: float) -> None:
+        self.durations.record(seconds)
+        if self.verdict_duration is not None:
+            self.verdict_duration.record(seconds)
 
     def shutdown(self) -> None:
         """Flush spans and metrics (graceful stop)."""
@@ -139,13 +225,9 @@ def setup(*, service_name: str = SERVICE_NAME, prometheus_port: int = 0,
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
     tel = Telemetry(tracer_provider=tp, prometheus_port=prometheus_port)
     if prometheus_port:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import CollectorRegistry, start_http_server
+        from .prometheus import serve
 
-        registry = CollectorRegistry()
-        readers.append(PrometheusMetricReader(registry=registry))
-        server, _thread = start_http_server(prometheus_port, addr=prometheus_host,
-                                            registry=registry)
+        server = serve(tel, prometheus_host, prometheus_port)
         tel._http_server = server
         tel.prometheus_port = server.server_port
     mp = MeterProvider(resource=resource, metric_readers=readers)
@@ -153,11 +235,13 @@ def setup(*, service_name: str = SERVICE_NAME, prometheus_port: int = 0,
     if install_global:
         trace.set_tracer_provider(tp)
         metrics.set_meter_provider(mp)
-    meter = mp.get_meter("spillway.sidecar", schema_url=SCHEMA_URL)
-    register_instruments(meter, tel)
-    tel.verdict_duration = meter.create_histogram(
-        "spillway.verdict.duration", unit="s",
-        description="time to answer a ReportFailures call (decide + spool)")
+    if readers:  # OTLP: the same series through the SDK's instruments
+        meter = mp.get_meter("spillway.sidecar", schema_url=SCHEMA_URL)
+        register_instruments(meter, tel)
+        name, unit, desc = VERDICT_DURATION
+        tel.verdict_duration = meter.create_histogram(
+            name, unit=unit, description=desc,
+            explicit_bucket_boundaries_advisory=list(VERDICT_DURATION_BOUNDARIES))
     tel.tracer = tp.get_tracer("spillway.sidecar", schema_url=SCHEMA_URL)
     return tel
 
@@ -167,7 +251,8 @@ def register_instruments(meter: metrics.Meter, tel: Telemetry) -> None:
 
     def callback_for(kip_name: str):
         def cb(_options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(v, dict(a)) for n, a, v in tel.rows() if n == kip_name]
+            # one snapshot per export: every instrument's callback runs in the same collection
+            return [Observation(v, dict(a)) for a, v in tel.rows_by_name(1.0)[kip_name]]
 
         return cb
 

@@ -274,6 +274,9 @@ _PROPS: list[Prop] = [
          "serve metrics for Prometheus scrapes on this port (0: off)", job=False),
     Prop("metrics.prometheus.host", p_str, "127.0.0.1",
          "address of the Prometheus endpoint (0.0.0.0 inside a container)", job=False),
+    Prop("metrics.task.label.enable", p_bool, "false",
+         "label per-job metrics with the Spark task too (stage.partition): one series per "
+         "partition, for debugging only", job=False),
     Prop("shutdown.grace.ms", p_int(0), "10000", "graceful stop: time for in-flight calls, ms",
          job=False),
     # security (docs/SECURITY.md)

@@ -43,13 +43,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
 
 from ..errors import HandlerError, JobConflictError, UnknownJobError
 from .backoff import RetryState, schedule_from_settings
 from .breaker import Breakers
 from .budget import RetryBudget
 from .classify import Classification, Classifier
-from .counters import ScopedCounts, add_counts, as_kip_dict, copy_counts
+from .counters import KIP_NAMES, ScopedCounts, add_counts, as_kip_dict, copy_counts
 from .errorlog import JsonErrorLogger, error_fields
 from .handlers import ErrorHandlerContext, HandlerResponse, LoadedHandler, invoke, load_handler
 from .model import (Action, Category, Counts, Decision, FailedRecord, JobSummary, StageRef,
@@ -59,6 +61,9 @@ from .settings import JobSettings, job_settings
 from .tolerance import _WITHIN, KEY_MASK, IdTable, ToleranceTracker
 
 MAX_TRACKED_RECORDS = 100_000
+# metric_rows reads a Counts' fields in one C call (a scrape reads every live job's counts)
+_KIP_ORDER = tuple(KIP_NAMES.values())
+_KIP_GETTER = attrgetter(*KIP_NAMES)
 MAX_SKIP_INFOS = 4_096    # distinct skip answers shared per job (cleared when full)
 MAX_BREAKDOWN_KEYS = 1_000
 OTHER_KEY = "(other)"
@@ -630,18 +635,27 @@ class PolicyEngine:
             c = j.counts.tasks.get(task_id)
             return copy_counts(c) if c is not None else Counts()
 
-    def metric_rows(self) -> list[tuple[str, dict[str, str], float]]:
-        """KIP-298 counts as (metric name, {job, stage, task}, value) rows for exporters."""
+    def metric_rows(self, *, task_label: bool = False) -> list[tuple[str, dict[str, str],
+                                                                      float]]:
+        """KIP-298 counts of the live jobs as (metric name, {job, stage}, value) rows for
+        exporters. ``task_label`` adds the Spark task (``stage.partition``): one series per
+        partition, for debugging only (bounded by ``MAX_TASK_SCOPES`` per job)."""
         rows: list[tuple[str, dict[str, str], float]] = []
         with self._lock:
             jobs = list(self._jobs.items())
+        getter = _KIP_GETTER
+        names = _KIP_ORDER
         for name, j in jobs:
             with j.lock:
-                pairs = [(st, tk, copy_counts(c)) for (st, tk), c in j.counts.pairs.items()]
+                if task_label:
+                    scoped = [({"stage": st, "task": tk}, getter(c))
+                              for (st, tk), c in j.counts.pairs.items()]
+                else:
+                    scoped = [({"stage": st}, getter(c)) for st, c in j.counts.stages.items()]
                 acked = j.dlq_acked
-            for stage, task, c in pairs:
-                attrs = {"job": name, "stage": stage, "task": task}
-                rows.extend((k, attrs, v) for k, v in as_kip_dict(c).items())
+            for labels, values in scoped:
+                attrs = {"job": name, **labels}
+                rows.extend(zip(names, repeat(attrs), values))
             rows.append(("dlq-records-written", {"job": name}, float(acked)))
         return rows
 
