@@ -26,6 +26,7 @@ from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
 from . import __version__, security, telemetry
+from .peers import HomeError, resolve_home
 from .adapters import convert
 from .core import config
 from .core.dlq_record import DlqBuilder
@@ -39,7 +40,6 @@ from .errors import (
     BackpressureError,
     ConfigError,
     DlqError,
-    SpillwayError,
     FlushTimeoutError,
     JobConflictError,
     UnknownJobError,
@@ -60,7 +60,9 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
     def RegisterJob(self, request, context):
         try:
             settings = self._s.register_job(request.job, dict(request.properties),
-                                            home=request.home, timeout_s=_timeout(context))
+                                            home=request.home.strip(),
+                                            home_instance_id=request.home_instance_id,
+                                            timeout_s=_timeout(context))
         except JobConflictError as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except ConfigError as exc:
@@ -69,7 +71,11 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, f"DLQ topic check failed: {exc}")
         except HomeError as exc:
             context.abort(exc.code, str(exc))
-        return pb.RegisterJobResponse(job=request.job, effective_properties=dict(settings.raw))
+        home = self._s.homes.get(request.job.strip())
+        return pb.RegisterJobResponse(
+            job=request.job, effective_properties=dict(settings.raw),
+            home=home.address if home else self._s.advertised_address,
+            home_instance_id=home.instance if home else self._s.instance_id)
 
     def ReportFailures(self, request, context):
         try:
@@ -138,16 +144,19 @@ class Sidecar:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def register_job(self, job: str, properties: Mapping[str, str], *, home: str = "",
-                     timeout_s: float = 15.0) -> JobSettings:
+                     home_instance_id: str = "", timeout_s: float = 15.0) -> JobSettings:
         job = job.strip()
         if home and job not in self.homes:
-            remote = Home.connect(home)
-            if remote.instance_id(timeout_s) != self.instance_id:
-                remote.register(job, properties, timeout_s)
+            # allow-listed, dialled with this sidecar's TLS + peer token, identity checked
+            remote = resolve_home(self, home, home_instance_id, timeout_s)
+            if remote is not None:
+                try:
+                    remote.register(job, properties=properties, timeout_s=timeout_s)
+                except BaseException:
+                    remote.close()
+                    raise
                 with self._lock:
                     self.homes[job] = remote
-            else:
-                remote.close()
         settings = job_settings(job, properties, self.props.get("_job_defaults"))
         if settings.dlq.enabled:
             check_topic_name(settings.dlq)
@@ -251,7 +260,7 @@ class Sidecar:
         counters = self.sidewide_counters()
         return pb.SidecarStatus(
             sidecar_id=self.sidecar_id, version=__version__, counters=counters,
-            instance_id=self.instance_id,
+            instance_id=self.instance_id, advertised_address=self.advertised_address,
             jobs=[self.summary_pb(j) for j in self.engine.jobs()],
         )
 
@@ -260,65 +269,6 @@ def _timeout(context, default: float = 15.0) -> float:
     """What is left of the caller's deadline, less a margin so the caller sees our answer."""
     remaining = context.time_remaining()
     return default if remaining is None else max(0.0, remaining - _DEADLINE_MARGIN_S)
-
-
-class HomeError(SpillwayError):
-    """The job's home sidecar refused or could not be reached; carries the status to relay."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        self.code = code
-        super().__init__(message)
-
-
-@dataclass
-class Home:
-    """A job's home sidecar, seen from another node's sidecar (a gRPC stub with deadlines)."""
-
-    address: str
-    channel: grpc.Channel
-    stub: pb_grpc.ErrorSidecarStub
-
-    @classmethod
-    def connect(cls, address: str) -> Home:
-        channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
-        return cls(address, channel, pb_grpc.ErrorSidecarStub(channel))
-
-    def _call(self, what: str, fn, request, timeout_s: float):
-        try:
-            return fn(request, timeout=max(timeout_s, 0.1))
-        except grpc.RpcError as exc:
-            code = exc.code()
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                code = grpc.StatusCode.UNAVAILABLE
-            raise HomeError(code, f"{what} at the job's home sidecar {self.address} failed "
-                                  f"({exc.code().name}): {exc.details()}") from exc
-
-    def instance_id(self, timeout_s: float) -> str:
-        return self._call("GetStatus", self.stub.GetStatus, pb.GetStatusRequest(),
-                          timeout_s).instance_id
-
-    def register(self, job: str, properties: Mapping[str, str], timeout_s: float) -> None:
-        self._call("RegisterJob", self.stub.RegisterJob,
-                   pb.RegisterJobRequest(job=job, properties=dict(properties)), timeout_s)
-
-    def report(self, request: pb.ReportFailuresRequest, timeout_s: float) -> list[Decision]:
-        fwd = pb.ReportFailuresRequest()
-        fwd.CopyFrom(request)
-        fwd.decide_only = True
-        resp = self._call("ReportFailures", self.stub.ReportFailures, fwd, timeout_s)
-        return [Decision(convert.verdict_from_pb(v), dead_letter=v.dead_letter)
-                for v in resp.verdicts]
-
-    def progress(self, request: pb.FlushTaskRequest, timeout_s: float) -> None:
-        fwd = pb.FlushTaskRequest()
-        fwd.CopyFrom(request)
-        fwd.progress_only = True
-        self._call("FlushTask", self.stub.FlushTask, fwd, timeout_s)
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 # Per-record span events cost more than the decision itself at 100% sampling: a decision span

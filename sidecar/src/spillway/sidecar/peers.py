@@ -1,0 +1,200 @@
+"""Sidecar to sidecar: dialling a job's home (and, from the home, its node sidecars).
+
+A job has one home sidecar, which decides for every node. A node sidecar dials it:
+- only at an address the operator allows (``home.allowed.addresses``; this sidecar's own address
+  always): anything else is refused with PERMISSION_DENIED naming it, before any DNS lookup;
+- with this sidecar's own TLS material (its certificate as the client certificate, its CA bundle
+  to verify the home) when TLS is configured, and the peer token (``spillway-peer-token``);
+- checking who answers: the driver names the home by its advertised address and its instance id
+  (RegisterJobResponse.home / home_instance_id). Reaching another instance, or this very sidecar
+  for a job homed elsewhere (every node on the loopback default), is FAILED_PRECONDITION: a
+  job-wide limit must never silently become a per-node one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+
+from spillway.v1 import sidecar_pb2 as pb
+from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+
+from . import security
+from .adapters import convert
+from .core.model import Decision
+from .errors import SpillwayError
+
+if TYPE_CHECKING:
+    from .server import Sidecar
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class HomeError(SpillwayError):
+    """The job's home (or a node) sidecar refused, could not be reached or is not who it should
+    be; carries the status to relay."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+def _own_addresses(sidecar: Sidecar) -> set[str]:
+    return {a for a in (getattr(sidecar, "advertised_address", ""),
+                        getattr(sidecar, "listen_address", "")) if a}
+
+
+def check_allowed(sidecar: Sidecar, address: str, what: str = "home") -> None:
+    """PERMISSION_DENIED unless `address` may be dialled (string match, nothing resolved)."""
+    cfg = sidecar.security or security.load_config({})
+    if not security.home_allowed(address, cfg, _own_addresses(sidecar)):
+        allowed = ", ".join(cfg.home_allowed) or "loopback only (the default)"
+        raise HomeError(grpc.StatusCode.PERMISSION_DENIED,
+                        f"{what} address {address!r} is not in this sidecar's "
+                        f"home.allowed.addresses ({allowed}); an operator adds the cluster's "
+                        "sidecar addresses there")
+
+
+@dataclass
+class Home:
+    """Another sidecar (a job's home, or a node sidecar seen from the home): a gRPC stub with
+    deadlines; calls carry the peer token and, when job-scoped, the run's job token."""
+
+    address: str
+    channel: grpc.Channel
+    stub: pb_grpc.ErrorSidecarStub
+    peer_token: security.TokenFile | None = None
+    instance: str = ""  # its instance id, once resolve_home has checked it
+    role: str = "the job's home sidecar"
+
+    @classmethod
+    def connect(cls, address: str, sidecar: Sidecar | None = None) -> Home:
+        cfg = sidecar.security if sidecar is not None else None
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        if cfg is not None and cfg.tls is not None:
+            try:
+                creds = security.client_channel_credentials(cfg.tls)
+            except SpillwayError as exc:
+                raise HomeError(grpc.StatusCode.UNAVAILABLE,
+                                f"cannot dial {address} over TLS: {exc}") from exc
+            channel = grpc.secure_channel(address, creds, options=options)
+        else:
+            channel = grpc.insecure_channel(address, options=options)
+        return cls(address, channel, pb_grpc.ErrorSidecarStub(channel),
+                   cfg.peer_token if cfg is not None else None)
+
+    def _call(self, what: str, fn, request, timeout_s: float, token: str | None = None):
+        metadata = []
+        if self.peer_token is not None:
+            metadata.append((security.PEER_TOKEN_KEY, self.peer_token.current().reveal()))
+        if token:
+            metadata.append((security.JOB_TOKEN_KEY, token))
+        try:
+            return fn(request, timeout=max(timeout_s, 0.1), metadata=metadata or None)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                code = grpc.StatusCode.UNAVAILABLE
+            raise HomeError(code, f"{what} at {self.role} {self.address} failed "
+                                  f"({exc.code().name}): {exc.details()}") from exc
+
+    def status(self, timeout_s: float) -> pb.SidecarStatus:
+        return self._call("GetStatus", self.stub.GetStatus, pb.GetStatusRequest(page_size=1),
+                          timeout_s)
+
+    def instance_id(self, timeout_s: float) -> str:
+        return self.status(timeout_s).instance_id
+
+    def register(self, job: str, run_id: str = "", properties: Mapping[str, str] | None = None,
+                 *, token: str | None = None, peer: str = "",
+                 timeout_s: float = 15.0) -> pb.RegisterJobResponse:
+        return self._call("RegisterJob", self.stub.RegisterJob, pb.RegisterJobRequest(
+            job=job, run_id=run_id, properties=dict(properties or {}), peer=peer),
+            timeout_s, token)
+
+    def report(self, request: pb.ReportFailuresRequest, timeout_s: float, *,
+               token: str | None = None) -> list[Decision]:
+        fwd = pb.ReportFailuresRequest()
+        fwd.CopyFrom(request)
+        fwd.decide_only = True
+        resp = self._call("ReportFailures", self.stub.ReportFailures, fwd, timeout_s, token)
+        return [Decision(convert.verdict_from_pb(v), dead_letter=v.dead_letter)
+                for v in resp.verdicts]
+
+    def progress(self, request: pb.FlushTaskRequest, timeout_s: float, *,
+                 token: str | None = None) -> None:
+        fwd = pb.FlushTaskRequest()
+        fwd.CopyFrom(request)
+        fwd.progress_only = True
+        self._call("FlushTask", self.stub.FlushTask, fwd, timeout_s, token)
+
+    def end(self, job: str, run_id: str, *, token: str | None, timeout_s: float,
+            local_only: bool = False) -> pb.EndJobResponse:
+        return self._call("EndJob", self.stub.EndJob, pb.EndJobRequest(
+            job=job, run_id=run_id, local_only=local_only), timeout_s, token)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def _not_me(home: str, home_instance_id: str, me: str) -> HomeError:
+    return HomeError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"the job's home is instance {home_instance_id} but HOME {home} reaches this sidecar "
+        f"(instance {me}): set advertised.address on every sidecar to a routable address "
+        "(each node's own loopback address names itself, so job-wide limits would become "
+        "per-node ones)")
+
+
+def resolve_home(sidecar: Sidecar, home: str, home_instance_id: str,
+                 timeout_s: float) -> Home | None:
+    """The job's home at `home` (None: this sidecar is the home). Refused: an address not
+    allowed (PERMISSION_DENIED), a home that is another instance than `home_instance_id` or
+    this sidecar for a job homed elsewhere (FAILED_PRECONDITION), an unreachable one
+    (UNAVAILABLE)."""
+    me = sidecar.instance_id
+    if home in _own_addresses(sidecar):
+        if home_instance_id and home_instance_id != me:
+            raise _not_me(home, home_instance_id, me)
+        return None
+    check_allowed(sidecar, home)
+    remote = Home.connect(home, sidecar)
+    try:
+        found = remote.instance_id(timeout_s)
+    except BaseException:
+        remote.close()
+        raise
+    if found == me:
+        remote.close()
+        if home_instance_id and home_instance_id != me:
+            raise _not_me(home, home_instance_id, me)
+        return None
+    if home_instance_id and found != home_instance_id:
+        remote.close()
+        raise HomeError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"HOME {home} reaches sidecar instance {found}, not the job's home instance "
+            f"{home_instance_id} that the driver registered the job with: the address names "
+            "another sidecar (set advertised.address on every sidecar to a routable, unique "
+            "address)")
+    remote.instance = found
+    return remote
+
+
+def end_on_node(sidecar: Sidecar, node: str, job: str, run_id: str, *, token: str | None,
+                timeout_s: float) -> pb.EndJobResponse:
+    """EndJob(local_only) on a node sidecar that registered the run (from its home)."""
+    check_allowed(sidecar, node, "node sidecar")
+    remote = Home.connect(node, sidecar)
+    remote.role = "the node sidecar"
+    try:
+        return remote.end(job, run_id, token=token, timeout_s=timeout_s, local_only=True)
+    finally:
+        remote.close()
+
+
+__all__ = ["Home", "HomeError", "resolve_home", "end_on_node", "check_allowed"]

@@ -1,0 +1,73 @@
+"""The home is who it claims to be: a node sidecar refuses a home address that reaches another
+instance, or itself for a job homed elsewhere (the loopback default on every node)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from spillway.v1 import sidecar_pb2 as pb
+from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    from spillway.sidecar.server import start_server
+
+    started = [start_server({"listen.address": "127.0.0.1:0", "telemetry.enable": "false",
+                             "sidecar.id": f"node-{n}"}) for n in "ab"]
+    yield started
+    for s in started:
+        s.stop(0.5)
+
+
+def _stub(node):
+    return pb_grpc.ErrorSidecarStub(grpc.insecure_channel(node.address))
+
+
+def _refused(call):
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value.code(), err.value.details()
+
+
+def test_register_answers_the_home_address_and_instance(nodes):
+    a, _ = nodes
+    reg = _stub(a).RegisterJob(pb.RegisterJobRequest(job="named"), timeout=10)
+    status = _stub(a).GetStatus(pb.GetStatusRequest(), timeout=5)
+    assert reg.home == a.address == status.advertised_address
+    assert reg.home_instance_id == status.instance_id == a.sidecar.instance_id
+
+
+def test_home_address_reaching_this_sidecar_for_a_job_homed_elsewhere_is_refused(nodes):
+    a, b = nodes
+    reg = _stub(a).RegisterJob(pb.RegisterJobRequest(job="loop"), timeout=10)
+    # every node on the loopback default: HOME names "my own address" on node b
+    code, details = _refused(lambda: _stub(b).RegisterJob(pb.RegisterJobRequest(
+        job="loop", home=b.address, home_instance_id=reg.home_instance_id), timeout=10))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert (f"the job's home is instance {reg.home_instance_id} but HOME {b.address} reaches "
+            f"this sidecar (instance {b.sidecar.instance_id})") in details
+    assert "advertised.address" in details
+    code, _ = _refused(lambda: _stub(b).GetJobSummary(pb.GetJobSummaryRequest(job="loop"),
+                                                      timeout=5))
+    assert code == grpc.StatusCode.NOT_FOUND  # node b decides nothing locally for it
+
+
+def test_home_address_reaching_another_instance_is_refused(nodes):
+    a, b = nodes
+    code, details = _refused(lambda: _stub(b).RegisterJob(pb.RegisterJobRequest(
+        job="other", home=a.address, home_instance_id="0123456789abcdef"), timeout=10))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"reaches sidecar instance {a.sidecar.instance_id}" in details
+    assert "0123456789abcdef" in details
+
+
+def test_home_at_its_instance_is_accepted(nodes):
+    a, b = nodes
+    reg = _stub(a).RegisterJob(pb.RegisterJobRequest(job="ok"), timeout=10)
+    fwd = _stub(b).RegisterJob(pb.RegisterJobRequest(
+        job="ok", home=reg.home, home_instance_id=reg.home_instance_id), timeout=10)
+    assert (fwd.home, fwd.home_instance_id) == (reg.home, reg.home_instance_id)
