@@ -28,6 +28,7 @@ from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from . import __version__, security, telemetry
 from .peers import HomeError, resolve_home
 from .adapters import convert
+from .admission import Admission
 from .core import config
 from .core.dlq_record import DlqBuilder
 from .core.guardrails import check_topic_name
@@ -137,6 +138,7 @@ class Sidecar:
     telemetry: Telemetry = field(default_factory=Telemetry)
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     homes: dict = field(default_factory=dict)  # job -> Home, for jobs homed elsewhere
+    admission: Admission | None = None  # backpressure gate, with a DLQ pipeline
     security: security.SecurityConfig | None = None
     listen_address: str = ""  # set by start_server once bound
     advertised_address: str = ""  # advertised.address, else listen_address
@@ -184,7 +186,30 @@ class Sidecar:
     def report(self, request: pb.ReportFailuresRequest, task, records, *,
                timeout_s: float) -> list[tuple[Verdict, bool]]:
         """Verdicts for `records`, each with whether the caller must dead-letter it (only for
-        decide_only requests from another node's sidecar)."""
+        decide_only requests from another node's sidecar). Under backpressure the report is
+        refused (BackpressureError) before anything is decided (admission.py)."""
+        gate = self.admission
+        if gate is None or not records or request.decide_only:
+            return self._report(request, task, records, timeout_s=timeout_s)
+        self.engine.settings(request.job)  # UnknownJobError before any admission
+        try:
+            reservation = gate.admit(len(records), request.ByteSize())
+        except BackpressureError:
+            self.engine.note_refused(request.job, len(records))
+            raise
+        try:
+            return self._report(request, task, records, timeout_s=timeout_s)
+        except BackpressureError:  # the estimate was short: decided, yet not spooled
+            log.warning("job %s: the DLQ spool refused %d records admitted by the backpressure "
+                        "estimate; they were decided and counted", request.job, len(records))
+            gate.refused_after_admission(len(records))
+            self.engine.note_refused(request.job, len(records))
+            raise
+        finally:
+            gate.release(reservation)
+
+    def _report(self, request: pb.ReportFailuresRequest, task, records, *,
+                timeout_s: float) -> list[tuple[Verdict, bool]]:
         job = request.job
         home = self.homes.get(job)
         if home is None and request.recovered_record_ids:
@@ -254,6 +279,9 @@ class Sidecar:
         counters = dict(self.engine.counters())
         if self.pipeline is not None:
             counters.update(self.pipeline.stats())
+        gate = self.admission
+        counters["records-refused"] = float(gate.refused_records if gate else 0)
+        counters["backpressure"] = float(bool(gate and gate.refusing()))
         return counters
 
     def status_pb(self) -> pb.SidecarStatus:
@@ -357,12 +385,12 @@ class RunningSidecar:
         self.server.wait_for_termination()
 
     def _watch_backpressure(self) -> None:
-        """Health follows the spool: NOT_SERVING at its high-water mark, SERVING below it."""
+        """Health follows backpressure: NOT_SERVING while reports are refused (admission.py),
+        SERVING again once the spool is below its low-water mark."""
         last = None
-        while not self._stop.wait(0.5):
-            stats = self.sidecar.pipeline.stats()
-            full = bool(stats.get("spool-high-water", 0))
-            status = (health_pb2.HealthCheckResponse.NOT_SERVING if full
+        gate = self.sidecar.admission
+        while not self._stop.wait(0.25):
+            status = (health_pb2.HealthCheckResponse.NOT_SERVING if gate.refusing()
                       else health_pb2.HealthCheckResponse.SERVING)
             if status != last:
                 for name in ("", SERVICE_NAME):
@@ -445,6 +473,8 @@ def start_server(
         interceptors.append(server_interceptor(tracer_provider=tel.tracer_provider))
     if sidecar.pipeline is not None:
         sidecar.pipeline.start()
+        sidecar.admission = Admission(sidecar.pipeline.store,
+                                      low_water_percent=sidecar.props["spool.low.water.percent"])
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="spillway-rpc"),
         interceptors=interceptors,

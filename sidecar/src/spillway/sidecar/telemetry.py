@@ -66,6 +66,11 @@ METRICS: dict[str, tuple[str, str, str, str]] = {
                        "status-store KIP: DLQ writes that failed after retries"),
     "rejected-records": ("spillway.dlq.rejected", "counter", "{record}",
                          "DLQ records Kafka can never accept, kept aside (not lost)"),
+    "records-refused": ("spillway.records.refused", "counter", "{record}",
+                        "records of reports refused for backpressure (RESOURCE_EXHAUSTED): "
+                        "not decided, not counted as failures; the executor keeps them"),
+    "backpressure": ("spillway.backpressure", "gauge", "1",
+                     "1 while reports are refused for backpressure (health NOT_SERVING)"),
     "jobs": ("spillway.jobs", "gauge", "{job}", "job runs registered (live) on this sidecar"),
     "jobs-failed": ("spillway.jobs.failed", "gauge", "{job}",
                     "live job runs whose tolerance was exceeded"),

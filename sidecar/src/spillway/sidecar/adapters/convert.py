@@ -262,4 +262,5 @@ def summary_to_pb(s: m.JobSummary, sidecar_id: str) -> pb.JobSummary:
         sidecar_id=sidecar_id,
         dropped_records=c.dropped_records,
         retry_budget_exhausted=s.retry_budget_exhausted,
+        records_refused=s.records_refused,
     )

@@ -263,6 +263,10 @@ _PROPS: list[Prop] = [
          "spool high-water mark in bytes: backpressure past it", job=False),
     Prop("spool.max.records", p_int(1), "2000000",
          "spool high-water mark in records: backpressure past it", job=False),
+    Prop("spool.low.water.percent", p_int(0, 100), "80",
+         "after a refusal for backpressure, reports are refused (health NOT_SERVING) until the "
+         "spool holds less than this percentage of both spool.max.records and spool.max.bytes",
+         job=False),
     Prop("producer.linger.ms", p_int(0), "20", "DLQ producer linger, ms", job=False),
     Prop("producer.batch.size", p_int(1), "1000000", "DLQ producer batch size, bytes", job=False),
     Prop("flush.timeout.ms", p_int(1), "60000",

@@ -197,6 +197,7 @@ class JobSummary:
     by_category: dict[str, int] = field(default_factory=dict)
     by_exception_class: dict[str, int] = field(default_factory=dict)
     retry_budget_exhausted: int = 0   # retries the budget deferred or refused
+    records_refused: int = 0          # records of reports refused for backpressure
 
 
 def task_key(job: str, task: TaskIdentity) -> str:

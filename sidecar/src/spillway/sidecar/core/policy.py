@@ -106,6 +106,7 @@ class _Job:
         self.by_class: dict[str, int] = {}
         self.failure_reason = ""
         self.dlq_acked = 0
+        self.refused = 0        # records of reports refused for backpressure (never decided)
         self.recovered = 0
         self.handler_failures = 0
         self.log_failures = 0
@@ -598,6 +599,14 @@ class PolicyEngine:
                 if result.exceeded:
                     self._fail_job(j, result.reason)
 
+    def note_refused(self, job: str, n: int) -> None:
+        """``n`` records of a report refused for backpressure: counted, nothing decided."""
+        with self._lock:
+            j = self._jobs.get(job)
+        if j is not None:
+            with j.lock:
+                j.refused += int(n)
+
     def note_dead_letter_acked(self, job: str, n: int) -> None:
         j = self._job(job)
         with j.lock:
@@ -619,6 +628,7 @@ class PolicyEngine:
                 by_category=dict(j.by_category),
                 by_exception_class=dict(j.by_class),
                 retry_budget_exhausted=j.budget.exhausted_total,
+                records_refused=j.refused,
             )
 
     def stage_counts(self, job: str, stage: str) -> Counts:
