@@ -62,3 +62,33 @@ def test_job_report_sums_sidecars():
     assert r.by_stage == {"TRANSFORMATION": 3, "TASK_PUT": 4}
     assert r.failure_reasons == ["too many"] and set(r.per_sidecar) == {"a:1", "b:1"}
     assert "per_sidecar" not in repr(r)
+
+
+@pytest.mark.parametrize("call", [
+    lambda job: job.map_partitions([1, 2], str),
+    lambda job: job.map_in_pandas([1, 2], str, "id long"),
+    lambda job: job.map_in_arrow({"a": 1}, str, "id long"),
+    lambda job: job.deserialize([b"x"], value=bytes.decode),
+    lambda job: job.foreach_partition([1, 2], print),
+])
+def test_misuse_outside_spark_gets_a_clear_error(call):
+    job = Job("misuse", {"errors.tolerance": "all"}, sidecar="127.0.0.1:1")
+    with pytest.raises(TypeError, match=r"expected a pyspark DataFrame"):
+        call(job)
+
+
+def test_failure_message_finds_the_exception_that_ended_the_python_traceback():
+    text = ("An exception was thrown from the Python worker. Please see the stack trace below.\n"
+            "Traceback (most recent call last):\n  File \"w.py\", line 9, in f\n    g()\n"
+            "    ^^^\npyarrow.lib.ArrowInvalid: Could not convert 'abc' with type str: tried "
+            "to convert to double\n\n\tat org.apache.spark.api.python.BasePythonRunner")
+    assert Job.failure_message(RuntimeError(text)) == (
+        "pyarrow.lib.ArrowInvalid: Could not convert 'abc' with type str: tried to convert to "
+        "double")
+    try:
+        try:
+            raise RuntimeError(text)
+        except RuntimeError as inner:
+            raise Exception("Job aborted due to stage failure") from inner
+    except Exception as outer:
+        assert Job.failure_message(outer).startswith("pyarrow.lib.ArrowInvalid")

@@ -134,3 +134,30 @@ def test_the_same_udf_twice_in_a_task_shares_one_row_count(sidecar):
     ids = [a("x")[1][0], b("y")[1][0]]
     assert ids == [f"TRANSFORMATION:{spec.name}/to_int:p0:r0",
                    f"TRANSFORMATION:{spec.name}/to_int:p0:r1"]
+
+
+def test_a_udf_called_outside_a_spark_task_raises_instead_of_a_silent_none(sidecar):
+    FakeTaskContext._taskContext = None                  # what a direct call sees
+    fn = _udf_function(_spec(sidecar), _wrapper(), _to_int, False, None, None)
+    with pytest.raises(RuntimeError, match="called outside a Spark task"):
+        fn("x")
+    with pytest.raises(RuntimeError, match="called outside a Spark task"):
+        fn("1")
+
+
+def test_a_result_that_does_not_fit_the_return_type_is_a_reported_failure(sidecar):
+    from pyspark.sql.types import IntegerType
+
+    from spillway.spark._schema import value_checker
+
+    spec = _spec(sidecar)
+    check = value_checker(IntegerType(), "value", "TRANSFORMATION", exact=False)
+    fn = _udf_function(spec, _wrapper("size"), lambda s: "many" if s == "b" else len(s), True,
+                       None, None, check=check)
+    assert fn("aa") == (2, None)
+    value, error = fn("b")
+    assert value is None
+    assert error[2] == "spillway.spark._schema.OutputSchemaError"
+    assert "TRANSFORMATION output does not fit the declared type int" in error[3]
+    summary = Job(spec.name, spec.props, sidecar=sidecar.address).summary()
+    assert summary.by_category == {"data": 1}

@@ -80,18 +80,26 @@ def _pandas_outputs(out: Any) -> list:
 
 
 class BatchAdapter:
-    """``fn(batch) -> batch``; ``kind`` is "arrow" (RecordBatch) or "pandas" (DataFrame)."""
+    """``fn(batch) -> batch``; ``kind`` is "arrow" (RecordBatch) or "pandas" (DataFrame).
+
+    ``conform(output) -> output`` (see `_schema`) checks each output against the declared
+    schema: an output that does not fit fails the unit, which is bisected like any failure, so
+    only the rows whose output does not fit are reported."""
 
     def __init__(self, fn: Callable[[Any], Any], kind: str, *, ids: IdFactory,
                  record_id: Callable[[Any], str] | None = None,
-                 source: Callable[[Any], Any] | None = None) -> None:
+                 source: Callable[[Any], Any] | None = None,
+                 conform: Callable[[Any], Any] | None = None) -> None:
         if kind not in ("arrow", "pandas"):
             raise ValueError(f"kind: arrow or pandas, got {kind!r}")
         self.fn, self.kind, self.ids, self.record_id, self.source = fn, kind, ids, record_id, source
+        self.conform = conform
 
     def run(self, unit: Unit) -> Sequence[Any]:
         out = self.fn(unit.payload)
-        return _arrow_outputs(out) if self.kind == "arrow" else _pandas_outputs(out)
+        outs = _arrow_outputs(out) if self.kind == "arrow" else _pandas_outputs(out)
+        conform = self.conform
+        return [conform(o) for o in outs] if conform is not None else outs
 
     def _slice(self, batch: Any, start: int, stop: int) -> Any:
         if self.kind == "arrow":
@@ -170,11 +178,13 @@ def chunk_units(rows: Iterable[Any], size: int) -> Iterator[Unit]:
 
 
 class Deserializer:
-    """One deserialization step: ``fn`` on the key bytes, the value bytes or the whole record."""
+    """One deserialization step: ``fn`` on the key bytes, the value bytes or the whole record;
+    ``check(result)`` raises when the result does not fit the step's declared Spark type."""
 
     def __init__(self, part: str, fn: Callable[[Any], Any], stage: StageRef,
-                 function_name: str) -> None:
+                 function_name: str, check: Callable[[Any], None] | None = None) -> None:
         self.part, self.fn, self.stage, self.function_name = part, fn, stage, function_name
+        self.check = check
 
 
 class DeserializeAdapter:
@@ -193,9 +203,12 @@ class DeserializeAdapter:
             arg = (fields.get(step.part) if step.part in ("key", "value")
                    else self.to_row(batch, i))
             try:
-                parsed.append(step.fn(arg))
+                out = step.fn(arg)
+                if step.check is not None:   # a result Arrow cannot take is this record's
+                    step.check(out)
             except Exception as exc:  # noqa: BLE001 - user code
                 raise StageFailure(step.stage, step.function_name, exc) from exc
+            parsed.append(out)
         return ((batch, i, tuple(parsed)),)
 
     def split(self, unit: Unit) -> list[Unit] | None:

@@ -56,6 +56,7 @@ from ._adapters import (
 )
 from ._engine import Engine, StageRef, Unit, trim_traceback
 from ._records import KAFKA_COORDINATES, context_of, positional_record_id
+from ._schema import arrow_conformer, pandas_checker, row_checker, value_checker
 from ._runtime import (
     JobSpec,
     TaskSession,
@@ -71,6 +72,23 @@ _log = logging.getLogger("spillway.spark")
 OUTPUT_BATCH_ROWS = 4096
 
 _SPILLWAY_ERROR = re.compile(r"spillway\.client\.errors\.(\w+Error): ([^\n]+)")
+_TRACEBACK = "Traceback (most recent call last):"
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Exit|Interrupt|Warning|"
+                     r"Failure|Fault|Timeout)\b[^:\n]*)(?::\s*(.*))?$")
+
+
+def _traceback_exception(text: str) -> str:
+    """``Type: message`` of the exception that ends the last Python traceback in ``text``."""
+    at = text.rfind(_TRACEBACK)
+    if at < 0:
+        return ""
+    for line in text[at + len(_TRACEBACK):].splitlines():
+        if not line.strip() or line.startswith((" ", "\t")) or line.startswith("^"):
+            continue          # frames, source lines, carets
+        m = _RAISED.match(line.strip())
+        if m:
+            return f"{m.group(1)}: {m.group(2).strip()}" if m.group(2) else m.group(1)
+    return ""
 
 
 def _wrapper_name(fn: Callable, name: str | None) -> str:
@@ -109,7 +127,29 @@ def _datatype(dt: Any):
 def _is_dataframe(obj: Any) -> bool:
     from pyspark.sql import DataFrame
 
-    return isinstance(obj, DataFrame)
+    if isinstance(obj, DataFrame):
+        return True
+    try:  # a Spark Connect DataFrame is another class
+        from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
+    except ImportError:  # pragma: no cover - without the connect extras
+        return False
+    return isinstance(obj, ConnectDataFrame)
+
+
+def _is_rdd(obj: Any) -> bool:
+    from pyspark import RDD
+
+    return isinstance(obj, RDD)
+
+
+def _require(what: str, data: Any, *, rdd: bool = False) -> None:
+    """Misuse gets a clear error on the driver, never an AttributeError deep in a wrapper."""
+    if _is_dataframe(data) or (rdd and _is_rdd(data)):
+        return
+    kinds = "a pyspark DataFrame or RDD" if rdd else "a pyspark DataFrame"
+    raise TypeError(f"{what}: expected {kinds}, got {type(data).__module__}."
+                    f"{type(data).__qualname__}; spillway wraps Spark work (build one with "
+                    f"spark.createDataFrame(...) or sc.parallelize(...))")
 
 
 # --- executor side: one function per wrapper kind (module-level: pickled by reference) -------
@@ -209,26 +249,18 @@ def _df_partition(spec, wrapper, fn, flat, record_id, source, refresh, in_schema
             yield from ArrowTableToRowsConversion.convert(pa.Table.from_batches([b]), in_schema)
 
     session = TaskSession(spec, wrapper)
-    adapter = RowAdapter(_checked(fn, out_schema, flat), ids=_ids(spec, wrapper, session.task),
-                         flat=flat, record_id=record_id, source=source)
+    adapter = RowAdapter(_checked(fn, out_schema, flat, wrapper.stage.name),
+                         ids=_ids(spec, wrapper, session.task), flat=flat, record_id=record_id,
+                         source=source)
     engine = _engine(spec, session, adapter, wrapper, refresh)
     outputs = _drive(session, engine, engine.run_rows(rows()))
     return _rows_to_batches(outputs, out_schema, lambda: seen["large"])
 
 
-def _checked(fn, schema, flat):
+def _checked(fn, schema, flat, stage):
     """``fn`` whose outputs are checked against ``schema`` (a Row by field name, a dict, or a
     tuple in schema order), so a bad output is that record's failure, not the task's."""
-    from pyspark.sql import Row
-    from pyspark.sql.types import _make_type_verifier
-
-    verify = _make_type_verifier(schema, name="output")
-
-    def normalize(out):
-        if isinstance(out, Row) and hasattr(out, "__fields__"):
-            out = out.asDict()
-        verify(out)
-        return out
+    normalize = row_checker(schema, stage)
 
     def run(row):
         out = fn(row)
@@ -237,10 +269,12 @@ def _checked(fn, schema, flat):
     return run
 
 
-def _vector_partition(spec, wrapper, fn, kind, record_id, source, refresh, batches):
+def _vector_partition(spec, wrapper, fn, kind, record_id, source, refresh, out_schema, batches):
     session = TaskSession(spec, wrapper)
+    conform = (arrow_conformer if kind == "arrow" else pandas_checker)(out_schema,
+                                                                       wrapper.stage.name)
     adapter = BatchAdapter(fn, kind, ids=_ids(spec, wrapper, session.task), record_id=record_id,
-                           source=source)
+                           source=source, conform=conform)
     engine = _engine(spec, session, adapter, wrapper, refresh)
     return _drive(session, engine, engine.run(batch_units(batches)))
 
@@ -369,17 +403,34 @@ class _Skipped:
 
 def _udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column: bool,
                   record_id: Callable[..., str] | None,
-                  refresh: Callable[[], None] | None) -> Callable:
+                  refresh: Callable[[], None] | None,
+                  check: Callable[[Any], None] | None = None) -> Callable:
     """The per-row function Spark calls. Per row it only checks that the task attempt is the
     same (Spark sets a new TaskContext object for each task it runs in a worker: an identity
     check, the attempt id being read only when it changes) and counts the row before calling
-    ``fn``; everything else happens on a failure."""
+    ``fn``; everything else happens on a failure. ``check(result)`` raises when a result does
+    not fit the declared return type (Spark would turn it into a silent null): that row fails
+    like one whose ``fn`` raised."""
     holder: list[_UdfState | None] = [None]  # unpickled afresh with the UDF on the executor
     tc_class = TaskContext
+    if check is not None:
+        user_fn = fn
+
+        def checked(*args):
+            out = user_fn(*args)
+            check(out)
+            return out
+    else:
+        checked = fn
 
     def enter() -> _UdfState:
         tc = tc_class.get()
-        tid = tc.taskAttemptId() if tc is not None else -1
+        if tc is None:
+            raise RuntimeError(
+                f"spillway UDF {wrapper.function_name} was called outside a Spark task: apply "
+                f"it to a column in a DataFrame (df.select(udf(df.col))); called directly it "
+                f"has no task to report failures for")
+        tid = tc.taskAttemptId()
         st = holder[0]
         if st is None or st.tid != tid or st.pid != os.getpid():
             st = _udf_state(spec, wrapper, tid, tc)
@@ -388,7 +439,7 @@ def _udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_colum
         return st
 
     def failed(st, args, index, exc):
-        return _udf_failed(spec, wrapper, st, fn, args, index, exc, error_column, record_id,
+        return _udf_failed(spec, wrapper, st, checked, args, index, exc, error_column, record_id,
                            refresh)
 
     # The per-row cost is what the happy path pays: read the class attribute that
@@ -405,6 +456,8 @@ def _udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_colum
             st.rows = index + 1
             try:
                 out = fn(arg)
+                if check is not None:
+                    check(out)
             except Exception as exc:  # noqa: BLE001 - user code
                 return failed(st, (arg,), index, exc)
             return (out, None) if error_column else out
@@ -417,6 +470,8 @@ def _udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_colum
             st.rows = index + 1
             try:
                 out = fn(*args)
+                if check is not None:
+                    check(out)
             except Exception as exc:  # noqa: BLE001 - user code
                 return failed(st, args, index, exc)
             return (out, None) if error_column else out
@@ -612,20 +667,32 @@ class Job:
 
     @staticmethod
     def failure_message(exc: BaseException) -> str:
-        """The readable spillway error inside a failed Spark action's exception.
+        """The real cause inside a failed Spark action's exception.
 
-        Spark wraps the executor's Python exception (with its traceback) in its own; this finds
-        the last spillway error in it, e.g. ``ToleranceExceededError: spillway job 'orders'
-        failed in stage TRANSFORMATION: ...``; else the exception's first line.
+        Spark wraps the executor's Python exception (with its traceback) in its own ("An
+        exception was thrown from the Python worker", a Py4J error, a SparkException ...). This
+        finds the last spillway error in it, e.g. ``ToleranceExceededError: spillway job
+        'orders' failed in stage TRANSFORMATION: ...``; else the exception that ended the last
+        Python traceback in it, e.g. ``pyarrow.lib.ArrowInvalid: Could not convert ...``; else
+        the exception's first line.
         """
         if isinstance(exc, SpillwayClientError):
             return f"{type(exc).__name__}: {exc}"
-        text = str(exc)
+        texts, seen = [], set()
+        cur: BaseException | None = exc
+        while cur is not None and id(cur) not in seen:   # Spark's wrappers chain the cause
+            seen.add(id(cur))
+            texts.append(str(cur))
+            cur = cur.__cause__ or cur.__context__
+        text = "\n".join(texts)
         found = _SPILLWAY_ERROR.findall(text)
         if found:
             name, message = found[-1]
             return f"{name}: {message.strip()}"
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        raised = _traceback_exception(text)
+        if raised:
+            return raised
+        lines = [ln.strip() for ln in texts[0].splitlines() if ln.strip()]
         return lines[0] if lines else type(exc).__name__
 
     # --- wrappers ---------------------------------------------------------------------------
@@ -655,6 +722,7 @@ class Job:
         function's qualified name). ``refresh``: called before re-running a refresh-retriable
         record.
         """
+        _require("map_partitions: data", data, rdd=True)
         wrapper = self._wrapper(fn, name, stage, custom_stage)
         if _is_dataframe(data):
             in_schema = data.schema
@@ -680,10 +748,12 @@ class Job:
         must therefore be row-wise (map, filter, explode: the output of a batch is the
         concatenation of the outputs of its parts), not an aggregate over the batch.
         """
+        _require("map_in_pandas: df", df)
         wrapper = self._wrapper(fn, name, stage, custom_stage)
+        out_schema = _struct(schema)
         run = functools.partial(_vector_partition, self.spec, wrapper, fn, "pandas", record_id,
-                                source, refresh)
-        return df.mapInPandas(run, schema)
+                                source, refresh, out_schema)
+        return df.mapInPandas(run, out_schema)
 
     def map_in_arrow(self, df: Any, fn: Callable[[Any], Any], schema: Any, *,
                      stage: str | int = "TRANSFORMATION", custom_stage: str = "",
@@ -692,10 +762,12 @@ class Job:
                      refresh: Callable[[], None] | None = None) -> Any:
         """``df.mapInArrow`` with ``fn(pyarrow.RecordBatch) -> RecordBatch | Table`` per batch;
         failures isolated by bisection, as in `map_in_pandas`."""
+        _require("map_in_arrow: df", df)
         wrapper = self._wrapper(fn, name, stage, custom_stage)
+        out_schema = _struct(schema)
         run = functools.partial(_vector_partition, self.spec, wrapper, fn, "arrow", record_id,
-                                source, refresh)
-        return df.mapInArrow(run, schema)
+                                source, refresh, out_schema)
+        return df.mapInArrow(run, out_schema)
 
     def deserialize(self, df: Any, *, key: Callable[[bytes | None], Any] | None = None,
                     key_type: Any = "string", value: Callable[[bytes | None], Any] | None = None,
@@ -710,10 +782,13 @@ class Job:
         results are added as ``key_column`` / ``value_column`` / ``record_column`` of the given
         Spark types; the original key, value, headers, timestamp and coordinates stay, so the
         DLQ gets the original bytes and later stages keep the coordinates. A record failing in
-        any step is reported with that step's stage and function.
+        any step is reported with that step's stage and function, and so is a record whose
+        result does not fit the step's declared type (an ``OutputSchemaError`` naming the
+        field: a data error, never a task killed by the Arrow conversion).
         """
         from pyspark.sql.types import StructField, StructType
 
+        _require("deserialize: df", df)
         steps: list[Deserializer] = []
         fields: list = []
         for part, fn, dtype, column, stage in (
@@ -726,8 +801,10 @@ class Job:
                 raise TypeError(f"{part}: expected a function, got {type(fn).__name__}")
             if dtype is None:
                 raise ValueError(f"{part}_type: required with {part}=")
-            steps.append(Deserializer(part, fn, StageRef.of(stage), report.qualified_name(fn)))
-            fields.append(StructField(column, _datatype(dtype), True))
+            spark_type = _datatype(dtype)
+            steps.append(Deserializer(part, fn, StageRef.of(stage), report.qualified_name(fn),
+                                      check=value_checker(spark_type, column, stage)))
+            fields.append(StructField(column, spark_type, True))
         if not steps:
             raise ValueError("deserialize: give at least one of key=, value=, record=")
         missing = [c for c in ("key", "value", *KAFKA_COORDINATES) if c not in df.columns]
@@ -776,9 +853,13 @@ class Job:
             dtype = StructType([StructField("value", dtype, True),
                                 StructField("error", error_type, True)])
 
+        check = value_checker(_datatype(returnType), "value", StageRef.of(
+            stage, custom_stage).name, exact=False)
+
         def decorate(fn: Callable) -> Any:
             wrapper = self._wrapper(fn, name, stage, custom_stage)
-            call = _udf_function(self.spec, wrapper, fn, error_column, record_id, refresh)
+            call = _udf_function(self.spec, wrapper, fn, error_column, record_id, refresh,
+                                 check=check)
             functools.update_wrapper(call, fn)
             return spark_udf(call, dtype)
 
@@ -801,6 +882,7 @@ class Job:
         self._foreach(data, write_fn, wrapper, batch_size, record_id, source, refresh, batch_id)
 
     def _foreach(self, data, write, wrapper, batch_size, record_id, source, refresh, batch_id):
+        _require("foreach_partition: data", data, rdd=True)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         run = functools.partial(_sink_partition, self.spec, wrapper, write, batch_size,

@@ -1,0 +1,159 @@
+"""Output checks (executor side): an output of a wrapped function that does not fit the Spark type
+the user declared for it is a failure of that record, reported like any other (a data error,
+with the stage and the field named), never a task killed later by Spark's Arrow conversion.
+
+Each check first runs pyspark's own type verifier (about a microsecond per value); only when it
+refuses a value is the value converted exactly as the wrapper will convert it (pyspark's
+``LocalDataToArrowConversion``), so what the conversion accepts and the verifier does not (an
+``int`` for a ``double``) still passes, and what fails is reported with the verifier's message,
+which names the field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+_ERROR_CLASS = re.compile(r"^\[[A-Z0-9_]+\]\s*")
+
+
+class OutputSchemaError(TypeError):
+    """A wrapped function's output does not fit its declared Spark type (a data error)."""
+
+
+def _conversion():
+    try:
+        from pyspark.sql.conversion import LocalDataToArrowConversion
+    except ImportError:  # pragma: no cover - older pyspark 4.x
+        from pyspark.sql.connect.conversion import (  # type: ignore[no-redef]
+            LocalDataToArrowConversion,
+        )
+    return LocalDataToArrowConversion
+
+
+def _why(exc: BaseException) -> str:
+    return _ERROR_CLASS.sub("", str(exc)).strip().rstrip(".")
+
+
+def value_checker(dtype: Any, name: str, stage: str, *, exact: bool = True,
+                  ) -> Callable[[Any], None]:
+    """A check of one value of Spark type ``dtype`` (the column ``name`` of stage ``stage``).
+
+    ``exact=False``: the verifier alone decides (for Python UDFs, whose results Spark converts
+    without Arrow and turns into a silent null when the type does not match)."""
+    from pyspark.sql.types import StructField, StructType, _make_type_verifier
+
+    verify = _make_type_verifier(dtype, nullable=True, name=name)
+    struct = StructType([StructField(name, dtype, True)])
+    declared = dtype.simpleString()
+
+    def check(value: Any) -> None:
+        try:
+            verify(value)
+            return
+        except Exception as exc:  # noqa: BLE001 - pyspark's verifier raises several types
+            refused = exc
+        if exact:
+            try:
+                _conversion().convert([(value,)], struct, False)
+                return
+            except Exception:  # noqa: BLE001 - Arrow raises several types
+                pass
+        raise OutputSchemaError(f"{stage} output does not fit the declared type {declared}: "
+                                f"{_why(refused)}")
+
+    return check
+
+
+def row_checker(schema: Any, stage: str) -> Callable[[Any], Any]:
+    """A check of one output row (a Row by field name, a dict, or a tuple in schema order)
+    against the StructType ``schema``; returns the row as the conversion takes it."""
+    from pyspark.sql import Row
+    from pyspark.sql.types import _make_type_verifier
+
+    verify = _make_type_verifier(schema, name="output")
+    declared = schema.simpleString()
+
+    def check(out: Any) -> Any:
+        if isinstance(out, Row) and hasattr(out, "__fields__"):
+            out = out.asDict()
+        try:
+            verify(out)
+            return out
+        except Exception as exc:  # noqa: BLE001 - pyspark's verifier raises several types
+            refused = exc
+        try:
+            _conversion().convert([out], schema, False)
+            return out
+        except Exception:  # noqa: BLE001 - Arrow raises several types
+            raise OutputSchemaError(f"{stage} output does not fit the declared schema "
+                                    f"{declared}: {_why(refused)}") from None
+
+    return check
+
+
+# --- vectorized outputs ---------------------------------------------------------------------
+
+
+def arrow_conformer(schema: Any, stage: str) -> Callable[[Any], Any]:
+    """RecordBatch -> the same rows with exactly the declared Arrow types (columns by position,
+    cast where the types differ); OutputSchemaError naming the column otherwise."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    target = to_arrow_schema(schema)
+
+    def conform(batch: Any) -> Any:
+        if batch.schema.equals(target, check_metadata=False):
+            return batch
+        if batch.num_columns != len(target):
+            raise OutputSchemaError(
+                f"{stage} output has {batch.num_columns} column(s) "
+                f"{batch.schema.names}, the declared schema {schema.simpleString()} has "
+                f"{len(target)}")
+        arrays = []
+        for i, field in enumerate(target):
+            col = batch.column(i)
+            if not col.type.equals(field.type):
+                try:
+                    col = col.cast(field.type)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                    raise OutputSchemaError(
+                        f"{stage} output column {field.name!r} ({batch.schema.names[i]!r} "
+                        f"returned as {col.type}) does not fit the declared type "
+                        f"{field.type}: {exc}") from None
+            arrays.append(col)
+        return pa.RecordBatch.from_arrays(arrays, schema=target)
+
+    return conform
+
+
+def pandas_checker(schema: Any, stage: str) -> Callable[[Any], Any]:
+    """A check that a pandas DataFrame converts to the declared schema (columns by name when
+    every declared name is present, else by position, as Spark assigns them); OutputSchemaError
+    naming the column otherwise. Returns the frame unchanged."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    target = to_arrow_schema(schema)
+
+    def check(frame: Any) -> Any:
+        names = [f.name for f in target]
+        by_name = all(n in frame.columns for n in names)
+        if not by_name and len(frame.columns) != len(names):
+            raise OutputSchemaError(
+                f"{stage} output has columns {list(frame.columns)}, the declared schema "
+                f"{schema.simpleString()} has {names}")
+        for i, field in enumerate(target):
+            series = frame[field.name] if by_name else frame.iloc[:, i]
+            try:
+                pa.Array.from_pandas(series, type=field.type, safe=False)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
+                    TypeError, ValueError) as exc:
+                raise OutputSchemaError(
+                    f"{stage} output column {field.name!r} does not fit the declared type "
+                    f"{field.type}: {exc}") from None
+        return frame
+
+    return check
