@@ -1297,6 +1297,22 @@ def test_dockerignore_matching_follows_docker(tmp_path):
 # --- the sidecar's healthcheck against a real sidecar ------------------------------------------
 
 
+def _provision_tls(compose: dict, svc: dict, tmp_path: Path) -> tuple[str, Path]:
+    """Run the stack's own certificate generator (service `certs`) into tmp_path: returns the
+    sidecar's mount point of the volume it fills and the host directory standing in for it."""
+    certs = services(compose)["certs"]
+    shell, script, out_dir = image_argv(certs, ROOT)
+    volume = next(v.split(":")[0] for v in certs["volumes"] if v.split(":")[1] == out_dir)
+    mount = next(v.split(":")[1] for v in svc["volumes"]
+                 if isinstance(v, str) and v.split(":")[0] == volume)
+    target = tmp_path / "tls"
+    uid = str(os.getuid())
+    subprocess.run([shell, str(host_path(script, certs, compose, ROOT)[0]), str(target)],
+                   check=True, capture_output=True, timeout=60,
+                   env={**os.environ, "SIDECAR_UID": uid, "SPARK_UID": uid})
+    return mount, target
+
+
 @pytest.mark.e2e
 def test_the_sidecar_healthcheck_passes_on_a_live_sidecar_and_fails_without_one(
         compose, broker, tmp_path):
@@ -1316,9 +1332,11 @@ def test_the_sidecar_healthcheck_passes_on_a_live_sidecar_and_fails_without_one(
 
     config_path = host_path(flag_values(image_argv(svc, ROOT), "--config")[0], svc, compose,
                             ROOT)[0]
+    mount, tls_dir = _provision_tls(compose, svc, tmp_path)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith((config.ENV_PREFIX, "OTEL_"))}
-    env.update({k: v for k, v in environment(svc).items() if not k.startswith("OTEL_")})
+    env.update({k: v.replace(mount, str(tls_dir)) for k, v in environment(svc).items()
+                if not k.startswith("OTEL_")})
     env.update(SPILLWAY_LISTEN_ADDRESS=addr, SPILLWAY_BOOTSTRAP_SERVERS=broker.bootstrap_servers,
                SPILLWAY_SPOOL_DIR=str(tmp_path / "spool"), OTEL_SDK_DISABLED="true")
     with open(tmp_path / "sidecar.log", "wb") as log:
@@ -1329,10 +1347,18 @@ def test_the_sidecar_healthcheck_passes_on_a_live_sidecar_and_fails_without_one(
         try:
             line = proc.stdout.readline()
             assert "listening on" in line, (line, (tmp_path / "sidecar.log").read_text())
-            up = subprocess.run(check, check=False, capture_output=True, text=True, timeout=30)
+            up = subprocess.run(check, check=False, capture_output=True, text=True, timeout=30,
+                                env=env)
             assert up.returncode == 0, up.stderr
+            # the operator's `docker compose exec sidecar spillway status` (mTLS + admin token)
+            status = subprocess.run([sys.executable, "-m", "spillway.sidecar.cli", "status",
+                                     "--sidecar", addr], check=False, capture_output=True,
+                                    text=True, timeout=60, env=env)
+            assert status.returncode == 0 and "sidecar spark-worker" in status.stdout, (
+                status.stdout, status.stderr)
         finally:
             proc.terminate()
             proc.wait(30)
-    down = subprocess.run(check, check=False, capture_output=True, text=True, timeout=30)
+    down = subprocess.run(check, check=False, capture_output=True, text=True, timeout=30,
+                          env=env)
     assert down.returncode != 0, "the healthcheck passed with no sidecar listening"

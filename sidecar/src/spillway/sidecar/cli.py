@@ -4,7 +4,7 @@
                     [--bootstrap-servers HOST:PORT] [--tls-cert F --tls-key F [--tls-ca F]]
                     [--token-file F] [--peer-token-file F] [--admin-token-file F]
                     [--advertised-address HOST:PORT] [--set key=value ...]
-    spillway status [--sidecar ADDR] [--json] [--tls-ca F] [--token-file F]
+    spillway status [--sidecar ADDR] [--json] [--tls-ca F] [--token-file F | --admin-token-file F]
     spillway dlq tail|redrive ...
 
 Configuration precedence for `serve`: flags (and --set), then SPILLWAY_* environment variables,
@@ -51,9 +51,11 @@ def add_client_security_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-cert", help="client certificate for mutual TLS "
                                       "(default $SPILLWAY_TLS_CERT_FILE)")
     p.add_argument("--tls-key", help="its private key (default $SPILLWAY_TLS_KEY_FILE)")
-    p.add_argument("--token-file", help="operator token file, sent as spillway-admin-token "
-                                        "(default $SPILLWAY_ADMIN_TOKEN_FILE; else the node "
-                                        "token $SPILLWAY_TOKEN_FILE as spillway-node-token)")
+    p.add_argument("--token-file", help="node token file, sent as spillway-node-token "
+                                        "(default $SPILLWAY_TOKEN_FILE)")
+    p.add_argument("--admin-token-file", help="operator token file, sent as "
+                                              "spillway-admin-token instead (default "
+                                              "$SPILLWAY_ADMIN_TOKEN_FILE)")
 
 
 def operator_client(args: argparse.Namespace):
@@ -61,10 +63,10 @@ def operator_client(args: argparse.Namespace):
     from spillway.client import SidecarClient
     from spillway.client import _auth
 
-    admin = args.token_file or os.environ.get(_auth.ADMIN_TOKEN_FILE_ENV, "")
+    admin = args.admin_token_file or os.environ.get(_auth.ADMIN_TOKEN_FILE_ENV, "")
     security = _auth.ChannelSecurity.resolve(
         ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
-        token_file=admin or None,
+        token_file=admin or args.token_file,
         token_key=_auth.ADMIN_TOKEN_KEY if admin else _auth.NODE_TOKEN_KEY)
     return SidecarClient(args.sidecar, timeout_s=args.timeout, security=security)
 

@@ -368,6 +368,15 @@ def is_loopback_host(host: str) -> bool:
                                for i in infos)
 
 
+def default_advertised(address: str) -> str:
+    """advertised.address when unset: the listen address, with a wildcard host (0.0.0.0, ::)
+    replaced by this host's name (as Kafka's advertised listeners do)."""
+    host, port = split_host_port(address)
+    if address.startswith("unix:") or host not in ("", "0.0.0.0", "::"):
+        return address
+    return f"{socket.gethostname()}:{port}"
+
+
 def check_plaintext_listen(address: str, cfg: SecurityConfig) -> None:
     """Plaintext on a routable address is refused unless the operator asked for it."""
     if cfg.tls is not None or cfg.plaintext_allowed:

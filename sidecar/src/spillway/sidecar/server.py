@@ -507,7 +507,7 @@ def start_server(
             raise ConfigError("listen.address", f"cannot bind {tcp}")
         address = f"{host}:{bound}"  # port 0 picks a free port: report the real one
     sidecar.listen_address = address
-    sidecar.advertised_address = sec.advertised_address or address
+    sidecar.advertised_address = sec.advertised_address or security.default_advertised(address)
     server.start()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -313,7 +313,8 @@ _PROPS: list[Prop] = [
          job=False),
     Prop("advertised.address", p_str, "",
          "host:port other nodes' sidecars reach this one at, named as a job's home (default: "
-         "the listen address, which is only right on a single host)", job=False),
+         "the listen address, its host name for 0.0.0.0; a loopback one only works on a "
+         "single host)", job=False),
     Prop("home.allowed.addresses", p_str, "",
          "comma-separated addresses this sidecar may dial as a job's home: host, host:port, "
          "CIDR[:port], *.domain[:port] or * ('': loopback only; its own address is always "
