@@ -399,20 +399,38 @@ def _class_names(cls: type) -> tuple[str, list[str]]:
     return names
 
 
+# The sidecar refuses longer texts (INVALID_ARGUMENT naming the field): cut them here, saying so.
+MAX_MESSAGE_CHARS = 64 * 1024
+MAX_STACK_TRACE_CHARS = 256 * 1024
+MAX_CAUSES = 64
+MAX_CAUSE_CHARS = 16 * 1024
+MAX_CLASS_CHAIN = 128
+_CUT = "... [cut by spillway]"
+
+
+def _head(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - len(_CUT)] + _CUT
+
+
+def _tail(text: str, limit: int) -> str:
+    """The end of a stack trace (the innermost frames and the exception line) is kept."""
+    return text if len(text) <= limit else "[cut by spillway] ..." + text[-(limit - 21):]
+
+
 def _exception_fields(exc: BaseException) -> dict[str, Any]:
     """The fields of ``exc``'s ExceptionInfo (only those that are set), as keyword arguments:
     protobuf builds a nested message from them faster than it copies a built one in."""
     class_name, class_chain = _class_names(type(exc))
     fields: dict[str, Any] = {
         "class_name": class_name,
-        "class_chain": class_chain,
-        "message": str(exc),
-        "stack_trace": format_stack_trace(exc),
+        "class_chain": class_chain[:MAX_CLASS_CHAIN],
+        "message": _head(str(exc), MAX_MESSAGE_CHARS),
+        "stack_trace": _tail(format_stack_trace(exc), MAX_STACK_TRACE_CHARS),
     }
     if exc.__cause__ is not None or exc.__context__ is not None:
         chain = causes(exc)
         if chain:
-            fields["causes"] = chain
+            fields["causes"] = [_head(c, MAX_CAUSE_CHARS) for c in chain[:MAX_CAUSES]]
     if (code := grpc_status_code(exc)) is not None:
         fields["grpc_status_code"] = code
     if (status := http_status_code(exc)) is not None:

@@ -27,7 +27,7 @@ from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
 from . import __version__, security, telemetry
 from .peers import HomeError, resolve_home
-from .adapters import convert
+from .adapters import convert, rpc
 from .admission import Admission
 from .core import config
 from .core.dlq_record import DlqBuilder
@@ -147,7 +147,6 @@ class Sidecar:
 
     def register_job(self, job: str, properties: Mapping[str, str], *, home: str = "",
                      home_instance_id: str = "", timeout_s: float = 15.0) -> JobSettings:
-        job = job.strip()
         if home and job not in self.homes:
             # allow-listed, dialled with this sidecar's TLS + peer token, identity checked
             remote = resolve_home(self, home, home_instance_id, timeout_s)
@@ -482,7 +481,8 @@ def start_server(
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.so_reuseport", 0)],
     )
-    pb_grpc.add_ErrorSidecarServicer_to_server(ErrorSidecarServicer(sidecar), server)
+    # raw bytes in, parsed and bounded inside: undecodable requests answer INVALID_ARGUMENT
+    rpc.add_servicer(ErrorSidecarServicer(sidecar), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = ""

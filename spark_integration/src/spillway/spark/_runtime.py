@@ -43,6 +43,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 from spillway.client import SidecarClient
+from spillway.client._names import check_job_name
 from spillway.client.client import DEFAULT_TARGET, resolve_target
 from spillway.client.errors import (
     ADDRESS_ENV,
@@ -101,8 +102,7 @@ class JobSpec:
     home: str = ""
 
     def __post_init__(self) -> None:
-        if not self.name or not self.name.strip():
-            raise ValueError("name: a job name is required")
+        check_job_name(self.name)  # the sidecar's rule, refused here on the driver
         if self.on_sidecar_unavailable not in ON_UNAVAILABLE:
             raise ValueError(f"on_sidecar_unavailable: must be one of {', '.join(ON_UNAVAILABLE)}"
                              f"; got {self.on_sidecar_unavailable!r}")

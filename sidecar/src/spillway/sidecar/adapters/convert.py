@@ -240,27 +240,37 @@ def verdict_from_pb(v: pb.Verdict) -> m.Verdict:
     )
 
 
+_U64_MAX = 2**64 - 1
+_I64_MAX = 2**63 - 1
+
+
+def _u64(n: int) -> int:
+    """Counters saturate at what a uint64 field carries (they are sums of callers' numbers:
+    one out-of-range total must not break every summary and GetStatus)."""
+    return n if 0 <= n <= _U64_MAX else (_U64_MAX if n > 0 else 0)
+
+
 def _entries(d: dict[str, int]) -> list[pb.CountEntry]:
-    return [pb.CountEntry(key=k, count=c) for k, c in sorted(d.items())]
+    return [pb.CountEntry(key=k, count=_u64(c)) for k, c in sorted(d.items())]
 
 
 def summary_to_pb(s: m.JobSummary, sidecar_id: str) -> pb.JobSummary:
     c = s.counts
     return pb.JobSummary(
         job=s.job, failed=s.failed, failure_reason=s.failure_reason,
-        records_processed=s.records_processed,
-        total_record_failures=c.total_record_failures,
-        total_record_errors=c.total_record_errors,
-        total_records_skipped=c.total_records_skipped,
-        total_retries=c.total_retries,
-        total_errors_logged=c.total_errors_logged,
-        dlq_records_written=s.dlq_records_written,
-        last_error_timestamp_ms=c.last_error_timestamp_ms,
+        records_processed=_u64(s.records_processed),
+        total_record_failures=_u64(c.total_record_failures),
+        total_record_errors=_u64(c.total_record_errors),
+        total_records_skipped=_u64(c.total_records_skipped),
+        total_retries=_u64(c.total_retries),
+        total_errors_logged=_u64(c.total_errors_logged),
+        dlq_records_written=_u64(s.dlq_records_written),
+        last_error_timestamp_ms=min(max(c.last_error_timestamp_ms, -_I64_MAX), _I64_MAX),
         by_stage=_entries(s.by_stage),
         by_category=_entries(s.by_category),
         by_exception_class=_entries(s.by_exception_class),
         sidecar_id=sidecar_id,
-        dropped_records=c.dropped_records,
-        retry_budget_exhausted=s.retry_budget_exhausted,
-        records_refused=s.records_refused,
+        dropped_records=_u64(c.dropped_records),
+        retry_budget_exhausted=_u64(s.retry_budget_exhausted),
+        records_refused=_u64(s.records_refused),
     )

@@ -34,6 +34,25 @@ class Prop:
     job: bool = True  # settable per job (else sidecar-only)
 
 
+# --- bounds: every number has a range (days, not eons), so no sum or product of them can
+# overflow what protobuf's int64/uint64 fields or a float carry ------------------------------
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+WEEK_MS = 7 * DAY_MS
+MAX_COUNT = 10**12       # record counts, thresholds
+MAX_RETRIES = 1_000_000  # per-record retry and hold counts, task counts
+MAX_SHOWN = 64           # characters of a bad value a message repeats
+
+
+def shown(raw: str) -> str:
+    """A bad value as a message may repeat it: short, escaped."""
+    return repr(raw if len(raw) <= MAX_SHOWN else raw[:MAX_SHOWN] + "...")
+
+
+def _num(text: str) -> str:
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "..."
+
+
 # --- parsers -------------------------------------------------------------------------------
 
 
@@ -41,7 +60,7 @@ def p_bool(name: str, raw: str) -> bool:
     v = raw.strip().lower()
     if v in ("true", "false"):
         return v == "true"
-    raise ConfigError(name, f"must be true or false, got {raw!r}")
+    raise ConfigError(name, f"must be true or false, got {shown(raw)}")
 
 
 def p_int(lo: int | None = None, hi: int | None = None, extra: Iterable[int] = ()):
@@ -51,13 +70,13 @@ def p_int(lo: int | None = None, hi: int | None = None, extra: Iterable[int] = (
         try:
             v = int(raw.strip())
         except ValueError:
-            raise ConfigError(name, f"must be an integer, got {raw!r}") from None
+            raise ConfigError(name, f"must be an integer, got {shown(raw)}") from None
         if v in allowed:
             return v
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
             also = f" or one of {list(allowed)}" if allowed else ""
-            raise ConfigError(name, f"must be in {rng}{also}, got {v}")
+            raise ConfigError(name, f"must be in {rng}{also}, got {_num(str(v))}")
         return v
 
     return parse
@@ -70,15 +89,15 @@ def p_float(lo: float | None = None, hi: float | None = None, extra: Iterable[fl
         try:
             v = float(raw.strip())
         except ValueError:
-            raise ConfigError(name, f"must be a number, got {raw!r}") from None
+            raise ConfigError(name, f"must be a number, got {shown(raw)}") from None
         if math.isnan(v) or math.isinf(v):
-            raise ConfigError(name, f"must be a finite number, got {raw!r}")
+            raise ConfigError(name, f"must be a finite number, got {shown(raw)}")
         if v in allowed:
             return v
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             rng = f"[{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
             also = f" or one of {list(allowed)}" if allowed else ""
-            raise ConfigError(name, f"must be in {rng}{also}, got {raw.strip()}")
+            raise ConfigError(name, f"must be in {rng}{also}, got {_num(raw.strip())}")
         return v
 
     return parse
@@ -88,7 +107,7 @@ def p_choice(*choices: str):
     def parse(name: str, raw: str) -> str:
         v = raw.strip().lower()
         if v not in choices:
-            raise ConfigError(name, f"must be one of {', '.join(choices)}; got {raw!r}")
+            raise ConfigError(name, f"must be one of {', '.join(choices)}; got {shown(raw)}")
         return v
 
     return parse
@@ -102,15 +121,15 @@ def p_octal_mode(name: str, raw: str) -> int:
     try:
         v = int(raw.strip(), 8)
     except ValueError:
-        raise ConfigError(name, f"must be an octal file mode such as 0660, got {raw!r}") from None
+        raise ConfigError(name, f"must be an octal file mode such as 0660, got {shown(raw)}") from None
     if not 0 <= v <= 0o777:
-        raise ConfigError(name, f"must be an octal file mode in [0000, 0777], got {raw!r}")
+        raise ConfigError(name, f"must be an octal file mode in [0000, 0777], got {shown(raw)}")
     return v
 
 
-def p_optional_int(lo: int):
+def p_optional_int(lo: int, hi: int | None = None):
     """Unset ("") means 'not configured' (None): lets the two retry families be told apart."""
-    inner = p_int(lo)
+    inner = p_int(lo, hi)
 
     def parse(name: str, raw: str) -> int | None:
         return None if raw.strip() == "" else inner(name, raw)
@@ -142,33 +161,33 @@ _PROPS: list[Prop] = [
     # KIP-298 tolerance, logging, retry
     Prop("errors.tolerance", p_choice("none", "all"), "none",
          "none: fail on the first error (fail fast); all: skip failed records within the limits"),
-    Prop("errors.tolerance.max.errors", p_int(-1), "-1",
+    Prop("errors.tolerance.max.errors", p_int(-1, MAX_COUNT), "-1",
          "with errors.tolerance=all: fail the job past this many errors (-1: no count limit)"),
     Prop("errors.tolerance.max.ratio", p_float(0.0, 1.0, extra=(-1.0,)), "-1",
          "with errors.tolerance=all: fail the job past this ratio of errors to processed records "
          "(-1: no ratio limit)"),
-    Prop("errors.tolerance.min.records", p_int(0), "100",
+    Prop("errors.tolerance.min.records", p_int(0, MAX_COUNT), "100",
          "the ratio limit applies once this many records were processed in the window"),
-    Prop("errors.tolerance.window.ms", p_int(0), "0",
+    Prop("errors.tolerance.window.ms", p_int(0, WEEK_MS), "0",
          "sliding window of the limits in ms (0: the whole job)"),
     Prop("errors.tolerance.per.stage", p_bool, "false",
          "apply the count and ratio limits to each stage separately as well as to the job"),
-    Prop("errors.retry.timeout", p_int(-1), "0",
+    Prop("errors.retry.timeout", p_int(-1, WEEK_MS), "0",
          "KIP-298: total ms a failed record is retried for, from its first failure (0: no "
          "retry unless errors.retry.max.retries is set, then no time bound; -1: no limit)"),
-    Prop("errors.retry.delay.max.ms", p_int(1), "60000",
+    Prop("errors.retry.delay.max.ms", p_int(1, DAY_MS), "60000",
          "KIP-298: max delay between two consecutive retries, ms"),
-    Prop("errors.retry.max.retries", p_optional_int(0), "",
+    Prop("errors.retry.max.retries", p_optional_int(0, MAX_RETRIES), "",
          "status-store KIP (alias status.storage.retry.max.retries): max retries of one "
          "record; with errors.retry.timeout both bound, whichever is reached first (unset: 5 "
          "once any knob of this family is set, else errors.retry.timeout alone decides)"),
-    Prop("errors.retry.initial.backoff.ms", p_optional_int(0), "",
+    Prop("errors.retry.initial.backoff.ms", p_optional_int(0, DAY_MS), "",
          "status-store KIP (alias status.storage.retry.initial.backoff.ms): first backoff, ms "
          "(unset: 300)"),
-    Prop("errors.retry.max.backoff.ms", p_optional_int(0), "",
+    Prop("errors.retry.max.backoff.ms", p_optional_int(0, DAY_MS), "",
          "status-store KIP (alias status.storage.retry.max.backoff.ms): backoff cap, ms "
          "(unset: 10000, or errors.retry.delay.max.ms when that is lower)"),
-    Prop("errors.retry.backoff.multiplier", p_optional_float(1.0), "",
+    Prop("errors.retry.backoff.multiplier", p_optional_float(1.0, 100.0), "",
          "status-store KIP (alias status.storage.retry.backoff.multiplier): multiplier per "
          "attempt, >= 1 (unset: 2.0)"),
     Prop("errors.retry.jitter.factor", p_optional_float(0.0, 1.0), "",
@@ -178,25 +197,25 @@ _PROPS: list[Prop] = [
          "retry budget (a rate bound that defers retries, never drops them): the job's retries "
          "per window may be errors.retry.budget.min.retries plus this fraction of the records "
          "it processed or saw fail for the first time in the window (-1: no budget)"),
-    Prop("errors.retry.budget.min.retries", p_int(1), "100",
+    Prop("errors.retry.budget.min.retries", p_int(1, MAX_COUNT), "100",
          "retries per budget window always available, whatever the ratio (100 per 10 s: "
          "Finagle's 10 retries per second)"),
-    Prop("errors.retry.budget.window.ms", p_int(1), "10000",
+    Prop("errors.retry.budget.window.ms", p_int(1, DAY_MS), "10000",
          "the window over which the retry budget is measured, ms"),
     Prop("errors.circuit.enable", p_bool, "true",
          "share one wait among all executors when an error class fails for many at once"),
-    Prop("errors.circuit.failure.threshold", p_int(1), "20",
+    Prop("errors.circuit.failure.threshold", p_int(1, MAX_COUNT), "20",
          "retriable failures of one error class within the window that open the circuit"),
-    Prop("errors.circuit.min.tasks", p_int(1), "2",
+    Prop("errors.circuit.min.tasks", p_int(1, MAX_RETRIES), "2",
          "distinct Spark tasks (stage.partition) that must see those failures (one task "
          "retrying alone never opens it)"),
-    Prop("errors.circuit.window.ms", p_int(1), "10000",
+    Prop("errors.circuit.window.ms", p_int(1, DAY_MS), "10000",
          "the window in which failures are counted, ms"),
-    Prop("errors.circuit.open.ms", p_int(1), "5000",
+    Prop("errors.circuit.open.ms", p_int(1, DAY_MS), "5000",
          "how long an open circuit holds everyone back before one probe goes through, ms"),
-    Prop("errors.circuit.success.threshold", p_int(1), "3",
+    Prop("errors.circuit.success.threshold", p_int(1, MAX_RETRIES), "3",
          "recoveries in half-open state that close the circuit again"),
-    Prop("errors.circuit.max.holds", p_int(0), "10",
+    Prop("errors.circuit.max.holds", p_int(0, MAX_RETRIES), "10",
          "waits an open circuit may impose on one record without charging its retries; "
          "later ones count against errors.retry.max.retries and the retry budget"),
     Prop("errors.log.enable", p_bool, "false",
@@ -229,9 +248,9 @@ _PROPS: list[Prop] = [
          "KIP-1191: create a missing DLQ topic (never by default)"),
     Prop("errors.deadletterqueue.topic.replication.factor", p_int(1, 32767), "3",
          "replication factor of an auto-created DLQ topic"),
-    Prop("errors.deadletterqueue.topic.partitions", p_int(1), "1",
+    Prop("errors.deadletterqueue.topic.partitions", p_int(1, 100_000), "1",
          "partition count of an auto-created DLQ topic"),
-    Prop("errors.deadletterqueue.stacktrace.max.bytes", p_int(0), "8192",
+    Prop("errors.deadletterqueue.stacktrace.max.bytes", p_int(0, 1024 * 1024), "8192",
          "stack traces in headers are cut to this many bytes (oversized headers break consumers)"),
     # sidecar-only
     Prop("listen.address", p_str, "127.0.0.1:50051",
@@ -259,17 +278,18 @@ _PROPS: list[Prop] = [
     Prop("spool.group", p_str, "",
          "group given read access to the spool (directory 0750, files 0640); '': directory "
          "0700, files 0600, the sidecar's user alone", job=False),
-    Prop("spool.max.bytes", p_int(1), str(512 * 1024 * 1024),
+    Prop("spool.max.bytes", p_int(1, 2**50), str(512 * 1024 * 1024),
          "spool high-water mark in bytes: backpressure past it", job=False),
-    Prop("spool.max.records", p_int(1), "2000000",
+    Prop("spool.max.records", p_int(1, MAX_COUNT), "2000000",
          "spool high-water mark in records: backpressure past it", job=False),
     Prop("spool.low.water.percent", p_int(0, 100), "80",
          "after a refusal for backpressure, reports are refused (health NOT_SERVING) until the "
          "spool holds less than this percentage of both spool.max.records and spool.max.bytes",
          job=False),
-    Prop("producer.linger.ms", p_int(0), "20", "DLQ producer linger, ms", job=False),
-    Prop("producer.batch.size", p_int(1), "1000000", "DLQ producer batch size, bytes", job=False),
-    Prop("flush.timeout.ms", p_int(1), "60000",
+    Prop("producer.linger.ms", p_int(0, 900_000), "20", "DLQ producer linger, ms", job=False),
+    Prop("producer.batch.size", p_int(1, 2**31 - 1), "1000000",
+         "DLQ producer batch size, bytes", job=False),
+    Prop("flush.timeout.ms", p_int(1, DAY_MS), "60000",
          "default flush-barrier deadline when the client sets none, ms", job=False),
     Prop("telemetry.enable", p_bool, "true",
          "OpenTelemetry traces and metrics (exported only where OTEL_* / the Prometheus port "
@@ -281,7 +301,8 @@ _PROPS: list[Prop] = [
     Prop("metrics.task.label.enable", p_bool, "false",
          "label per-job metrics with the Spark task too (stage.partition): one series per "
          "partition, for debugging only", job=False),
-    Prop("shutdown.grace.ms", p_int(0), "10000", "graceful stop: time for in-flight calls, ms",
+    Prop("shutdown.grace.ms", p_int(0, HOUR_MS), "10000",
+         "graceful stop: time for in-flight calls, ms",
          job=False),
     # security (docs/SECURITY.md)
     Prop("auth.token.file", p_str, "",

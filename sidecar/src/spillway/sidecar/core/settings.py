@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from . import config
+from . import config, names
 from .model import Category
 
 
@@ -111,8 +111,10 @@ class JobSettings:
         contradict ``errors.tolerance=none`` are refused only when the job set them itself; a
         sidecar-wide default limit simply does not apply to a fail-fast job.
         """
-        if not job or not job.strip():
-            raise ConfigError("job", "a job name is required")
+        try:
+            names.check_job_name(job)
+        except ValueError as exc:
+            raise ConfigError("job", str(exc).removeprefix("job: ")) from None
         v = config.parse(raw)
         family = _retry_family(v)
         retry = RetrySettings(

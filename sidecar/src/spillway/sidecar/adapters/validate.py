@@ -1,0 +1,201 @@
+"""Bounds on every request field, checked once per call before any servicer code runs.
+
+`check(method, request)` raises ValueError naming the field and the bound (never echoing a long
+value); the RPC layer (`adapters/rpc.py`) answers INVALID_ARGUMENT with it, so a refused request
+changes no state. Names and ids follow `core.names`; the numeric bounds below keep every count
+the sidecar sums far inside what protobuf's uint64/int64 (and a float) can carry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from spillway.v1 import sidecar_pb2 as pb
+
+from ..core import names
+
+# --- bounds (docs/CONFIGURATION.md, "Request bounds") ---------------------------------------
+MAX_PROPERTIES = 256
+MAX_PROPERTY_KEY_CHARS = 256
+MAX_PROPERTY_VALUE_CHARS = 32 * 1024
+MAX_ADDRESS_CHARS = 512          # home, peer
+MAX_INSTANCE_ID_CHARS = 128
+MAX_RECORDS_PER_REPORT = 65_536
+MAX_RECOVERED_IDS = 65_536
+MAX_STAGE_COUNTS = 256
+MAX_PROCESSED_PER_ENTRY = 2**40  # per FlushTask entry: ~10^12 records, far beyond one task
+MAX_HOST_CHARS = 255
+MAX_EXECUTOR_ID_CHARS = 256
+MAX_TOPIC_CHARS = 249
+MAX_TIMESTAMP_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+MAX_ATTEMPT = 1_000_000
+MAX_CLASS_NAME_CHARS = 1024
+MAX_CLASS_CHAIN = 128
+MAX_MESSAGE_CHARS = 64 * 1024
+MAX_STACK_TRACE_CHARS = 256 * 1024
+MAX_CAUSES = 64
+MAX_CAUSE_CHARS = 16 * 1024
+MAX_KAFKA_CODE_CHARS = 64
+MAX_HEADERS = 1024
+MAX_HEADER_KEY_CHARS = 1024
+MAX_HEADER_BYTES = 4 * 1024 * 1024   # keys and values of one record's headers together
+MAX_TRACEPARENT_CHARS = 256
+MAX_TRACESTATE_CHARS = 512           # W3C trace-context's own limit
+MAX_PAGE_SIZE = 10_000
+MAX_PAGE_TOKEN_CHARS = 1024
+_INT32_MAX = 2**31 - 1
+
+
+def _len(field: str, value, bound: int, unit: str = "characters") -> None:
+    n = len(value)
+    if n > bound:
+        raise ValueError(f"{field}: at most {bound} {unit} (got {n})")
+
+
+def _range(field: str, value: int, lo: int, hi: int) -> None:
+    if value < lo or value > hi:
+        raise ValueError(f"{field}: must be in [{lo}, {hi}] (got {value})")
+
+
+def _ids(field: str, ids) -> None:
+    _len(field, ids, MAX_RECOVERED_IDS, "ids")
+    for i, rid in enumerate(ids):
+        names.check_record_id(rid, f"{field}[{i}]")
+
+
+def _job(request, *, required: bool = True) -> None:
+    if required or request.job:
+        names.check_job_name(request.job)
+    names.check_run_id(request.run_id)
+
+
+def _task(t: pb.TaskIdentity) -> None:
+    _range("task.stage_id", t.stage_id, 0, _INT32_MAX)
+    _range("task.partition_id", t.partition_id, 0, _INT32_MAX)
+    _range("task.attempt_number", t.attempt_number, 0, _INT32_MAX)
+    _range("task.task_attempt_id", t.task_attempt_id, 0, 2**63 - 1)
+    names.check_text("task.executor_id", t.executor_id, max_chars=MAX_EXECUTOR_ID_CHARS)
+    names.check_text("task.host", t.host, max_chars=MAX_HOST_CHARS)
+
+
+def _exception(e: pb.ExceptionInfo, where: str) -> None:
+    _len(f"{where}.class_name", e.class_name, MAX_CLASS_NAME_CHARS)
+    chain = e.class_chain
+    if chain:
+        _len(f"{where}.class_chain", chain, MAX_CLASS_CHAIN, "entries")
+        for i, c in enumerate(chain):
+            _len(f"{where}.class_chain[{i}]", c, MAX_CLASS_NAME_CHARS)
+    _len(f"{where}.message", e.message, MAX_MESSAGE_CHARS)
+    _len(f"{where}.stack_trace", e.stack_trace, MAX_STACK_TRACE_CHARS)
+    causes = e.causes
+    if causes:
+        _len(f"{where}.causes", causes, MAX_CAUSES, "entries")
+        for i, c in enumerate(causes):
+            _len(f"{where}.causes[{i}]", c, MAX_CAUSE_CHARS)
+    _len(f"{where}.kafka_error_code", e.kafka_error_code, MAX_KAFKA_CODE_CHARS)
+    if e.HasField("grpc_status_code"):
+        _range(f"{where}.grpc_status_code", e.grpc_status_code, 0, 16)
+    if e.HasField("http_status_code"):
+        _range(f"{where}.http_status_code", e.http_status_code, 0, 999)
+
+
+def _record(r: pb.FailedRecord, i: int) -> None:
+    where = f"records[{i}]"
+    names.check_record_id(r.record_id, f"{where}.record_id")
+    if r.custom_stage:
+        names.check_custom_stage(r.custom_stage, f"{where}.custom_stage")
+    if r.function_name:
+        names.check_function_name(r.function_name, f"{where}.function_name")
+    if r.HasField("source"):
+        s = r.source
+        _len(f"{where}.source.topic", s.topic, MAX_TOPIC_CHARS)
+        _range(f"{where}.source.partition", s.partition, -1, _INT32_MAX)
+        _range(f"{where}.source.offset", s.offset, -1, 2**63 - 1)
+    headers = r.headers
+    if headers:
+        _len(f"{where}.headers", headers, MAX_HEADERS, "headers")
+        total = 0
+        for j, h in enumerate(headers):
+            _len(f"{where}.headers[{j}].key", h.key, MAX_HEADER_KEY_CHARS)
+            total += len(h.key) + len(h.value)
+        if total > MAX_HEADER_BYTES:
+            raise ValueError(f"{where}.headers: at most {MAX_HEADER_BYTES} bytes of keys and "
+                             f"values together (got {total})")
+    if r.HasField("timestamp_ms"):
+        _range(f"{where}.timestamp_ms", r.timestamp_ms, -1, MAX_TIMESTAMP_MS)
+    if r.attempt > MAX_ATTEMPT:
+        raise ValueError(f"{where}.attempt: must be in [0, {MAX_ATTEMPT}] (got {r.attempt})")
+    _len(f"{where}.traceparent", r.traceparent, MAX_TRACEPARENT_CHARS)
+    _len(f"{where}.tracestate", r.tracestate, MAX_TRACESTATE_CHARS)
+    if r.HasField("exception"):
+        _exception(r.exception, f"{where}.exception")
+
+
+def register_job(req: pb.RegisterJobRequest) -> None:
+    _job(req)
+    props = req.properties
+    _len("properties", props, MAX_PROPERTIES, "properties")
+    for k, v in props.items():
+        if len(k) > MAX_PROPERTY_KEY_CHARS:
+            raise ValueError(f"properties: a key is longer than {MAX_PROPERTY_KEY_CHARS} "
+                             f"characters ({len(k)}, starting {k[:40]!r})")
+        _len(f"properties[{k}]", v, MAX_PROPERTY_VALUE_CHARS)
+    _len("home", req.home, MAX_ADDRESS_CHARS)
+    _len("peer", req.peer, MAX_ADDRESS_CHARS)
+    _len("home_instance_id", req.home_instance_id, MAX_INSTANCE_ID_CHARS)
+
+
+def report_failures(req: pb.ReportFailuresRequest) -> None:
+    _job(req)
+    _task(req.task)
+    records = req.records
+    _len("records", records, MAX_RECORDS_PER_REPORT, "records")
+    for i, r in enumerate(records):
+        _record(r, i)
+    _ids("recovered_record_ids", req.recovered_record_ids)
+
+
+def flush_task(req: pb.FlushTaskRequest) -> None:
+    _job(req)
+    _task(req.task)
+    processed = req.processed
+    _len("processed", processed, MAX_STAGE_COUNTS, "entries")
+    for i, sc in enumerate(processed):
+        if sc.records > MAX_PROCESSED_PER_ENTRY:
+            raise ValueError(f"processed[{i}].records: must be in [0, {MAX_PROCESSED_PER_ENTRY}]"
+                             f" per call (got {sc.records})")
+        if sc.custom_stage:
+            names.check_custom_stage(sc.custom_stage, f"processed[{i}].custom_stage")
+    _ids("recovered_record_ids", req.recovered_record_ids)
+
+
+def job_summary(req: pb.GetJobSummaryRequest) -> None:
+    _job(req)
+
+
+def status(req: pb.GetStatusRequest) -> None:
+    if req.job:
+        names.check_job_name(req.job)
+    _range("page_size", req.page_size, 0, MAX_PAGE_SIZE)
+    _len("page_token", req.page_token, MAX_PAGE_TOKEN_CHARS)
+
+
+def end_job(req: pb.EndJobRequest) -> None:
+    _job(req)
+
+
+CHECKS: dict[str, Callable] = {
+    "RegisterJob": register_job,
+    "ReportFailures": report_failures,
+    "FlushTask": flush_task,
+    "GetJobSummary": job_summary,
+    "GetStatus": status,
+    "EndJob": end_job,
+}
+
+
+def check(method: str, request) -> None:
+    """Raise ValueError naming the first field of `request` that is out of bounds."""
+    fn = CHECKS.get(method)
+    if fn is not None:
+        fn(request)
