@@ -3,7 +3,9 @@
 grpc's generated registration deserializes in grpc's own code: an undecodable request then
 answers INTERNAL ("Exception deserializing request!"). Here each method takes the raw bytes and
 parses them itself, answering INVALID_ARGUMENT "request is not a valid spillway.v1.X: ..." on
-failure; then checks the request's bounds (`validate`), so servicer code only ever sees a
+failure; then refuses sidecar-only fields from callers that are not peer sidecars
+(`security.check_sidecar_only`, against the caller the authentication interceptor established)
+and checks the request's bounds (`validate`), so servicer code only ever sees a
 well-formed, bounded request. The servicer's context is wrapped so every abort's details are
 cut and cleaned (`status.safe_details`). Otherwise each method behaves as grpc's generated
 handler would: unary-unary, the same serializer, server interceptors (authentication,
@@ -18,6 +20,7 @@ import grpc
 
 from spillway.v1 import sidecar_pb2 as pb
 
+from .. import security
 from . import validate
 from .status import safe_details
 
@@ -54,6 +57,11 @@ def _behaviour(method_name: str, fn, request_cls):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           safe_details(f"request is not a valid {full}: "
                                        f"{type(exc).__name__}: {exc}"))
+        try:  # the interceptor authenticated the caller; the request is only readable here
+            security.check_sidecar_only(request)
+        except security.Refused as exc:
+            log.info("refused: %s", exc)
+            context.abort(exc.code, safe_details(exc))
         try:
             validate.check(method_name, request)
         except ValueError as exc:
