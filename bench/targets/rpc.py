@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from pathlib import Path
 
 from ..clients import REPO_ROOT, Aggregate, ClientPool
 from ..infra import BenchError
@@ -132,6 +133,8 @@ def run_rpc(ctx: Context, result: TargetResult) -> None:
         f"{fmt(f_echo_batched.summary.median)} at {BATCH}: the sidecar's batched rate is bounded "
         "by its per-record work, not by the RPC.")
 
+    _run_tls(ctx, result, sidecar, one)
+
     if ctx.sizes.profile and result.met is False:
         if result.checks[0].met is False:
             job = f"bench-rpc-{uuid.uuid4().hex[:8]}"
@@ -157,6 +160,71 @@ def run_rpc(ctx: Context, result: TargetResult) -> None:
                          "target": sidecar.address, "job": job, "props": POLICY_ONLY,
                          "records": sz.rpc_per_client, "batch": BATCH}),
                      label="rpc-pool-sidecar")
+
+
+def _tls_material(workdir: str) -> dict[str, str]:
+    """A test CA, the sidecar's certificate (127.0.0.1), a client certificate and a node token,
+    generated with `cryptography` (the helper the tests use)."""
+    from tests.support.tls import Ca, write_token
+
+    base = Path(workdir) / f"tls-{uuid.uuid4().hex[:6]}"
+    ca = Ca.create(base / "ca")
+    server = ca.issue(base / "server", "bench-sidecar")
+    client = ca.issue(base / "client", "bench-executor", dns=("bench-executor",), ips=())
+    token = write_token(base / "node.token", uuid.uuid4().hex)
+    return {"ca": str(ca.path), "server_cert": str(server.cert),
+            "server_key": str(server.key), "client_cert": str(client.cert),
+            "client_key": str(client.key), "token": str(token)}
+
+
+def _run_tls(ctx: Context, result: TargetResult, plain, plain_pool: ClientPool) -> None:
+    """(c) the same client and reports over mutual TLS with a node token vs plaintext."""
+    sz = ctx.sizes
+    tls = _tls_material(ctx.infra.workdir)
+    secure = ctx.infra.sidecar(name="rpc-tls", props={
+        "tls.cert.file": tls["server_cert"], "tls.key.file": tls["server_key"],
+        "tls.ca.file": tls["ca"], "auth.token.file": tls["token"]})
+    pool = ClientPool(1, env={"SPILLWAY_TLS_CA_FILE": tls["ca"],
+                              "SPILLWAY_TLS_CERT_FILE": tls["client_cert"],
+                              "SPILLWAY_TLS_KEY_FILE": tls["client_key"],
+                              "SPILLWAY_TOKEN_FILE": tls["token"]})
+    ctx.infra.on_close(pool.close)
+    result.setup += (
+        f" (c) one client at 1 and at {BATCH} records per report, to a sidecar serving "
+        "mutual TLS with a node token (test certificates, ECDSA P-256) vs the plaintext "
+        "loopback sidecar, alternated in the same run.")
+    figs = {}
+
+    def variant(name: str, target: str, p: ClientPool, batch: int, records: int):
+        fig = figs[name] = result.figure(name, "records/s")
+
+        def go(run_no: int) -> float:
+            job = f"bench-rpc-{uuid.uuid4().hex[:8]}"
+            return _checked(p.run(lambda i: {"target": target, "job": job,
+                                             "props": POLICY_ONLY, "records": records,
+                                             "batch": batch, "run_no": run_no}), name).rate
+        return fig.name, go
+
+    variants = dict([
+        variant("plaintext, 1 record/report", plain.address, plain_pool, 1, sz.rpc_single),
+        variant("mTLS + token, 1 record/report", secure.address, pool, 1, sz.rpc_single),
+        variant(f"plaintext, {BATCH} records/report", plain.address, plain_pool, BATCH,
+                sz.rpc_batched),
+        variant(f"mTLS + token, {BATCH} records/report", secure.address, pool, BATCH,
+                sz.rpc_batched),
+    ])
+    alternate_runs(ctx, result, variants, figs, warmup=True, label="(c) ")
+    tls_b, plain_b = (figs[f"mTLS + token, {BATCH} records/report"],
+                      figs[f"plaintext, {BATCH} records/report"])
+    tls_1, plain_1 = (figs["mTLS + token, 1 record/report"],
+                      figs["plaintext, 1 record/report"])
+    result.checks.append(ratio_check(
+        f"(c) mTLS + token vs plaintext, {BATCH} records per report", tls_b, plain_b, ">=", 0.8))
+    result.notes.append(
+        f"Transport security costs: at 1 record per report mTLS + token does "
+        f"{fmt(tls_1.summary.median)} records/s vs {fmt(plain_1.summary.median)} in plaintext; "
+        f"at {BATCH} per report {fmt(tls_b.summary.median)} vs {fmt(plain_b.summary.median)} "
+        "(one TLS connection per client process, kept open: the handshake is not measured).")
 
 
 def run_many(ctx: Context, result: TargetResult) -> None:
