@@ -71,3 +71,26 @@ def test_home_at_its_instance_is_accepted(nodes):
     fwd = _stub(b).RegisterJob(pb.RegisterJobRequest(
         job="ok", home=reg.home, home_instance_id=reg.home_instance_id), timeout=10)
     assert (fwd.home, fwd.home_instance_id) == (reg.home, reg.home_instance_id)
+
+
+def test_a_home_that_does_not_take_this_sidecar_for_a_peer_is_a_clear_error(tmp_path):
+    """Node tokens on both sidecars but no peer credential: the home refuses the forwarding
+    sidecar, and the executor learns it is a sidecar configuration problem, not its token."""
+    from spillway.sidecar.server import start_server
+    from support.tls import write_token
+
+    token = str(write_token(tmp_path / "node", "n0de"))
+    home, node = (start_server({"listen.address": "127.0.0.1:0", "telemetry.enable": "false",
+                                "auth.token.file": token}) for _ in range(2))
+    try:
+        md = [("spillway-node-token", "n0de")]
+        reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job="j"), metadata=md, timeout=10)
+        code, details = _refused(lambda: _stub(node).RegisterJob(pb.RegisterJobRequest(
+            job="j", home=reg.home, home_instance_id=reg.home_instance_id), metadata=md,
+            timeout=10))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "does not recognise this sidecar as a peer" in details
+        assert "auth.peer.token.file" in details
+    finally:
+        home.stop(0.2)
+        node.stop(0.2)

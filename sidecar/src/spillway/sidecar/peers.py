@@ -97,10 +97,17 @@ class Home:
             return fn(request, timeout=max(timeout_s, 0.1), metadata=metadata or None)
         except grpc.RpcError as exc:
             code = exc.code()
+            hint = ""
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 code = grpc.StatusCode.UNAVAILABLE
+            elif code == grpc.StatusCode.UNAUTHENTICATED:
+                # the caller's own credentials were fine: the sidecars are misconfigured
+                code = grpc.StatusCode.FAILED_PRECONDITION
+                hint = (" - it does not recognise this sidecar as a peer: give every sidecar "
+                        "the same auth.peer.token.file, or mutual TLS certificates named in "
+                        "auth.peer.identities")
             raise HomeError(code, f"{what} at {self.role} {self.address} failed "
-                                  f"({exc.code().name}): {exc.details()}") from exc
+                                  f"({exc.code().name}): {exc.details()}{hint}") from exc
 
     def status(self, timeout_s: float) -> pb.SidecarStatus:
         return self._call("GetStatus", self.stub.GetStatus, pb.GetStatusRequest(page_size=1),
