@@ -14,6 +14,8 @@ code on ``.code``.
     ├── InvalidPolicyError              RegisterJob refused a property (INVALID_ARGUMENT)
     ├── JobConflictError                a live job re-registered with other properties
     │                                   (FAILED_PRECONDITION)
+    ├── SidecarKafkaError               the sidecar answered, but its Kafka did not
+    │                                   (FAILED_PRECONDITION naming the bootstrap servers)
     ├── SidecarProtocolError            any other status, or an answer that breaks the contract
     └── RecordFailedError               a FAIL verdict: the task must fail
         └── JobFailedError              ... with job_failed: the whole job has failed
@@ -104,6 +106,10 @@ class SidecarProtocolError(SpillwayClientError):
     pass
 
 
+class SidecarKafkaError(SpillwayClientError):
+    """The sidecar is reachable and answered; the Kafka cluster it writes the DLQ to is not."""
+
+
 class RecordFailedError(SpillwayClientError):
     """A FAIL verdict. The message names the job, stage, record, exception and the reason."""
 
@@ -164,6 +170,9 @@ _BY_CODE: dict[grpc.StatusCode, type[SpillwayClientError]] = {
 }
 
 
+# The sidecar's wording for a Kafka it cannot reach (sidecar errors.KafkaUnreachableError) or a
+# DLQ topic check that failed on the Kafka side.
+_KAFKA = re.compile(r"sidecar's Kafka at |DLQ topic check failed")
 # What gRPC reports when the handshake fails on the client side (certificate problems).
 _TLS_FAILURE = re.compile(r"SSL_ERROR|handshake fail|CERTIFICATE_VERIFY|TSI_|certificate",
                           re.IGNORECASE)
@@ -211,6 +220,10 @@ def map_rpc_error(exc: grpc.RpcError, *, method: str, target: str, job: str = ""
         return FlushTimeoutError(
             f"FlushTask on {target} for job {job!r}: the DLQ records of this task were not "
             f"acknowledged before the deadline ({details})", code=code)
+    if code is grpc.StatusCode.FAILED_PRECONDITION and _KAFKA.search(details or ""):
+        return SidecarKafkaError(
+            f"{method} on {target}: the sidecar answered, but its Kafka is the problem: "
+            f"{details}", code=code)
     cls = _BY_CODE.get(code) if code is not None else None
     name = code.name if code is not None else "UNKNOWN"
     message = f"{method} on {target} failed with {name}: {details}"

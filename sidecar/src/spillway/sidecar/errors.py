@@ -7,6 +7,7 @@
     │   └── JobConflictError        a live job re-registered with a different policy
     ├── DlqError
     │   ├── TopicGuardrailError     a DLQ topic name or auto-create rule was refused
+    │   ├── KafkaUnreachableError   the sidecar's Kafka did not answer a check (names it)
     │   ├── BackpressureError       the spool is at its high-water mark: retry later
     │   └── FlushTimeoutError       a flush barrier's deadline passed before Kafka acknowledged
     └── HandlerError                a user handler raised (KIP-1033: fails the job)
@@ -44,6 +45,18 @@ class JobConflictError(JobError):
 
 class DlqError(SpillwayError):
     pass
+
+
+class KafkaUnreachableError(DlqError):
+    """The sidecar's Kafka did not answer (or refused) a check a request needed: the sidecar
+    itself is up, its Kafka is the problem."""
+
+    def __init__(self, servers: str, cause: str) -> None:
+        self.servers = servers
+        super().__init__(
+            f"the sidecar's Kafka at {servers} is unreachable or refused the DLQ topic check: "
+            f"{cause}. The sidecar is up; check its bootstrap.servers and that those brokers "
+            f"are reachable from the sidecar's host")
 
 
 class TopicGuardrailError(DlqError, ConfigError):

@@ -29,6 +29,7 @@ from . import __version__, security, telemetry
 from .peers import HomeError, resolve_home
 from .adapters import convert, rpc
 from .admission import Admission
+from .health import KAFKA_HEALTH_SERVICE, KafkaWatch, quiet_librdkafka
 from .core import config
 from .core.dlq_record import DlqBuilder
 from .core.guardrails import check_topic_name
@@ -43,6 +44,8 @@ from .errors import (
     DlqError,
     FlushTimeoutError,
     JobConflictError,
+    KafkaUnreachableError,
+    TopicGuardrailError,
     UnknownJobError,
 )
 
@@ -52,6 +55,8 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ErrorSidecar"].full_name
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Flush barriers answer a little before the caller's deadline so the caller sees our error.
 _DEADLINE_MARGIN_S = 0.05
+# librdkafka answers a little after its timeout: the topic check leaves this much of the deadline
+_KAFKA_ANSWER_MARGIN_S = 0.75
 
 
 class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
@@ -68,8 +73,10 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except ConfigError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except KafkaUnreachableError as exc:  # not UNAVAILABLE: the sidecar answered
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except DlqError as exc:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"DLQ topic check failed: {exc}")
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"DLQ topic check failed: {exc}")
         except HomeError as exc:
             context.abort(exc.code, str(exc))
         home = self._s.homes.get(request.job.strip())
@@ -139,6 +146,7 @@ class Sidecar:
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     homes: dict = field(default_factory=dict)  # job -> Home, for jobs homed elsewhere
     admission: Admission | None = None  # backpressure gate, with a DLQ pipeline
+    kafka: KafkaWatch | None = None     # the Kafka check, with bootstrap.servers
     security: security.SecurityConfig | None = None
     listen_address: str = ""  # set by start_server once bound
     advertised_address: str = ""  # advertised.address, else listen_address
@@ -167,18 +175,29 @@ class Sidecar:
                     f"job {job!r} names DLQ topic {settings.dlq.topic!r} but this sidecar has "
                     "no bootstrap.servers to write it to",
                 )
-            self._ensure_topic(settings)
+            self._ensure_topic(settings, timeout_s)
         return self.engine.register_job(job, properties)
 
-    def _ensure_topic(self, settings: JobSettings) -> None:
+    def kafka_conf(self) -> dict:
+        return quiet_librdkafka({"bootstrap.servers": self.props["bootstrap.servers"],
+                                 **self.props.get("_kafka_overrides", {})})
+
+    def _ensure_topic(self, settings: JobSettings, timeout_s: float) -> None:
+        """Within the caller's deadline (less a margin for our answer); a Kafka that does not
+        answer is KafkaUnreachableError, which RegisterJob answers FAILED_PRECONDITION."""
         from .dlq.admin import ensure_topic
 
         key = (settings.dlq.topic, settings.dlq.auto_create)
         with self._lock:
             if key in self._topics_checked:
                 return
-        ensure_topic({"bootstrap.servers": self.props["bootstrap.servers"],
-                      **self.props.get("_kafka_overrides", {})}, settings.dlq, timeout_s=15.0)
+        budget = max(0.5, min(timeout_s - _KAFKA_ANSWER_MARGIN_S, 15.0))
+        try:
+            ensure_topic(self.kafka_conf(), settings.dlq, timeout_s=budget)
+        except TopicGuardrailError:
+            raise
+        except DlqError as exc:
+            raise KafkaUnreachableError(self.props["bootstrap.servers"], str(exc)) from exc
         with self._lock:
             self._topics_checked.add(key)
 
@@ -278,6 +297,8 @@ class Sidecar:
         counters = dict(self.engine.counters())
         if self.pipeline is not None:
             counters.update(self.pipeline.stats())
+        if self.kafka is not None:
+            counters["kafka-reachable"] = float(self.kafka.reachable)
         gate = self.admission
         counters["records-refused"] = float(gate.refused_records if gate else 0)
         counters["backpressure"] = float(bool(gate and gate.refusing()))
@@ -374,6 +395,8 @@ class RunningSidecar:
         self._stop.set()
         grace = grace_s if grace_s is not None else self.sidecar.props["shutdown.grace.ms"] / 1000
         self.health.enter_graceful_shutdown()
+        if self.sidecar.kafka is not None:
+            self.sidecar.kafka.stop()
         self.server.stop(grace).wait()
         if self.sidecar.pipeline is not None:
             self.sidecar.pipeline.shutdown(timeout=max(1.0, grace))
@@ -384,17 +407,23 @@ class RunningSidecar:
         self.server.wait_for_termination()
 
     def _watch_backpressure(self) -> None:
-        """Health follows backpressure: NOT_SERVING while reports are refused (admission.py),
-        SERVING again once the spool is below its low-water mark."""
-        last = None
-        gate = self.sidecar.admission
+        """Health follows backpressure and Kafka (health.py): NOT_SERVING while reports are
+        refused (admission.py), SERVING again once the spool is below its low-water mark;
+        ``spillway.kafka`` NOT_SERVING while the sidecar's Kafka does not answer."""
+        serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
+                                health_pb2.HealthCheckResponse.NOT_SERVING)
+        last = last_kafka = None
+        gate, kafka = self.sidecar.admission, self.sidecar.kafka
         while not self._stop.wait(0.25):
-            status = (health_pb2.HealthCheckResponse.NOT_SERVING if gate.refusing()
-                      else health_pb2.HealthCheckResponse.SERVING)
+            status = not_serving if gate is not None and gate.refusing() else serving
             if status != last:
                 for name in ("", SERVICE_NAME):
                     self.health.set(name, status)
                 last = status
+            k = serving if kafka is None or kafka.reachable else not_serving
+            if k != last_kafka:
+                self.health.set(KAFKA_HEALTH_SERVICE, k)
+                last_kafka = k
 
 
 def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
@@ -474,6 +503,9 @@ def start_server(
         sidecar.pipeline.start()
         sidecar.admission = Admission(sidecar.pipeline.store,
                                       low_water_percent=sidecar.props["spool.low.water.percent"])
+        sidecar.kafka = KafkaWatch(
+            sidecar.kafka_conf(),
+            interval_s=sidecar.props["kafka.check.interval.ms"] / 1000).start()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="spillway-rpc"),
         interceptors=interceptors,
@@ -509,7 +541,7 @@ def start_server(
     sidecar.listen_address = address
     sidecar.advertised_address = sec.advertised_address or security.default_advertised(address)
     server.start()
-    for name in ("", SERVICE_NAME):
+    for name in ("", SERVICE_NAME) + ((KAFKA_HEALTH_SERVICE,) if sidecar.kafka else ()):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     running = RunningSidecar(server, sidecar, health_servicer, address)
     if sidecar.pipeline is not None:

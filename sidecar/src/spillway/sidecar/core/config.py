@@ -286,6 +286,9 @@ _PROPS: list[Prop] = [
          "after a refusal for backpressure, reports are refused (health NOT_SERVING) until the "
          "spool holds less than this percentage of both spool.max.records and spool.max.bytes",
          job=False),
+    Prop("kafka.check.interval.ms", p_int(1000, DAY_MS), "30000",
+         "how often the sidecar checks that its Kafka answers (health service spillway.kafka, "
+         "metric spillway_kafka_reachable); the first check runs at start-up", job=False),
     Prop("producer.linger.ms", p_int(0, 900_000), "20", "DLQ producer linger, ms", job=False),
     Prop("producer.batch.size", p_int(1, 2**31 - 1), "1000000",
          "DLQ producer batch size, bytes", job=False),
