@@ -98,3 +98,67 @@ def test_status_against_no_sidecar_is_a_clear_error():
                          timeout=60)
     assert out.returncode == 2
     assert "127.0.0.1:1" in out.stderr and "SPILLWAY_SIDECAR_ADDRESS" in out.stderr
+
+
+def _run(*args, env=None, timeout=30):
+    return subprocess.run([sys.executable, "-m", "spillway.sidecar.cli", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def test_version():
+    from spillway.sidecar import __version__
+
+    out = _run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"spillway {__version__}"
+
+
+@pytest.mark.parametrize("listen, why", [
+    ("localhost", "must be host:port"), ("127.0.0.1:70000", "port must be 0-65535"),
+    ("127.0.0.1:http", "port must be 0-65535"), (":50051", "must be host:port")])
+def test_listen_address_is_validated(listen, why):
+    out = _run("serve", "--listen", listen)
+    assert out.returncode == 2
+    assert f"listen.address: {why}" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_port_in_use_is_one_line_and_a_nonzero_exit(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = _run("serve", "--listen", f"127.0.0.1:{port}")
+        assert out.returncode != 0
+        lines = out.stderr.strip().splitlines()
+        assert lines == [f"spillway: listen.address: cannot listen on 127.0.0.1:{port}: the "
+                         f"port is in use (another sidecar?)"], out.stderr
+
+
+def test_unknown_environment_variable_gets_a_did_you_mean(tmp_path):
+    proc, address = _spawn(["--listen", "127.0.0.1:0", "--unix-socket", ""],
+                           env={"SPILLWAY_ERRORS_TOLERENCE": "all",
+                                "XDG_STATE_HOME": str(tmp_path)})
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert ("SPILLWAY_ERRORS_TOLERENCE: unknown environment variable, ignored (did you mean "
+            "SPILLWAY_ERRORS_TOLERANCE?)") in err
+
+
+def test_status_piped_into_a_closed_reader_ends_quietly(tmp_path):
+    proc, address = _spawn(["--listen", "127.0.0.1:0"], env={"XDG_STATE_HOME": str(tmp_path)})
+    try:
+        status = subprocess.Popen(
+            [sys.executable, "-m", "spillway.sidecar.cli", "status", "--sidecar", address],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        status.stdout.close()  # like `| head -0`: the reader is gone before the first line
+        err = status.stderr.read().decode()
+        assert status.wait(timeout=30) == 0, err
+        assert "Traceback" not in err and "BrokenPipe" not in err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)

@@ -242,3 +242,24 @@ def test_aliases_in_the_environment_and_files():
     with pytest.raises(ConfigError, match="errors.retry.max.retries"):
         config.resolve(env={"SPILLWAY_STATUS_STORAGE_RETRY_MAX_RETRIES": "9",
                             "SPILLWAY_ERRORS_RETRY_MAX_RETRIES": "2"})
+
+
+def test_listen_address_must_be_host_and_port():
+    from spillway.sidecar.core.config import p_listen
+
+    assert p_listen("listen.address", " 127.0.0.1:0 ") == "127.0.0.1:0"
+    assert p_listen("listen.address", "[::1]:50051") == "[::1]:50051"
+    assert p_listen("listen.address", "") == ""
+    for bad in ("localhost", "::1:50051", "h:-1", "h:65536", "h:", ":1"):
+        with pytest.raises(ConfigError, match="listen.address"):
+            p_listen("listen.address", bad)
+
+
+def test_unknown_environment_variables_get_a_did_you_mean():
+    from spillway.sidecar.core.config import unknown_environment
+
+    msgs = unknown_environment({"SPILLWAY_ERRORS_TOLERENCE": "all", "SPILLWAY_ERRORS_TOLERANCE": "x",
+                                "SPILLWAY_SIDECAR_ADDRESS": "a", "SPILLWAY_PRODUCER_KAFKA_ACKS": "1",
+                                "HOME": "/root"})
+    assert msgs == ["SPILLWAY_ERRORS_TOLERENCE: unknown environment variable, ignored (did you "
+                    "mean SPILLWAY_ERRORS_TOLERANCE?)"]

@@ -88,12 +88,45 @@ def serve_properties(args: argparse.Namespace, env: dict[str, str]) -> dict[str,
     return config.resolve(explicit=explicit, env=env, file=file_props)
 
 
+def _check_free(prop: str, host: str, port: int) -> None:
+    """Bind errors in one line, before gRPC's core logs its own (a port 0 is always free)."""
+    import errno
+    import socket
+
+    if not port:
+        return
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(prop, f"cannot resolve host {host!r}: {exc.strerror}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            why = ("the port is in use (another sidecar?)" if exc.errno == errno.EADDRINUSE
+                   else exc.strerror)
+            raise ConfigError(prop, f"cannot listen on {host}:{port}: {why}") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from .dlq.spool import limit_malloc_arenas
     from .server import start_server
 
     limit_malloc_arenas()  # before any thread starts (memory returned after a drain)
-    raw = serve_properties(args, dict(os.environ))
+    env = dict(os.environ)
+    for warning in config.unknown_environment(env):
+        logging.getLogger("spillway.sidecar").warning("%s", warning)
+    raw = serve_properties(args, env)
+    props = config.parse(raw)
+    if props.get("listen.address"):
+        host, _, port = props["listen.address"].rpartition(":")
+        _check_free("listen.address", host, int(port))
+    if props.get("metrics.prometheus.port"):
+        _check_free("metrics.prometheus.port", props["metrics.prometheus.host"],
+                    props["metrics.prometheus.port"])
     running = start_server(raw, install_global_telemetry=True)
     # Tell whoever started us where we listen (port 0 picks a free one): one parseable line.
     print(f"spillway sidecar listening on {running.address}", flush=True)
@@ -124,7 +157,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         value = status.counters[name]
         shown = int(value) if float(value).is_integer() else round(value, 3)
         print(f"  {name:<{width}}  {shown:>14}")
-    for job in status.jobs:
+    failed = [j for j in status.jobs if j.failed]
+    if status.jobs:
+        print(f"jobs: {len(status.jobs)} shown, {len(failed)} failed"
+              + (f" ({', '.join(j.job for j in failed[:10])}"
+                 f"{', ...' if len(failed) > 10 else ''})" if failed else ""))
+    for job in failed + [j for j in status.jobs if not j.failed]:  # failed ones first
         state = f"FAILED: {job.failure_reason}" if job.failed else "running"
         print(f"job {job.job}: {state}")
         print(f"  processed={job.records_processed} failures={job.total_record_failures} "
@@ -134,7 +172,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="spillway", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="version", version=f"spillway {__version__}")
     p.add_argument("--log-level", default=os.environ.get("SPILLWAY_LOG_LEVEL", "INFO"))
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -175,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # the reader went away (`spillway status | head`): quietly, as other Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except (SpillwayError, ValueError) as exc:
         print(f"spillway: {exc}", file=sys.stderr)
         return 2

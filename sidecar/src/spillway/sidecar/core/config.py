@@ -117,6 +117,23 @@ def p_str(name: str, raw: str) -> str:
     return raw.strip()
 
 
+def p_listen(name: str, raw: str) -> str:
+    """A TCP listen address: host:port (IPv6 in brackets), port 0-65535 (0: pick a free
+    one); '' disables TCP. A bare host is refused (gRPC would listen on port 443)."""
+    v = raw.strip()
+    if not v:
+        return v
+    host, sep, port = v.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(name, f"must be host:port (e.g. 127.0.0.1:50051), got {raw!r}")
+    if host.startswith("[") != host.endswith("]") or (":" in host and not host.startswith("[")):
+        raise ConfigError(name, f"an IPv6 host goes in brackets ([::1]:50051), got {raw!r}")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(name, f"port must be 0-65535 (0: any free port), got {port!r} in "
+                                f"{raw!r}")
+    return v
+
+
 def p_octal_mode(name: str, raw: str) -> int:
     try:
         v = int(raw.strip(), 8)
@@ -253,7 +270,7 @@ _PROPS: list[Prop] = [
     Prop("errors.deadletterqueue.stacktrace.max.bytes", p_int(0, 1024 * 1024), "8192",
          "stack traces in headers are cut to this many bytes (oversized headers break consumers)"),
     # sidecar-only
-    Prop("listen.address", p_str, "127.0.0.1:50051",
+    Prop("listen.address", p_listen, "127.0.0.1:50051",
          "TCP host:port to serve on ('' disables TCP); loopback by default, never all interfaces",
          job=False),
     Prop("listen.unix.socket", p_str, "",
@@ -386,6 +403,28 @@ def canonical(layer: Mapping[str, str]) -> dict[str, str]:
                 f"{name if k != name else first}; set only one of {first} and {k}"))
         out[name] = v
         given.setdefault(name, k)
+    return out
+
+
+# SPILLWAY_* variables that are not properties: read by the CLI and the client library.
+OTHER_ENV = frozenset({
+    "SPILLWAY_CONFIG", "SPILLWAY_LOG_LEVEL", "SPILLWAY_SIDECAR_ADDRESS", "SPILLWAY_TOKEN_FILE",
+    "SPILLWAY_ADMIN_TOKEN_FILE", "SPILLWAY_PEER_TOKEN_FILE", "SPILLWAY_TLS_CA_FILE",
+    "SPILLWAY_TLS_CERT_FILE", "SPILLWAY_TLS_KEY_FILE", "SPILLWAY_TLS_SERVER_NAME"})
+
+
+def unknown_environment(env: Mapping[str, str]) -> list[str]:
+    """One message per ``SPILLWAY_*`` variable that names no property, passthrough or known
+    client variable, with the same did-you-mean as an unknown ``--set`` property."""
+    known = {env_name(p) for p in PROPERTIES} | OTHER_ENV
+    passthrough = env_name(PRODUCER_PASSTHROUGH)
+    out = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in known or name.startswith(passthrough):
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        out.append(f"{name}: unknown environment variable, ignored{hint}")
     return out
 
 

@@ -19,6 +19,7 @@ are thin loops around them.
 from __future__ import annotations
 
 import base64
+import logging
 import sys
 import time
 import uuid
@@ -117,7 +118,16 @@ def _consumer(bootstrap: str, conf: Mapping[str, Any] | None) -> Consumer:
          "enable.auto.commit": False, "auto.offset.reset": "earliest",
          "enable.partition.eof": False}
     c.update(conf or {})
-    return Consumer(c)
+    return Consumer(_quiet(c))
+
+
+def _quiet(conf: dict[str, Any]) -> dict[str, Any]:
+    """librdkafka's log through Python logging: everything with --log-level DEBUG, otherwise
+    only its critical lines (a wrong broker is then our one error line, not ~190 of its own)."""
+    logger = logging.getLogger("spillway.dlq.librdkafka")
+    conf.setdefault("logger", logger)
+    conf.setdefault("log_level", 7 if logger.isEnabledFor(logging.DEBUG) else 2)
+    return conf
 
 
 def _partitions(consumer: Consumer, topic: str, timeout_s: float) -> list[int]:
@@ -321,7 +331,7 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
                 "allow.auto.create.topics": False, "linger.ms": 20,
                 "client.id": "spillway-dlq-redrive"}
         conf.update(client_conf or {})
-        producer = Producer(conf)
+        producer = Producer(_quiet(conf))
         try:
             md = producer.list_topics(timeout=10)
         except KafkaException as exc:
