@@ -92,3 +92,20 @@ def test_failure_message_finds_the_exception_that_ended_the_python_traceback():
             raise Exception("Job aborted due to stage failure") from inner
     except Exception as outer:
         assert Job.failure_message(outer).startswith("pyarrow.lib.ArrowInvalid")
+
+
+def test_row_outputs_that_do_not_fit_the_schema_are_output_schema_errors():
+    from pyspark.sql import Row
+    from pyspark.sql.types import DoubleType, IntegerType, StructField, StructType
+
+    from spillway.spark._schema import OutputSchemaError, row_checker
+
+    check = row_checker(StructType([StructField("id", IntegerType()),
+                                    StructField("amount", DoubleType())]), "TRANSFORMATION")
+    assert check(Row(id=1, amount=2.5)) == {"id": 1, "amount": 2.5}
+    assert check((1, 2)) == (1, 2)                  # an int for a double: Arrow takes it
+    for bad, words in ((None, "output is None"), ({"id": "x", "amount": 1.0}, "field id"),
+                       ((1,), "Length of object"), ("ab", "can not accept object 'ab'")):
+        with pytest.raises(OutputSchemaError, match=words) as e:
+            check(bad)
+        assert str(e.value).startswith("TRANSFORMATION output does not fit") or bad is None

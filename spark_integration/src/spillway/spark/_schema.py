@@ -72,10 +72,14 @@ def row_checker(schema: Any, stage: str) -> Callable[[Any], Any]:
     from pyspark.sql import Row
     from pyspark.sql.types import _make_type_verifier
 
-    verify = _make_type_verifier(schema, name="output")
+    verify = _make_type_verifier(schema, nullable=False, name="output")
     declared = schema.simpleString()
 
     def check(out: Any) -> Any:
+        if out is None:   # a row is required: Arrow has no null rows
+            raise OutputSchemaError(
+                f"{stage} output is None; return a Row, dict or tuple of the declared schema "
+                f"{declared} (to drop a record, use flat=True and return [])")
         if isinstance(out, Row) and hasattr(out, "__fields__"):
             out = out.asDict()
         try:
