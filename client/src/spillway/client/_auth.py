@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from .errors import SpillwayClientError
+
 NODE_TOKEN_KEY = "spillway-node-token"
 PEER_TOKEN_KEY = "spillway-peer-token"
 ADMIN_TOKEN_KEY = "spillway-admin-token"
@@ -32,7 +34,7 @@ TOKEN_FILE_ENV = "SPILLWAY_TOKEN_FILE"
 ADMIN_TOKEN_FILE_ENV = "SPILLWAY_ADMIN_TOKEN_FILE"
 
 
-class CredentialFileError(ValueError):
+class CredentialFileError(SpillwayClientError, ValueError):
     """A configured credential file is missing, unreadable or empty (names it)."""
 
 

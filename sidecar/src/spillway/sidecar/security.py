@@ -263,6 +263,27 @@ def load_config(props: Mapping[str, object]) -> SecurityConfig:
         home_allowed=allowed)
 
 
+def describe(cfg: SecurityConfig, *, local_only: bool) -> str:
+    """One log line of the security posture (names of settings, never secrets)."""
+    if local_only and not cfg.any_auth:
+        who = "no credentials configured: local callers are trusted (loopback / Unix socket)"
+    else:
+        parts = [name for name, on in (("node token", cfg.node_token),
+                                       ("peer token", cfg.peer_token),
+                                       ("admin token", cfg.admin_token)) if on]
+        if cfg.peer_identities:
+            parts.append(f"peer identities {', '.join(sorted(cfg.peer_identities))}")
+        who = "credentials: " + (", ".join(parts) or "none")
+    if cfg.tls is None:
+        tls = "TLS off"
+    elif cfg.tls.client_auth == "require":
+        tls = "TLS on, client certificates required"
+    else:
+        tls = "TLS on, client certificates not requested"
+    homes = ", ".join(cfg.home_allowed) or "loopback only"
+    return f"{tls}; {who}; homes dialled: {homes}"
+
+
 # --- TLS -----------------------------------------------------------------------------------
 
 
@@ -379,10 +400,12 @@ def default_advertised(address: str) -> str:
 
 def check_plaintext_listen(address: str, cfg: SecurityConfig) -> None:
     """Plaintext on a routable address is refused unless the operator asked for it."""
-    if cfg.tls is not None or cfg.plaintext_allowed:
-        return
     host, _ = split_host_port(address)
-    if is_loopback_host(host):
+    if cfg.tls is not None or is_loopback_host(host):
+        return
+    if cfg.plaintext_allowed:
+        log.warning("serving plaintext on %s (listen.plaintext.allow=true): reports, record "
+                    "payloads and tokens cross the network unencrypted", address)
         return
     raise ConfigError(
         "listen.address",

@@ -548,7 +548,8 @@ def start_server(
         running._watch = threading.Thread(target=running._watch_backpressure,
                                           name="spillway-health", daemon=True)
         running._watch.start()
-    log.info("spillway sidecar %s serving on %s", sidecar.sidecar_id, address)
+    log.info("spillway sidecar %s serving on %s (%s)", sidecar.sidecar_id, address,
+             security.describe(sec, local_only=local_only))
     return running
 
 
