@@ -111,3 +111,71 @@ def test_naming_itself_as_home_is_local(two_nodes):
     sa.RegisterJob(pb.RegisterJobRequest(job="self", home=a.address), timeout=10)
     status = sa.GetStatus(pb.GetStatusRequest(), timeout=5)
     assert status.instance_id and any(j.job == "self" for j in status.jobs)
+
+
+def _dlq_props(topic_name):
+    return {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic_name,
+            "errors.deadletterqueue.auto.create.topics.enable": "true",
+            "errors.deadletterqueue.topic.replication.factor": "1"}
+
+
+def test_a_record_reported_on_two_nodes_is_dead_lettered_once(two_nodes, broker, topic_name):
+    a, b = two_nodes
+    props = _dlq_props(topic_name)
+    sa, sb = _stub(a), _stub(b)
+    sa.RegisterJob(pb.RegisterJobRequest(job="once", properties=props), timeout=20)
+    sb.RegisterJob(pb.RegisterJobRequest(job="once", properties=props, home=a.address),
+                   timeout=20)
+    # attempt 0 on node a, then a speculative copy (attempt 1) on node b, then a retry on a
+    tasks = [(sa, pb.TaskIdentity(stage_id=1, partition_id=0, attempt_number=0,
+                                  task_attempt_id=10)),
+             (sb, pb.TaskIdentity(stage_id=1, partition_id=0, attempt_number=1,
+                                  task_attempt_id=11)),
+             (sa, pb.TaskIdentity(stage_id=1, partition_id=0, attempt_number=2,
+                                  task_attempt_id=12))]
+    answers = [stub.ReportFailures(pb.ReportFailuresRequest(
+        job="once", task=t, records=_records("p", 3)), timeout=10) for stub, t in tasks]
+    for resp in answers:
+        assert [(v.action, v.dead_lettered) for v in resp.verdicts] == [
+            (pb.ACTION_SKIP, True)] * 3
+    assert all("not written again" in v.reason for r in answers[1:] for v in r.verdicts)
+    for stub, t in tasks:
+        stub.FlushTask(pb.FlushTaskRequest(job="once", task=t), timeout=20)
+    keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic_name))
+    assert keys == [b"p-0", b"p-1", b"p-2"]
+    home = sa.GetJobSummary(pb.GetJobSummaryRequest(job="once"), timeout=5)
+    assert home.total_record_errors == 3 and home.total_records_skipped == 3
+
+
+def test_records_a_full_spool_refused_are_dead_lettered_on_their_next_report(
+        two_nodes, broker, topic_name, tmp_path):
+    from spillway.sidecar.server import start_server
+
+    a, _ = two_nodes
+    full = start_server({
+        "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
+        "spool.dir": str(tmp_path / "spool"), "spool.max.records": "1",
+        "sidecar.id": "node-full"})
+    try:
+        props = _dlq_props(topic_name)
+        sa, sf = _stub(a), _stub(full)
+        sa.RegisterJob(pb.RegisterJobRequest(job="undo", properties=props), timeout=20)
+        sf.RegisterJob(pb.RegisterJobRequest(job="undo", properties=props, home=a.address),
+                       timeout=20)
+        t0 = pb.TaskIdentity(stage_id=1, partition_id=0, attempt_number=0, task_attempt_id=20)
+        with pytest.raises(grpc.RpcError) as err:   # 2 records, room for 1: none stored
+            sf.ReportFailures(pb.ReportFailuresRequest(
+                job="undo", task=t0, records=_records("u", 2)), timeout=10)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # the task is retried on node a: its records were never written, so they are now
+        t1 = pb.TaskIdentity(stage_id=1, partition_id=0, attempt_number=1, task_attempt_id=21)
+        resp = sa.ReportFailures(pb.ReportFailuresRequest(
+            job="undo", task=t1, records=_records("u", 2)), timeout=10)
+        assert all(v.dead_lettered and "not written again" not in v.reason
+                   for v in resp.verdicts)
+        assert sa.FlushTask(pb.FlushTaskRequest(job="undo", task=t1), timeout=20
+                            ).dlq_records_acknowledged == 2
+        keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic_name))
+        assert keys == [b"u-0", b"u-1"]
+    finally:
+        full.stop(1.0)

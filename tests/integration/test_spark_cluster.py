@@ -50,10 +50,11 @@ def cluster(broker, tmp_path_factory):
         [_spark_class(), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
          "--port", str(port), "--webui-port", str(webui)],
         stdout=open(tmp / "master.log", "wb"), stderr=subprocess.STDOUT, env=env)]
-    for name, sc in sidecars.items():
+    # two loopback hosts: Spark never runs a speculative copy on the host of the original
+    for host, (name, sc) in zip(("127.0.0.1", "127.0.0.2"), sidecars.items()):
         procs.append(subprocess.Popen(
             [_spark_class(), "org.apache.spark.deploy.worker.Worker",
-             f"spark://127.0.0.1:{port}", "--host", "127.0.0.1", "--cores", "1",
+             f"spark://127.0.0.1:{port}", "--host", host, "--cores", "1",
              "--memory", "1g", "--webui-port", str(free_port()),
              "--work-dir", str(tmp / f"work-{name}")],
             stdout=open(tmp / f"worker-{name}.log", "wb"), stderr=subprocess.STDOUT,
@@ -150,3 +151,66 @@ def test_job_wide_tolerance_limit_holds_across_both_nodes(cluster, tmp_path, top
                       "cluster-limit", _props(topic_name, **{"errors.tolerance.max.errors": "8"}))
     assert not out["ok"]
     assert "errors.tolerance.max.errors=8" in out["error"] and "9 errors" in out["error"], out
+
+
+SPECULATIVE_DRIVER = textwrap.dedent("""
+    import json, sys, time
+    from pyspark import TaskContext
+    from pyspark.sql import SparkSession
+    from spillway.spark import Job
+
+    master, home, topic, name, props = sys.argv[1:6]
+    spark = (SparkSession.builder.master(master).appName(name)
+             .config("spark.ui.enabled", "false").config("spark.executor.memory", "512m")
+             .config("spark.executor.cores", "1").config("spark.cores.max", "2")
+             .config("spark.task.maxFailures", "4")
+             .config("spark.speculation", "true").config("spark.speculation.interval", "100ms")
+             .config("spark.speculation.quantile", "0.5")
+             .config("spark.speculation.multiplier", "1.5")
+             .config("spark.speculation.minTaskRuntime", "500ms")
+             .config("spark.speculation.efficiency.enabled", "false").getOrCreate())
+    job = Job(name, json.loads(props), sidecar=home)
+    job.register()
+
+    def parse(x):
+        if x % 5 == 0:
+            raise ValueError("bad row %d" % x)
+        return x
+
+    def after_flush(rows):
+        rows = list(rows)  # the wrapped partition ran to its end: reported and flushed
+        ctx = TaskContext.get()
+        if ctx.attemptNumber() == 0 and ctx.partitionId() == 0:
+            raise RuntimeError("task fails after its records were dead-lettered")
+        if ctx.attemptNumber() == 0 and ctx.partitionId() == 1:
+            time.sleep(20)  # a straggler: Spark starts a speculative copy on the other node
+        return [(ctx.partitionId(), ctx.attemptNumber(), len(rows))]
+
+    rdd = spark.sparkContext.parallelize(range(40), 4)
+    out = job.map_partitions(rdd, parse).mapPartitions(after_flush).collect()
+    print("RESULT " + json.dumps({"ok": True, "parts": sorted(out)}))
+    spark.stop()
+""")
+
+
+def test_retried_and_speculative_tasks_leave_one_dead_letter_per_record(
+        cluster, broker, tmp_path, topic_name):
+    master, sidecars = cluster
+    script = tmp_path / "driver.py"
+    script.write_text(SPECULATIVE_DRIVER)
+    proc = subprocess.run([sys.executable, str(script), master, sidecars["node-a"].address,
+                           topic_name, "cluster-once", json.dumps(_props(topic_name))],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    parts = json.loads(lines[-1][len("RESULT "):])["parts"]
+    # partition 0 ran again after failing; partition 1's speculative copy won the race
+    assert [p for p, _, _ in parts] == [0, 1, 2, 3] and all(n == 8 for _, _, n in parts)
+    attempts = {p: a for p, a, _ in parts}
+    assert attempts[0] >= 1 and attempts[1] >= 1, parts
+    records = read_all(broker.bootstrap_servers, topic_name)
+    ids = [dict(m.headers())["spillway.record.id"].decode() for m in records]
+    # 8 poison rows, each reported by two attempts or more: exactly one DLQ record each
+    assert len(ids) == 8 and len(set(ids)) == 8, sorted(ids)
+    assert sorted(int(m.value()) for m in records) == list(range(0, 40, 5))

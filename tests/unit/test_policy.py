@@ -165,9 +165,11 @@ def test_skipped_record_reported_again_by_a_reattempt_is_not_counted_twice(engin
     a = engine.decide("j", task(attempt=0), [rec("bad", VALUE)])[0]
     b = engine.decide("j", task(attempt=1), [rec("bad", VALUE)])[0]
     assert a.verdict.action is b.verdict.action is Action.SKIP
-    assert a.dead_letter and b.dead_letter      # re-spooled: duplicates possible, loss not
+    # one dead letter per record id: the re-report is answered "already in the DLQ"
+    assert a.dead_letter and not b.dead_letter and b.verdict.dead_lettered
     assert b.verdict.attempt == 2
-    assert "already skipped" in b.verdict.reason
+    assert "already skipped" in b.verdict.reason and "already in the DLQ topic dlq.j" in (
+        b.verdict.reason)
     c = engine.summary("j").counts
     assert (c.total_record_errors, c.total_records_skipped, c.total_record_failures) == (1, 1, 2)
     # one more distinct error is the second: over max.errors=1
@@ -401,7 +403,8 @@ def test_skipped_ids_are_compact_bounded_and_least_recently_seen_evicted(engine)
     assert len(infos) == 1 and all(type(k) is int for k in j.ids.keys())
     assert len(j.records) == 0
     again = engine.decide("j", task(attempt=1), [rec("j/TRANSFORMATION/0/0", VALUE)])[0]
-    assert again.verdict.action is Action.SKIP and again.dead_letter
+    assert again.verdict.action is Action.SKIP and not again.dead_letter
+    assert again.verdict.dead_lettered
     assert "already skipped" in again.verdict.reason and again.verdict.attempt == 2
     # 9 new ids evict 1..9, not 0 (seen again most recently)
     engine.decide("j", task(), [rec(f"j/TRANSFORMATION/0/{i}", VALUE) for i in range(10, 19)])
@@ -422,13 +425,14 @@ class _Colliding(str):
         return 42
 
 
-def test_a_digest_collision_never_loses_a_record(engine):
+def test_a_digest_collision_answers_as_the_record_it_collides_with(engine):
     engine.register_job("j", {"errors.tolerance": "all",
                               "errors.deadletterqueue.topic.name": "dlq.j"})
     a, b = engine.decide("j", task(), [rec(_Colliding("a"), VALUE), rec(_Colliding("b"), VALUE)])
-    # b looks already skipped: answered SKIP under its own id and dead-lettered all the same
+    # b looks already skipped: answered SKIP under its own id, and taken for a's re-report it
+    # is not written again (the documented ~n^2/2^61 risk of keeping digests, not ids)
     assert (a.verdict.action, b.verdict.action) == (Action.SKIP, Action.SKIP)
-    assert a.dead_letter and b.dead_letter and b.verdict.record_id == "b"
+    assert a.dead_letter and b.verdict.record_id == "b" and b.verdict.dead_lettered
     assert "already skipped" in b.verdict.reason
 
 
@@ -501,3 +505,43 @@ def test_engine_schedule_invariants(timeout, max_retries, fine, r, gaps, reattem
         assert retries <= 5                            # the status-store KIP's default
     if timeout == "0" and max_retries is None:
         assert retries == (5 if fine else 0)
+
+
+# --- one dead letter per record id --------------------------------------------------------------
+
+def test_a_record_is_dead_lettered_once_whatever_reports_it_again(engine):
+    engine.register_job("j", {"errors.tolerance": "all",
+                              "errors.deadletterqueue.topic.name": "dlq.j"})
+    first = engine.decide("j", task(attempt=0), [rec("bad", VALUE)])[0]
+    assert first.dead_letter and first.verdict.action is Action.SKIP
+    # a task retry, a speculative copy (another task attempt id) and a re-run action's task
+    again = [engine.decide("j", task(attempt=a, stage_id=s), [rec("bad", VALUE)])[0]
+             for a, s in ((1, 1), (2, 1), (0, 7))]
+    for d in again:
+        assert d.verdict.action is Action.SKIP and not d.dead_letter
+        assert d.verdict.dead_lettered and "not written again" in d.verdict.reason
+    assert [d.verdict.attempt for d in again] == [2, 3, 4]
+    c = engine.summary("j").counts
+    assert (c.total_record_errors, c.total_records_skipped) == (1, 1)
+
+
+def test_an_undone_dead_letter_is_written_again_on_its_next_report(engine):
+    engine.register_job("j", {"errors.tolerance": "all",
+                              "errors.deadletterqueue.topic.name": "dlq.j"})
+    a, b = engine.decide("j", task(), [rec("a", VALUE), rec("b", VALUE)])
+    assert a.dead_letter and b.dead_letter
+    # the spool refused the report (backpressure): nothing was written for a or b
+    assert engine.undo_dead_letters("j", ["a", "b", "never-seen"]) == 2
+    a2, b2 = engine.decide("j", task(attempt=1), [rec("a", VALUE), rec("b", VALUE)])
+    assert a2.dead_letter and b2.dead_letter and not a2.verdict.dead_lettered
+    assert engine.summary("j").counts.total_record_errors == 2   # still counted once
+    a3 = engine.decide("j", task(attempt=2), [rec("a", VALUE)])[0]
+    assert not a3.dead_letter and a3.verdict.dead_lettered
+
+
+def test_without_a_dlq_a_reported_again_record_is_never_marked_dead_lettered(engine):
+    engine.register_job("j", {"errors.tolerance": "all"})
+    engine.decide("j", task(), [rec("a", VALUE)])
+    d = engine.decide("j", task(attempt=1), [rec("a", VALUE)])[0]
+    assert d.verdict.action is Action.SKIP and not d.dead_letter
+    assert not d.verdict.dead_lettered

@@ -205,20 +205,22 @@ class FailedRecord(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., function_name: _Optional[str] = ..., source: _Optional[_Union[SourceCoordinates, _Mapping]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., exception: _Optional[_Union[ExceptionInfo, _Mapping]] = ..., attempt: _Optional[int] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., payload: _Optional[_Union[Payload, str]] = ...) -> None: ...
 
 class ReportFailuresRequest(_message.Message):
-    __slots__ = ["job", "task", "records", "recovered_record_ids", "decide_only", "run_id"]
+    __slots__ = ["job", "task", "records", "recovered_record_ids", "decide_only", "run_id", "undo_dead_letter_record_ids"]
     JOB_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     RECOVERED_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
     DECIDE_ONLY_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    UNDO_DEAD_LETTER_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
     job: str
     task: TaskIdentity
     records: _containers.RepeatedCompositeFieldContainer[FailedRecord]
     recovered_record_ids: _containers.RepeatedScalarFieldContainer[str]
     decide_only: bool
     run_id: str
-    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., records: _Optional[_Iterable[_Union[FailedRecord, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., decide_only: bool = ..., run_id: _Optional[str] = ...) -> None: ...
+    undo_dead_letter_record_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., records: _Optional[_Iterable[_Union[FailedRecord, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., decide_only: bool = ..., run_id: _Optional[str] = ..., undo_dead_letter_record_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ["record_id", "action", "retry_delay_ms", "category", "reason", "dead_lettered", "attempt", "job_failed", "dead_letter", "retry_budget_exhausted"]

@@ -132,6 +132,15 @@ class Home:
         return [Decision(convert.verdict_from_pb(v), dead_letter=v.dead_letter)
                 for v in resp.verdicts]
 
+    def undo_dead_letters(self, request: pb.ReportFailuresRequest, record_ids: list[str],
+                          timeout_s: float, *, token: str | None = None) -> None:
+        """Tell the home these ids' DLQ records were not spooled here (see server.report)."""
+        fwd = pb.ReportFailuresRequest(job=request.job, run_id=request.run_id,
+                                       decide_only=True,
+                                       undo_dead_letter_record_ids=record_ids)
+        fwd.task.CopyFrom(request.task)
+        self._call("ReportFailures", self.stub.ReportFailures, fwd, timeout_s, token)
+
     def progress(self, request: pb.FlushTaskRequest, timeout_s: float, *,
                  token: str | None = None) -> None:
         fwd = pb.FlushTaskRequest()

@@ -89,6 +89,9 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
         try:
             task = convert.task_identity(request.task)
             records = convert.failed_records(request.records)
+            if request.undo_dead_letter_record_ids and not request.decide_only:
+                raise ValueError("undo_dead_letter_record_ids: only for sidecar-to-sidecar "
+                                 "(decide_only) requests")
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
@@ -232,6 +235,9 @@ class Sidecar:
         home = self.homes.get(job)
         if home is None and request.recovered_record_ids:
             self.engine.record_recovered(job, task, list(request.recovered_record_ids))
+        if request.undo_dead_letter_record_ids:
+            if home is None:
+                self.engine.undo_dead_letters(job, list(request.undo_dead_letter_record_ids))
         if not records:
             if home is not None and request.recovered_record_ids:
                 home.report(request, timeout_s)
@@ -265,11 +271,30 @@ class Sidecar:
                 dlq = [build(records[i], verdicts[i], own) for i in to_dlq]
                 with tracer.start_as_current_span(
                         "spillway.spool", attributes={"spillway.records": len(dlq)}):
-                    self.pipeline.submit(dlq)  # durable (spooled) before we answer
+                    try:
+                        self.pipeline.submit(dlq)  # durable (spooled) before we answer
+                    except BaseException:
+                        # nothing spooled: the home must not answer a re-report "already in
+                        # the DLQ" (one dead letter per record id), so it forgets these
+                        self._undo_dead_letters(job, home, request,
+                                                [records[i].record_id for i in to_dlq])
+                        raise
                 for i in to_dlq:  # fresh values from this call's decisions: marked in place
                     verdicts[i].dead_lettered = True
         self.telemetry.record_verdict_duration(time.perf_counter() - started)
         return [(v, False) for v in verdicts]
+
+    def _undo_dead_letters(self, job: str, home, request: pb.ReportFailuresRequest,
+                           record_ids: list[str]) -> None:
+        if home is None:
+            self.engine.undo_dead_letters(job, record_ids)
+            return
+        try:
+            home.undo_dead_letters(request, record_ids, 5.0)
+        except HomeError as exc:  # the report fails anyway; a re-report may then be refused
+            log.warning("could not tell the home of job %r that %d DLQ records were not "
+                        "spooled (a re-report of them may not be dead-lettered): %s",
+                        job, len(record_ids), exc)
 
     def flush(self, request: pb.FlushTaskRequest, task, processed: Mapping[StageRef, int],
               timeout_s: float) -> int:

@@ -4,8 +4,10 @@ and the error log are injected; nothing here imports grpc, confluent_kafka or py
 For each reported record, in order (docs/POLICY.md has the user-facing version):
 
 1. The job has failed → FAIL (job_failed) with the job's failure reason.
-2. The record was already skipped by an earlier attempt of its task → SKIP again (dead-lettered
-   again if the job has a DLQ: duplicates are possible, loss is not), counted once.
+2. The record was already skipped by an earlier report (a task retry, a speculative attempt, a
+   re-run action, from any node) → SKIP again, counted once, and NOT dead-lettered again: the
+   verdict says it is already in the DLQ (`dead_lettered`). Only if the earlier DLQ write was
+   undone (`undo_dead_letters`: its spool refused it) is it dead-lettered now.
 3. Classify (`classify.py`, KIP-1050) and act on the category:
    - invalid-configuration → the job fails at once;
    - abortable → FAIL this task attempt only; Spark re-runs the task;
@@ -30,8 +32,9 @@ by a 60-bit digest of the record id (`tolerance.record_key`), not the id string,
 per-entry object besides the key: a skipped record's answer is a (category, reason, attempts)
 tuple shared by every record skipped the same way (`_Job.skip_info`). A digest collision (about
 n^2 / 2^61 for n remembered ids) can make a distinct record look already skipped (still SKIP,
-still dead-lettered, not counted again) or share another record's retry schedule (it may run
-out of retries sooner, then goes to the handler and tolerance as usual); no record is lost.
+not counted again, and not dead-lettered: its DLQ record is the one it collided with; ~4e-8 at
+300 000 ids) or share another record's retry schedule (it may run out of retries sooner, then
+goes to the handler and tolerance as usual).
 
 Threads: the engine's own lock guards only the job table; each job has its lock, held while its
 records are decided (the KIP-1033 handler is called under it, so handlers need not be
@@ -80,9 +83,11 @@ class _RecordState:
     last_class: str = ""
 
 
-# A skipped record's answer, (category, reason, attempts): immutable and shared by every record
-# skipped the same way (`_Job.skip_info`), so remembering a skipped id costs no object of its own.
-_SkipInfo = tuple[Category, str, int]
+# A skipped record's answer, (category, reason, attempts, dead-lettered): immutable and shared by
+# every record skipped the same way (`_Job.skip_info`), so remembering a skipped id costs no
+# object of its own. dead-lettered: a DLQ record was handed to a spool for it (so a re-report
+# is not written again), until `undo_dead_letters` says that spool refused it.
+_SkipInfo = tuple[Category, str, int, bool]
 
 
 class _Job:
@@ -115,10 +120,11 @@ class _Job:
     def records_evicted(self) -> int:
         return self.records.evicted
 
-    def skip_info(self, category: Category, reason: str, attempts: int) -> _SkipInfo:
+    def skip_info(self, category: Category, reason: str, attempts: int,
+                  dead_lettered: bool) -> _SkipInfo:
         """The shared answer for records skipped this way (reasons are per report and per
         exception message: equal ones across reports are merged here)."""
-        info = (category, reason, attempts)
+        info = (category, reason, attempts, dead_lettered)
         shared = self.skip_infos.get(info)
         if shared is None:
             if len(self.skip_infos) >= MAX_SKIP_INFOS:
@@ -341,10 +347,17 @@ class PolicyEngine:
         key = hash(rid) & KEY_MASK        # tolerance.record_key(rid)
         skipped = j.ids.get(key)
         if skipped is not None and not j.failure_reason:
-            # a re-attempted task met a record an earlier attempt already skipped: same answer,
-            # counted once; dead-lettered again (duplicates are possible, loss is not)
-            skipped = j.skip_info(skipped[0], skipped[1], skipped[2] + 1)
+            # a re-attempted task met a record an earlier report already skipped: same answer,
+            # counted once; its DLQ record was written then, so not again (one per record id)
+            again = skipped[3]
+            skipped = j.skip_info(skipped[0], skipped[1], skipped[2] + 1, s.dlq.enabled)
             j.ids.add(key, skipped)       # and now the most recently seen
+            if again:
+                return (Decision(Verdict(
+                    rid, Action.SKIP, skipped[0],
+                    f"already skipped by an earlier report and already in the DLQ topic "
+                    f"{s.dlq.topic} (not written again): {skipped[1]}",
+                    skipped[2], dead_lettered=True)), False, "")
             return (Decision(Verdict(
                 rid, Action.SKIP, skipped[0],
                 f"already skipped by an earlier task attempt: {skipped[1]}",
@@ -542,7 +555,7 @@ class PolicyEngine:
         info = b.last_info
         if (info is None or info[1] is not reason or info[0] is not category
                 or info[2] != attempts):
-            info = b.last_info = j.skip_info(category, reason, attempts)
+            info = b.last_info = j.skip_info(category, reason, attempts, dead_letter)
         if state is not None:
             j.records.pop(key)
         j.ids.replace(key, info)          # tolerance.admit added the key
@@ -606,6 +619,21 @@ class PolicyEngine:
         if j is not None:
             with j.lock:
                 j.refused += int(n)
+
+    def undo_dead_letters(self, job: str, record_ids: Sequence[str]) -> int:
+        """The DLQ records of these skipped ids were not spooled after all (the spool refused
+        the report): a re-report of them is dead-lettered again. Returns how many were marked."""
+        j = self._job(job)
+        undone = 0
+        with j.lock:
+            ids = j.ids
+            for rid in record_ids:
+                key = hash(rid) & KEY_MASK
+                info = ids.get(key)
+                if info is not None and info[3]:
+                    ids.replace(key, j.skip_info(info[0], info[1], info[2], False))
+                    undone += 1
+        return undone
 
     def note_dead_letter_acked(self, job: str, n: int) -> None:
         j = self._job(job)
