@@ -792,11 +792,12 @@ def dlq_topic_errors(data: dict, root: Path = ROOT) -> Errors:
             raw = sidecar_raw(svc, data, root)
         except config.ConfigError:
             continue  # sidecar_errors names the bad property
-        prefixes.add(raw["errors.deadletterqueue.topic.name.prefix"])
+        prefixes.add(raw["errors.deadletterqueue.topic.name.prefix"]
+                     or raw["dlq.topic.required.prefix"])  # a job default narrows it
         if raw["errors.deadletterqueue.topic.name"]:
             used.append((f"service {name}: errors.deadletterqueue.topic.name",
                          raw["errors.deadletterqueue.topic.name"]))
-    prefixes = prefixes or {config.PROPERTIES["errors.deadletterqueue.topic.name.prefix"].default}
+    prefixes = prefixes or {config.PROPERTIES["dlq.topic.required.prefix"].default}
     for name, svc in services(data).items():
         used += [(f"service {name}: command --dlq-topic", t)
                  for t in flag_values(image_argv(svc, root), "--dlq-topic")]

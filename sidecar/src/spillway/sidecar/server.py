@@ -33,6 +33,7 @@ from .health import KAFKA_HEALTH_SERVICE, KafkaWatch, quiet_librdkafka
 from .core import config
 from .core.dlq_record import DlqBuilder
 from .core.guardrails import check_topic_name
+from .core.handlers import HandlerRules
 from .core.model import Action, Category, Decision, StageRef, Verdict, task_key
 from .core.policy import PolicyEngine
 from .core.ports import SystemClock
@@ -170,8 +171,11 @@ class Sidecar:
                 with self._lock:
                     self.homes[job] = remote
         settings = job_settings(job, properties, self.props.get("_job_defaults"))
+        self.engine.handler_rules.check(settings.handler_class)  # before any side effect
+        # the operator's topic guardrails (a job may only narrow them), before any side effect
+        check_topic_name(settings.dlq, self.props["dlq.topic.required.prefix"],
+                         self.props["dlq.topic.auto.create.allow"])
         if settings.dlq.enabled:
-            check_topic_name(settings.dlq)
             if self.pipeline is None:
                 raise ConfigError(
                     "errors.deadletterqueue.topic.name",
@@ -196,7 +200,9 @@ class Sidecar:
                 return
         budget = max(0.5, min(timeout_s - _KAFKA_ANSWER_MARGIN_S, 15.0))
         try:
-            ensure_topic(self.kafka_conf(), settings.dlq, timeout_s=budget)
+            ensure_topic(self.kafka_conf(), settings.dlq, timeout_s=budget,
+                         required_prefix=self.props["dlq.topic.required.prefix"],
+                         auto_create_allowed=self.props["dlq.topic.auto.create.allow"])
         except TopicGuardrailError:
             raise
         except DlqError as exc:
@@ -456,14 +462,21 @@ def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
     props = config.parse(raw)
     job_defaults = {k: v for k, v in raw.items() if k in config.JOB_PROPERTIES}
     # A sidecar-level job default must itself be valid: check it once, at start-up.
-    job_settings("sidecar-defaults", {}, job_defaults)
+    defaults = job_settings("sidecar-defaults", {}, job_defaults)
+    check_topic_name(defaults.dlq, props["dlq.topic.required.prefix"],
+                     props["dlq.topic.auto.create.allow"])
     props["_job_defaults"] = job_defaults
     kafka_overrides = {k[len(config.PRODUCER_PASSTHROUGH):]: v for k, v in raw.items()
                        if k.startswith(config.PRODUCER_PASSTHROUGH)}
     props["_kafka_overrides"] = kafka_overrides
     if not props["listen.address"] and not props["listen.unix.socket"]:
         raise ConfigError("listen.address", "set listen.address or listen.unix.socket")
-    engine = PolicyEngine(clock=SystemClock(), rng=_Random(), job_defaults=job_defaults)
+    # user handler classes are operator-owned: the allow-list and time limit are sidecar-only
+    rules = HandlerRules.from_properties(
+        props["errors.handler.allowed.classes"], props["errors.handler.timeout.ms"],
+        props["errors.handler.pool.size"], also=[job_defaults.get("errors.handler.class", "")])
+    engine = PolicyEngine(clock=SystemClock(), rng=_Random(), job_defaults=job_defaults,
+                          handler_rules=rules)
     pipeline = None
     if props["bootstrap.servers"]:
         from .dlq.pipeline import DlqPipeline

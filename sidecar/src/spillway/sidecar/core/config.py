@@ -134,6 +134,17 @@ def p_listen(name: str, raw: str) -> str:
     return v
 
 
+def p_topic_prefix(name: str, raw: str) -> str:
+    """A DLQ topic-name prefix: '' or a legal topic-name fragment (KIP-1191)."""
+    from .guardrails import prefix_fragment_error
+
+    v = raw.strip()
+    why = prefix_fragment_error(v)
+    if why is not None:
+        raise ConfigError(name, why)
+    return v
+
+
 def p_octal_mode(name: str, raw: str) -> int:
     try:
         v = int(raw.strip(), 8)
@@ -249,11 +260,24 @@ _PROPS: list[Prop] = [
     Prop("errors.classification.rules", p_str, "",
          "user rules: comma-separated qualified.ExceptionClass=category; any class in the "
          "reported class chain matches"),
+    Prop("errors.handler.allowed.classes", p_str, "",
+         "the user handler classes (package.module:Class, comma-separated) a job may name in "
+         "errors.handler.class; the built-ins and the sidecar's own default are always allowed, "
+         "anything else is refused before it is imported", job=False),
+    Prop("errors.handler.timeout.ms", p_int(1, 600_000), "5000",
+         "time limit of one call of a user handler (construction, configure, handle); one "
+         "that does not answer in time counts as a handler crash (KIP-1033: fails the job)",
+         job=False),
+    Prop("errors.handler.pool.size", p_int(1, 64), "4",
+         "threads that run user handlers; when all are held by handlers past their time "
+         "limit, further handler calls fail at once (a handler crash), never wait", job=False),
     # DLQ (KIP-298, KIP-1191)
     Prop("errors.deadletterqueue.topic.name", p_str, "",
          "the DLQ topic; empty: no DLQ (skipped records are only logged and counted)"),
-    Prop("errors.deadletterqueue.topic.name.prefix", p_str, "dlq.",
-         "KIP-1191: DLQ topic names must start with this ('' disables the check)"),
+    Prop("errors.deadletterqueue.topic.name.prefix", p_topic_prefix, "",
+         "KIP-1191: this job's DLQ topic names must start with this; a job may only narrow "
+         "the operator's dlq.topic.required.prefix (that prefix or a longer one starting with "
+         "it; unset: that prefix). A legal topic-name fragment: [a-zA-Z0-9._-]"),
     Prop("errors.deadletterqueue.context.headers.enable", p_bool, "false",
          "KIP-298: add the error-context headers to DLQ records"),
     Prop("errors.deadletterqueue.headers.format", p_choice("connect", "dlq"), "connect",
@@ -285,6 +309,14 @@ _PROPS: list[Prop] = [
     Prop("listen.unix.socket.group", p_str, "",
          "group (name or gid) of listen.unix.socket, e.g. the executors' group ('': the "
          "sidecar's group)", job=False),
+    Prop("dlq.topic.required.prefix", p_topic_prefix, "dlq.",
+         "KIP-1191's prefix rule, owned by the operator: every DLQ topic name must start with "
+         "this, and a job's errors.deadletterqueue.topic.name.prefix may only narrow it ('': "
+         "any name other than Kafka's internal __ topics)", job=False),
+    Prop("dlq.topic.auto.create.allow", p_bool, "true",
+         "whether a job may ask for its DLQ topic to be created "
+         "(errors.deadletterqueue.auto.create.topics.enable, false by default as KIP-1191 "
+         "says); false: only topics the operator created are used", job=False),
     Prop("bootstrap.servers", p_str, "", "Kafka bootstrap servers for DLQ writes", job=False),
     Prop("sidecar.id", p_str, "", "this sidecar's name in summaries (default: host name)",
          job=False),

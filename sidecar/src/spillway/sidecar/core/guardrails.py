@@ -1,10 +1,18 @@
-"""DLQ topic-name guardrails (KIP-1191), pure.
+"""DLQ topic guardrails (KIP-1191), pure: operator rules a job cannot loosen.
+
+KIP-1191 makes the DLQ name prefix a cluster administrator's setting. Here the operator sets it
+on the sidecar (``dlq.topic.required.prefix``, default ``dlq.``, sidecar-only); a job's own
+``errors.deadletterqueue.topic.name.prefix`` can only narrow it (that prefix, or a longer one
+starting with it) and, when unset, is the operator's. Both must be legal topic-name fragments
+(checked when parsed, `config.p_topic_prefix`). Whether a job may auto-create its DLQ topic is
+the operator's call too (``dlq.topic.auto.create.allow``; KIP-1191 never auto-creates by
+default, whatever the job says).
 
 A DLQ topic name is refused, with TopicGuardrailError naming ``errors.deadletterqueue.topic.name``,
 when it is not a valid Kafka topic name, when it starts with ``__`` (Kafka's internal topics; never
-allowed, whatever the prefix), or when it does not start with
-``errors.deadletterqueue.topic.name.prefix`` (unless that prefix is empty). The checks run in that
-order, so the message is about the most basic problem. An empty name means "no DLQ" and passes.
+allowed, whatever the prefix), or when it does not start with the effective prefix (unless the
+operator set it to ''). The checks run in that order, so the message is about the most basic
+problem. An empty name means "no DLQ" and passes.
 """
 
 from __future__ import annotations
@@ -16,13 +24,17 @@ from .settings import DlqSettings
 
 TOPIC_PROP = "errors.deadletterqueue.topic.name"
 PREFIX_PROP = "errors.deadletterqueue.topic.name.prefix"
+REQUIRED_PREFIX_PROP = "dlq.topic.required.prefix"
+AUTO_CREATE_PROP = "errors.deadletterqueue.auto.create.topics.enable"
+AUTO_CREATE_ALLOW_PROP = "dlq.topic.auto.create.allow"
+DEFAULT_REQUIRED_PREFIX = "dlq."
 MAX_TOPIC_LENGTH = 249
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
 
 
 def invalid_name_message(name: str) -> str:
-    return (f"{name!r} is not a valid Kafka topic name: use 1 to {MAX_TOPIC_LENGTH} characters "
-            f"from [a-zA-Z0-9._-], other than '.' and '..'")
+    return (f"{_shown(name)} is not a valid Kafka topic name: use 1 to {MAX_TOPIC_LENGTH} "
+            f"characters from [a-zA-Z0-9._-], other than '.' and '..'")
 
 
 def internal_name_message(name: str) -> str:
@@ -31,8 +43,12 @@ def internal_name_message(name: str) -> str:
 
 
 def prefix_message(name: str, prefix: str) -> str:
-    return (f"{name!r} does not start with the DLQ prefix {prefix!r} ({PREFIX_PROP}); "
-            f"rename the topic, or set {PREFIX_PROP} to '' to allow any name")
+    return (f"{name!r} does not start with the DLQ prefix {prefix!r} ({PREFIX_PROP}, within "
+            f"the operator's {REQUIRED_PREFIX_PROP}); rename the topic")
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 300 else text[:300] + "...")
 
 
 def valid_topic_name(name: str) -> bool:
@@ -40,8 +56,34 @@ def valid_topic_name(name: str) -> bool:
             and _LEGAL.fullmatch(name) is not None)
 
 
-def check_topic_name(settings: DlqSettings) -> None:
-    """Raise TopicGuardrailError when `settings.topic` may not be used as a DLQ topic."""
+def prefix_fragment_error(prefix: str) -> str | None:
+    """Why `prefix` cannot start a DLQ topic name, or None when it can ('' can)."""
+    if not prefix:
+        return None
+    if len(prefix) >= MAX_TOPIC_LENGTH or _LEGAL.fullmatch(prefix) is None:
+        return (f"{_shown(prefix)} is not a legal topic-name fragment: use at most "
+                f"{MAX_TOPIC_LENGTH - 1} characters from [a-zA-Z0-9._-]")
+    if prefix.startswith("__"):
+        return (f"{prefix!r} starts with '__', which is reserved for Kafka's internal topics")
+    return None
+
+
+def effective_prefix(settings: DlqSettings, required: str) -> str:
+    """The prefix a job's DLQ topic must start with: the job's own (narrower), else the
+    operator's."""
+    return settings.prefix or required
+
+
+def check_topic_name(settings: DlqSettings, required_prefix: str = DEFAULT_REQUIRED_PREFIX,
+                     auto_create_allowed: bool = True) -> None:
+    """Raise TopicGuardrailError when the job's DLQ settings break the operator's rules or
+    `settings.topic` may not be used as a DLQ topic."""
+    job_prefix = settings.prefix
+    if job_prefix and not job_prefix.startswith(required_prefix):
+        raise TopicGuardrailError(PREFIX_PROP, (
+            f"{job_prefix!r} would loosen the operator's DLQ prefix {required_prefix!r} "
+            f"({REQUIRED_PREFIX_PROP}): a job may only set that prefix or a longer one "
+            f"starting with it"))
     name = settings.topic
     if not name:
         return
@@ -49,5 +91,11 @@ def check_topic_name(settings: DlqSettings) -> None:
         raise TopicGuardrailError(TOPIC_PROP, invalid_name_message(name))
     if name.startswith("__"):
         raise TopicGuardrailError(TOPIC_PROP, internal_name_message(name))
-    if settings.prefix and not name.startswith(settings.prefix):
-        raise TopicGuardrailError(TOPIC_PROP, prefix_message(name, settings.prefix))
+    prefix = effective_prefix(settings, required_prefix)
+    if prefix and not name.startswith(prefix):
+        raise TopicGuardrailError(TOPIC_PROP, prefix_message(name, prefix))
+    if settings.auto_create and not auto_create_allowed:
+        raise TopicGuardrailError(AUTO_CREATE_PROP, (
+            f"this sidecar's operator does not let jobs create DLQ topics "
+            f"({AUTO_CREATE_ALLOW_PROP}=false); create {name!r} first, or leave "
+            f"{AUTO_CREATE_PROP} unset"))

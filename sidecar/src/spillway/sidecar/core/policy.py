@@ -56,7 +56,8 @@ from .budget import RetryBudget
 from .classify import Classification, Classifier
 from .counters import KIP_NAMES, ScopedCounts, add_counts, as_kip_dict, copy_counts
 from .errorlog import JsonErrorLogger, error_fields
-from .handlers import ErrorHandlerContext, HandlerResponse, LoadedHandler, invoke, load_handler
+from .handlers import (UNRESTRICTED, ErrorHandlerContext, HandlerResponse, HandlerRules,
+                       LoadedHandler, invoke, load_handler)
 from .model import (Action, Category, Counts, Decision, FailedRecord, JobSummary, StageRef,
                     TaskIdentity, Verdict)
 from .ports import Clock, ErrorLogger, RandomSource
@@ -234,8 +235,10 @@ class _Batch:
 
 class PolicyEngine:
     def __init__(self, *, clock: Clock, rng: RandomSource, logger: ErrorLogger | None = None,
-                 job_defaults: Mapping[str, str] | None = None) -> None:
+                 job_defaults: Mapping[str, str] | None = None,
+                 handler_rules: HandlerRules = UNRESTRICTED) -> None:
         self._clock = clock
+        self.handler_rules = handler_rules  # the operator's allow-list and time limit
         self._rng = rng
         self._logger: ErrorLogger = logger if logger is not None else JsonErrorLogger()
         self._job_defaults = dict(job_defaults or {})
@@ -251,7 +254,8 @@ class PolicyEngine:
             existing = self._jobs.get(job)
         if existing is not None:
             return self._same_or_conflict(existing, settings)
-        handler = load_handler(settings.handler_class, settings.tolerance.mode, settings.raw)
+        handler = load_handler(settings.handler_class, settings.tolerance.mode, settings.raw,
+                               self.handler_rules)
         with self._lock:
             existing = self._jobs.get(job)
             if existing is None:

@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ..core.guardrails import check_topic_name
+from ..core.guardrails import DEFAULT_REQUIRED_PREFIX, check_topic_name
 from ..core.settings import DlqSettings
 from ..errors import DlqError, TopicGuardrailError
 
@@ -33,7 +33,9 @@ def _kafka_error(exc: KafkaException) -> str:
     return f"{err.name()}: {err.str()}" if isinstance(err, KafkaError) else str(exc)
 
 
-def ensure_topic(admin_conf: Mapping[str, Any], settings: DlqSettings, timeout_s: float) -> bool:
+def ensure_topic(admin_conf: Mapping[str, Any], settings: DlqSettings, timeout_s: float, *,
+                 required_prefix: str = DEFAULT_REQUIRED_PREFIX,
+                 auto_create_allowed: bool = True) -> bool:
     """Check that `settings.topic` may be used and exists; create it when allowed.
 
     Returns True when this call created the topic. Raises TopicGuardrailError for a refused name,
@@ -42,7 +44,7 @@ def ensure_topic(admin_conf: Mapping[str, Any], settings: DlqSettings, timeout_s
     """
     if not settings.enabled:
         return False
-    check_topic_name(settings)
+    check_topic_name(settings, required_prefix, auto_create_allowed)
     topic = settings.topic
     servers = admin_conf.get("bootstrap.servers", "?")
     conf = dict(admin_conf)
