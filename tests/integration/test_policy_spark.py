@@ -177,3 +177,24 @@ def test_kafka_refresh_retriable_codes_run_the_refresh_hook_and_config_codes_fai
     assert "invalid-configuration" in denied.failure_message(failed.value)
     s = denied.summary()
     assert s.failed and s.total_retries == 0 and s.by_category == {"invalid-configuration": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("iteration", range(3))
+def test_summary_right_after_the_action_counts_exactly_what_it_processed(spark, sidecar, broker,
+                                                                         topic_name, iteration):
+    """Exact summaries: clean partitions send their counts before their task ends, so the summary
+    read right after the action is exact, every time (not only once a count interval passed)."""
+    job = _job(sidecar, topic_name)
+    bad = {3, 17}  # both in the first of 4 partitions: the other three have no failure
+
+    def fn(x):
+        if x in bad:
+            raise ValueError(f"poison record {x}")
+        return x
+
+    out = job.map_partitions(spark.sparkContext.parallelize(range(80), 4), fn).collect()
+    assert sorted(out) == [x for x in range(80) if x not in bad]
+    s = job.summary()
+    assert (s.records_processed, s.total_records_skipped, s.total_record_failures,
+            s.dlq_records_written) == (80, 2, 2, 2)

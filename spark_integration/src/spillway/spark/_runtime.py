@@ -9,10 +9,12 @@ its node's sidecar; the variable's name travels with the job), else the job's ex
 
 gRPC calls, per partition:
 
-- a partition without failures makes none; its processed counts go to the worker process's
-  accumulator and ride on the next FlushTask this process sends for the job, or on a counts-only
-  FlushTask at the end of the first failure-free partition once ``counts_interval_s`` passed
-  since the accumulator's oldest count (errors of that call are logged; the counts are kept);
+- a partition without failures makes one counts-only FlushTask at its end (and RegisterJob
+  once per process per sidecar), so that the job's summary read after the action returns counts
+  exactly what the action processed; if that call fails its counts are logged and kept in the
+  worker process's accumulator, and ride on the next FlushTask this process sends for the job.
+  A UDF sees no partition end: its counts are parked when the worker's next task attempt starts
+  and sent with the next flush, or on their own once ``counts_interval_s`` passed;
 - a partition with failures: RegisterJob once per process per sidecar (idempotent), one
   ReportFailures per batch of failures, and one FlushTask at its end (the flush barrier: DLQ
   records acknowledged by Kafka before the task can succeed) carrying the processed counts;
@@ -427,8 +429,8 @@ class TaskSession:
                 if self.had_failures or self.recovered_ids:
                     acked = self.flush()
                     self.span.set_attribute("spillway.dlq_acknowledged", acked)
-                else:
-                    self.park_counts()
+                else:  # before the task ends: a summary read after the action is exact
+                    self.park_counts(final=True)
         except BaseException as e:
             error = e
             raise
@@ -437,13 +439,14 @@ class TaskSession:
                 error = RuntimeError("the partition failed")
             self.end_span(error)
 
-    def park_counts(self) -> None:
-        """The session is over without a final flush: leave its unsent counts to a later call,
-        or, once due, send them with the process's other parked counts under this task (whose
-        slot then holds what it held plus those)."""
+    def park_counts(self, final: bool = False) -> None:
+        """The session is over without a flush barrier: send its unsent counts with the
+        process's other parked counts of its stages under this task (whose slot then holds what
+        it held plus those) when ``final`` (a partition's end) or once due; otherwise, or when
+        the call fails, leave them to a later call."""
         w = worker()
         w.add_counts(self._key, self.unsent_counts())
-        if not w.counts_due(self._key, self.spec.counts_interval_s):
+        if not final and not w.counts_due(self._key, self.spec.counts_interval_s):
             return
         parked = w.take_counts(self._key, self.own.keys())
         if not parked:
