@@ -1,5 +1,10 @@
 """One sidecar per node on a real Spark standalone cluster started from the pyspark wheel's own
-scripts: one master, two workers, each worker with its own sidecar in its environment."""
+scripts: one master, two workers, each worker with its own sidecar in its environment.
+
+Secured as docs/SECURITY.md describes: every sidecar serves mutual TLS and requires the node
+token; executors and the driver reach their node's sidecar with a client certificate and the
+token (SPILLWAY_TLS_* / SPILLWAY_TOKEN_FILE in the worker's environment); node sidecars forward
+to the job's home over mutual TLS, recognised as peers by their certificates."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import pytest
 
 from spillway.sidecar.embedded import free_port
 from support.kafka import read_all
+from support.tls import Ca, write_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -34,18 +40,39 @@ def _alive_workers(webui: int) -> int:
         return 0
 
 
+def _pki(tmp: Path, names) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Test certificates (cryptography): each sidecar's security properties, and the Spark
+    side's environment (the executors' client certificate and the node token)."""
+    ca = Ca.create(tmp / "ca")
+    token = write_token(tmp / "node.token", "cluster-node-token")
+    client = ca.issue(tmp / "executor", "spark-executor", dns=("spark-executor",), ips=())
+    sidecars = {}
+    for n in names:  # each names localhost/127.0.0.1 (dialled) and the shared peer name
+        leaf = ca.issue(tmp / n, n, dns=("localhost", "spillway-sidecar"))
+        sidecars[n] = {"tls.cert.file": str(leaf.cert), "tls.key.file": str(leaf.key),
+                       "tls.ca.file": str(ca.path), "auth.token.file": str(token),
+                       "auth.peer.identities": "spillway-sidecar"}
+    spark_env = {"SPILLWAY_TLS_CA_FILE": str(ca.path), "SPILLWAY_TLS_CERT_FILE": str(client.cert),
+                 "SPILLWAY_TLS_KEY_FILE": str(client.key), "SPILLWAY_TOKEN_FILE": str(token)}
+    return sidecars, spark_env
+
+
 @pytest.fixture(scope="module")
 def cluster(broker, tmp_path_factory):
-    """Two sidecars ("node-a", "node-b"), a master and two single-core workers."""
+    """Two sidecars ("node-a", "node-b"), a master and two single-core workers; mutual TLS and
+    node tokens everywhere."""
     from spillway.sidecar.server import start_server
 
     tmp = tmp_path_factory.mktemp("cluster")
+    names = ("node-a", "node-b")
+    secure, spark_env = _pki(tmp, names)
     sidecars = {n: start_server({
         "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
-        "spool.dir": str(tmp / f"spool-{n}"), "producer.linger.ms": "5", "sidecar.id": n})
-        for n in ("node-a", "node-b")}
+        "spool.dir": str(tmp / f"spool-{n}"), "producer.linger.ms": "5", "sidecar.id": n,
+        **secure[n]}) for n in names}
     port, webui = free_port(), free_port()
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1",
+           **spark_env}  # executors inherit the worker's environment: TLS and token
     procs = [subprocess.Popen(
         [_spark_class(), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
          "--port", str(port), "--webui-port", str(webui)],
@@ -67,7 +94,7 @@ def cluster(broker, tmp_path_factory):
             pytest.fail("standalone cluster did not start: " +
                         (tmp / "master.log").read_text()[-2000:])
         time.sleep(0.5)
-    yield f"spark://127.0.0.1:{port}", sidecars
+    yield f"spark://127.0.0.1:{port}", sidecars, spark_env
     for p in procs:
         p.terminate()
     for p in procs:
@@ -107,12 +134,12 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _run_driver(tmp_path, master, home, topic, name, props):
+def _run_driver(tmp_path, master, home, topic, name, props, spark_env):
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     proc = subprocess.run([sys.executable, str(script), master, home, topic, name,
                            json.dumps(props)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable, **spark_env})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])
@@ -126,9 +153,9 @@ def _props(topic, **extra):
 
 
 def test_each_executor_reports_to_its_own_nodes_sidecar(cluster, broker, tmp_path, topic_name):
-    master, sidecars = cluster
+    master, sidecars, spark_env = cluster
     out = _run_driver(tmp_path, master, sidecars["node-a"].address, topic_name,
-                      "cluster-nodes", _props(topic_name))
+                      "cluster-nodes", _props(topic_name), spark_env)
     assert out == {"ok": True, "count": 48}
     records = read_all(broker.bootstrap_servers, topic_name)
     assert len(records) == 12
@@ -144,11 +171,30 @@ def test_each_executor_reports_to_its_own_nodes_sidecar(cluster, broker, tmp_pat
     assert "cluster-nodes" in sidecars["node-b"].sidecar.homes  # node b deferred to the home
 
 
+def test_the_cluster_sidecars_refuse_plaintext_and_missing_tokens(cluster):
+    """What the job above went through: TLS only, and the node token on every call."""
+    import grpc
+
+    from spillway.client import SidecarAuthError, SidecarClient
+    from spillway.client.errors import SidecarUnavailableError
+
+    _, sidecars, spark_env = cluster
+    address = sidecars["node-b"].address
+    with pytest.raises(SidecarUnavailableError):
+        SidecarClient(address, timeout_s=5, tls_ca_file="", token_file="").status()
+    with pytest.raises(SidecarAuthError) as err:
+        SidecarClient(address, timeout_s=10, tls_ca_file=spark_env["SPILLWAY_TLS_CA_FILE"],
+                      tls_cert_file=spark_env["SPILLWAY_TLS_CERT_FILE"],
+                      tls_key_file=spark_env["SPILLWAY_TLS_KEY_FILE"], token_file="").status()
+    assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_job_wide_tolerance_limit_holds_across_both_nodes(cluster, tmp_path, topic_name):
-    master, sidecars = cluster
+    master, sidecars, spark_env = cluster
     # 12 poison rows over two nodes: neither node alone exceeds 8, the job as a whole does
     out = _run_driver(tmp_path, master, sidecars["node-a"].address, topic_name,
-                      "cluster-limit", _props(topic_name, **{"errors.tolerance.max.errors": "8"}))
+                      "cluster-limit", _props(topic_name, **{"errors.tolerance.max.errors": "8"}),
+                      spark_env)
     assert not out["ok"]
     assert "errors.tolerance.max.errors=8" in out["error"] and "9 errors" in out["error"], out
 
