@@ -1,0 +1,183 @@
+"""Fuzz tier: random spillway.v1 requests (and raw random bytes) against a real in-process
+sidecar with a real Tansu broker behind it.
+
+Whatever arrives, the sidecar answers with a deliberate status (never UNKNOWN or INTERNAL, never
+a hang), keeps its details short, stays SERVING, and a victim job registered before the storm
+keeps its summary and still gets a normal verdict afterwards. The example budget is fixed and
+derandomized so the tier is repeatable and stays well under a minute.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spillway.sidecar.core import config
+from spillway.v1 import sidecar_pb2 as pb
+from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.kafka import create_topic
+
+pytestmark = [pytest.mark.fuzz, pytest.mark.integration]
+
+FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow, HealthCheck.data_too_large])
+# Codes that would mean a bug (UNKNOWN/INTERNAL: an exception escaped; UNAVAILABLE/DEADLINE:
+# the server died or hung).
+BAD = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE,
+       grpc.StatusCode.DEADLINE_EXCEEDED}
+DLQ_TOPIC = "dlq.fuzz"
+JOBS = ["fuzz-dlq", "fuzz-retry", "fuzz-none"]
+TASK = pb.TaskIdentity(stage_id=1, partition_id=0, task_attempt_id=1)
+
+# --- strategies ------------------------------------------------------------------------------
+
+_chars = st.characters(blacklist_categories=("Cs",))  # protobuf refuses lone surrogates
+text = st.one_of(
+    st.text(_chars, max_size=40),
+    st.sampled_from(["", " ", " a ", "a\x00b", "\u202e", "dlq.", "__x", "é" * 200]),
+    st.builds(lambda c, n: c * n, st.sampled_from(["x", "é", " ", "\n"]),
+              st.sampled_from([255, 1025, 70_000, 300_000])),
+)
+name = st.one_of(st.sampled_from(JOBS), text)
+i32 = st.one_of(st.integers(-(2**31), 2**31 - 1), st.sampled_from([-1, 0, 2**31 - 1]))
+i64 = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from([-(2**63), -1, 2**63 - 1]))
+u32 = st.integers(0, 2**32 - 1)
+u64 = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 2**40, 2**63, 2**64 - 1]))
+number_text = st.one_of(
+    st.integers(-(2**70), 2**70).map(str), st.floats(allow_nan=True).map(repr),
+    st.sampled_from(["", "nan", "inf", "-1", "1e400", "9" * 5000, "0x10", "1_000", "true"]))
+prop_key = st.one_of(st.sampled_from(sorted(config.PROPERTIES)), st.sampled_from(
+    sorted(config.ALIASES)), text)
+prop_value = st.one_of(number_text, text, st.sampled_from(
+    ["all", "none", "os:abort", "signal:pause", "LogAndFail", "dlq.fuzz", "bad prefix!", "",
+     "a.B=retriable", "connect", "dlq"]))
+props = st.dictionaries(prop_key, prop_value, max_size=6)
+
+stage = st.one_of(st.sampled_from(list(pb.Stage.values())), st.integers(-5, 2**31 - 1))
+category = st.one_of(st.sampled_from(list(pb.Category.values())), st.integers(-5, 1000))
+exception = st.builds(
+    pb.ExceptionInfo, class_name=st.one_of(st.sampled_from(
+        ["builtins.ValueError", "builtins.ConnectionError", "x.Y"]), text),
+    class_chain=st.lists(text, max_size=3), message=text, stack_trace=text,
+    grpc_status_code=st.one_of(st.none(), i32), http_status_code=st.one_of(st.none(), i32),
+    kafka_retriable=st.one_of(st.none(), st.booleans()),
+    marker_category=category, causes=st.lists(text, max_size=3),
+    kafka_error_code=st.one_of(st.sampled_from(["", "NOT_LEADER_FOR_PARTITION", "_MSG_TIMED_OUT"]),
+                               text))
+header = st.builds(pb.Header, key=text, value=st.one_of(st.none(), st.binary(max_size=64)))
+record = st.builds(
+    pb.FailedRecord, record_id=st.one_of(st.sampled_from(["r1", "r2", "r3"]), text),
+    stage=stage, custom_stage=text, function_name=text,
+    source=st.one_of(st.none(), st.builds(pb.SourceCoordinates, topic=text, partition=i32,
+                                          offset=i64)),
+    key=st.one_of(st.none(), st.binary(max_size=64)),
+    value=st.one_of(st.none(), st.binary(max_size=256)),
+    headers=st.lists(header, max_size=3), timestamp_ms=st.one_of(st.none(), i64),
+    exception=st.one_of(st.none(), exception), attempt=u32, traceparent=text, tracestate=text,
+    payload=st.integers(-3, 10))
+task = st.builds(pb.TaskIdentity, stage_id=i32, partition_id=i32, attempt_number=i32,
+                 task_attempt_id=i64, executor_id=text, host=text)
+ids = st.lists(st.one_of(st.sampled_from(["r1", "r2"]), text), max_size=4)
+
+requests = st.one_of(
+    st.tuples(st.just("RegisterJob"), st.builds(
+        pb.RegisterJobRequest, job=name, properties=props, run_id=text)),
+    st.tuples(st.just("ReportFailures"), st.builds(
+        pb.ReportFailuresRequest, job=name, task=task, records=st.lists(record, max_size=4),
+        recovered_record_ids=ids, run_id=st.one_of(st.just(""), text))),
+    st.tuples(st.just("FlushTask"), st.builds(
+        pb.FlushTaskRequest, job=name, task=task, recovered_record_ids=ids,
+        processed=st.lists(st.builds(pb.StageCount, stage=stage, custom_stage=text,
+                                     records=u64), max_size=4))),
+    st.tuples(st.just("GetJobSummary"), st.builds(pb.GetJobSummaryRequest, job=name,
+                                                  run_id=text)),
+    st.tuples(st.just("GetStatus"), st.builds(pb.GetStatusRequest, job=name, page_size=u32,
+                                              page_token=text)),
+    st.tuples(st.just("EndJob"), st.builds(pb.EndJobRequest, job=name, run_id=text)),
+)
+METHODS = ["RegisterJob", "ReportFailures", "FlushTask", "GetJobSummary", "GetStatus", "EndJob"]
+
+# --- the server --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sidecar_props():
+    return {"telemetry.enable": "false", "dlq.topic.auto.create.allow": "false",
+            "errors.handler.timeout.ms": "200"}
+
+
+@pytest.fixture(scope="module")
+def world(sidecar, broker):
+    create_topic(broker.bootstrap_servers, DLQ_TOPIC)
+    channel = grpc.insecure_channel(sidecar.address)
+    stub = pb_grpc.ErrorSidecarStub(channel)
+    victim = stub.RegisterJob(pb.RegisterJobRequest(job="victim", properties={
+        "errors.tolerance": "all", "errors.deadletterqueue.topic.name": DLQ_TOPIC}), timeout=20)
+    md = (("spillway-job-token", victim.job_token),) if victim.job_token else ()
+    stub.ReportFailures(pb.ReportFailuresRequest(job="victim", task=TASK, records=[
+        pb.FailedRecord(record_id="v0", stage=pb.STAGE_TRANSFORMATION,
+                        exception=pb.ExceptionInfo(class_name="builtins.ValueError"))]),
+        metadata=md, timeout=20)
+    for job, p in zip(JOBS, [
+            {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": DLQ_TOPIC,
+             "errors.deadletterqueue.context.headers.enable": "true"},
+            {"errors.tolerance": "all", "errors.retry.timeout": "60000"},
+            {}]):
+        stub.RegisterJob(pb.RegisterJobRequest(job=job, properties=p), timeout=20)
+    before = stub.GetJobSummary(pb.GetJobSummaryRequest(job="victim"), metadata=md, timeout=5)
+    yield channel, stub, md, before
+    # the victim is untouched by everything the tier sent, and still served normally
+    after = stub.GetJobSummary(pb.GetJobSummaryRequest(job="victim"), metadata=md, timeout=5)
+    assert (after.failed, after.total_record_errors, after.records_processed) == \
+        (before.failed, before.total_record_errors, before.records_processed)
+    out = stub.ReportFailures(pb.ReportFailuresRequest(job="victim", task=TASK, records=[
+        pb.FailedRecord(record_id="v-last", stage=pb.STAGE_TRANSFORMATION,
+                        exception=pb.ExceptionInfo(class_name="builtins.ValueError"))]),
+        metadata=md, timeout=20)
+    assert out.verdicts[0].action == pb.ACTION_SKIP and out.verdicts[0].dead_lettered
+    channel.close()
+
+
+def _answered(world, fn, request):
+    channel, stub, md, before = world
+    try:
+        fn(request, timeout=15)
+    except grpc.RpcError as exc:
+        assert exc.code() not in BAD, (exc.code(), exc.details()[:500])
+        assert len(exc.details() or "") <= 1024
+    health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                       timeout=5)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@FUZZ
+@given(req=requests)
+def test_random_requests_get_deliberate_answers(world, req):
+    method, message = req
+    _answered(world, getattr(world[1], method), message)
+
+
+@FUZZ
+@given(method=st.sampled_from(METHODS), raw=st.one_of(
+    st.binary(max_size=512), st.builds(lambda b, n: b * n, st.binary(min_size=1, max_size=8),
+                                       st.integers(1, 4096))))
+def test_raw_random_bytes_get_deliberate_answers(world, method, raw):
+    call = world[0].unary_unary(f"/spillway.v1.ErrorSidecar/{method}")
+    _answered(world, call, raw)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(counts=st.lists(u64, min_size=1, max_size=6))
+def test_status_survives_any_processed_counts(world, counts):
+    channel, stub, md, before = world
+    for c in counts:
+        _answered(world, stub.FlushTask, pb.FlushTaskRequest(
+            job="fuzz-retry", task=TASK, processed=[pb.StageCount(
+                stage=pb.STAGE_TRANSFORMATION, records=c)]))
+    status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+    assert any(j.job == "fuzz-retry" for j in status.jobs) or status.next_page_token
