@@ -328,3 +328,24 @@ def test_node_sidecar_forwards_to_its_home_over_mtls(pki, tmp_path):
     finally:
         for proc, _ in procs.values():
             _stop(proc)
+
+
+def test_node_token_rotation_without_restart(tmp_path):
+    token = write_token(tmp_path / "node.token", "old-token")
+    proc, address = _spawn(["--listen", "127.0.0.1:0", "--token-file", str(token)])
+    try:
+        def status(value):
+            return SidecarClient(address, timeout_s=10,
+                                 token_file=str(write_token(tmp_path / f"c-{value}", value))
+                                 ).status()
+
+        assert status("old-token").sidecar_id
+        write_token(token, "new-token", "old-token")  # step 1: both accepted
+        assert status("new-token").sidecar_id and status("old-token").sidecar_id
+        write_token(token, "new-token")  # step 2: the old one retired
+        os.utime(token, ns=(10**18, 10**18))  # a distinct mtime even on coarse clocks
+        with pytest.raises(SidecarAuthError, match="does not match"):
+            status("old-token")
+        assert status("new-token").sidecar_id
+    finally:
+        _stop(proc)
