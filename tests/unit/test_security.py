@@ -170,3 +170,14 @@ def test_plaintext_on_a_routable_address_is_refused_unless_allowed():
         security.check_plaintext_listen("0.0.0.0:50051", cfg)
     security.check_plaintext_listen(
         "0.0.0.0:50051", security.load_config({"listen.plaintext.allow": True}))
+
+
+def test_weak_routable_configurations_are_named(tmp_path):
+    bare = security.load_config({"listen.plaintext.allow": True})
+    assert security.weaknesses(bare, local_only=True) == []
+    said = " ".join(security.weaknesses(bare, local_only=False))
+    assert "auth.token.file" in said and "auth.peer.token.file" in said
+    strong = security.load_config(_tokens(tmp_path))
+    assert security.weaknesses(strong, local_only=False) == []
+    text = security.describe(strong, local_only=False)
+    assert "node token" in text and "secret" not in text

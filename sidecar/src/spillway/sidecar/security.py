@@ -284,6 +284,20 @@ def describe(cfg: SecurityConfig, *, local_only: bool) -> str:
     return f"{tls}; {who}; homes dialled: {homes}"
 
 
+def weaknesses(cfg: SecurityConfig, *, local_only: bool) -> list[str]:
+    """What an operator should hear at start-up about a routable listener's configuration."""
+    if local_only:
+        return []
+    out = []
+    if cfg.node_token is None and (cfg.tls is None or cfg.tls.client_auth != "require"):
+        out.append("any process that reaches the port may register jobs and report records: "
+                   "set auth.token.file (and/or tls.ca.file for client certificates)")
+    if cfg.peer_token is None and not cfg.peer_identities:
+        out.append("no peer credential (auth.peer.token.file or auth.peer.identities): "
+                   "other sidecars cannot forward to jobs homed here")
+    return out
+
+
 # --- TLS -----------------------------------------------------------------------------------
 
 

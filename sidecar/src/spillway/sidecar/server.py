@@ -588,6 +588,8 @@ def start_server(
         running._watch.start()
     log.info("spillway sidecar %s serving on %s (%s)", sidecar.sidecar_id, address,
              security.describe(sec, local_only=local_only))
+    for weakness in security.weaknesses(sec, local_only=local_only):
+        log.warning("security: %s", weakness)
     return running
 
 
