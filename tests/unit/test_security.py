@@ -121,7 +121,9 @@ def test_sidecar_only_fields_need_a_peer():
     for req, field in [(pb.ReportFailuresRequest(job="j", decide_only=True), "decide_only"),
                        (pb.FlushTaskRequest(job="j", progress_only=True), "progress_only"),
                        (pb.EndJobRequest(job="j", local_only=True), "local_only"),
-                       (pb.RegisterJobRequest(job="j", peer="10.0.0.1:50051"), "peer")]:
+                       (pb.RegisterJobRequest(job="j", peer="10.0.0.1:50051"), "peer"),
+                       (pb.ReportFailuresRequest(job="j", undo_dead_letter_record_ids=["r"]),
+                        "undo_dead_letter_record_ids")]:
         with pytest.raises(security.Refused, match=field) as exc:
             security.check_sidecar_only(req, non_peer)
         assert exc.value.code == grpc.StatusCode.PERMISSION_DENIED

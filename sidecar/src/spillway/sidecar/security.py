@@ -53,7 +53,7 @@ OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check"})
 # Request fields only another sidecar may set: message name -> fields.
 SIDECAR_ONLY_FIELDS: Mapping[str, tuple[str, ...]] = {
     "RegisterJobRequest": ("peer",),
-    "ReportFailuresRequest": ("decide_only",),
+    "ReportFailuresRequest": ("decide_only", "undo_dead_letter_record_ids"),
     "FlushTaskRequest": ("progress_only",),
     "EndJobRequest": ("local_only",),
 }
