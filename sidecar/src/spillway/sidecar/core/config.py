@@ -79,6 +79,7 @@ def p_int(lo: int | None = None, hi: int | None = None, extra: Iterable[int] = (
             raise ConfigError(name, f"must be in {rng}{also}, got {_num(str(v))}")
         return v
 
+    parse.range = (lo, hi, allowed)  # type: ignore[attr-defined]  # for docs/CONFIGURATION.md
     return parse
 
 
@@ -100,6 +101,7 @@ def p_float(lo: float | None = None, hi: float | None = None, extra: Iterable[fl
             raise ConfigError(name, f"must be in {rng}{also}, got {_num(raw.strip())}")
         return v
 
+    parse.range = (lo, hi, allowed)  # type: ignore[attr-defined]
     return parse
 
 
@@ -162,6 +164,7 @@ def p_optional_int(lo: int, hi: int | None = None):
     def parse(name: str, raw: str) -> int | None:
         return None if raw.strip() == "" else inner(name, raw)
 
+    parse.range = inner.range  # type: ignore[attr-defined]
     return parse
 
 
@@ -171,6 +174,7 @@ def p_optional_float(lo: float, hi: float | None = None):
     def parse(name: str, raw: str) -> float | None:
         return None if raw.strip() == "" else inner(name, raw)
 
+    parse.range = inner.range  # type: ignore[attr-defined]
     return parse
 
 
