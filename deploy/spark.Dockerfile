@@ -14,8 +14,8 @@ USER root
 COPY deploy/spark-requirements.txt /tmp/spillway/requirements.txt
 COPY client/ /tmp/spillway/client/
 COPY spark_integration/ /tmp/spillway/spark_integration/
-# The image's python3 is the distribution's (3.10 on Ubuntu 22.04); spillway needs >= 3.11, so
-# add the distribution's python3.11 where python3 is older.
+# The image's python3 is the distribution's (3.10 on Ubuntu 22.04). spillway-spark runs on 3.10
+# too, but the pins below are the set the test suite runs on 3.11: add python3.11 where older.
 RUN set -eux; \
     apt-get update; \
     if python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then \

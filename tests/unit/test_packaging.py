@@ -152,3 +152,20 @@ def test_installed_packages_have_distinctive_names():
 
     for mod in (spillway.client, spillway.sidecar, spillway.spark):
         assert mod.__name__.startswith("spillway.")
+
+
+def test_compat_oldest_set_is_the_declared_floors():
+    """tests/compat's "oldest" combination installs exactly the lower bounds we declare."""
+    oldest = _pins(ROOT / "requirements" / "compat" / "oldest.txt")
+    floors = {}
+    for dist, extra in (("client", None), ("spark_integration", "pandas")):
+        for req in _requirements(dist, extra):
+            for spec in req.specifier:
+                if spec.operator == ">=" and not req.name.startswith("spillway"):
+                    floors[req.name] = Version(spec.version)
+    assert floors and set(floors) <= set(oldest), set(floors) - set(oldest)
+    for name, floor in floors.items():
+        assert oldest[name] == floor, f"compat oldest pins {name}=={oldest[name]}, floor {floor}"
+    for path in (ROOT / "requirements" / "compat").glob("*.txt"):
+        pyspark = _pins(path)["pyspark"]
+        assert Version("3.5") <= pyspark < Version("5"), f"{path.name}: pyspark {pyspark}"

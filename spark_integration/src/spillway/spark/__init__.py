@@ -29,6 +29,7 @@ from spillway.client.markers import (
     RetriableError,
 )
 
+from ._compat import UnsupportedOnThisSparkError
 from ._records import KAFKA_SOURCE_COLUMNS
 from .job import Job, JobReport
 
@@ -56,4 +57,5 @@ __all__ = [
     "SidecarUnavailableError",
     "SpillwayClientError",
     "ToleranceExceededError",
+    "UnsupportedOnThisSparkError",
 ]

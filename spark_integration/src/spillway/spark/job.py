@@ -54,6 +54,7 @@ from ._adapters import (
     batch_units,
     chunk_units,
 )
+from ._compat import arrow_conversions, parse_ddl
 from ._engine import Engine, StageRef, Unit, trim_traceback
 from ._records import KAFKA_COORDINATES, context_of, positional_record_id
 from ._schema import arrow_conformer, pandas_checker, row_checker, value_checker
@@ -102,12 +103,12 @@ def _wrapper_name(fn: Callable, name: str | None) -> str:
 
 
 def _struct(schema: Any):
-    from pyspark.sql.types import DataType, StructType
+    from pyspark.sql.types import StructType
 
     if isinstance(schema, StructType):
         return schema
     if isinstance(schema, str):
-        parsed = DataType.fromDDL(schema)
+        parsed = parse_ddl(schema)
         if isinstance(parsed, StructType):
             return parsed
     raise TypeError(f"schema: expected a StructType or a DDL string like 'id int, name string', "
@@ -120,7 +121,7 @@ def _datatype(dt: Any):
     if isinstance(dt, DataType):
         return dt
     if isinstance(dt, str):
-        return DataType.fromDDL(dt)
+        return parse_ddl(dt)
     raise TypeError(f"expected a pyspark DataType or a DDL type string, got {dt!r}")
 
 
@@ -198,19 +199,6 @@ def _rdd_partition(spec, wrapper, fn, flat, record_id, source, refresh, iterator
     return _drive(session, engine, engine.run_rows(iterator))
 
 
-def _conversions():
-    """pyspark's own Arrow <-> Row converters (those of Spark Connect): ``pyspark.sql.conversion``
-    in recent releases, ``pyspark.sql.connect.conversion`` in earlier 4.x ones."""
-    try:
-        from pyspark.sql.conversion import ArrowTableToRowsConversion, LocalDataToArrowConversion
-    except ImportError:  # pragma: no cover - older pyspark 4.x
-        from pyspark.sql.connect.conversion import (  # type: ignore[no-redef]
-            ArrowTableToRowsConversion,
-            LocalDataToArrowConversion,
-        )
-    return ArrowTableToRowsConversion, LocalDataToArrowConversion
-
-
 def _large_types(batch: Any) -> bool:
     import pyarrow as pa
 
@@ -219,17 +207,17 @@ def _large_types(batch: Any) -> bool:
 
 
 def _rows_to_batches(rows: Iterator[Any], schema: Any, large: Callable[[], bool]):
-    _, LocalDataToArrowConversion = _conversions()
+    _, to_arrow = arrow_conversions()
 
     buf: list = []
     try:
         for row in rows:
             buf.append(row)
             if len(buf) >= OUTPUT_BATCH_ROWS:
-                yield from LocalDataToArrowConversion.convert(buf, schema, large()).to_batches()
+                yield from to_arrow(buf, schema, large()).to_batches()
                 buf = []
         if buf:
-            yield from LocalDataToArrowConversion.convert(buf, schema, large()).to_batches()
+            yield from to_arrow(buf, schema, large()).to_batches()
     finally:
         close = getattr(rows, "close", None)
         if close is not None:
@@ -239,7 +227,7 @@ def _rows_to_batches(rows: Iterator[Any], schema: Any, large: Callable[[], bool]
 def _df_partition(spec, wrapper, fn, flat, record_id, source, refresh, in_schema, out_schema,
                   batches):
     import pyarrow as pa
-    ArrowTableToRowsConversion, _ = _conversions()
+    ArrowTableToRowsConversion, _ = arrow_conversions()
 
     seen = {"large": False}
 
@@ -281,7 +269,7 @@ def _vector_partition(spec, wrapper, fn, kind, record_id, source, refresh, out_s
 
 def _deserialize_partition(spec, wrapper, steps, in_schema, new_schema, refresh, batches):
     import pyarrow as pa
-    ArrowTableToRowsConversion, LocalDataToArrowConversion = _conversions()
+    ArrowTableToRowsConversion, to_arrow = arrow_conversions()
 
     parts = {s.part for s in steps}
     cache: dict[str, Any] = {"batch": None, "rows": None}
@@ -311,7 +299,7 @@ def _deserialize_partition(spec, wrapper, steps, in_schema, new_schema, refresh,
             g[2].append(parsed)
         for batch, idx, parsed in groups.values():
             taken = batch.take(pa.array(idx, type=pa.int64()))
-            new = LocalDataToArrowConversion.convert(parsed, new_schema, seen["large"])
+            new = to_arrow(parsed, new_schema, seen["large"])
             arrays = list(taken.columns) + [c.combine_chunks() for c in new.columns]
             yield pa.RecordBatch.from_arrays(arrays, names=taken.schema.names + new.schema.names)
 

@@ -1,0 +1,70 @@
+"""What differs between the PySpark versions spillway-spark supports (3.5.x and 4.x), in one place.
+
+- DDL strings: ``DataType.fromDDL`` (4.0+) or, on 3.5, ``_parse_datatype_string`` (which asks the
+  driver's JVM, so it needs a running SparkContext);
+- Arrow <-> Row conversion for DataFrame wrappers: pyspark's own converters, ``pyspark.sql.
+  conversion`` (recent 4.x), ``pyspark.sql.connect.conversion`` (earlier 4.x and 3.5, where it
+  needs pandas and pyarrow: ``spillway-spark[pandas]``); 3.5's has no large-variable-type flag.
+
+`UnsupportedOnThisSparkError` names what is missing, the installed PySpark and what to do.
+tests/compat runs every wrapper on PySpark 3.5.0, 3.5.x and 4.x.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+
+class UnsupportedOnThisSparkError(RuntimeError):
+    """A feature of spillway.spark that the installed PySpark cannot provide."""
+
+
+def pyspark_version() -> str:
+    import pyspark
+
+    return pyspark.__version__
+
+
+def parse_ddl(text: str) -> Any:
+    """A pyspark DataType from a DDL string ("id int, name string", "struct<a:int>", "int")."""
+    from pyspark.sql.types import DataType
+
+    from_ddl = getattr(DataType, "fromDDL", None)  # PySpark 4.0+
+    if from_ddl is not None:
+        return from_ddl(text)
+    from pyspark import SparkContext
+    from pyspark.sql.types import _parse_datatype_string
+
+    if SparkContext._active_spark_context is None:
+        raise UnsupportedOnThisSparkError(
+            f"DDL schema strings need a running SparkSession on PySpark {pyspark_version()} "
+            f"(DataType.fromDDL arrived in 4.0): start the session first or pass a "
+            f"pyspark.sql.types DataType instead of {text!r}")
+    return _parse_datatype_string(text)
+
+
+def arrow_conversions() -> tuple[Any, Callable[[list, Any, bool], Any]]:
+    """(ArrowTableToRowsConversion, to_arrow(rows, schema, large_var_types) -> pyarrow.Table)."""
+    try:
+        from pyspark.sql.conversion import ArrowTableToRowsConversion, LocalDataToArrowConversion
+    except ImportError:  # PySpark 3.5 and earlier 4.x
+        try:
+            from pyspark.sql.connect.conversion import (  # type: ignore[no-redef]
+                ArrowTableToRowsConversion,
+                LocalDataToArrowConversion,
+            )
+        except ImportError as exc:
+            raise UnsupportedOnThisSparkError(
+                f"DataFrame wrappers need pyspark's Arrow converters, which on PySpark "
+                f"{pyspark_version()} live in pyspark.sql.connect.conversion and need pandas "
+                f"and pyarrow: install spillway-spark[pandas] ({exc})") from exc
+    convert = LocalDataToArrowConversion.convert
+    if len(inspect.signature(convert).parameters) >= 3:
+        def to_arrow(rows: list, schema: Any, large: bool) -> Any:
+            return convert(rows, schema, large)
+    else:  # PySpark 3.5: no large variable types (its Arrow batches never carry them)
+        def to_arrow(rows: list, schema: Any, large: bool) -> Any:
+            return convert(rows, schema)
+    return ArrowTableToRowsConversion, to_arrow

@@ -1,0 +1,128 @@
+"""Fresh venvs for the compat tier: one per combination, from a wheelhouse reused across runs.
+
+A venv is always new (what a user's `pip install` of our wheels gets); the third-party wheels
+come from a wheelhouse (``$SPILLWAY_COMPAT_WHEELHOUSE``, default
+``~/.cache/spillway/compat-wheelhouse``) that is filled from PyPI only when an offline install
+from it fails. Only a missing network may turn into a skip, and never under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PINS = ROOT / "requirements" / "compat"
+DISTS = ("client", "sidecar", "spark_integration")
+
+
+@dataclass(frozen=True)
+class Combo:
+    name: str
+    python: tuple[str, ...]  # preferred interpreters, "3.10" etc.; the first one found is used
+    pins: Path
+    with_sidecar: bool = False  # also install the spillway-sidecar wheel (Python >= 3.11)
+
+
+MATRIX = (
+    Combo("oldest", ("3.10",), PINS / "oldest.txt"),
+    Combo("spark35-newest", ("3.11",), PINS / "spark35-newest.txt"),
+    Combo("newest", ("3.13", "3.12", "3.11"), PINS / "newest.txt", with_sidecar=True),
+)
+
+
+def wheelhouse() -> Path:
+    path = Path(os.environ.get("SPILLWAY_COMPAT_WHEELHOUSE")
+                or Path.home() / ".cache" / "spillway" / "compat-wheelhouse")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def find_python(versions: tuple[str, ...]) -> str:
+    """The first of ``versions`` found on PATH or under pyenv; else this interpreter (with a
+    warning: the combination then runs on a newer Python than it names)."""
+    pyenv = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
+    for v in versions:
+        if f"{sys.version_info[0]}.{sys.version_info[1]}" == v:
+            return sys.executable
+        candidates = [*sorted(glob.glob(f"{pyenv}/versions/{v}.*/bin/python{v}")),
+                      shutil.which(f"python{v}")]
+        for found in filter(None, candidates):  # pyenv's shims exist but may refuse to run
+            if _run([found, "-c", "import venv"]).returncode == 0:
+                return found
+    warnings.warn(f"compat: no Python {' / '.join(versions)} on this machine; running the "
+                  f"combination on {sys.version.split()[0]}", stacklevel=2)
+    return sys.executable
+
+
+def pypi_unreachable() -> str | None:
+    """Why the package index cannot be reached, or None when it can."""
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    try:
+        urllib.request.urlopen(f"{index}/pip/", timeout=10).close()
+    except OSError as exc:
+        return f"{index} unreachable ({exc})"
+    return None
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def build_wheels(out: Path) -> list[Path]:
+    """`pip wheel` of each distribution (the installable-distributions check)."""
+    proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out),
+                 *(str(ROOT / d) for d in DISTS)])
+    assert proc.returncode == 0, f"pip wheel failed:\n{proc.stdout}\n{proc.stderr}"
+    wheels = sorted(out.glob("spillway_*.whl"))
+    assert [w.name.split("-")[0] for w in wheels] == [
+        "spillway_client", "spillway_sidecar", "spillway_spark"], wheels
+    return wheels
+
+
+def make_venv(combo: Combo, where: Path, wheels_dir: Path) -> Path:
+    """A fresh venv with the combination's pins and our wheels (dependencies resolved by pip
+    against the wheels' declared ranges); returns its python."""
+    python = find_python(combo.python)
+    venv = where / combo.name
+    proc = _run([python, "-m", "venv", str(venv)])
+    assert proc.returncode == 0, proc.stderr
+    vpy = str(venv / "bin" / "python")
+    wh = wheelhouse()
+    targets = ["-r", str(combo.pins), "spillway-spark[pandas]"]
+    if combo.with_sidecar:
+        targets += ["spillway-sidecar", "-c", str(ROOT / "requirements" / "sidecar.txt")]
+    pip = [vpy, "-m", "pip", "--disable-pip-version-check"]
+    install = [*pip, "install", "-q", "--no-index", "--find-links", str(wh),
+               "--find-links", str(wheels_dir), *targets]
+    proc = _run(install)
+    if proc.returncode != 0:  # the wheelhouse lacks something: fill it from the index
+        fill = _run([*pip, "wheel", "-q", "--use-pep517", "--wheel-dir", str(wh),
+                     "--find-links", str(wh), "--find-links", str(wheels_dir), *targets])
+        for ours in wh.glob("spillway_*.whl"):  # ours are built fresh every run
+            ours.unlink()
+        if fill.returncode != 0:
+            why = pypi_unreachable()
+            if why and not in_ci():
+                pytest.skip(f"compat {combo.name}: cannot build its venv: {why}, and the "
+                            f"wheelhouse {wh} lacks wheels it needs")
+            pytest.fail(f"compat {combo.name}: filling the wheelhouse failed:\n"
+                        f"{fill.stdout}\n{fill.stderr}")
+        proc = _run(install)
+    assert proc.returncode == 0, f"compat {combo.name}: install failed:\n{proc.stderr}"
+    check = _run([*pip, "check"])
+    assert check.returncode == 0, f"compat {combo.name}: pip check:\n{check.stdout}"
+    return venv / "bin" / "python"
