@@ -124,6 +124,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if props.get("listen.address"):
         host, _, port = props["listen.address"].rpartition(":")
         _check_free("listen.address", host, int(port))
+    if props.get("health.listen.address"):
+        host, _, port = props["health.listen.address"].rpartition(":")
+        _check_free("health.listen.address", host, int(port))
     if props.get("metrics.prometheus.port"):
         _check_free("metrics.prometheus.port", props["metrics.prometheus.host"],
                     props["metrics.prometheus.port"])

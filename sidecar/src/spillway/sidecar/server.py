@@ -27,6 +27,7 @@ from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
 from . import __version__, security, telemetry
 from .peers import HomeError, resolve_home
+from .probe import start_probe_server
 from .adapters import convert, rpc
 from .admission import Admission
 from .health import KAFKA_HEALTH_SERVICE, KafkaWatch, quiet_librdkafka
@@ -418,6 +419,8 @@ class RunningSidecar:
     address: str  # what a client dials: host:port or unix:///path
     _stop: threading.Event = field(default_factory=threading.Event)
     _watch: threading.Thread | None = None
+    probe: grpc.Server | None = None  # health.listen.address (probe.py)
+    probe_address: str = ""
 
     def stop(self, grace_s: float | None = None) -> None:
         """Graceful: refuse new calls, let in-flight ones finish, drain what the DLQ can."""
@@ -429,6 +432,8 @@ class RunningSidecar:
         if self.sidecar.kafka is not None:
             self.sidecar.kafka.stop()
         self.server.stop(grace).wait()
+        if self.probe is not None:  # probes saw NOT_SERVING for the whole grace period
+            self.probe.stop(0).wait()
         if self.sidecar.pipeline is not None:
             self.sidecar.pipeline.shutdown(timeout=max(1.0, grace))
         self.sidecar.telemetry.shutdown()  # flush spans and metrics
@@ -582,6 +587,13 @@ def start_server(
     for name in ("", SERVICE_NAME) + ((KAFKA_HEALTH_SERVICE,) if sidecar.kafka else ()):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     running = RunningSidecar(server, sidecar, health_servicer, address)
+    if sidecar.props["health.listen.address"]:
+        try:
+            running.probe, running.probe_address = start_probe_server(
+                sidecar.props["health.listen.address"], health_servicer)
+        except Exception:
+            running.stop(0)
+            raise
     if sidecar.pipeline is not None:
         running._watch = threading.Thread(target=running._watch_backpressure,
                                           name="spillway-health", daemon=True)
