@@ -38,6 +38,7 @@ def test_probe_port_answers_health_in_plaintext_and_nothing_else(tmp_path):
         serving = health_pb2.HealthCheckResponse.SERVING
         assert _check(probe) == serving
         assert _check(probe, "spillway.v1.ErrorSidecar") == serving
+        assert _check(probe, "spillway.liveness") == serving
         # the main port is TLS: a plaintext probe there cannot even complete a handshake
         with pytest.raises(grpc.RpcError) as info:
             _check(running.address)

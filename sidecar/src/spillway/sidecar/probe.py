@@ -5,6 +5,10 @@ without credentials, so they cannot reach a sidecar whose ``listen.address`` ser
 ``health.listen.address`` opens a second, separate gRPC server carrying the sidecar's own
 HealthServicer (the same answers: NOT_SERVING under backpressure and during a graceful stop) and
 nothing else: no spillway.v1 method is reachable through it, so it needs no TLS or token.
+
+Readiness probes ask for ``spillway.v1.ErrorSidecar`` (NOT_SERVING while reports are refused for
+backpressure); liveness probes ask for ``spillway.liveness``, SERVING for as long as the process
+answers at all (until a graceful stop): a sidecar applying backpressure must not be restarted.
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ from __future__ import annotations
 from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .errors import ConfigError
 
 PROP = "health.listen.address"
+LIVENESS_SERVICE = "spillway.liveness"
 # Probes make unary Checks; a few Watch streams may wait, more are refused (RESOURCE_EXHAUSTED)
 # rather than queued without bound.
 MAX_WORKERS = 2
@@ -40,6 +45,7 @@ def start_probe_server(address: str, servicer: health.HealthServicer) -> tuple[g
         server.stop(0)
         raise ConfigError(PROP, f"cannot bind {address} (in use, or not an address of this "
                                 f"host)")
+    servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     server.start()
     host = address.rpartition(":")[0]
     return server, f"{host}:{bound}"

@@ -323,7 +323,8 @@ _PROPS: list[Prop] = [
          "says); false: only topics the operator created are used", job=False),
     Prop("health.listen.address", p_listen, "",
          "plaintext host:port serving only grpc.health.v1 (no spillway.v1 method, no "
-         "credentials), for probes that cannot speak TLS such as the kubelet's gRPC probes "
+         "credentials), for probes that cannot speak TLS such as the kubelet's gRPC probes; its "
+         "service spillway.liveness is SERVING while the process answers (for liveness probes) "
          "('' : none; the health service is always on listen.address too)", job=False),
     Prop("bootstrap.servers", p_str, "", "Kafka bootstrap servers for DLQ writes", job=False),
     Prop("sidecar.id", p_str, "", "this sidecar's name in summaries (default: host name)",
