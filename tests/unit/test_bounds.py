@@ -265,3 +265,15 @@ def test_absurd_job_numbers_are_refused_naming_the_property(prop, value):
     with pytest.raises(ConfigError) as e:
         job_settings("j", {prop: value})
     assert e.value.property == prop and "must be in" in str(e.value)
+
+
+def test_a_bad_exception_after_shared_good_ones_is_still_found():
+    good = _record()
+    bad = _record(record_id="r3", exception=pb.ExceptionInfo(
+        class_name="E", class_chain=["E"] * 3, causes=["c" * 20_000]))
+    _refused("ReportFailures", _report(good, _record(record_id="r2"), bad),
+             "records[2].exception.causes[0]", v.MAX_CAUSE_CHARS)
+    long_chain = _record(exception=pb.ExceptionInfo(class_name="E", stack_trace="s" * 5000,
+                                                    class_chain=["x" * 1025]))
+    _refused("ReportFailures", _report(good, long_chain), "records[1].exception.class_chain[0]",
+             v.MAX_CLASS_NAME_CHARS)

@@ -22,7 +22,7 @@ from spillway.v1 import sidecar_pb2 as pb
 
 from .. import security
 from . import validate
-from .status import safe_details
+from .status import abort, safe_details
 
 log = logging.getLogger("spillway.sidecar")
 
@@ -54,18 +54,17 @@ def _behaviour(method_name: str, fn, request_cls):
         try:
             request = request_cls.FromString(raw)
         except Exception as exc:  # DecodeError, or anything else the parser raises
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          safe_details(f"request is not a valid {full}: "
-                                       f"{type(exc).__name__}: {exc}"))
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                  f"request is not a valid {full}: {type(exc).__name__}: {exc}")
         try:  # the interceptor authenticated the caller; the request is only readable here
             security.check_sidecar_only(request)
         except security.Refused as exc:
             log.info("refused: %s", exc)
-            context.abort(exc.code, safe_details(exc))
+            abort(context, exc.code, exc)
         try:
             validate.check(method_name, request)
         except ValueError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, safe_details(exc))
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, exc)
         return fn(request, SafeContext(context))
 
     handle.__name__ = method_name

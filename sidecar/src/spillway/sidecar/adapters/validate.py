@@ -99,7 +99,83 @@ def _exception(e: pb.ExceptionInfo, where: str) -> None:
         _range(f"{where}.http_status_code", e.http_status_code, 0, 999)
 
 
-def _record(r: pb.FailedRecord, i: int) -> None:
+def _printable(text: str) -> bool:
+    return text.isascii() and text.isprintable()
+
+
+def _exception_ok(e: pb.ExceptionInfo) -> bool:
+    """The common case of `_exception`, without building a field name per check. Reading a
+    repeated string field decodes every element, so the chain and causes are bounded through
+    the message's encoded size when it is small enough to prove them in bounds."""
+    cn, msg, st = len(e.class_name), len(e.message), len(e.stack_trace)
+    if (cn > MAX_CLASS_NAME_CHARS or msg > MAX_MESSAGE_CHARS or st > MAX_STACK_TRACE_CHARS
+            or len(e.kafka_error_code) > MAX_KAFKA_CODE_CHARS):
+        return False
+    chain, causes = e.class_chain, e.causes
+    if len(chain) > MAX_CLASS_CHAIN or len(causes) > MAX_CAUSES:
+        return False
+    # every other string is at most (encoded size - the three texts' characters) bytes long
+    if (chain or causes) and e.ByteSize() - cn - msg - st > MAX_CLASS_NAME_CHARS:
+        if any(len(c) > MAX_CLASS_NAME_CHARS for c in chain) or any(
+                len(c) > MAX_CAUSE_CHARS for c in causes):
+            return False
+    has = e.HasField
+    return ((not has("grpc_status_code") or 0 <= e.grpc_status_code <= 16)
+            and (not has("http_status_code") or 0 <= e.http_status_code <= 999))
+
+
+def _record_ok(r: pb.FailedRecord) -> bool:
+    """The common case of `_record_checked` (a well-formed record) at a fraction of its cost:
+    reports carry thousands of records, and only a failing one needs its field named."""
+    rid = r.record_id
+    if not 0 < len(rid) <= names.MAX_RECORD_ID_BYTES // 4:  # 256 chars always fit 1024 bytes
+        return False
+    cs = r.custom_stage
+    if cs and not (len(cs) <= names.MAX_CUSTOM_STAGE_CHARS and _printable(cs)):
+        return False
+    fn = r.function_name
+    if fn and not (len(fn) <= names.MAX_FUNCTION_NAME_CHARS and _printable(fn)):
+        return False
+    if (r.attempt > MAX_ATTEMPT or len(r.traceparent) > MAX_TRACEPARENT_CHARS
+            or len(r.tracestate) > MAX_TRACESTATE_CHARS):
+        return False
+    has = r.HasField
+    if has("source"):
+        src = r.source
+        if len(src.topic) > MAX_TOPIC_CHARS or src.partition < -1 or src.offset < -1:
+            return False
+    if has("timestamp_ms") and not -1 <= r.timestamp_ms <= MAX_TIMESTAMP_MS:
+        return False
+    headers = r.headers
+    if headers:
+        if len(headers) > MAX_HEADERS:
+            return False
+        total = 0
+        for h in headers:
+            k = h.key
+            if len(k) > MAX_HEADER_KEY_CHARS:
+                return False
+            total += len(k) + len(h.value)
+        if total > MAX_HEADER_BYTES:
+            return False
+    return True
+
+
+def _records(records) -> None:
+    prev = None
+    for i, r in enumerate(records):
+        ok = _record_ok(r)
+        if ok and r.HasField("exception"):
+            e = r.exception
+            # a batch's records mostly share one exception: compared, not checked again
+            if prev is None or e != prev:
+                ok = _exception_ok(e)
+                prev = e
+        if not ok:
+            _record_checked(r, i)  # names the field (and accepts what the fast path doubted)
+
+
+def _record_checked(r: pb.FailedRecord, i: int) -> None:
     where = f"records[{i}]"
     names.check_record_id(r.record_id, f"{where}.record_id")
     if r.custom_stage:
@@ -150,8 +226,7 @@ def report_failures(req: pb.ReportFailuresRequest) -> None:
     _task(req.task)
     records = req.records
     _len("records", records, MAX_RECORDS_PER_REPORT, "records")
-    for i, r in enumerate(records):
-        _record(r, i)
+    _records(records)
     _ids("recovered_record_ids", req.recovered_record_ids)
 
 
