@@ -41,6 +41,7 @@ def _dlq(broker, prefix: str, wrapper: str) -> list:
                   key=lambda m: (m.key() or b"", m.value() or b""))
 
 
+@pytest.mark.timeout(1200)  # a cold wheelhouse downloads and builds PySpark (~320 MB)
 @pytest.mark.parametrize("combo", MATRIX, ids=[c.name for c in MATRIX])
 def test_wheels_run_every_wrapper(combo, wheels, sidecar, broker, tmp_path):
     python = make_venv(combo, tmp_path, wheels)

@@ -86,7 +86,11 @@ def build_wheels(out: Path) -> list[Path]:
     """`pip wheel` of each distribution (the installable-distributions check)."""
     proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out),
                  *(str(ROOT / d) for d in DISTS)])
-    assert proc.returncode == 0, f"pip wheel failed:\n{proc.stdout}\n{proc.stderr}"
+    if proc.returncode != 0:
+        why = pypi_unreachable()  # the build backend (hatchling) comes from the index
+        if why and not in_ci():
+            pytest.skip(f"compat: cannot build the wheels: {why}")
+        pytest.fail(f"pip wheel failed:\n{proc.stdout}\n{proc.stderr}")
     wheels = sorted(out.glob("spillway_*.whl"))
     assert [w.name.split("-")[0] for w in wheels] == [
         "spillway_client", "spillway_sidecar", "spillway_spark"], wheels
