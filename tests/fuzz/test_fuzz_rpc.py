@@ -79,8 +79,31 @@ record = st.builds(
     headers=st.lists(header, max_size=3), timestamp_ms=st.one_of(st.none(), i64),
     exception=st.one_of(st.none(), exception), attempt=u32, traceparent=text, tracestate=text,
     payload=st.integers(-3, 10))
-task = st.builds(pb.TaskIdentity, stage_id=i32, partition_id=i32, attempt_number=i32,
-                 task_attempt_id=i64, executor_id=text, host=text)
+# plausible records and tasks too, so that many requests get past validation into the policy
+# engine, the DLQ record builder, the spool and the producer
+small = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=20)
+plausible_record = st.builds(
+    pb.FailedRecord, record_id=st.sampled_from(["r1", "r2", "r3", "r4"]),
+    stage=st.sampled_from([1, 2, 3, 4, 5, 6, 7]), function_name=small,
+    source=st.one_of(st.none(), st.builds(pb.SourceCoordinates, topic=st.just("in"),
+                                          partition=st.integers(0, 2**31 - 1),
+                                          offset=st.integers(0, 2**63 - 1))),
+    key=st.one_of(st.none(), st.binary(max_size=32)), value=st.binary(max_size=2048),
+    headers=st.lists(st.builds(pb.Header, key=small, value=st.binary(max_size=32)), max_size=3),
+    timestamp_ms=st.integers(-1, 253_402_300_799_999), attempt=st.integers(0, 1000),
+    exception=st.builds(pb.ExceptionInfo, class_name=st.sampled_from(
+        ["builtins.ValueError", "builtins.ConnectionError", "builtins.TimeoutError"]),
+        message=small, stack_trace=small, kafka_error_code=st.sampled_from(
+            ["", "NOT_LEADER_FOR_PARTITION", "TOPIC_AUTHORIZATION_FAILED", "_MSG_TIMED_OUT"]),
+        marker_category=st.integers(0, 6)))
+record = st.one_of(plausible_record, record)
+plausible_task = st.builds(pb.TaskIdentity, stage_id=st.integers(0, 2**31 - 1),
+                          partition_id=st.integers(0, 2**31 - 1),
+                          task_attempt_id=st.integers(0, 2**63 - 1))
+task = st.one_of(
+    plausible_task,
+    st.builds(pb.TaskIdentity, stage_id=i32, partition_id=i32, attempt_number=i32,
+              task_attempt_id=i64, executor_id=text, host=text))
 ids = st.lists(st.one_of(st.sampled_from(["r1", "r2"]), text), max_size=4)
 
 requests = st.one_of(
@@ -97,7 +120,12 @@ requests = st.one_of(
                                                   run_id=text)),
     st.tuples(st.just("GetStatus"), st.builds(pb.GetStatusRequest, job=name, page_size=u32,
                                               page_token=text)),
-    st.tuples(st.just("EndJob"), st.builds(pb.EndJobRequest, job=name, run_id=text)),
+    # ending the fixed jobs would stop the storm from reaching the engine: random names only
+    st.tuples(st.just("EndJob"), st.builds(pb.EndJobRequest, job=text, run_id=text)),
+    st.tuples(st.just("ReportFailures"), st.builds(
+        pb.ReportFailuresRequest, job=st.sampled_from(JOBS), task=plausible_task,
+        records=st.lists(plausible_record, min_size=1, max_size=4),
+        recovered_record_ids=st.lists(st.sampled_from(["r1", "r2"]), max_size=2))),
 )
 METHODS = ["RegisterJob", "ReportFailures", "FlushTask", "GetJobSummary", "GetStatus", "EndJob"]
 
@@ -181,3 +209,13 @@ def test_status_survives_any_processed_counts(world, counts):
                 stage=pb.STAGE_TRANSFORMATION, records=c)]))
     status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
     assert any(j.job == "fuzz-retry" for j in status.jobs) or status.next_page_token
+
+
+def test_the_tier_reaches_the_policy_engine(world):
+    """Guards the strategies themselves: plausible reports are decided, not only refused."""
+    channel, stub, md, before = world
+    decided = stub.GetJobSummary(pb.GetJobSummaryRequest(job="fuzz-dlq"), timeout=5)
+    status = stub.GetStatus(pb.GetStatusRequest(), timeout=5)
+    assert decided.total_record_failures > 0 or any(
+        j.total_record_failures > 0 for j in status.jobs if j.job != "victim"), \
+        "no fuzzed report ever reached a decision"
