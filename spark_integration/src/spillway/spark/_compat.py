@@ -1,7 +1,7 @@
 """What differs between the PySpark versions spillway-spark supports (3.5.x and 4.x), in one place.
 
-- DDL strings: ``DataType.fromDDL`` (4.0+) or, on 3.5, ``_parse_datatype_string`` (which asks the
-  driver's JVM, so it needs a running SparkContext);
+- DDL strings: ``DataType.fromDDL`` (4.0+) or, on 3.5, ``_parse_datatype_string``; both ask
+  the driver's JVM, so both need a running SparkContext;
 - Arrow <-> Row conversion for DataFrame wrappers: pyspark's own converters, ``pyspark.sql.
   conversion`` (recent 4.x), ``pyspark.sql.connect.conversion`` (earlier 4.x and 3.5, where it
   needs pandas and pyarrow: ``spillway-spark[pandas]``); 3.5's has no large-variable-type flag.
