@@ -133,3 +133,26 @@ def test_a_user_rule_still_wins_over_the_code_table():
     c = Classifier.build((("cimpl.KafkaException", D), ("confluent_kafka.error.KafkaException", D)),
                          Category.DATA)
     assert c.classify(rec.exception).category is D
+
+
+def test_a_user_rule_on_a_kafka_code_overrides_the_table():
+    from spillway.sidecar.core.settings import job_settings
+
+    s = job_settings("j", {"errors.classification.rules":
+                           "kafka:msg_size_too_large=data, cimpl.KafkaException=retriable"})
+    c = Classifier.build(s.classification_rules, s.default_category)
+    sent = report.failed_record("r", "PRODUCE", _raised(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)))
+    cls = c.classify(convert.failed_records([sent])[0].exception)
+    assert (cls.category, cls.rule) == (D, "user rule kafka:MSG_SIZE_TOO_LARGE=data")
+    # the code rule is more specific than the class rule; other codes meet the class rule
+    other = report.failed_record("r", "PRODUCE", _raised(KafkaError(KafkaError._SSL)))
+    assert c.classify(convert.failed_records([other])[0].exception).category is R
+
+
+@pytest.mark.parametrize("rule", ["kafka:=data", "kafka:NOT A CODE=data", "kafka:X=nope"])
+def test_bad_kafka_rules_are_refused_naming_the_property(rule):
+    from spillway.sidecar.core.settings import job_settings
+    from spillway.sidecar.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="errors.classification.rules"):
+        job_settings("j", {"errors.classification.rules": rule})

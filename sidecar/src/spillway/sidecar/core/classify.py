@@ -2,8 +2,10 @@
 
 Precedence (first match wins; the verdict's reason names the rule that matched):
 
-1. user rules, ``errors.classification.rules`` (``qualified.Class=category``), matched against
-   the reported class and every ancestor in ``class_chain``, most specific class first;
+1. user rules, ``errors.classification.rules``: ``kafka:ERROR_CODE=category`` on the reported
+   confluent-kafka error code first (the most specific), then ``qualified.Class=category``
+   matched against the reported class and every ancestor in ``class_chain``, most specific
+   class first;
 2. ``ExceptionInfo.marker_category``: the executor saw one of spillway's marker classes
    (``RetriableError`` …), which the user raised on purpose;
 3. confluent-kafka errors (``KAFKA_ERROR_CODES``, KIP-1050 for librdkafka's codes), in this
@@ -178,6 +180,7 @@ KAFKA_ERROR_CODES: Mapping[str, Category] = MappingProxyType({name: category for
     )),
 ) for name in names})
 
+KAFKA_RULE = "kafka:"   # user rules on a Kafka error code (settings.parse_rules)
 MAX_CACHED = 4096  # distinct (class chain, flags, codes) remembered per job
 
 # grpc.StatusCode numeric values (grpc is never imported by the core).
@@ -244,6 +247,7 @@ class Classifier:
 
     user_rules: Mapping[str, Category]
     default: Category = Category.DATA
+    user_codes: Mapping[str, Category] = field(default_factory=dict)   # kafka:CODE rules
     # Answers by everything a classification reads (never the message): a batch of records
     # failing the same way is classified once. Bounded; cleared when full.
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -251,9 +255,13 @@ class Classifier:
     @classmethod
     def build(cls, rules: Iterable[tuple[str, Category]], default: Category) -> Classifier:
         table: dict[str, Category] = {}
+        codes: dict[str, Category] = {}
         for name, category in rules:
-            table.setdefault(qualify(name), category)   # first rule for a class wins
-        return cls(MappingProxyType(table), default)
+            if name.startswith(KAFKA_RULE):
+                codes.setdefault(name[len(KAFKA_RULE):], category)   # first rule wins
+            else:
+                table.setdefault(qualify(name), category)   # first rule for a class wins
+        return cls(MappingProxyType(table), default, MappingProxyType(codes))
 
     def classify(self, exc: ExceptionInfo) -> Classification:
         key = (exc.class_name, exc.class_chain, exc.marker_category, exc.kafka_txn_requires_abort,
@@ -269,6 +277,10 @@ class Classifier:
         return hit
 
     def _classify(self, exc: ExceptionInfo) -> Classification:
+        code = exc.kafka_error_code
+        if code and code in self.user_codes:
+            category = self.user_codes[code]
+            return Classification(category, f"user rule kafka:{code}={category.value}")
         chain = chain_of(exc)
         hit = _match_chain(chain, self.user_rules)
         if hit is not None:

@@ -256,14 +256,15 @@ _PROPS: list[Prop] = [
          "KIP-298: include the record's key, value and headers in that line"),
     # KIP-1033 handler and KIP-1050 classification
     Prop("errors.handler.class", p_str, "",
-         "KIP-1033 handler (alias processing.exception.handler) for records whose retries are exhausted: LogAndContinue, LogAndFail, "
-         "or a user class as package.module:Class (unset: follows errors.tolerance, "
+         "KIP-1033 handler (alias processing.exception.handler) for records whose retries "
+         "are exhausted: LogAndContinue, LogAndFail, or a user class as package.module:Class (unset: follows errors.tolerance, "
          "none -> LogAndFail, all -> LogAndContinue)"),
     Prop("errors.classification.default", p_choice(*CATEGORY_NAMES), "data",
          "category of exceptions no rule matches (KIP-298 tolerates any exception in a stage)"),
     Prop("errors.classification.rules", p_str, "",
-         "user rules: comma-separated qualified.ExceptionClass=category; any class in the "
-         "reported class chain matches"),
+         "user rules: comma-separated qualified.ExceptionClass=category (any class in the "
+         "reported class chain matches) or kafka:ERROR_CODE=category (a confluent-kafka "
+         "KafkaError.name(), e.g. kafka:MSG_SIZE_TOO_LARGE=data)"),
     Prop("errors.handler.allowed.classes", p_str, "",
          "the user handler classes (package.module:Class, comma-separated) a job may name in "
          "errors.handler.class; the built-ins and the sidecar's own default are always allowed, "

@@ -230,6 +230,9 @@ def _check_handler_spec(spec: str) -> None:
         split_spec(spec)
 
 
+KAFKA_RULE_PREFIX = "kafka:"   # a user rule on a confluent-kafka error code, not a class
+
+
 def parse_rules(text: str) -> tuple[tuple[str, Category], ...]:
     """'a.B=retriable, c.D=data' -> ((a.B, RETRIABLE), (c.D, DATA)); order kept (first wins)."""
     rules: list[tuple[str, Category]] = []
@@ -238,7 +241,16 @@ def parse_rules(text: str) -> tuple[tuple[str, Category], ...]:
         cls, cat = cls.strip(), cat.strip().lower()
         if not sep or not cls:
             raise ConfigError("errors.classification.rules",
-                              f"each rule is qualified.ExceptionClass=category; got {part!r}")
+                              f"each rule is qualified.ExceptionClass=category or "
+                              f"kafka:ERROR_CODE=category; got {part!r}")
+        if cls.lower().startswith(KAFKA_RULE_PREFIX):
+            code = cls[len(KAFKA_RULE_PREFIX):].strip().upper()
+            if not code or not all(c.isalnum() or c == "_" for c in code):
+                raise ConfigError("errors.classification.rules",
+                                  f"a Kafka rule is kafka:ERROR_CODE=category with a "
+                                  f"KafkaError name such as NOT_LEADER_FOR_PARTITION; got "
+                                  f"{part!r}")
+            cls = KAFKA_RULE_PREFIX + code
         try:
             rules.append((cls, Category(cat)))
         except ValueError:
