@@ -136,7 +136,7 @@ BUILTIN_RULES: Mapping[str, Category] = _table([
 # KIP-1050's categories for librdkafka's error codes (``confluent_kafka.KafkaError.name()``),
 # by the Java exception each code maps to in the KIP's table. Codes the KIP leaves out of scope
 # (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID) are absent: the error's flags decide.
-KAFKA_ERROR_CODES: Mapping[str, Category] = MappingProxyType({name: category for category, names in (
+_KAFKA_CODE_GROUPS: tuple[tuple[Category, tuple[str, ...]], ...] = (
     (RR, (  # InvalidMetadataException / coordinator errors: refresh metadata, then retry
         "NOT_LEADER_FOR_PARTITION", "UNKNOWN_TOPIC_OR_PART", "LEADER_NOT_AVAILABLE",
         "FENCED_LEADER_EPOCH", "UNKNOWN_LEADER_EPOCH", "REPLICA_NOT_AVAILABLE",
@@ -178,7 +178,20 @@ KAFKA_ERROR_CODES: Mapping[str, Category] = MappingProxyType({name: category for
         "_KEY_SERIALIZATION", "_VALUE_SERIALIZATION", "_KEY_DESERIALIZATION",
         "_VALUE_DESERIALIZATION", "_BAD_MSG",
     )),
-) for name in names})
+)
+
+
+def _code_table(groups) -> Mapping[str, Category]:
+    out: dict[str, Category] = {}
+    for category, names in groups:
+        for name in names:
+            if name in out:
+                raise ValueError(f"duplicate Kafka error code {name}")
+            out[name] = category
+    return MappingProxyType(out)
+
+
+KAFKA_ERROR_CODES: Mapping[str, Category] = _code_table(_KAFKA_CODE_GROUPS)
 
 KAFKA_RULE = "kafka:"   # user rules on a Kafka error code (settings.parse_rules)
 MAX_CACHED = 4096  # distinct (class chain, flags, codes) remembered per job
