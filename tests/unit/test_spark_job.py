@@ -109,3 +109,22 @@ def test_row_outputs_that_do_not_fit_the_schema_are_output_schema_errors():
         with pytest.raises(OutputSchemaError, match=words) as e:
             check(bad)
         assert str(e.value).startswith("TRANSFORMATION output does not fit") or bad is None
+
+
+def test_udf_results_follow_sparks_own_conversion():
+    from pyspark.sql.types import (ArrayType, DoubleType, IntegerType, StringType, StructField,
+                                   StructType)
+
+    from spillway.spark._schema import OutputSchemaError, value_checker
+
+    def udf_check(dtype):
+        return value_checker(dtype, "value", "TRANSFORMATION", exact=False)
+
+    udf_check(StringType())(5)                            # Spark stores "5"
+    udf_check(ArrayType(StringType()))([1, "a"])
+    udf_check(StructType([StructField("n", IntegerType()), StructField("s", StringType())]))(
+        {"n": 1, "s": 2.5})
+    for dtype, bad in ((DoubleType(), 5), (IntegerType(), "7"), (IntegerType(), 2**40),
+                       (ArrayType(IntegerType()), [1, "x"])):
+        with pytest.raises(OutputSchemaError):          # Spark would make these a silent null
+            udf_check(dtype)(bad)

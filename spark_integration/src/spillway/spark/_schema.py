@@ -40,8 +40,9 @@ def value_checker(dtype: Any, name: str, stage: str, *, exact: bool = True,
                   ) -> Callable[[Any], None]:
     """A check of one value of Spark type ``dtype`` (the column ``name`` of stage ``stage``).
 
-    ``exact=False``: the verifier alone decides (for Python UDFs, whose results Spark converts
-    without Arrow and turns into a silent null when the type does not match)."""
+    ``exact=False``: for Python UDFs, whose results Spark converts without Arrow, turning a
+    value of the wrong type into a silent null: the verifier decides, except that a string
+    (anywhere in the type) accepts any value, as Spark's conversion turns it into its text."""
     from pyspark.sql.types import StructField, StructType, _make_type_verifier
 
     verify = _make_type_verifier(dtype, nullable=True, name=name)
@@ -60,10 +61,42 @@ def value_checker(dtype: Any, name: str, stage: str, *, exact: bool = True,
                 return
             except Exception:  # noqa: BLE001 - Arrow raises several types
                 pass
+        elif _udf_accepts(dtype, value):
+            return
         raise OutputSchemaError(f"{stage} output does not fit the declared type {declared}: "
                                 f"{_why(refused)}")
 
     return check
+
+
+def _udf_accepts(dtype: Any, value: Any) -> bool:
+    """Whether Spark's (non-Arrow) conversion of a Python UDF result keeps ``value``: as the
+    verifier, but a string takes any value (Spark stores its text)."""
+    from pyspark.sql.types import ArrayType, MapType, StringType, StructType, _make_type_verifier
+
+    if value is None or isinstance(dtype, StringType):
+        return True
+    if isinstance(dtype, ArrayType):
+        return isinstance(value, (list, tuple)) and all(
+            _udf_accepts(dtype.elementType, v) for v in value)
+    if isinstance(dtype, MapType):
+        return isinstance(value, dict) and all(
+            _udf_accepts(dtype.keyType, k) and _udf_accepts(dtype.valueType, v)
+            for k, v in value.items())
+    if isinstance(dtype, StructType):
+        fields = dtype.fields
+        if isinstance(value, dict):
+            values = [value.get(f.name) for f in fields]
+        elif isinstance(value, (tuple, list)) and len(value) == len(fields):
+            values = list(value)
+        else:
+            return False
+        return all(_udf_accepts(f.dataType, v) for f, v in zip(fields, values))
+    try:
+        _make_type_verifier(dtype)(value)
+    except Exception:  # noqa: BLE001 - pyspark's verifier raises several types
+        return False
+    return True
 
 
 def row_checker(schema: Any, stage: str) -> Callable[[Any], Any]:
