@@ -30,6 +30,17 @@ def topic_name():
     return f"dlq.test-{uuid.uuid4().hex[:10]}"
 
 
+def pytest_collection_finish(session):
+    """Start the session's Spark (if any test needs it) before any test installs an
+    OpenTelemetry SDK provider in this process: pyspark launches its JVM with a preexec_fn, so
+    the provider's at-fork handler runs in the forked child, where its thread pool can crash the
+    launcher in a process full of gRPC threads (seen as JAVA_GATEWAY_EXITED mid-suite)."""
+    if any("spark" in getattr(item, "fixturenames", ()) for item in session.items):
+        from support.spark import local_spark
+
+        local_spark()   # the `spark` fixture gets this session (getOrCreate) and stops it
+
+
 @pytest.fixture(scope="session")
 def spark():
     from support.spark import local_spark
