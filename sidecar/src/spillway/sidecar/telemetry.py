@@ -71,6 +71,9 @@ METRICS: dict[str, tuple[str, str, str, str]] = {
                         "not decided, not counted as failures; the executor keeps them"),
     "backpressure": ("spillway.backpressure", "gauge", "1",
                      "1 while reports are refused for backpressure (health NOT_SERVING)"),
+    "retry-budget-exhausted": ("spillway.retry_budget.exhausted", "counter", "{retry}",
+                               "retries a job's retry budget deferred (the record still "
+                               "retries, later) or refused past the record's retry timeout"),
     "jobs": ("spillway.jobs", "gauge", "{job}", "job runs registered (live) on this sidecar"),
     "jobs-failed": ("spillway.jobs.failed", "gauge", "{job}",
                     "live job runs whose tolerance was exceeded"),
