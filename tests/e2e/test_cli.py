@@ -81,6 +81,16 @@ def test_bad_config_stops_start_up_naming_the_property(tmp_path):
     assert "errors.retry.backoff.multiplier" in proc.stderr and "1.0" in proc.stderr
 
 
+def test_an_alias_and_its_property_set_differently_stop_start_up_naming_both(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "spillway.sidecar.cli", "serve", "--listen", "127.0.0.1:0",
+         "--set", "status.storage.retry.max.retries=4", "--set", "errors.retry.max.retries=3"],
+        capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "status.storage.retry.max.retries" in proc.stderr
+    assert "errors.retry.max.retries" in proc.stderr
+
+
 def test_unix_socket_listener(tmp_path):
     sock = tmp_path / "spillway.sock"
     proc, address = _spawn(["--listen", "", "--unix-socket", str(sock)])
