@@ -22,14 +22,27 @@ class OutputSchemaError(TypeError):
     """A wrapped function's output does not fit its declared Spark type (a data error)."""
 
 
-def _conversion():
-    try:
-        from pyspark.sql.conversion import LocalDataToArrowConversion
-    except ImportError:  # pragma: no cover - older pyspark 4.x
-        from pyspark.sql.connect.conversion import (  # type: ignore[no-redef]
-            LocalDataToArrowConversion,
-        )
-    return LocalDataToArrowConversion
+_convert_fn: list[Callable[[list, Any], Any]] = []
+
+
+def _convert(rows: list, schema: Any) -> Any:
+    """pyspark's own local-data -> Arrow conversion (``convert(data, schema[, large types])``:
+    the third argument only exists from pyspark 4)."""
+    if not _convert_fn:
+        import inspect
+
+        try:
+            from pyspark.sql.conversion import LocalDataToArrowConversion
+        except ImportError:  # pragma: no cover - pyspark 3.5 and early 4.x
+            from pyspark.sql.connect.conversion import (  # type: ignore[no-redef]
+                LocalDataToArrowConversion,
+            )
+        conv = LocalDataToArrowConversion.convert
+        if len(inspect.signature(conv).parameters) >= 3:
+            _convert_fn.append(lambda r, s: conv(r, s, False))
+        else:  # pragma: no cover - pyspark 3.5
+            _convert_fn.append(conv)
+    return _convert_fn[0](rows, schema)
 
 
 def _why(exc: BaseException) -> str:
@@ -57,7 +70,7 @@ def value_checker(dtype: Any, name: str, stage: str, *, exact: bool = True,
             refused = exc
         if exact:
             try:
-                _conversion().convert([(value,)], struct, False)
+                _convert([(value,)], struct)
                 return
             except Exception:  # noqa: BLE001 - Arrow raises several types
                 pass
@@ -121,7 +134,7 @@ def row_checker(schema: Any, stage: str) -> Callable[[Any], Any]:
         except Exception as exc:  # noqa: BLE001 - pyspark's verifier raises several types
             refused = exc
         try:
-            _conversion().convert([out], schema, False)
+            _convert([out], schema)
             return out
         except Exception:  # noqa: BLE001 - Arrow raises several types
             raise OutputSchemaError(f"{stage} output does not fit the declared schema "
