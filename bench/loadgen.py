@@ -52,7 +52,12 @@ class Run:
         self.client = SidecarClient(cmd["target"], timeout_s=float(cmd.get("timeout_s", 60)))
         self.client.health()  # connect before the clock starts
         if cmd.get("props") is not None:
-            self.client.register_job(self.job, cmd["props"])
+            # every client of a pool reports for one run of the job: the same run id and a
+            # token they all present (the first registration adopts it)
+            from spillway.client.runs import JobRun, JobToken
+
+            self.job = self.client.register_job(
+                JobRun(self.job, "bench", JobToken(f"bench-token-{self.job}")), cmd["props"])
         run_no = int(cmd.get("run_no", 1))
         self.task = pb.TaskIdentity(stage_id=run_no, partition_id=self.index, attempt_number=0,
                                     task_attempt_id=run_no * 100_000 + self.index,

@@ -57,7 +57,8 @@ def test_serve_layers_flags_over_env_over_file_and_stops_on_sigterm(tmp_path, br
 
         with grpc.insecure_channel(address) as ch:
             stub = pb_grpc.ErrorSidecarStub(ch)
-            eff = stub.RegisterJob(pb.RegisterJobRequest(job="j"), timeout=10).effective_properties
+            eff = stub.RegisterJob(pb.RegisterJobRequest(job="j", run_id="run-1"),
+                                   timeout=10).effective_properties
             status = stub.GetStatus(pb.GetStatusRequest(), timeout=5)
         assert eff["errors.tolerance"] == "none"        # from the file
         assert eff["errors.retry.timeout"] == "5000"    # env beats file

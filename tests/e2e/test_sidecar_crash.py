@@ -40,9 +40,16 @@ def _serve(bootstrap, spool_dir):
     return proc, m.group(1)
 
 
+RUN = "app-crash-0001"
+_token: list[tuple[str, str]] = []  # the run's job token metadata, once registered
+
+
 def _register(stub, topic):
-    stub.RegisterJob(pb.RegisterJobRequest(job="crash", properties={
-        "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic}), timeout=20)
+    # after the restart the sidecar has forgotten the run: the executor's token is adopted
+    reg = stub.RegisterJob(pb.RegisterJobRequest(job="crash", run_id=RUN, properties={
+        "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic}), timeout=20,
+        metadata=_token or None)
+    _token[:] = [("spillway-job-token", reg.job_token)]
 
 
 def _batch(start, end):
@@ -55,8 +62,9 @@ def _batch(start, end):
 
 
 def _report(stub, start, end, acked, task):
-    out = stub.ReportFailures(pb.ReportFailuresRequest(job="crash", task=task,
-                                                       records=_batch(start, end)), timeout=30)
+    out = stub.ReportFailures(pb.ReportFailuresRequest(job="crash", run_id=RUN, task=task,
+                                                       records=_batch(start, end)), timeout=30,
+                              metadata=_token)
     acked.update(v.record_id for v in out.verdicts if v.dead_lettered)
 
 
@@ -103,7 +111,8 @@ def test_kill_9_of_the_sidecar_loses_no_acknowledged_record(broker, tmp_path, to
                                     task_attempt_id=2)
             for start in range(sent_upto, TOTAL, BATCH):
                 _report(stub, start, min(TOTAL, start + BATCH), acked, task2)
-            stub.FlushTask(pb.FlushTaskRequest(job="crash", task=task2), timeout=120)
+            stub.FlushTask(pb.FlushTaskRequest(job="crash", run_id=RUN, task=task2), timeout=120,
+                           metadata=_token)
             # the records recovered from the spool drain too
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:

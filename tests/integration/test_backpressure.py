@@ -47,17 +47,17 @@ def test_full_spool_pushes_back_and_loses_nothing(broker, tmp_path, topic_name):
                             "producer.linger.ms": "5"})
     client = SidecarClient(running.address, timeout_s=10)
     try:
-        client.register_job("bp", {
+        run = client.register_job("bp", {
             "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic_name,
             "errors.deadletterqueue.auto.create.topics.enable": "true",
             "errors.deadletterqueue.topic.replication.factor": "1"})
         task = pb.TaskIdentity(stage_id=1, partition_id=0, task_attempt_id=1)
         broker.pause()  # an outage: nothing drains
         try:
-            accepted = client.report_failures("bp", task, _records("a", 5))
+            accepted = client.report_failures(run, task, _records("a", 5))
             assert all(v.dead_lettered for v in accepted)
             with pytest.raises(SidecarBackpressureError) as err:
-                client.report_failures("bp", task, _records("b", 3))
+                client.report_failures(run, task, _records("b", 3))
             assert "spool" in str(err.value)
             # refused before anything was decided: the policy's counts are those of the 5
             summary = client.job_summary("bp")
@@ -74,11 +74,11 @@ def test_full_spool_pushes_back_and_loses_nothing(broker, tmp_path, topic_name):
         finally:
             broker.resume()
         _wait_health(running.address, health_pb2.HealthCheckResponse.SERVING, timeout_s=60)
-        assert client.flush_task("bp", task, {}, timeout_s=60) == 5
+        assert client.flush_task(run, task, {}, timeout_s=60) == 5
         keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic_name))
         assert keys == [f"a-{i}".encode() for i in range(5)]  # accepted = delivered, no more
         # the refused report can simply be sent again now
-        again = client.report_failures("bp", task, _records("b", 3))
+        again = client.report_failures(run, task, _records("b", 3))
         assert all(v.dead_lettered for v in again)
         summary = client.job_summary("bp")
         assert (summary.total_records_skipped, summary.records_refused) == (8, 4)

@@ -7,6 +7,7 @@ import uuid
 import grpc
 import pytest
 from spillway.client import (
+    JobRun,
     InvalidPolicyError,
     JobConflictError,
     JobNotRegisteredError,
@@ -46,15 +47,19 @@ def _poison(i: int) -> pb.FailedRecord:
 def test_register_is_idempotent_and_refusals_are_typed(client):
     job = _job()
     props = {"errors.tolerance": "all"}
-    assert client.register_job(job, props)["errors.tolerance"] == "all"
-    assert client.register_job(job, props)["errors.tolerance"] == "all"
+    run = client.register_job(job, props)
+    assert run["errors.tolerance"] == "all" and run.run_id and run.job_token
+    again = client.register_job(run, props)  # the same run, with its token
+    assert again["errors.tolerance"] == "all" and again.job_token == run.job_token
     with pytest.raises(JobConflictError) as conflict:
-        client.register_job(job, {"errors.tolerance": "none"})
+        client.register_job(run, {"errors.tolerance": "none"})
     assert conflict.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    # another run of the same name may have another policy
+    assert client.register_job(job, {"errors.tolerance": "none"})["errors.tolerance"] == "none"
     with pytest.raises(InvalidPolicyError, match="errors.tolerance"):
         client.register_job(_job(), {"errors.tolerance": "some"})
     with pytest.raises(JobNotRegisteredError):
-        client.report_failures(_job(), TASK, [_poison(0)])
+        client.report_failures(JobRun(_job(), "run-1"), TASK, [_poison(0)])
     assert client.health() == "SERVING"
     assert client.status().sidecar_id
 
@@ -62,14 +67,14 @@ def test_register_is_idempotent_and_refusals_are_typed(client):
 def test_poison_is_dead_lettered_and_the_flush_barrier_counts_the_acks(client, broker,
                                                                        topic_name):
     job = _job()
-    client.register_job(job, {
+    run = client.register_job(job, {
         "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic_name,
         "errors.deadletterqueue.auto.create.topics.enable": "true",
         "errors.deadletterqueue.topic.replication.factor": "1"})
-    verdicts = client.report_failures(job, TASK, [_poison(i) for i in range(3)])
+    verdicts = client.report_failures(run, TASK, [_poison(i) for i in range(3)])
     assert [(v.action, v.dead_lettered) for v in verdicts] == [(pb.ACTION_SKIP, True)] * 3
-    assert client.flush_task(job, TASK, {"TRANSFORMATION": 10}) == 3
-    summary = client.job_summary(job)
+    assert client.flush_task(run, TASK, {"TRANSFORMATION": 10}) == 3
+    summary = client.job_summary(run)
     assert (summary.records_processed, summary.dlq_records_written) == (10, 3)
     assert sorted(m.key() for m in read_all(broker.bootstrap_servers, topic_name)) == [
         b"k0", b"k1", b"k2"]
@@ -77,9 +82,9 @@ def test_poison_is_dead_lettered_and_the_flush_barrier_counts_the_acks(client, b
 
 def test_tolerance_exceeded_names_job_stage_limit_and_count(client):
     job = _job()
-    client.register_job(job, {"errors.tolerance": "all", "errors.tolerance.max.errors": "1"})
+    run = client.register_job(job, {"errors.tolerance": "all", "errors.tolerance.max.errors": "1"})
     records = [_poison(i) for i in range(2)]
-    v1, v2 = client.report_failures(job, TASK, records)
+    v1, v2 = client.report_failures(run, TASK, records)
     assert v1.action == pb.ACTION_SKIP and v2.action == pb.ACTION_FAIL and v2.job_failed
     err = error_for_verdict(job, records[1], v2)
     assert isinstance(err, ToleranceExceededError)
@@ -90,7 +95,7 @@ def test_tolerance_exceeded_names_job_stage_limit_and_count(client):
 
 def test_retry_budget_deferral_is_flagged_on_the_verdict_and_counted_in_the_summary(client):
     job = _job()
-    client.register_job(job, {"errors.tolerance": "all", "errors.retry.timeout": "-1",
+    run = client.register_job(job, {"errors.tolerance": "all", "errors.retry.timeout": "-1",
                               "errors.retry.budget.ratio": "0",
                               "errors.retry.budget.min.retries": "2",
                               "errors.circuit.enable": "false"})
@@ -101,12 +106,12 @@ def test_retry_budget_deferral_is_flagged_on_the_verdict_and_counted_in_the_summ
         except ConnectionError as exc:
             return report.failed_record(f"r{i}", "TRANSFORMATION", exc)
 
-    verdicts = client.report_failures(job, TASK, [failure(i) for i in range(4)])
+    verdicts = client.report_failures(run, TASK, [failure(i) for i in range(4)])
     assert [v.action for v in verdicts] == [pb.ACTION_RETRY] * 4          # deferred, not dropped
     assert [v.retry_budget_exhausted for v in verdicts] == [False, False, True, True]
     assert "retry budget exhausted" in verdicts[2].reason
     assert verdicts[3].retry_delay_ms > verdicts[2].retry_delay_ms >= 300
-    assert client.job_summary(job).retry_budget_exhausted == 2
+    assert client.job_summary(run).retry_budget_exhausted == 2
 
 
 def test_status_store_kip_names_through_a_real_sidecar(client):
@@ -124,7 +129,7 @@ def test_status_store_kip_names_through_a_real_sidecar(client):
         except TimeoutError as exc:
             return report.failed_record("r1", "TRANSFORMATION", exc)
 
-    verdicts = [client.report_failures(job, TASK, [failure()])[0] for _ in range(6)]
+    verdicts = [client.report_failures(effective, TASK, [failure()])[0] for _ in range(6)]
     assert [v.action for v in verdicts] == [pb.ACTION_RETRY] * 5 + [pb.ACTION_SKIP]
     for n, v in enumerate(verdicts[:5]):
         assert 100 * 2 ** n <= v.retry_delay_ms <= 100 * 2 ** n * 1.25 + 1
@@ -145,7 +150,7 @@ def test_context_headers_on_a_real_dlq_record_keep_or_overwrite_originals_per_ki
     record dead-lettered before keeps the topic it first failed in); KIP-1191's __dlq.errors.*
     headers overwrite same-named originals."""
     job = _job()
-    client.register_job(job, {
+    run = client.register_job(job, {
         "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic_name,
         "errors.deadletterqueue.auto.create.topics.enable": "true",
         "errors.deadletterqueue.topic.replication.factor": "1",
@@ -160,9 +165,9 @@ def test_context_headers_on_a_real_dlq_record_keep_or_overwrite_originals_per_ki
                                    key=b"k", value=b"v",
                                    headers=[(p + "topic", b"orders"), (p + "offset", b"5"),
                                             ("h", b"x")])
-    [v] = client.report_failures(job, TASK, [rec])
+    [v] = client.report_failures(run, TASK, [rec])
     assert v.dead_lettered
-    assert client.flush_task(job, TASK, {"TRANSFORMATION": 1}) == 1
+    assert client.flush_task(run, TASK, {"TRANSFORMATION": 1}) == 1
     [msg] = read_all(broker.bootstrap_servers, topic_name)
     headers = msg.headers()
     names = [n for n, _ in headers]

@@ -30,6 +30,13 @@ def _stub(node):
     return pb_grpc.ErrorSidecarStub(grpc.insecure_channel(node.address))
 
 
+RUN = "app-20261123000000-0042"
+
+
+def _md(reg):
+    return [("spillway-job-token", reg.job_token)]
+
+
 def _records(prefix, n):
     return [pb.FailedRecord(
         record_id=f"{prefix}-{i}", stage=pb.STAGE_TRANSFORMATION, function_name="app.f",
@@ -46,17 +53,24 @@ def test_job_wide_error_limit_holds_across_two_sidecars(two_nodes, broker, topic
              "errors.deadletterqueue.auto.create.topics.enable": "true",
              "errors.deadletterqueue.topic.replication.factor": "1"}
     sa, sb = _stub(a), _stub(b)
-    sa.RegisterJob(pb.RegisterJobRequest(job="wide", properties=props), timeout=20)
+    reg = sa.RegisterJob(pb.RegisterJobRequest(job="wide", run_id=RUN, properties=props),
+                         timeout=20)
+    assert reg.home == a.address and reg.home_instance_id == a.sidecar.instance_id
     # the executor on node b registers with its own sidecar, naming the job's home
-    sb.RegisterJob(pb.RegisterJobRequest(job="wide", properties=props, home=a.address),
-                   timeout=20)
+    on_b = sb.RegisterJob(pb.RegisterJobRequest(job="wide", run_id=RUN, properties=props,
+                                                home=reg.home,
+                                                home_instance_id=reg.home_instance_id),
+                          timeout=20, metadata=_md(reg))
+    assert on_b.job_token == reg.job_token and on_b.home_instance_id == reg.home_instance_id
     task_a = pb.TaskIdentity(stage_id=1, partition_id=0, task_attempt_id=1)
     task_b = pb.TaskIdentity(stage_id=1, partition_id=1, task_attempt_id=2)
 
-    va = sa.ReportFailures(pb.ReportFailuresRequest(job="wide", task=task_a,
-                                                    records=_records("a", 2)), timeout=10)
-    vb = sb.ReportFailures(pb.ReportFailuresRequest(job="wide", task=task_b,
-                                                    records=_records("b", 2)), timeout=10)
+    va = sa.ReportFailures(pb.ReportFailuresRequest(job="wide", run_id=RUN, task=task_a,
+                                                    records=_records("a", 2)), timeout=10,
+                           metadata=_md(reg))
+    vb = sb.ReportFailures(pb.ReportFailuresRequest(job="wide", run_id=RUN, task=task_b,
+                                                    records=_records("b", 2)), timeout=10,
+                           metadata=_md(reg))
     assert [v.action for v in va.verdicts] == [pb.ACTION_SKIP] * 2
     # 3 errors are tolerated job-wide; the 4th, reported on the other node, fails the job
     assert [v.action for v in vb.verdicts] == [pb.ACTION_SKIP, pb.ACTION_FAIL]
@@ -64,22 +78,36 @@ def test_job_wide_error_limit_holds_across_two_sidecars(two_nodes, broker, topic
     failed = vb.verdicts[1]
     assert failed.job_failed and "errors.tolerance.max.errors=3" in failed.reason
     # afterwards every node answers FAIL
-    later = sa.ReportFailures(pb.ReportFailuresRequest(job="wide", task=task_a,
-                                                       records=_records("c", 1)), timeout=10)
+    later = sa.ReportFailures(pb.ReportFailuresRequest(job="wide", run_id=RUN, task=task_a,
+                                                       records=_records("c", 1)), timeout=10,
+                              metadata=_md(reg))
     assert later.verdicts[0].action == pb.ACTION_FAIL and later.verdicts[0].job_failed
 
     # each node dead-lettered its own records; both flush barriers see them acknowledged
-    assert sa.FlushTask(pb.FlushTaskRequest(job="wide", task=task_a), timeout=20
-                        ).dlq_records_acknowledged == 2
-    assert sb.FlushTask(pb.FlushTaskRequest(job="wide", task=task_b), timeout=20
-                        ).dlq_records_acknowledged == 1
+    assert sa.FlushTask(pb.FlushTaskRequest(job="wide", run_id=RUN, task=task_a), timeout=20,
+                        metadata=_md(reg)).dlq_records_acknowledged == 2
+    assert sb.FlushTask(pb.FlushTaskRequest(job="wide", run_id=RUN, task=task_b), timeout=20,
+                        metadata=_md(reg)).dlq_records_acknowledged == 1
     keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic_name))
     assert keys == [b"a-0", b"a-1", b"b-0"]
 
-    home = sa.GetJobSummary(pb.GetJobSummaryRequest(job="wide"), timeout=5)
-    remote = sb.GetJobSummary(pb.GetJobSummaryRequest(job="wide"), timeout=5)
+    home = sa.GetJobSummary(pb.GetJobSummaryRequest(job="wide", run_id=RUN), timeout=5,
+                            metadata=_md(reg))
+    remote = sb.GetJobSummary(pb.GetJobSummaryRequest(job="wide", run_id=RUN), timeout=5,
+                              metadata=_md(reg))
     assert home.failed and home.total_record_errors == 4 and remote.total_record_errors == 0
     assert home.dlq_records_written + remote.dlq_records_written == 3
+
+    # ending the run at its home releases it on node b too, with b's final summary
+    ended = sa.EndJob(pb.EndJobRequest(job="wide", run_id=RUN), timeout=30, metadata=_md(reg))
+    assert [s.sidecar_id for s in ended.summaries] == ["node-a", "node-b"]
+    assert not ended.unreachable
+    assert ended.summaries[0].total_record_errors == 4
+    for stub in (sa, sb):
+        with pytest.raises(grpc.RpcError) as gone:
+            stub.GetJobSummary(pb.GetJobSummaryRequest(job="wide", run_id=RUN), timeout=5,
+                               metadata=_md(reg))
+        assert gone.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_processed_counts_reach_the_home_for_ratio_limits(two_nodes, topic_name):
@@ -87,20 +115,24 @@ def test_processed_counts_reach_the_home_for_ratio_limits(two_nodes, topic_name)
     props = {"errors.tolerance": "all", "errors.tolerance.max.ratio": "0.5",
              "errors.tolerance.min.records": "1"}
     sa, sb = _stub(a), _stub(b)
-    sa.RegisterJob(pb.RegisterJobRequest(job="ratio", properties=props), timeout=20)
-    sb.RegisterJob(pb.RegisterJobRequest(job="ratio", properties=props, home=a.address),
-                   timeout=20)
+    reg = sa.RegisterJob(pb.RegisterJobRequest(job="ratio", run_id=RUN, properties=props),
+                         timeout=20)
+    sb.RegisterJob(pb.RegisterJobRequest(job="ratio", run_id=RUN, properties=props,
+                                         home=reg.home, home_instance_id=reg.home_instance_id),
+                   timeout=20, metadata=_md(reg))
     task = pb.TaskIdentity(stage_id=1, partition_id=3, task_attempt_id=7)
-    sb.FlushTask(pb.FlushTaskRequest(job="ratio", task=task, processed=[
-        pb.StageCount(stage=pb.STAGE_TRANSFORMATION, records=40)]), timeout=20)
-    assert sa.GetJobSummary(pb.GetJobSummaryRequest(job="ratio"), timeout=5
-                            ).records_processed == 40
+    sb.FlushTask(pb.FlushTaskRequest(job="ratio", run_id=RUN, task=task, processed=[
+        pb.StageCount(stage=pb.STAGE_TRANSFORMATION, records=40)]), timeout=20,
+        metadata=_md(reg))
+    assert sa.GetJobSummary(pb.GetJobSummaryRequest(job="ratio", run_id=RUN), timeout=5,
+                            metadata=_md(reg)).records_processed == 40
 
 
 def test_unreachable_home_is_a_clear_error(two_nodes):
     _, b = two_nodes
     with pytest.raises(grpc.RpcError) as err:
-        _stub(b).RegisterJob(pb.RegisterJobRequest(job="lost", home="127.0.0.1:1"), timeout=5)
+        _stub(b).RegisterJob(pb.RegisterJobRequest(job="lost", run_id=RUN, home="127.0.0.1:1"),
+                             timeout=5, metadata=[("spillway-job-token", "t")])
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "127.0.0.1:1" in err.value.details() and "home" in err.value.details()
 
@@ -108,9 +140,10 @@ def test_unreachable_home_is_a_clear_error(two_nodes):
 def test_naming_itself_as_home_is_local(two_nodes):
     a, _ = two_nodes
     sa = _stub(a)
-    sa.RegisterJob(pb.RegisterJobRequest(job="self", home=a.address), timeout=10)
-    status = sa.GetStatus(pb.GetStatusRequest(), timeout=5)
-    assert status.instance_id and any(j.job == "self" for j in status.jobs)
+    sa.RegisterJob(pb.RegisterJobRequest(job="self", run_id=RUN, home=a.address), timeout=10,
+                   metadata=[("spillway-job-token", "executor-held-token")])
+    status = sa.GetStatus(pb.GetStatusRequest(job="self"), timeout=5)
+    assert status.instance_id and [j.job for j in status.jobs] == ["self"]
 
 
 def _dlq_props(topic_name):
@@ -123,9 +156,11 @@ def test_a_record_reported_on_two_nodes_is_dead_lettered_once(two_nodes, broker,
     a, b = two_nodes
     props = _dlq_props(topic_name)
     sa, sb = _stub(a), _stub(b)
-    sa.RegisterJob(pb.RegisterJobRequest(job="once", properties=props), timeout=20)
-    sb.RegisterJob(pb.RegisterJobRequest(job="once", properties=props, home=a.address),
-                   timeout=20)
+    reg = sa.RegisterJob(pb.RegisterJobRequest(job="once", run_id=RUN, properties=props),
+                         timeout=20)
+    sb.RegisterJob(pb.RegisterJobRequest(job="once", run_id=RUN, properties=props,
+                                         home=reg.home, home_instance_id=reg.home_instance_id),
+                   timeout=20, metadata=_md(reg))
     # attempt 0 on node a, then a speculative copy (attempt 1) on node b, then a retry on a
     tasks = [(sa, pb.TaskIdentity(stage_id=1, partition_id=0, attempt_number=0,
                                   task_attempt_id=10)),
@@ -134,16 +169,19 @@ def test_a_record_reported_on_two_nodes_is_dead_lettered_once(two_nodes, broker,
              (sa, pb.TaskIdentity(stage_id=1, partition_id=0, attempt_number=2,
                                   task_attempt_id=12))]
     answers = [stub.ReportFailures(pb.ReportFailuresRequest(
-        job="once", task=t, records=_records("p", 3)), timeout=10) for stub, t in tasks]
+        job="once", run_id=RUN, task=t, records=_records("p", 3)), timeout=10,
+        metadata=_md(reg)) for stub, t in tasks]
     for resp in answers:
         assert [(v.action, v.dead_lettered) for v in resp.verdicts] == [
             (pb.ACTION_SKIP, True)] * 3
     assert all("not written again" in v.reason for r in answers[1:] for v in r.verdicts)
     for stub, t in tasks:
-        stub.FlushTask(pb.FlushTaskRequest(job="once", task=t), timeout=20)
+        stub.FlushTask(pb.FlushTaskRequest(job="once", run_id=RUN, task=t), timeout=20,
+                       metadata=_md(reg))
     keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic_name))
     assert keys == [b"p-0", b"p-1", b"p-2"]
-    home = sa.GetJobSummary(pb.GetJobSummaryRequest(job="once"), timeout=5)
+    home = sa.GetJobSummary(pb.GetJobSummaryRequest(job="once", run_id=RUN), timeout=5,
+                            metadata=_md(reg))
     assert home.total_record_errors == 3 and home.total_records_skipped == 3
 
 
@@ -159,22 +197,27 @@ def test_records_a_full_spool_refused_are_dead_lettered_on_their_next_report(
     try:
         props = _dlq_props(topic_name)
         sa, sf = _stub(a), _stub(full)
-        sa.RegisterJob(pb.RegisterJobRequest(job="undo", properties=props), timeout=20)
-        sf.RegisterJob(pb.RegisterJobRequest(job="undo", properties=props, home=a.address),
-                       timeout=20)
+        reg = sa.RegisterJob(pb.RegisterJobRequest(job="undo", run_id=RUN, properties=props),
+                             timeout=20)
+        sf.RegisterJob(pb.RegisterJobRequest(job="undo", run_id=RUN, properties=props,
+                                             home=reg.home,
+                                             home_instance_id=reg.home_instance_id),
+                       timeout=20, metadata=_md(reg))
         t0 = pb.TaskIdentity(stage_id=1, partition_id=0, attempt_number=0, task_attempt_id=20)
         with pytest.raises(grpc.RpcError) as err:   # 2 records, room for 1: none stored
             sf.ReportFailures(pb.ReportFailuresRequest(
-                job="undo", task=t0, records=_records("u", 2)), timeout=10)
+                job="undo", run_id=RUN, task=t0, records=_records("u", 2)), timeout=10,
+                metadata=_md(reg))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         # the task is retried on node a: its records were never written, so they are now
         t1 = pb.TaskIdentity(stage_id=1, partition_id=0, attempt_number=1, task_attempt_id=21)
         resp = sa.ReportFailures(pb.ReportFailuresRequest(
-            job="undo", task=t1, records=_records("u", 2)), timeout=10)
+            job="undo", run_id=RUN, task=t1, records=_records("u", 2)), timeout=10,
+            metadata=_md(reg))
         assert all(v.dead_lettered and "not written again" not in v.reason
                    for v in resp.verdicts)
-        assert sa.FlushTask(pb.FlushTaskRequest(job="undo", task=t1), timeout=20
-                            ).dlq_records_acknowledged == 2
+        assert sa.FlushTask(pb.FlushTaskRequest(job="undo", run_id=RUN, task=t1), timeout=20,
+                            metadata=_md(reg)).dlq_records_acknowledged == 2
         keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic_name))
         assert keys == [b"u-0", b"u-1"]
     finally:

@@ -41,12 +41,22 @@ def _record(i, cls="json.decoder.JSONDecodeError", chain=None, topic="orders"):
     )
 
 
-def _register(stub, job, topic, **extra):
+RUN = "app-20261123000000-0001"
+
+
+def _md(reg):
+    """The run's job token, as every job-scoped call carries it."""
+    return [("spillway-job-token", reg.job_token)]
+
+
+def _register(stub, job, topic, token=None, **extra):
     props = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
              "errors.deadletterqueue.context.headers.enable": "true",
              "errors.deadletterqueue.auto.create.topics.enable": "true",
              "errors.deadletterqueue.topic.replication.factor": "1", **extra}
-    return stub.RegisterJob(pb.RegisterJobRequest(job=job, properties=props), timeout=20)
+    return stub.RegisterJob(pb.RegisterJobRequest(job=job, properties=props, run_id=RUN),
+                            timeout=20,
+                            metadata=[("spillway-job-token", token)] if token else None)
 
 
 def test_health_is_serving(sidecar):
@@ -57,15 +67,20 @@ def test_health_is_serving(sidecar):
 
 
 def test_poison_records_are_dead_lettered_and_flush_waits_for_kafka(stub, broker, topic_name):
-    resp = _register(stub, "job-poison", topic_name)
+    reg = _register(stub, "job-poison", topic_name)
+    assert reg.run_id == RUN and reg.job_token and reg.home_instance_id
+    resp = _register(stub, "job-poison", topic_name, token=reg.job_token)
     assert resp.effective_properties["errors.tolerance"] == "all"
+    assert resp.job_token == reg.job_token
     task = _task()
     out = stub.ReportFailures(pb.ReportFailuresRequest(
-        job="job-poison", task=task, records=[_record(i) for i in range(5)]), timeout=10)
+        job="job-poison", run_id=RUN, task=task, records=[_record(i) for i in range(5)]),
+        timeout=10, metadata=_md(reg))
     assert [v.action for v in out.verdicts] == [pb.ACTION_SKIP] * 5
     assert all(v.dead_lettered and v.category == pb.CATEGORY_DATA and v.reason
                for v in out.verdicts)
-    flushed = stub.FlushTask(pb.FlushTaskRequest(job="job-poison", task=task), timeout=20)
+    flushed = stub.FlushTask(pb.FlushTaskRequest(job="job-poison", run_id=RUN, task=task),
+                             timeout=20, metadata=_md(reg))
     assert flushed.dlq_records_acknowledged == 5
 
     records = read_all(broker.bootstrap_servers, topic_name)
@@ -76,26 +91,29 @@ def test_poison_records_are_dead_lettered_and_flush_waits_for_kafka(stub, broker
     assert h["__connect.errors.stage"] == b"TRANSFORMATION"
     assert h["__connect.errors.task.id"] == b"3.0"
     assert h["traceparent"] == b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    summary = stub.GetJobSummary(pb.GetJobSummaryRequest(job="job-poison"), timeout=5)
+    summary = stub.GetJobSummary(pb.GetJobSummaryRequest(job="job-poison", run_id=RUN),
+                                 timeout=5, metadata=_md(reg))
     assert summary.dlq_records_written == 5 and summary.total_records_skipped == 5
 
 
 def test_retriable_error_gets_retry_with_delay(stub, topic_name):
-    _register(stub, "job-retry", topic_name, **{"errors.retry.timeout": "10000"})
+    reg = _register(stub, "job-retry", topic_name, **{"errors.retry.timeout": "10000"})
     rec = _record(1, cls="builtins.ConnectionError",
                   chain=["builtins.ConnectionError", "builtins.OSError", "builtins.Exception",
                          "builtins.BaseException"])
-    out = stub.ReportFailures(pb.ReportFailuresRequest(job="job-retry", task=_task(),
-                                                       records=[rec]), timeout=10)
+    out = stub.ReportFailures(pb.ReportFailuresRequest(job="job-retry", run_id=RUN, task=_task(),
+                                                       records=[rec]), timeout=10,
+                              metadata=_md(reg))
     v = out.verdicts[0]
     assert v.action == pb.ACTION_RETRY and v.category == pb.CATEGORY_RETRIABLE
     assert 300 <= v.retry_delay_ms <= 10000
 
 
 def test_tolerance_none_fails_the_job(stub, topic_name):
-    _register(stub, "job-none", topic_name, **{"errors.tolerance": "none"})
-    out = stub.ReportFailures(pb.ReportFailuresRequest(job="job-none", task=_task(),
-                                                       records=[_record(1)]), timeout=10)
+    reg = _register(stub, "job-none", topic_name, **{"errors.tolerance": "none"})
+    out = stub.ReportFailures(pb.ReportFailuresRequest(job="job-none", run_id=RUN, task=_task(),
+                                                       records=[_record(1)]), timeout=10,
+                              metadata=_md(reg))
     v = out.verdicts[0]
     assert v.action == pb.ACTION_FAIL and v.job_failed
     assert "TRANSFORMATION" in v.reason or "tolerance" in v.reason
@@ -104,7 +122,7 @@ def test_tolerance_none_fails_the_job(stub, topic_name):
 def test_invalid_policy_is_refused_naming_the_property(stub):
     with pytest.raises(grpc.RpcError) as err:
         stub.RegisterJob(pb.RegisterJobRequest(
-            job="bad", properties={"errors.retry.jitter.factor": "2"}), timeout=5)
+            job="bad", run_id=RUN, properties={"errors.retry.jitter.factor": "2"}), timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "errors.retry.jitter.factor" in err.value.details()
 
@@ -113,14 +131,15 @@ def test_dlq_topic_guardrails_are_enforced_at_registration(stub):
     for topic in ("__consumer_offsets", "payments"):
         with pytest.raises(grpc.RpcError) as err:
             stub.RegisterJob(pb.RegisterJobRequest(
-                job="guard", properties={"errors.deadletterqueue.topic.name": topic}), timeout=5)
+                job="guard", run_id=RUN,
+                properties={"errors.deadletterqueue.topic.name": topic}), timeout=5)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "errors.deadletterqueue.topic.name" in err.value.details()
 
 
 def test_unknown_job_and_malformed_records_are_clear_errors(stub):
     with pytest.raises(grpc.RpcError) as err:
-        stub.ReportFailures(pb.ReportFailuresRequest(job="nope", task=_task(),
+        stub.ReportFailures(pb.ReportFailuresRequest(job="nope", run_id=RUN, task=_task(),
                                                      records=[_record(1)]), timeout=5)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND and "nope" in err.value.details()
     bad = _record(1)

@@ -41,20 +41,22 @@ def observed(broker, tmp_path_factory):
 def _report(address, job, topic, n, traceparent):
     with grpc.insecure_channel(address) as ch:
         stub = pb_grpc.ErrorSidecarStub(ch)
-        stub.RegisterJob(pb.RegisterJobRequest(job=job, properties={
+        reg = stub.RegisterJob(pb.RegisterJobRequest(job=job, run_id="run-1", properties={
             "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
             "errors.deadletterqueue.auto.create.topics.enable": "true",
             "errors.deadletterqueue.topic.replication.factor": "1"}), timeout=20)
+        md = [("spillway-job-token", reg.job_token)]
         task = pb.TaskIdentity(stage_id=2, partition_id=1, attempt_number=0, task_attempt_id=9)
         records = [pb.FailedRecord(
             record_id=f"r{i}", stage=pb.STAGE_TRANSFORMATION, function_name="app.f",
             value=b"x", exception=pb.ExceptionInfo(class_name="builtins.ValueError",
                                                    class_chain=["builtins.ValueError"]),
             traceparent=traceparent) for i in range(n)]
-        out = stub.ReportFailures(pb.ReportFailuresRequest(job=job, task=task, records=records),
-                                  timeout=10)
-        stub.FlushTask(pb.FlushTaskRequest(job=job, task=task, processed=[
-            pb.StageCount(stage=pb.STAGE_TRANSFORMATION, records=50)]), timeout=20)
+        out = stub.ReportFailures(pb.ReportFailuresRequest(job=job, run_id="run-1", task=task,
+                                                           records=records),
+                                  timeout=10, metadata=md)
+        stub.FlushTask(pb.FlushTaskRequest(job=job, run_id="run-1", task=task, processed=[
+            pb.StageCount(stage=pb.STAGE_TRANSFORMATION, records=50)]), timeout=20, metadata=md)
         return out.verdicts
 
 

@@ -251,17 +251,30 @@ def test_sink_retries_transient_writes_and_dead_letters_unwritable_rows(
     assert job.summary().total_retries == 1
 
 
-def test_unreachable_sidecar_fails_the_task_clearly_but_clean_partitions_never_call(spark):
+def test_unreachable_sidecar_fails_the_task_clearly_but_clean_partitions_never_call(spark,
+                                                                                   sidecar):
+    from spillway.client import SidecarUnavailableError
     from spillway.sidecar.embedded import free_port
 
     dead = f"127.0.0.1:{free_port()}"
-    job = Job(f"it-dead-{uuid.uuid4().hex[:8]}", {"errors.tolerance": "all"}, sidecar=dead)
-    df = spark.createDataFrame(kafka_rows(6), KAFKA_SOURCE_SCHEMA)
-    assertDataFrameEqual(job.map_partitions(df, parse_order, schema=OUT_SCHEMA),
-                         _expected(spark, range(6)))
-    bad = spark.createDataFrame(kafka_rows(6, poison={1: b"?"}), KAFKA_SOURCE_SCHEMA)
-    with pytest.raises(Exception) as info:
-        job.map_partitions(bad, parse_order, schema=OUT_SCHEMA).collect()
+    # on the driver: declaring the job is the reachability check, naming the address
+    with pytest.raises(SidecarUnavailableError, match=dead):
+        Job(f"it-dead-{uuid.uuid4().hex[:8]}", {"errors.tolerance": "all"}, sidecar=dead
+            ).map_partitions(spark.sparkContext.parallelize([1]), parse_order)
+    # on executors whose node sidecar is gone: clean partitions make no call
+    env = spark.sparkContext.environment
+    try:
+        env["SPILLWAY_SIDECAR_ADDRESS"] = dead
+        job = Job(f"it-dead-{uuid.uuid4().hex[:8]}", {"errors.tolerance": "all"},
+                  sidecar=sidecar.address)
+        df = spark.createDataFrame(kafka_rows(6), KAFKA_SOURCE_SCHEMA)
+        assertDataFrameEqual(job.map_partitions(df, parse_order, schema=OUT_SCHEMA),
+                             _expected(spark, range(6)))
+        bad = spark.createDataFrame(kafka_rows(6, poison={1: b"?"}), KAFKA_SOURCE_SCHEMA)
+        with pytest.raises(Exception) as info:
+            job.map_partitions(bad, parse_order, schema=OUT_SCHEMA).collect()
+    finally:
+        del env["SPILLWAY_SIDECAR_ADDRESS"]
     text = str(info.value)
     assert "SidecarUnavailableError" in text and dead in text
     assert "SPILLWAY_SIDECAR_ADDRESS" in text
@@ -290,7 +303,8 @@ def test_executors_report_to_their_own_nodes_sidecar_which_defers_to_the_home(
     finally:
         del env["SPILLWAY_SIDECAR_ADDRESS"]
         other.stop(0.5)
-    assert job.name in other.sidecar.homes  # the node's sidecar forwards to the home
+    run = other.sidecar.registry.get(job.name, job.run_id)
+    assert run is not None and run.home is not None  # the node's sidecar forwards to the home
     assert (on_node.total_record_failures, on_node.records_processed) == (0, 0)
     assert (on_driver.total_record_failures, on_driver.records_processed) == (1, 4)
     assert both.total_record_failures == 1 and set(both.per_sidecar) == {sidecar.address,

@@ -545,3 +545,71 @@ def test_without_a_dlq_a_reported_again_record_is_never_marked_dead_lettered(eng
     d = engine.decide("j", task(attempt=1), [rec("a", VALUE)])[0]
     assert d.verdict.action is Action.SKIP and not d.dead_letter
     assert not d.verdict.dead_lettered
+
+
+# --- runs: the state of one run never decides a record of another ------------------------------
+
+
+def test_a_record_id_skipped_in_one_run_is_retried_in_the_next_run_of_the_same_job(engine):
+    """The positional-id case: yesterday's run skipped p0:r3 as a data error; today's run fails
+    at the same position with a transient error, which must be retried, not skipped."""
+    from spillway.sidecar.core.policy import run_key
+
+    props = {"errors.tolerance": "all", "errors.retry.timeout": "-1"}
+    engine.register_job("daily", props, run_id="app-1")
+    first = engine.decide(run_key("daily", "app-1"), task(), [rec("p0:r3", VALUE)])[0].verdict
+    assert first.action is Action.SKIP
+    engine.register_job("daily", props, run_id="app-2")
+    second = engine.decide(run_key("daily", "app-2"), task(), [rec("p0:r3", CONN)])[0].verdict
+    assert second.action is Action.RETRY and second.attempt == 1
+    # and run 1 still answers for its own record as before
+    again = engine.decide(run_key("daily", "app-1"), task(), [rec("p0:r3", CONN)])[0].verdict
+    assert again.action is Action.SKIP
+
+
+def test_a_new_run_starts_with_fresh_tolerance_and_may_change_its_policy(engine):
+    from spillway.sidecar.core.policy import run_key
+
+    engine.register_job("daily", {"errors.tolerance": "all",
+                                  "errors.tolerance.max.errors": "1"}, run_id="app-1")
+    k1 = run_key("daily", "app-1")
+    verdicts = [d.verdict for d in engine.decide(k1, task(), [rec("a", VALUE), rec("b", VALUE)])]
+    assert verdicts[1].job_failed and engine.summary(k1).failed
+    with pytest.raises(JobConflictError, match="app-1"):
+        engine.register_job("daily", {"errors.tolerance": "none"}, run_id="app-1")
+    # the next run: another policy, nothing of the failed run
+    engine.register_job("daily", {"errors.tolerance": "all"}, run_id="app-2")
+    k2 = run_key("daily", "app-2")
+    assert engine.decide(k2, task(), [rec("a", VALUE)])[0].verdict.action is Action.SKIP
+    s2 = engine.summary(k2)
+    assert (s2.job, s2.run_id, s2.failed, s2.counts.total_record_errors) == (
+        "daily", "app-2", False, 1)
+
+
+def test_an_ended_run_is_gone_and_its_name_can_be_registered_again(engine):
+    from spillway.sidecar.core.policy import run_key
+
+    key = run_key("j", "app-1")
+    engine.register_job("j", {"errors.tolerance": "all"}, run_id="app-1")
+    engine.decide(key, task(), [rec("a", VALUE)])
+    final = engine.end_job(key)
+    assert final is not None and final.counts.total_record_errors == 1
+    assert engine.end_job(key) is None and engine.jobs() == []
+    assert engine.counters()["jobs"] == 0
+    with pytest.raises(UnknownJobError):
+        engine.decide(key, task(), [rec("a", VALUE)])
+    engine.note_dead_letter_acked(key, 3)  # late acknowledgements of an ended run: ignored
+    engine.register_job("j", {"errors.tolerance": "none"}, run_id="app-1")
+    assert engine.summary(key).counts.total_record_errors == 0
+
+
+def test_ten_thousand_runs_registered_and_ended_leave_the_engine_empty(engine):
+    from spillway.sidecar.core.policy import run_key
+
+    for i in range(10_000):
+        key = run_key("many", f"app-{i}")
+        engine.register_job("many", {"errors.tolerance": "all"}, run_id=f"app-{i}")
+        engine.decide(key, task(), [rec(f"r{i}", VALUE), rec(f"c{i}", CONN)])
+        assert engine.end_job(key) is not None
+    assert engine.jobs() == [] and engine._jobs == {}
+    assert engine.counters()["records-tracked"] == 0

@@ -135,7 +135,7 @@ def test_counts_only_flush_once_due_and_kept_when_it_fails(scripted):
     s = _session(spec, dead)
     s.processed([T], 4)
     s.close(True)  # no exception: counts are statistics, kept for a later call
-    assert _runtime.worker().counts[(dead, "j")] == {T.key: 4}
+    assert _runtime.worker().counts[(dead, "j", "")] == {T.key: 4}
 
 
 def test_registers_once_per_process_and_again_when_the_sidecar_forgot_the_job(scripted):
@@ -289,4 +289,4 @@ def test_only_parked_counts_of_the_sessions_own_stages_are_adopted(scripted):
     s.report([_record()])
     s.close(True)
     assert scripted.flushed() == {(pb.STAGE_SINK, ""): 8}
-    assert _runtime.worker().counts[(scripted.target, "j")] == {T.key: 30}
+    assert _runtime.worker().counts[(scripted.target, "j", "")] == {T.key: 30}

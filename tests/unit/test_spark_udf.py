@@ -10,7 +10,7 @@ import pytest
 from spillway.client import RetriableError
 from spillway.spark import _runtime, _tracing, job as job_module
 from spillway.spark._engine import StageRef
-from spillway.spark._runtime import JobSpec, WrapperSpec
+from spillway.spark._runtime import WrapperSpec
 from spillway.spark.job import Job, _udf_function
 
 
@@ -60,11 +60,18 @@ def executor_like(monkeypatch):
     FakeTaskContext._taskContext = FakeTaskContext(tid=1)
 
 
+def _job(sidecar, **kw):
+    """A registered run, as the driver makes it: its spec carries the run id and job token."""
+    job = Job(f"udf-{uuid.uuid4().hex[:8]}", {"errors.tolerance": "all",
+                                             "errors.retry.timeout": "10000",
+                                             "errors.retry.initial.backoff.ms": "10"},
+              sidecar=sidecar.address, **kw)
+    job.register()
+    return job
+
+
 def _spec(sidecar, **kw):
-    return JobSpec(f"udf-{uuid.uuid4().hex[:8]}", (("errors.tolerance", "all"),
-                                                   ("errors.retry.timeout", "10000"),
-                                                   ("errors.retry.initial.backoff.ms", "10")),
-                   sidecar=sidecar.address, **kw)
+    return _job(sidecar, **kw).spec
 
 
 def _wrapper(name="to_int"):
@@ -84,7 +91,8 @@ def test_one_argument_functions_take_the_fast_path_and_others_pack_args():
 
 @pytest.mark.parametrize("fn", [int, _to_int], ids=["generic", "one-argument"])
 def test_failures_become_null_or_an_error_struct_and_are_reported(sidecar, fn):
-    spec = _spec(sidecar)
+    job = _job(sidecar)
+    spec = job.spec
     plain = _udf_function(spec, _wrapper(), fn, False, None, None)
     assert [plain(v) for v in ("1", "x", "3")] == [1, None, 3]
     with_error = _udf_function(spec, _wrapper("to_int_err"), fn, True, None, None)
@@ -95,12 +103,13 @@ def test_failures_become_null_or_an_error_struct_and_are_reported(sidecar, fn):
     assert record_id == f"TRANSFORMATION:{spec.name}/to_int_err:p0:r1"
     assert (stage, exc_class, dead_lettered) == ("TRANSFORMATION", "builtins.ValueError", False)
     assert "invalid literal" in message and reason.startswith("skipped")
-    summary = Job(spec.name, spec.props, sidecar=sidecar.address).summary()
+    summary = job.summary()
     assert summary.total_record_failures == 2 and summary.total_records_skipped == 2
 
 
 def test_a_transient_failure_is_retried_in_place(sidecar):
-    spec = _spec(sidecar)
+    job = _job(sidecar)
+    spec = job.spec
     calls = []
 
     def flaky(v):
@@ -111,16 +120,14 @@ def test_a_transient_failure_is_retried_in_place(sidecar):
 
     assert _udf_function(spec, _wrapper("flaky"), flaky, False, None, None)(21) == 42
     assert calls == [21, 21]
-    assert Job(spec.name, spec.props, sidecar=sidecar.address).summary().total_retries == 1
+    assert job.summary().total_retries == 1
 
 
 def test_rows_of_finished_tasks_are_counted_without_any_call_until_due(sidecar):
-    spec = _spec(sidecar, counts_interval_s=0)
-    fn = _udf_function(spec, _wrapper(), int, False, None, None)
+    job = _job(sidecar, counts_interval_s=0)
+    fn = _udf_function(job.spec, _wrapper(), int, False, None, None)
     for v in range(5):
         fn(str(v))
-    job = Job(spec.name, spec.props, sidecar=sidecar.address)
-    job.register()
     assert job.summary().records_processed == 0  # nothing sent while the task runs
     FakeTaskContext._taskContext = FakeTaskContext(tid=2, partition=1)
     fn("9")  # the next task's first row retires the first task: its 5 rows are sent (due)

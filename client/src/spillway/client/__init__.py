@@ -4,19 +4,23 @@ Needs only grpcio, protobuf and opentelemetry-api.
 
     from spillway.client import SidecarClient, report
     client = SidecarClient()         # $SPILLWAY_SIDECAR_ADDRESS, else 127.0.0.1:50051
-    client.register_job("orders", {"errors.tolerance": "all"})
+    run = client.register_job("orders", {"errors.tolerance": "all"}, run_id=app_id)
     record = report.failed_record(record_id, "TRANSFORMATION", exc)
-    verdicts = client.report_failures("orders", task, [record])
+    verdicts = client.report_failures(run, task, [record])   # the run carries its job token
+    client.end_job(run)
 """
 
 from . import report
 from .client import DEFAULT_TARGET, SidecarClient, resolve_target
+from .runs import JobRun, JobToken, Registration
 from .errors import (
     ADDRESS_ENV,
     FlushTimeoutError,
     InvalidPolicyError,
+    JobAccessError,
     JobConflictError,
     JobFailedError,
+    JobLimitError,
     JobNotRegisteredError,
     RecordFailedError,
     SidecarAuthError,
@@ -49,10 +53,15 @@ __all__ = [
     "FlushTimeoutError",
     "InvalidConfigurationError",
     "InvalidPolicyError",
+    "JobAccessError",
     "JobConflictError",
     "JobFailedError",
+    "JobLimitError",
     "JobNotRegisteredError",
+    "JobRun",
+    "JobToken",
     "RecordFailedError",
+    "Registration",
     "RefreshRetriableError",
     "RetriableError",
     "SidecarAuthError",

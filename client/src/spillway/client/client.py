@@ -11,12 +11,16 @@
   the node token from ``token_file`` (``$SPILLWAY_TOKEN_FILE``) as call credentials.
 - Each call runs in an OpenTelemetry CLIENT span whose context travels in the call's metadata
   (``trace_calls=False`` turns this off, e.g. when an instrumentation interceptor is passed).
+- Job state lives per run (`JobRun`: job name, run id, job token). `register_job` returns a
+  `Registration` (the run, its home sidecar and the effective policy); every job-scoped call
+  takes it (or any `JobRun`) and sends the run's job token in the ``spillway-job-token``
+  metadata.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import grpc
 from spillway.v1 import sidecar_pb2 as pb
@@ -25,6 +29,7 @@ from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from . import _auth, _channel, _health, _otel
 from .errors import ADDRESS_ENV, SidecarProtocolError, map_rpc_error
 from .report import stage_value
+from .runs import JobRun, JobToken, Registration, as_run, new_run_id
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
@@ -103,14 +108,16 @@ class SidecarClient:
         assert self._bound is not None
         return self._bound[2]
 
-    def _call(self, method: str, request, *, timeout_s: float | None = None, job: str = ""):
+    def _call(self, method: str, request, *, timeout_s: float | None = None, job: str = "",
+              run: JobRun | None = None):
         rpc = getattr(self._stub(), method)
         timeout = timeout_s or self.timeout_s
+        extra = run.metadata() if run is not None else []
         try:
             if self.trace_calls:
                 return _otel.traced_call(method, self.target, lambda md: rpc(
-                    request, timeout=timeout, metadata=md))
-            return rpc(request, timeout=timeout)
+                    request, timeout=timeout, metadata=md + extra))
+            return rpc(request, timeout=timeout, metadata=extra or None)
         except grpc.RpcError as exc:
             raise map_rpc_error(exc, method=method, target=self.target, job=job,
                                 address_env=self.address_env,
@@ -119,24 +126,40 @@ class SidecarClient:
 
     # --- the API ---------------------------------------------------------------------------
 
-    def register_job(self, job: str, properties: Mapping[str, str] | None = None, *,
-                     home: str = "") -> dict[str, str]:
-        """Declare ``job`` with its policy; returns the effective properties. Idempotent.
+    def register_job(self, job: str | JobRun, properties: Mapping[str, str] | None = None, *,
+                     run_id: str = "", home: str = "", home_instance_id: str = "",
+                     job_token: str | JobToken | None = None) -> Registration:
+        """Declare one run of ``job`` with its policy; idempotent for the same run.
 
-        ``home``: the sidecar the driver registered the job with, when this may be another
-        node's sidecar; it then makes the job's decisions so job-wide limits hold.
+        ``run_id``: the run (default: a new one); the first registration of a run issues its
+        job token, which every later call for the run must present (pass ``job_token``, or a
+        `JobRun` as ``job``). ``home`` / ``home_instance_id``: the run's home sidecar as the
+        driver's registration answered, when this may be another node's sidecar; it then makes
+        the run's decisions so job-wide limits hold. The returned `Registration` reads as the
+        mapping of effective properties too.
         """
+        run = as_run(job, run_id, job_token)
+        if not run.run_id:
+            run = JobRun(run.job, new_run_id(), run.job_token)
         props = {str(k): str(v) for k, v in (properties or {}).items()}
-        resp = self._call("RegisterJob", pb.RegisterJobRequest(job=job, properties=props,
-                                                               home=home), job=job)
-        return dict(resp.effective_properties)
+        resp = self._call("RegisterJob", pb.RegisterJobRequest(
+            job=run.job, properties=props, run_id=run.run_id, home=home,
+            home_instance_id=home_instance_id), job=run.job, run=run)
+        token = JobToken(resp.job_token) if resp.job_token else run.job_token
+        return Registration(job=resp.job or run.job, run_id=resp.run_id or run.run_id,
+                            job_token=token, home=resp.home,
+                            home_instance_id=resp.home_instance_id,
+                            effective_properties=dict(resp.effective_properties))
 
-    def report_failures(self, job: str, task: pb.TaskIdentity, records: Sequence[pb.FailedRecord],
+    def report_failures(self, job: str | JobRun, task: pb.TaskIdentity,
+                        records: Sequence[pb.FailedRecord],
                         recovered: Iterable[str] = ()) -> list[pb.Verdict]:
-        """One verdict per record, in the records' order."""
-        req = pb.ReportFailuresRequest(job=job, task=task, records=list(records),
+        """One verdict per record, in the records' order. ``job``: the run (`Registration`)."""
+        run = as_run(job)
+        req = pb.ReportFailuresRequest(job=run.job, run_id=run.run_id, task=task,
+                                       records=list(records),
                                        recovered_record_ids=list(recovered))
-        resp = self._call("ReportFailures", req, job=job)
+        resp = self._call("ReportFailures", req, job=run.job, run=run)
         verdicts = list(resp.verdicts)
         expected = [r.record_id for r in req.records]
         if [v.record_id for v in verdicts] != expected:
@@ -146,23 +169,61 @@ class SidecarClient:
                 f"{[v.record_id for v in verdicts][:5]}")
         return verdicts
 
-    def flush_task(self, job: str, task: pb.TaskIdentity,
+    def flush_task(self, job: str | JobRun, task: pb.TaskIdentity,
                    processed: Mapping[StageKey, int] | None = None,
                    recovered: Iterable[str] = (), timeout_s: float | None = None) -> int:
         """The flush barrier: returns once the task's DLQ records are acknowledged (their count).
 
         Raises FlushTimeoutError when ``timeout_s`` (default: the client's) passes first.
         """
-        req = pb.FlushTaskRequest(job=job, task=task, processed=processed_counts(processed or {}),
+        run = as_run(job)
+        req = pb.FlushTaskRequest(job=run.job, run_id=run.run_id, task=task,
+                                  processed=processed_counts(processed or {}),
                                   recovered_record_ids=list(recovered))
-        resp = self._call("FlushTask", req, timeout_s=timeout_s, job=job)
+        resp = self._call("FlushTask", req, timeout_s=timeout_s, job=run.job, run=run)
         return int(resp.dlq_records_acknowledged)
 
-    def job_summary(self, job: str) -> pb.JobSummary:
-        return self._call("GetJobSummary", pb.GetJobSummaryRequest(job=job), job=job)
+    def job_summary(self, job: str | JobRun) -> pb.JobSummary:
+        """The run's counts on this sidecar (needs the run's job token)."""
+        run = as_run(job)
+        return self._call("GetJobSummary", pb.GetJobSummaryRequest(job=run.job,
+                                                                   run_id=run.run_id),
+                          job=run.job, run=run)
 
-    def status(self) -> pb.SidecarStatus:
-        return self._call("GetStatus", pb.GetStatusRequest())
+    def end_job(self, job: str | JobRun, run_id: str = "", *, local_only: bool = False,
+                timeout_s: float | None = None) -> pb.EndJobResponse:
+        """End one run: the sidecar waits for its DLQ records and releases it (at its home, on
+        every node sidecar too); answers the final summaries and the nodes it could not reach.
+        Needs the run's job token, or an operator's credentials."""
+        run = as_run(job, run_id)
+        return self._call("EndJob", pb.EndJobRequest(job=run.job, run_id=run.run_id,
+                                                     local_only=local_only),
+                          timeout_s=timeout_s, job=run.job, run=run)
+
+    def status(self, job: str = "", *, page_size: int = 0, page_token: str = "",
+               run: JobRun | None = None) -> pb.SidecarStatus:
+        """One page of the sidecar's status: counters and the runs this caller may see (by job
+        name, then run id; ``job``: that job's runs only). Operators see every run, others the
+        run whose token they present (``run``). Pass ``next_page_token`` back for the next."""
+        return self._call("GetStatus", pb.GetStatusRequest(job=job, page_size=page_size,
+                                                           page_token=page_token), run=run)
+
+    def status_pages(self, job: str = "", *, page_size: int = 0,
+                     run: JobRun | None = None) -> Iterator[pb.SidecarStatus]:
+        """Every page of `status`, in order."""
+        token = ""
+        while True:
+            page = self.status(job, page_size=page_size, page_token=token, run=run)
+            yield page
+            token = page.next_page_token
+            if not token:
+                return
+
+    def runs(self, job: str = "", *, page_size: int = 0,
+             run: JobRun | None = None) -> Iterator[pb.JobSummary]:
+        """Every run's summary this caller may see, across pages."""
+        for page in self.status_pages(job, page_size=page_size, run=run):
+            yield from page.jobs
 
     def health(self, service: str = "") -> str:
         """The grpc.health.v1 status name: SERVING, NOT_SERVING, UNKNOWN or SERVICE_UNKNOWN."""

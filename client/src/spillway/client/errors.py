@@ -16,6 +16,10 @@ code on ``.code``.
     │                                   (FAILED_PRECONDITION)
     ├── SidecarKafkaError               the sidecar answered, but its Kafka did not
     │                                   (FAILED_PRECONDITION naming the bootstrap servers)
+    ├── JobAccessError                  the run's job token is missing or wrong
+    │                                   (PERMISSION_DENIED)
+    ├── JobLimitError                   RegisterJob: the sidecar's live-run bound
+    │                                   (jobs.max.live) is reached (RESOURCE_EXHAUSTED)
     ├── SidecarProtocolError            any other status, or an answer that breaks the contract
     └── RecordFailedError               a FAIL verdict: the task must fail
         └── JobFailedError              ... with job_failed: the whole job has failed
@@ -102,6 +106,14 @@ class JobConflictError(SpillwayClientError):
     pass
 
 
+class JobAccessError(SpillwayClientError, PermissionError):
+    pass
+
+
+class JobLimitError(SpillwayClientError):
+    pass
+
+
 class SidecarProtocolError(SpillwayClientError):
     pass
 
@@ -167,6 +179,7 @@ _BY_CODE: dict[grpc.StatusCode, type[SpillwayClientError]] = {
     grpc.StatusCode.NOT_FOUND: JobNotRegisteredError,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidPolicyError,
     grpc.StatusCode.FAILED_PRECONDITION: JobConflictError,
+    grpc.StatusCode.PERMISSION_DENIED: JobAccessError,
 }
 
 
@@ -225,6 +238,8 @@ def map_rpc_error(exc: grpc.RpcError, *, method: str, target: str, job: str = ""
             f"{method} on {target}: the sidecar answered, but its Kafka is the problem: "
             f"{details}", code=code)
     cls = _BY_CODE.get(code) if code is not None else None
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and method == "RegisterJob":
+        cls = JobLimitError  # the live-run bound, not backpressure: waiting does not help
     name = code.name if code is not None else "UNKNOWN"
     message = f"{method} on {target} failed with {name}: {details}"
     if cls is JobNotRegisteredError:

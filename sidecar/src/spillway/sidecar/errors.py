@@ -3,8 +3,10 @@
     SpillwayError
     ├── ConfigError                 a property is missing, malformed or out of range (names it)
     ├── JobError
-    │   ├── UnknownJobError         a report names a job that was never registered
-    │   └── JobConflictError        a live job re-registered with a different policy
+    │   ├── UnknownJobError         a call names a job run that is not registered (or has ended)
+    │   ├── JobConflictError        a live job run re-registered with a different policy or home
+    │   ├── JobAccessError          the run's job token is missing or wrong (PERMISSION_DENIED)
+    │   └── LiveRunsExhaustedError  jobs.max.live runs are live already (RESOURCE_EXHAUSTED)
     ├── DlqError
     │   ├── TopicGuardrailError     a DLQ topic name or auto-create rule was refused
     │   ├── KafkaUnreachableError   the sidecar's Kafka did not answer a check (names it)
@@ -31,15 +33,26 @@ class JobError(SpillwayError):
 
 
 class UnknownJobError(JobError, KeyError):
-    def __init__(self, job: str) -> None:
+    def __init__(self, job: str, run_id: str = "") -> None:
         self.job = job
+        self.run_id = run_id
         super().__init__(job)
 
     def __str__(self) -> str:
-        return f"job {self.job!r} is not registered with this sidecar (call RegisterJob first)"
+        run = f" run {self.run_id!r}" if self.run_id else ""
+        return (f"job {self.job!r}{run} is not registered with this sidecar (call RegisterJob "
+                f"first; a run that ended or expired must be registered again)")
 
 
 class JobConflictError(JobError):
+    pass
+
+
+class JobAccessError(JobError):
+    """The caller did not present the run's job token (or presented another run's)."""
+
+
+class LiveRunsExhaustedError(JobError):
     pass
 
 

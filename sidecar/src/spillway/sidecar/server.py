@@ -26,7 +26,7 @@ from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
 from . import __version__, security, telemetry
-from .peers import HomeError, resolve_home
+from .peers import Home, HomeError, end_on_node, resolve_home
 from .probe import start_probe_server
 from .adapters import convert, rpc
 from .admission import Admission
@@ -36,7 +36,7 @@ from .core.dlq_record import DlqBuilder
 from .core.guardrails import check_topic_name
 from .core.handlers import HandlerRules
 from .core.model import Action, Category, Decision, StageRef, Verdict, task_key
-from .core.policy import PolicyEngine
+from .core.policy import PolicyEngine, run_key
 from .core.ports import SystemClock
 from .core.settings import JobSettings, job_settings
 from .telemetry import Telemetry
@@ -45,10 +45,29 @@ from .errors import (
     ConfigError,
     DlqError,
     FlushTimeoutError,
+    JobAccessError,
     JobConflictError,
     KafkaUnreachableError,
     TopicGuardrailError,
+    LiveRunsExhaustedError,
     UnknownJobError,
+)
+from .registry import (
+    JOB_TOKEN_METADATA,
+    MAX_TOKEN_CHARS,
+    Caller,
+    Registry,
+    Run,
+    access_error,
+    check_run_id,
+    decode_page_token,
+    encode_page_token,
+    may_end,
+    may_use,
+    new_token,
+    page_size,
+    token_digest,
+    visible,
 )
 
 log = logging.getLogger("spillway.sidecar")
@@ -67,10 +86,12 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
 
     def RegisterJob(self, request, context):
         try:
-            settings = self._s.register_job(request.job, dict(request.properties),
-                                            home=request.home.strip(),
-                                            home_instance_id=request.home_instance_id,
-                                            timeout_s=_timeout(context))
+            return self._s.register_job(request, token=_job_token(context), caller=_caller(),
+                                        timeout_s=_timeout(context))
+        except JobAccessError as exc:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        except LiveRunsExhaustedError as exc:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except JobConflictError as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except ConfigError as exc:
@@ -81,11 +102,6 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"DLQ topic check failed: {exc}")
         except HomeError as exc:
             context.abort(exc.code, str(exc))
-        home = self._s.homes.get(request.job.strip())
-        return pb.RegisterJobResponse(
-            job=request.job, effective_properties=dict(settings.raw),
-            home=home.address if home else self._s.advertised_address,
-            home_instance_id=home.instance if home else self._s.instance_id)
 
     def ReportFailures(self, request, context):
         try:
@@ -97,9 +113,12 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
-            answers = self._s.report(request, task, records, timeout_s=_timeout(context))
+            answers = self._s.report(request, task, records, timeout_s=_timeout(context),
+                                     token=_job_token(context), caller=_caller())
         except UnknownJobError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except JobAccessError as exc:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except BackpressureError as exc:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except HomeError as exc:
@@ -117,9 +136,12 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             acked = self._s.flush(request, task, processed,
-                                  _timeout(context, self._s.flush_timeout_s))
+                                  _timeout(context, self._s.flush_timeout_s),
+                                  token=_job_token(context), caller=_caller())
         except UnknownJobError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except JobAccessError as exc:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except HomeError as exc:
             context.abort(exc.code, str(exc))
         except FlushTimeoutError as exc:
@@ -130,12 +152,77 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
 
     def GetJobSummary(self, request, context):
         try:
-            return self._s.summary_pb(request.job)
+            return self._s.job_summary(request.job, request.run_id, token=_job_token(context))
         except UnknownJobError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except JobAccessError as exc:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        except ConfigError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     def GetStatus(self, request, context):
-        return self._s.status_pb()
+        try:
+            return self._s.status_pb(request, token=_job_token(context), caller=_caller())
+        except ConfigError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    def EndJob(self, request, context):
+        try:
+            return self._s.end_job(request, token=_job_token(context), caller=_caller(),
+                                   timeout_s=_timeout(context))
+        except UnknownJobError as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except JobAccessError as exc:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        except ConfigError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except HomeError as exc:
+            context.abort(exc.code, str(exc))
+
+
+def _job_token(context) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == JOB_TOKEN_METADATA:
+            return value if isinstance(value, str) else None
+    return None
+
+
+def _caller() -> Caller:
+    """Who is calling (authenticated by `security`'s interceptor before any servicer code)."""
+    return security.current_caller()
+
+
+_STATUS_REASON_CHARS = 1024       # a run's failure reason in GetStatus (full in GetJobSummary)
+_STATUS_BREAKDOWN_KEYS = 20       # per breakdown in GetStatus, the rest summed as "(other)"
+_STATUS_KEY_CHARS = 256
+# GetStatus pages stop short of this many bytes, so any page fits a default 4 MiB client limit
+_STATUS_PAGE_BYTES = 3 * 1024 * 1024
+
+
+def _status_summary(s: pb.JobSummary) -> pb.JobSummary:
+    """A run's summary bounded for GetStatus (which lists many): reason and breakdowns cut."""
+    if len(s.failure_reason) > _STATUS_REASON_CHARS:
+        s.failure_reason = s.failure_reason[:_STATUS_REASON_CHARS] + "…"
+    for entries in (s.by_stage, s.by_category, s.by_exception_class):
+        if len(entries) <= _STATUS_BREAKDOWN_KEYS and all(
+                len(e.key) <= _STATUS_KEY_CHARS for e in entries):
+            continue
+        ranked = sorted(entries, key=lambda e: (-e.count, e.key))
+        kept = ranked[:_STATUS_BREAKDOWN_KEYS]
+        other = sum(e.count for e in ranked[_STATUS_BREAKDOWN_KEYS:])
+        cut = [pb.CountEntry(key=e.key[:_STATUS_KEY_CHARS], count=e.count) for e in kept]
+        if other:
+            cut.append(pb.CountEntry(key="(other)", count=other))
+        del entries[:]
+        entries.extend(cut)
+    return s
+
+
+@dataclass
+class _Registered:
+    settings: JobSettings
+    run: Run
+    token: str
 
 
 @dataclass
@@ -149,28 +236,83 @@ class Sidecar:
     flush_timeout_s: float
     telemetry: Telemetry = field(default_factory=Telemetry)
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    homes: dict = field(default_factory=dict)  # job -> Home, for jobs homed elsewhere
+    registry: Registry = field(default_factory=lambda: Registry(max_live=1000,
+                                                                idle_timeout_s=3600.0))
     admission: Admission | None = None  # backpressure gate, with a DLQ pipeline
     kafka: KafkaWatch | None = None     # the Kafka check, with bootstrap.servers
     security: security.SecurityConfig | None = None
     listen_address: str = ""  # set by start_server once bound
-    advertised_address: str = ""  # advertised.address, else listen_address
+    # advertised.address, else listen_address: RegisterJobResponse.home, the `peer` it names
+    advertised_address: str = ""
     _topics_checked: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def register_job(self, job: str, properties: Mapping[str, str], *, home: str = "",
-                     home_instance_id: str = "", timeout_s: float = 15.0) -> JobSettings:
-        if home and job not in self.homes:
-            # allow-listed, dialled with this sidecar's TLS + peer token, identity checked
-            remote = resolve_home(self, home, home_instance_id, timeout_s)
-            if remote is not None:
-                try:
-                    remote.register(job, properties=properties, timeout_s=timeout_s)
-                except BaseException:
-                    remote.close()
-                    raise
-                with self._lock:
-                    self.homes[job] = remote
+    # --- runs --------------------------------------------------------------------------------
+
+    def _run(self, job: str, run_id: str, token: str | None) -> Run:
+        """The live run, once the caller proved it holds its token (else nothing happens)."""
+        run = self.registry.get(job, run_id)
+        if run is None:
+            raise UnknownJobError(job, run_id)
+        if not may_use(run.digest, token):
+            raise access_error(job, run_id, token)
+        self.registry.touch(run)
+        return run
+
+    def register_job(self, request: pb.RegisterJobRequest, *, token: str | None,
+                     caller: Caller, timeout_s: float = 15.0) -> pb.RegisterJobResponse:
+        """RegisterJob: a new run (issues its token), the same run again (its token needed),
+        or, with ``home``, a run homed at another sidecar (registered there first)."""
+        job = request.job.strip()
+        run_id = check_run_id(request.run_id)
+        properties = dict(request.properties)
+        if request.peer and not caller.peer:
+            raise JobAccessError(
+                "RegisterJob.peer is for sidecar-to-sidecar calls only (an authenticated peer)")
+        home_addr = request.home.strip()
+        existing = self.registry.get(job, run_id)
+        if existing is not None:
+            if not may_use(existing.digest, token):
+                raise access_error(job, run_id, token)
+            reg = self._register_again(existing, properties, home_addr, request, token)
+        elif home_addr:
+            reg = self._register_homed_elsewhere(job, run_id, properties, request, token,
+                                                 timeout_s)
+        else:
+            reg = self._register_new(job, run_id, properties, token, timeout_s)
+        if reg.run.home is None and request.peer:
+            self.registry.add_node(reg.run, request.peer)
+        run = reg.run
+        return pb.RegisterJobResponse(
+            job=job, run_id=run_id, job_token=reg.token,
+            effective_properties=dict(reg.settings.raw),
+            home=run.home_address if run.home is not None else self.advertised_address,
+            home_instance_id=run.home_instance_id if run.home is not None else self.instance_id)
+
+    def _register_again(self, run: Run, properties, home_addr: str,
+                        request: pb.RegisterJobRequest, token: str) -> _Registered:
+        """The caller holds the run's token: idempotent, but never a new policy or home."""
+        if home_addr and run.home is not None and home_addr != run.home.address:
+            raise JobConflictError(
+                f"job {run.job!r} run {run.run_id!r} is homed at {run.home.address}; "
+                f"RegisterJob names home {home_addr}: one run has one home")
+        if home_addr and run.home is None and not self._names_me(home_addr, request):
+            raise JobConflictError(
+                f"job {run.job!r} run {run.run_id!r} is homed at this sidecar "
+                f"({self.advertised_address or self.instance_id}); RegisterJob names home "
+                f"{home_addr}: one run has one home")
+        # idempotent for the run's own policy; JobConflictError for another one
+        settings = self.engine.register_job(run.job, properties, run_id=run.run_id)
+        self.registry.touch(run)
+        return _Registered(settings, run, token)
+
+    def _names_me(self, home_addr: str, request: pb.RegisterJobRequest) -> bool:
+        if request.home_instance_id:
+            return request.home_instance_id == self.instance_id
+        return home_addr == self.advertised_address
+
+    def _prepare(self, job: str, properties, timeout_s: float) -> JobSettings:
+        """Validate a new run's policy and its DLQ topic before anything is created."""
         settings = job_settings(job, properties, self.props.get("_job_defaults"))
         self.engine.handler_rules.check(settings.handler_class)  # before any side effect
         # the operator's topic guardrails (a job may only narrow them), before any side effect
@@ -184,7 +326,58 @@ class Sidecar:
                     "no bootstrap.servers to write it to",
                 )
             self._ensure_topic(settings, timeout_s)
-        return self.engine.register_job(job, properties)
+        return settings
+
+    def _create(self, job: str, run_id: str, properties, token: str,
+                home: Home | None = None, home_instance_id: str = "") -> tuple[JobSettings, Run]:
+        reg = self.registry
+        with reg.create_lock:
+            run = reg.get(job, run_id)
+            if run is not None:  # created meanwhile by another caller
+                if not may_use(run.digest, token):
+                    raise access_error(job, run_id, token)
+                return self.engine.register_job(job, properties, run_id=run_id), run
+            reg.check_room()
+            settings = self.engine.register_job(job, properties, run_id=run_id)
+            run = reg.add(Run(job=job, run_id=run_id, key=run_key(job, run_id),
+                              digest=token_digest(token), home=home,
+                              home_instance_id=home_instance_id))
+        log.info("job %r run %r registered%s", job, run_id,
+                 f" (homed at {home.address})" if home is not None else "")
+        return settings, run
+
+    def _register_new(self, job: str, run_id: str, properties, token: str | None,
+                      timeout_s: float) -> _Registered:
+        """A run homed here. A token the caller already holds is adopted (an executor whose
+        sidecar restarted, or a run registered again after it ended); else one is issued."""
+        self._prepare(job, properties, timeout_s)
+        token = token if token and len(token) <= MAX_TOKEN_CHARS else new_token()
+        settings, run = self._create(job, run_id, properties, token)
+        return _Registered(settings, run, token)
+
+    def _register_homed_elsewhere(self, job: str, run_id: str, properties,
+                                  request: pb.RegisterJobRequest, token: str | None,
+                                  timeout_s: float) -> _Registered:
+        """An executor's registration of a run homed at another sidecar: the home must accept
+        it (with the run's token) before this sidecar records anything."""
+        if not token:
+            raise access_error(job, run_id, None)
+        remote = resolve_home(self, request.home.strip(), request.home_instance_id, timeout_s)
+        if remote is None:  # the named home is this sidecar
+            return self._register_new(job, run_id, properties, token, timeout_s)
+        try:
+            self._prepare(job, properties, timeout_s)
+            answer = remote.register(job, run_id, properties, token=token,
+                                     peer=self.advertised_address, timeout_s=timeout_s)
+            settings, run = self._create(
+                job, run_id, properties, token, remote,
+                answer.home_instance_id or request.home_instance_id)
+        except BaseException:
+            remote.close()
+            raise
+        if run.home is not remote:
+            remote.close()
+        return _Registered(settings, run, token)
 
     def kafka_conf(self) -> dict:
         return quiet_librdkafka({"bootstrap.servers": self.props["bootstrap.servers"],
@@ -211,57 +404,65 @@ class Sidecar:
         with self._lock:
             self._topics_checked.add(key)
 
+    # --- reports -----------------------------------------------------------------------------
+
     def report(self, request: pb.ReportFailuresRequest, task, records, *,
-               timeout_s: float) -> list[tuple[Verdict, bool]]:
+               timeout_s: float, token: str | None = None,
+               caller: Caller | None = None) -> list[tuple[Verdict, bool]]:
         """Verdicts for `records`, each with whether the caller must dead-letter it (only for
-        decide_only requests from another node's sidecar). Under backpressure the report is
-        refused (BackpressureError) before anything is decided (admission.py)."""
+        decide_only requests from another node's sidecar). The run's token is checked first;
+        under backpressure the report is then refused (BackpressureError) before anything is
+        decided (admission.py)."""
+        if request.decide_only and not (caller or _caller()).peer:
+            raise JobAccessError("ReportFailures.decide_only is for sidecar-to-sidecar calls "
+                                 "only (an authenticated peer)")
+        run = self._run(request.job, request.run_id, token)
         gate = self.admission
         if gate is None or not records or request.decide_only:
-            return self._report(request, task, records, timeout_s=timeout_s)
-        self.engine.settings(request.job)  # UnknownJobError before any admission
+            return self._report(run, request, task, records, timeout_s=timeout_s, token=token)
         try:
             reservation = gate.admit(len(records), request.ByteSize())
         except BackpressureError:
-            self.engine.note_refused(request.job, len(records))
+            self.engine.note_refused(run.key, len(records))
             raise
         try:
-            return self._report(request, task, records, timeout_s=timeout_s)
+            return self._report(run, request, task, records, timeout_s=timeout_s, token=token)
         except BackpressureError:  # the estimate was short: decided, yet not spooled
             log.warning("job %s: the DLQ spool refused %d records admitted by the backpressure "
                         "estimate; they were decided and counted", request.job, len(records))
             gate.refused_after_admission(len(records))
-            self.engine.note_refused(request.job, len(records))
+            self.engine.note_refused(run.key, len(records))
             raise
         finally:
             gate.release(reservation)
 
-    def _report(self, request: pb.ReportFailuresRequest, task, records, *,
-                timeout_s: float) -> list[tuple[Verdict, bool]]:
-        job = request.job
-        home = self.homes.get(job)
+    def _report(self, run: Run, request: pb.ReportFailuresRequest, task, records, *,
+                timeout_s: float, token: str | None) -> list[tuple[Verdict, bool]]:
+        job, key = run.job, run.key
+        home = run.home
         if home is None and request.recovered_record_ids:
-            self.engine.record_recovered(job, task, list(request.recovered_record_ids))
+            self.engine.record_recovered(key, task, list(request.recovered_record_ids))
         if request.undo_dead_letter_record_ids:
             if home is None:
-                self.engine.undo_dead_letters(job, list(request.undo_dead_letter_record_ids))
+                self.engine.undo_dead_letters(key, list(request.undo_dead_letter_record_ids))
         if not records:
             if home is not None and request.recovered_record_ids:
-                home.report(request, timeout_s)
+                home.report(request, timeout_s, token=token)
             return []
         started = time.perf_counter()
         tracer = self.telemetry.tracer
         with tracer.start_as_current_span(
                 "spillway.decide", attributes={"spillway.job": job,
+                                               "spillway.run": run.run_id,
                                                "spillway.task.id": task.task_id,
                                                "spillway.records": len(records),
                                                "spillway.home": home.address if home else ""}
         ) as span:
             if home is not None:  # the job's home decides; durability stays on this node
-                self.engine.settings(job)
-                decisions = home.report(request, timeout_s)
+                self.engine.settings(key)
+                decisions = home.report(request, timeout_s, token=token)
             else:
-                decisions = self.engine.decide(job, task, records)
+                decisions = self.engine.decide(key, task, records)
             verdicts = [d.verdict for d in decisions]
             if request.decide_only:
                 return [(v, d.dead_letter) for v, d in zip(verdicts, decisions, strict=True)]
@@ -271,10 +472,10 @@ class Sidecar:
             if to_dlq:
                 # A record reported without a trace context still gets one: the decision's.
                 own = _traceparent(span)
-                settings = self.engine.settings(job)
+                settings = self.engine.settings(key)
                 now_ms = SystemClock().wall_ms()
                 build = DlqBuilder(settings, task, now_ms=now_ms,
-                                   sidecar_id=self.sidecar_id).build
+                                   sidecar_id=self.sidecar_id, run=key).build
                 dlq = [build(records[i], verdicts[i], own) for i in to_dlq]
                 with tracer.start_as_current_span(
                         "spillway.spool", attributes={"spillway.records": len(dlq)}):
@@ -283,50 +484,61 @@ class Sidecar:
                     except BaseException:
                         # nothing spooled: the home must not answer a re-report "already in
                         # the DLQ" (one dead letter per record id), so it forgets these
-                        self._undo_dead_letters(job, home, request,
-                                                [records[i].record_id for i in to_dlq])
+                        self._undo_dead_letters(run, request,
+                                                [records[i].record_id for i in to_dlq], token)
                         raise
                 for i in to_dlq:  # fresh values from this call's decisions: marked in place
                     verdicts[i].dead_lettered = True
         self.telemetry.record_verdict_duration(time.perf_counter() - started)
         return [(v, False) for v in verdicts]
 
-    def _undo_dead_letters(self, job: str, home, request: pb.ReportFailuresRequest,
-                           record_ids: list[str]) -> None:
-        if home is None:
-            self.engine.undo_dead_letters(job, record_ids)
+    def _undo_dead_letters(self, run: Run, request: pb.ReportFailuresRequest,
+                           record_ids: list[str], token: str | None) -> None:
+        if run.home is None:
+            self.engine.undo_dead_letters(run.key, record_ids)
             return
         try:
-            home.undo_dead_letters(request, record_ids, 5.0)
+            run.home.undo_dead_letters(request, record_ids, 5.0, token=token)
         except HomeError as exc:  # the report fails anyway; a re-report may then be refused
-            log.warning("could not tell the home of job %r that %d DLQ records were not "
-                        "spooled (a re-report of them may not be dead-lettered): %s",
-                        job, len(record_ids), exc)
+            log.warning("could not tell the home of job %r run %r that %d DLQ records were "
+                        "not spooled (a re-report of them may not be dead-lettered): %s",
+                        run.job, run.run_id, len(record_ids), exc)
 
     def flush(self, request: pb.FlushTaskRequest, task, processed: Mapping[StageRef, int],
-              timeout_s: float) -> int:
-        job = request.job
-        self.engine.settings(job)  # raises UnknownJobError
-        home = self.homes.get(job)
+              timeout_s: float, *, token: str | None = None,
+              caller: Caller | None = None) -> int:
+        if request.progress_only and not (caller or _caller()).peer:
+            raise JobAccessError("FlushTask.progress_only is for sidecar-to-sidecar calls only "
+                                 "(an authenticated peer)")
+        run = self._run(request.job, request.run_id, token)
+        key, home = run.key, run.home
         if home is not None:
             if processed or request.recovered_record_ids:
-                home.progress(request, min(timeout_s, 10.0))
+                home.progress(request, min(timeout_s, 10.0), token=token)
         else:
             if request.recovered_record_ids:
-                self.engine.record_recovered(job, task, list(request.recovered_record_ids))
+                self.engine.record_recovered(key, task, list(request.recovered_record_ids))
             if processed:
-                self.engine.record_progress(job, task, processed)
+                self.engine.record_progress(key, task, processed)
         if self.pipeline is None or request.progress_only:
             return 0
-        return self.pipeline.wait_task(task_key(job, task), timeout_s)
+        return self.pipeline.wait_task(task_key(key, task), timeout_s)
 
-    def summary_pb(self, job: str) -> pb.JobSummary:
-        return convert.summary_to_pb(self.engine.summary(job), self.sidecar_id)
+    # --- summaries, status, end --------------------------------------------------------------
+
+    def job_summary(self, job: str, run_id: str, *, token: str | None) -> pb.JobSummary:
+        run = self._run(job, check_run_id(run_id), token)
+        return self.summary_pb(run.key)
+
+    def summary_pb(self, key: str) -> pb.JobSummary:
+        return convert.summary_to_pb(self.engine.summary(key), self.sidecar_id)
 
     def sidewide_counters(self) -> dict[str, float]:
-        """The sidecar-wide counters (engine, DLQ pipeline, health) by name: GetStatus and
-        the metrics read the same numbers."""
+        """The sidecar-wide counters (engine, runs, DLQ pipeline, health) by name: GetStatus
+        and the metrics read the same numbers."""
         counters = dict(self.engine.counters())
+        counters["jobs-expired"] = float(self.registry.expired)
+        counters["jobs-ended"] = float(self.registry.ended)
         if self.pipeline is not None:
             counters.update(self.pipeline.stats())
         if self.kafka is not None:
@@ -336,13 +548,104 @@ class Sidecar:
         counters["backpressure"] = float(bool(gate and gate.refusing()))
         return counters
 
-    def status_pb(self) -> pb.SidecarStatus:
-        counters = self.sidewide_counters()
-        return pb.SidecarStatus(
-            sidecar_id=self.sidecar_id, version=__version__, counters=counters,
+    def status_pb(self, request: pb.GetStatusRequest | None = None, *,
+                  token: str | None = None, caller: Caller | None = None) -> pb.SidecarStatus:
+        """Counters, and a page of the runs the caller may see (by job name, then run id)."""
+        request = request or pb.GetStatusRequest()
+        caller = caller or _caller()
+        size = page_size(request.page_size)
+        after = decode_page_token(request.page_token) if request.page_token else None
+        runs = visible(self.registry.runs(request.job.strip()), caller, token)
+        out = pb.SidecarStatus(
+            sidecar_id=self.sidecar_id, version=__version__, counters=self.sidewide_counters(),
             instance_id=self.instance_id, advertised_address=self.advertised_address,
-            jobs=[self.summary_pb(j) for j in self.engine.jobs()],
-        )
+            jobs_total=len(runs))
+        if after is not None:
+            runs = [r for r in runs if (r.job, r.run_id) > after]
+        budget = _STATUS_PAGE_BYTES - out.ByteSize()
+        last = None
+        for run in runs:
+            if len(out.jobs) >= size:
+                break
+            try:
+                summary = _status_summary(self.summary_pb(run.key))
+            except UnknownJobError:  # ended meanwhile
+                continue
+            cost = summary.ByteSize() + 8
+            if cost > budget and out.jobs:
+                break
+            budget -= cost
+            out.jobs.append(summary)
+            last = run
+        if last is not None and runs and runs[-1] is not last:
+            out.next_page_token = encode_page_token(last.job, last.run_id)
+        return out
+
+    def end_job(self, request: pb.EndJobRequest, *, token: str | None, caller: Caller,
+                timeout_s: float) -> pb.EndJobResponse:
+        """Waits (within the deadline) for the run's DLQ records, releases it here and, at its
+        home, on every node sidecar that registered it."""
+        job, run_id = request.job.strip(), check_run_id(request.run_id)
+        if request.local_only and not caller.peer:
+            raise JobAccessError("EndJob.local_only is for sidecar-to-sidecar calls only "
+                                 "(an authenticated peer)")
+        run = self.registry.get(job, run_id)
+        if run is None:
+            raise UnknownJobError(job, run_id)
+        if not may_end(caller, run.digest, token, local_only=request.local_only):
+            raise access_error(job, run_id, token)
+        deadline = time.monotonic() + timeout_s
+        out = pb.EndJobResponse()
+        if run.home is not None and not request.local_only:
+            # ended at its home, which releases it on every node (this one included)
+            try:
+                answer = run.home.end(job, run_id, token=token, timeout_s=timeout_s)
+                out.CopyFrom(answer)
+            except HomeError as exc:
+                out.unreachable.append(run.home.address)
+                log.warning("job %r run %r: could not end it at its home: %s", job, run_id, exc)
+            if self.registry.get(job, run_id) is not run:
+                return out
+        summary = self._release(run, deadline)
+        if summary is not None:
+            out.summaries.insert(0, summary)
+        if run.home is None and not request.local_only:
+            for node in sorted(run.nodes):
+                remaining = deadline - time.monotonic()
+                try:
+                    answer = end_on_node(self, node, job, run_id, token=token,
+                                         timeout_s=min(max(remaining, 0.1), 10.0))
+                    out.summaries.extend(answer.summaries)
+                except HomeError as exc:
+                    out.unreachable.append(node)
+                    log.warning("job %r run %r: could not release it on node sidecar %s (it "
+                                "ends there on its idle timeout): %s", job, run_id, node, exc)
+        return out
+
+    def _release(self, run: Run, deadline: float, *, expired: bool = False
+                 ) -> pb.JobSummary | None:
+        pending = 0
+        if self.pipeline is not None and not expired:  # the run stays live while it drains
+            pending = self.pipeline.wait_run(run.key + "/", max(0.0, deadline - time.monotonic()))
+        with self.registry.create_lock:  # never half released: registry and engine together
+            if not self.registry.remove(run, expired=expired):
+                return None  # released meanwhile by another EndJob or the reaper
+            final = self.engine.end_job(run.key)
+        if run.home is not None:
+            run.home.close()
+        if pending:
+            log.warning("job %r run %r ended with %d DLQ record(s) not yet acknowledged by "
+                        "Kafka; they stay spooled and will be delivered", run.job, run.run_id,
+                        pending)
+        how = "expired after %.0f s idle" % self.registry.idle_timeout_s if expired else "ended"
+        log.info("job %r run %r %s", run.job, run.run_id, how)
+        return convert.summary_to_pb(final, self.sidecar_id) if final is not None else None
+
+    def expire(self, run: Run) -> None:
+        """The reaper's: a run nobody called for job.idle.timeout.ms."""
+        if run.last_active >= time.monotonic() - self.registry.idle_timeout_s:
+            return  # touched since it was picked
+        self._release(run, time.monotonic(), expired=True)
 
 
 def _timeout(context, default: float = 15.0) -> float:
@@ -434,6 +737,7 @@ class RunningSidecar:
         self.server.stop(grace).wait()
         if self.probe is not None:  # probes saw NOT_SERVING for the whole grace period
             self.probe.stop(0).wait()
+        self.sidecar.registry.stop()
         if self.sidecar.pipeline is not None:
             self.sidecar.pipeline.shutdown(timeout=max(1.0, grace))
         self.sidecar.telemetry.shutdown()  # flush spans and metrics
@@ -503,6 +807,8 @@ def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
         sidecar_id=props["sidecar.id"] or socket.gethostname(),
         flush_timeout_s=props["flush.timeout.ms"] / 1000,
         security=security.load_config(props),
+        registry=Registry(max_live=props["jobs.max.live"],
+                          idle_timeout_s=props["job.idle.timeout.ms"] / 1000),
     )
 
 
@@ -584,6 +890,7 @@ def start_server(
     sidecar.listen_address = address
     sidecar.advertised_address = sec.advertised_address or security.default_advertised(address)
     server.start()
+    sidecar.registry.start_reaper(sidecar.expire)
     for name in ("", SERVICE_NAME) + ((KAFKA_HEALTH_SERVICE,) if sidecar.kafka else ()):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     running = RunningSidecar(server, sidecar, health_servicer, address)

@@ -1,7 +1,10 @@
 """Executor side: the per-process worker state and the per-task `TaskSession`.
 
 The job's name, policy and sidecar settings travel inside the wrapped closures as a `JobSpec`;
-nothing has to be set up on executors beyond the sidecar's address.
+nothing has to be set up on executors beyond the sidecar's address. So does the run the driver
+registered: its run id, its job token (a `JobToken`, whose repr hides it) and its home sidecar
+(address and instance id); executors register the run with their node's sidecar with all of
+them, and every call for the run carries the token.
 
 Sidecar address on an executor: ``$SPILLWAY_SIDECAR_ADDRESS`` (the executor's environment, i.e.
 its node's sidecar; the variable's name travels with the job), else the job's explicit
@@ -54,6 +57,7 @@ from spillway.client.errors import (
     SidecarUnavailableError,
 )
 from spillway.client.report import extract_context
+from spillway.client.runs import JobRun, JobToken, Registration
 from spillway.v1 import sidecar_pb2 as pb
 
 from . import _tracing
@@ -100,8 +104,12 @@ class JobSpec:
     rpc_timeout_s: float = 10.0
     on_sidecar_unavailable: str = "fail"
     sidecar_wait_s: float = 120.0
-    # The driver's sidecar: the job's home, which decides for every node (job-wide limits).
+    # The run the driver registered (`Job.register`): its id and credential, and its home
+    # sidecar (address and instance id), which decides for every node (job-wide limits).
     home: str = ""
+    run_id: str = ""
+    job_token: JobToken | None = None
+    home_instance_id: str = ""
 
     def __post_init__(self) -> None:
         check_job_name(self.name)  # the sidecar's rule, refused here on the driver
@@ -125,6 +133,10 @@ class JobSpec:
     @property
     def props(self) -> dict[str, str]:
         return dict(self.properties)
+
+    @property
+    def run(self) -> JobRun:
+        return JobRun(self.name, self.run_id, self.job_token)
 
     def executor_target(self) -> str:
         """The node's sidecar: the executor's environment first, then the job's, then default."""
@@ -157,9 +169,9 @@ class _Worker:
         self.pid = os.getpid()
         self.lock = threading.Lock()
         self.clients: dict[tuple[str, float, str], SidecarClient] = {}
-        self.registered: dict[tuple[str, str, tuple], dict[str, str]] = {}
-        self.counts: dict[tuple[str, str], Counter] = {}
-        self.counts_since: dict[tuple[str, str], float] = {}
+        self.registered: dict[tuple[str, str, str, tuple], Registration] = {}
+        self.counts: dict[tuple[str, ...], Counter] = {}
+        self.counts_since: dict[tuple[str, ...], float] = {}
         self._reporter: ThreadPoolExecutor | None = None
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
@@ -181,7 +193,7 @@ class _Worker:
                                                       address_env=address_env)
             return c
 
-    def add_counts(self, key: tuple[str, str], counts: Mapping[tuple[int, str], int]) -> None:
+    def add_counts(self, key: tuple[str, ...], counts: Mapping[tuple[int, str], int]) -> None:
         if not any(counts.values()):
             return
         with self.lock:
@@ -189,7 +201,7 @@ class _Worker:
             acc.update({k: v for k, v in counts.items() if v > 0})
             self.counts_since.setdefault(key, time.monotonic())
 
-    def take_counts(self, key: tuple[str, str], stages: Iterable[tuple[int, str]]) -> Counter:
+    def take_counts(self, key: tuple[str, ...], stages: Iterable[tuple[int, str]]) -> Counter:
         """Remove and return the parked counts of ``stages`` only (see `TaskSession._totals`)."""
         with self.lock:
             acc = self.counts.get(key)
@@ -201,7 +213,7 @@ class _Worker:
                 self.counts_since.pop(key, None)
             return taken
 
-    def counts_due(self, key: tuple[str, str], interval_s: float) -> bool:
+    def counts_due(self, key: tuple[str, ...], interval_s: float) -> bool:
         with self.lock:
             since = self.counts_since.get(key)
         return since is not None and time.monotonic() - since >= interval_s
@@ -267,9 +279,10 @@ class TaskSession:
         self.wrapper = wrapper
         self.target = client.target if client is not None else spec.executor_target()
         self.client = client or worker().client(self.target, spec.rpc_timeout_s, spec.address_env)
+        self.run = spec.run  # the registration's answer replaces it (see `register`)
         self.task = task if task is not None else current_task()
         self._sleep = sleep
-        self._key = (self.target, self.job)
+        self._key = (self.target, self.job, spec.run_id)
         self.own: Counter = Counter()
         self.adopted: Counter = Counter()
         self.sent: Counter | None = None  # what the sidecar holds for this task (None: nothing)
@@ -359,7 +372,7 @@ class TaskSession:
         if self._ratio_limited(effective) and self._counts_grew():
             self.flush()
         recovered = self._take_recovered()
-        return self._call(lambda: self.client.report_failures(self.job, self.task, records,
+        return self._call(lambda: self.client.report_failures(self.run, self.task, records,
                                                               recovered))
 
     # --- the rest ---------------------------------------------------------------------------
@@ -368,20 +381,30 @@ class TaskSession:
     def had_failures(self) -> bool:
         return self.reports > 0
 
-    def register(self, force: bool = False) -> dict[str, str]:
-        """RegisterJob once per process per sidecar (again after the sidecar forgot the job)."""
+    def _reg_key(self) -> tuple[str, str, str, tuple]:
+        return (self.target, self.job, self.spec.run_id, self.spec.properties)
+
+    def _register_call(self) -> Registration:
+        spec = self.spec
+        return self.client.register_job(spec.run, spec.props, home=spec.home,
+                                        home_instance_id=spec.home_instance_id)
+
+    def register(self, force: bool = False) -> Registration:
+        """RegisterJob of the driver's run once per process per sidecar (again after the sidecar
+        forgot it). A spec without a run (built by hand, not by `Job`) gets one per process."""
         w = worker()
-        key = (self.target, self.job, self.spec.properties)
+        key = self._reg_key()
         if not force:
             with w.lock:
                 known = w.registered.get(key)
             if known is not None:
+                self.run = known.run()
                 return known
-        effective = self._call(lambda: self.client.register_job(self.job, self.spec.props, home=self.spec.home),
-                               reregister=False)
+        reg = self._call(self._register_call, reregister=False)
         with w.lock:
-            w.registered[key] = effective
-        return effective
+            w.registered[key] = reg
+        self.run = reg.run()
+        return reg
 
     @staticmethod
     def _ratio_limited(effective: Mapping[str, str]) -> bool:
@@ -410,10 +433,11 @@ class TaskSession:
     def flush(self) -> int:
         """FlushTask: the cumulative counts and pending recoveries; waits for this task's DLQ
         records to be acknowledged (FlushTimeoutError past ``flush_timeout_s``)."""
+        self.register()
         totals = self._totals()
         recovered = self._take_recovered()
         acked = self._call(lambda: self.client.flush_task(
-            self.job, self.task, dict(totals), recovered, timeout_s=self.spec.flush_timeout_s))
+            self.run, self.task, dict(totals), recovered, timeout_s=self.spec.flush_timeout_s))
         self.sent = totals
         return acked
 
@@ -453,15 +477,15 @@ class TaskSession:
             return
         counts = parked + (self.sent or Counter())
         try:  # plain calls, never the wait policy: counts must not hold a clean partition up
-            reg_key = (self.target, self.job, self.spec.properties)
+            reg_key = self._reg_key()
             with w.lock:
-                known = reg_key in w.registered
-            if not known:
-                effective = self._in_span(lambda: self.client.register_job(
-                    self.job, self.spec.props, home=self.spec.home))
+                known = w.registered.get(reg_key)
+            if known is None:
+                known = self._in_span(self._register_call)
                 with w.lock:
-                    w.registered[reg_key] = effective
-            self._in_span(lambda: self.client.flush_task(self.job, self.task, dict(counts),
+                    w.registered[reg_key] = known
+            self.run = known.run()
+            self._in_span(lambda: self.client.flush_task(self.run, self.task, dict(counts),
                                                          timeout_s=self.spec.rpc_timeout_s))
             self.sent = counts
         except Exception as exc:  # noqa: BLE001 - counts are kept, tried again after the interval

@@ -1,18 +1,20 @@
 """`Job`: the driver-side handle that wraps user functions so failed records go to the sidecar.
 
-    job = Job("orders", {"errors.tolerance": "all",
-                         "errors.deadletterqueue.topic.name": "dlq.orders"})
-    job.register()                                   # on the driver; fails fast on a bad policy
-    parsed = job.deserialize(kafka_df, value=json.loads, value_type="struct<id:int>")
-    out = job.map_partitions(parsed, enrich, schema="id int, total double")
-    out = job.map_in_pandas(parsed, score_batch, "id int, score double")
-    job.foreach_partition(out, write_rows)           # stage TASK_PUT: retried, dead-lettered
-    query = out_stream.writeStream.foreachBatch(job.foreach_batch(write_rows)).start()
-    print(job.summary())
+    with Job("orders", {"errors.tolerance": "all",
+                        "errors.deadletterqueue.topic.name": "dlq.orders"}) as job:
+        # registered on entry: fails fast on a bad policy or a missing sidecar
+        parsed = job.deserialize(kafka_df, value=json.loads, value_type="struct<id:int>")
+        out = job.map_partitions(parsed, enrich, schema="id int, total double")
+        out = job.map_in_pandas(parsed, score_batch, "id int, score double")
+        job.foreach_partition(out, write_rows)       # stage TASK_PUT: retried, dead-lettered
+        print(job.summary())
+    print(job.report)       # the final counts; the run's state is released on every sidecar
 
-Everything executors need (job name, policy, sidecar address and its env variable's name)
-travels inside the wrapped closures; executors register the job with their node's sidecar
-themselves, once per Python worker process.
+Each `Job` is one run of the job (the Spark application id, or ``run_id=``): a run starts with
+fresh counts, retry state and remembered record ids, whatever earlier runs of the same name did.
+Everything executors need (job name, policy, sidecar address and its env variable's name, the
+run's id, job token and home sidecar) travels inside the wrapped closures; executors register
+the run with their node's sidecar themselves, once per Python worker process.
 
 Every wrapper runs the user function inside the verdict loop (`_engine`): RETRY waits and runs
 the record again (records after it keep flowing), SKIP drops it (the sidecar dead-letters it),
@@ -30,6 +32,7 @@ import inspect
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +40,7 @@ from typing import Any
 from pyspark import TaskContext
 
 from spillway.client import SidecarClient, report
+from spillway.client.runs import JobRun, Registration, new_run_id
 from spillway.client.errors import (
     ADDRESS_ENV,
     SidecarProtocolError,
@@ -547,6 +551,7 @@ class JobReport:
     """A job's counts summed over sidecars (KIP-298 task-error-metrics names, snake_case)."""
 
     job: str
+    run_id: str = ""
     failed: bool = False
     failure_reasons: list[str] = field(default_factory=list)
     records_processed: int = 0
@@ -563,6 +568,8 @@ class JobReport:
     by_category: dict[str, int] = field(default_factory=dict)
     by_exception_class: dict[str, int] = field(default_factory=dict)
     per_sidecar: dict[str, pb.JobSummary] = field(default_factory=dict, repr=False)
+    #: Node sidecars `Job.close()` could not reach (they end the run on their idle timeout).
+    unreachable: list[str] = field(default_factory=list)
 
     _SUMS = ("records_processed", "total_record_failures", "total_record_errors",
              "total_records_skipped", "total_retries", "total_errors_logged",
@@ -585,6 +592,23 @@ class JobReport:
 # --- the driver-side handle -------------------------------------------------------------------
 
 
+# The runs this driver process registered, by (sidecar, job, run id): a second `Job` object for
+# the same run (e.g. a notebook cell run again) presents the same job token.
+_driver_runs: dict[tuple[str, str, str], Registration] = {}
+_driver_lock = threading.Lock()
+
+
+def _spark_run_id() -> str | None:
+    """The active Spark application's id: one run of the job per Spark application."""
+    try:
+        from pyspark.sql import SparkSession
+
+        session = SparkSession.getActiveSession()
+        return session.sparkContext.applicationId if session is not None else None
+    except Exception:  # noqa: BLE001 - e.g. Spark Connect, which has no SparkContext
+        return None
+
+
 class Job:
     """A spillway job: its name, error policy (KIP property names) and sidecar settings.
 
@@ -594,6 +618,12 @@ class Job:
     ``"wait"`` keeps retrying for up to ``sidecar_wait_s`` (e.g. through a sidecar restart),
     then fails. Nothing is ever dropped: a report that cannot be delivered fails the task.
     A sidecar applying backpressure is always waited for, up to ``sidecar_wait_s``.
+
+    A `Job` is one run (``run_id``: default the active Spark application's id, else a random
+    one): registered with the driver's sidecar (its home) on ``with Job(...)``, `register()` or
+    the first wrapper, ended by `close()` (or leaving the ``with`` block), which releases the
+    run's state on every sidecar and keeps the final counts in ``report``. A run never closed
+    ends on its own after the sidecars' ``job.idle.timeout.ms``.
     """
 
     def __init__(self, name: str, properties: Mapping[str, str] | None = None, *,
@@ -601,7 +631,7 @@ class Job:
                  on_sidecar_unavailable: str = "fail", sidecar_wait_s: float = 120.0,
                  report_batch_size: int = 256, report_linger_s: float = 0.5,
                  counts_interval_s: float = 10.0, flush_timeout_s: float = 60.0,
-                 rpc_timeout_s: float = 10.0) -> None:
+                 rpc_timeout_s: float = 10.0, run_id: str | None = None) -> None:
         props = tuple(sorted((str(k), str(v)) for k, v in (properties or {}).items()))
         self.spec = JobSpec(
             name=name.strip() if isinstance(name, str) else name, properties=props,
@@ -610,10 +640,13 @@ class Job:
             report_batch_size=report_batch_size, report_linger_s=report_linger_s,
             counts_interval_s=counts_interval_s, flush_timeout_s=flush_timeout_s,
             rpc_timeout_s=rpc_timeout_s)
-        # The driver's sidecar is the job's home: executors on other nodes name it when they
-        # register with their own sidecar, which then forwards decisions to it.
-        self.spec = dataclasses.replace(self.spec, home=self.spec.driver_target())
+        if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
+            raise ValueError(f"run_id: expected a non-empty string, got {run_id!r}")
+        self._run_id = run_id.strip() if run_id else None
         self.effective_properties: dict[str, str] | None = None
+        self.registration: Registration | None = None
+        #: The final counts, once `close()` ended the run.
+        self.report: JobReport | None = None
 
     @property
     def name(self) -> str:
@@ -623,8 +656,20 @@ class Job:
     def properties(self) -> dict[str, str]:
         return self.spec.props
 
+    @property
+    def run_id(self) -> str:
+        """This run's id (known once registered, or when given)."""
+        return self.spec.run_id or self._run_id or ""
+
     def __repr__(self) -> str:
-        return f"Job({self.name!r}, sidecar={self.spec.sidecar!r})"
+        return f"Job({self.name!r}, run_id={self.run_id!r}, sidecar={self.spec.sidecar!r})"
+
+    def __enter__(self) -> Job:
+        self.register()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _client(self, target: str | None = None) -> SidecarClient:
         return SidecarClient(target or self.spec.driver_target(),
@@ -633,24 +678,77 @@ class Job:
     # --- driver calls -----------------------------------------------------------------------
 
     def register(self) -> dict[str, str]:
-        """RegisterJob on the driver's sidecar (idempotent); returns the effective policy.
+        """RegisterJob of this run on the driver's sidecar, the run's home (idempotent);
+        returns the effective policy. Also the driver-side check that the sidecar is there.
 
         Raises InvalidPolicyError naming the bad property, JobConflictError when the sidecar
-        runs this job with other properties, SidecarUnavailableError when it is unreachable.
+        runs this run with other properties, SidecarUnavailableError (naming the address) when
+        it is unreachable, JobLimitError when it has jobs.max.live runs already.
         """
-        self.effective_properties = self._client().register_job(self.name, self.properties)
+        spec = self.spec
+        run_id = spec.run_id or self._run_id or _spark_run_id() or new_run_id()
+        key = (spec.driver_target(), self.name, run_id)
+        token = spec.job_token
+        if token is None:  # another Job object of this driver registered the run (a notebook
+            with _driver_lock:  # cell run again): the same driver holds the same run
+                known = _driver_runs.get(key)
+            token = known.job_token if known is not None else None
+        reg = self._client().register_job(JobRun(self.name, run_id, token), self.properties)
+        with _driver_lock:
+            _driver_runs[key] = reg
+        # Executors on other nodes name the home (its advertised address and instance id) when
+        # they register with their own sidecar, which then forwards decisions to it.
+        self.spec = dataclasses.replace(
+            spec, run_id=reg.run_id, job_token=reg.job_token,
+            home=reg.home or spec.driver_target(), home_instance_id=reg.home_instance_id)
+        self.registration = reg
+        self.effective_properties = dict(reg.effective_properties)
+        self.report = None
         return dict(self.effective_properties)
 
+    def _task_spec(self) -> JobSpec:
+        """The spec wrappers hand to executors: the registered run's (registers it first)."""
+        if not self.spec.run_id or self.registration is None:
+            self.register()
+        return self.spec
+
     def summary(self, all_sidecars: Sequence[str] | None = None) -> JobReport:
-        """The job's counts summed over ``all_sidecars`` (default: the driver's sidecar).
+        """This run's counts summed over ``all_sidecars`` (default: the driver's sidecar).
 
         Processed counts of failure-free partitions reach the sidecar late (see `_runtime`), so
         ``records_processed`` may lag while the job runs. An unreachable sidecar raises.
         """
-        out = JobReport(self.name)
+        if self.registration is None and self.report is not None:
+            return self.report  # closed: its final counts
+        run = self._task_spec().run
+        out = JobReport(self.name, run_id=run.run_id)
         for target in all_sidecars or [self.spec.driver_target()]:
             client = self._client(target)
-            out.add(client.target, client.job_summary(self.name))
+            out.add(client.target, client.job_summary(run))
+        return out
+
+    def close(self, timeout_s: float | None = None) -> JobReport | None:
+        """End this run: EndJob at its home, which waits (up to ``timeout_s``, default
+        ``flush_timeout_s``) for the run's DLQ records and releases the run there and on every
+        node sidecar that registered it. Returns the final counts (also kept in ``report``);
+        None when the run was never registered. Idempotent."""
+        if self.registration is None:
+            return self.report
+        run = self.spec.run
+        client = self._client()
+        answer = client.end_job(run, timeout_s=timeout_s or self.spec.flush_timeout_s)
+        out = JobReport(self.name, run_id=run.run_id)
+        for i, s in enumerate(answer.summaries):
+            out.add(client.target if i == 0 else (s.sidecar_id or f"node-{i}"), s)
+        if answer.unreachable:
+            _log.warning("spillway: job %r run %r: node sidecar(s) %s could not be reached to "
+                         "release the run; they end it on their idle timeout", self.name,
+                         run.run_id, ", ".join(answer.unreachable))
+        out.unreachable = list(answer.unreachable)
+        with _driver_lock:
+            _driver_runs.pop((self.spec.driver_target(), self.name, run.run_id), None)
+        self.registration = None
+        self.report = out
         return out
 
     @staticmethod
@@ -715,12 +813,12 @@ class Job:
         if _is_dataframe(data):
             in_schema = data.schema
             out_schema = _struct(schema) if schema is not None else in_schema
-            run = functools.partial(_df_partition, self.spec, wrapper, fn, flat, record_id,
+            run = functools.partial(_df_partition, self._task_spec(), wrapper, fn, flat, record_id,
                                     source, refresh, in_schema, out_schema)
             return data.mapInArrow(run, out_schema)
         if schema is not None:
             raise ValueError("schema: only for DataFrames (an RDD's records have no schema)")
-        run = functools.partial(_rdd_partition, self.spec, wrapper, fn, flat, record_id, source,
+        run = functools.partial(_rdd_partition, self._task_spec(), wrapper, fn, flat, record_id, source,
                                 refresh)
         return data.mapPartitions(run)
 
@@ -739,7 +837,7 @@ class Job:
         _require("map_in_pandas: df", df)
         wrapper = self._wrapper(fn, name, stage, custom_stage)
         out_schema = _struct(schema)
-        run = functools.partial(_vector_partition, self.spec, wrapper, fn, "pandas", record_id,
+        run = functools.partial(_vector_partition, self._task_spec(), wrapper, fn, "pandas", record_id,
                                 source, refresh, out_schema)
         return df.mapInPandas(run, out_schema)
 
@@ -753,7 +851,7 @@ class Job:
         _require("map_in_arrow: df", df)
         wrapper = self._wrapper(fn, name, stage, custom_stage)
         out_schema = _struct(schema)
-        run = functools.partial(_vector_partition, self.spec, wrapper, fn, "arrow", record_id,
+        run = functools.partial(_vector_partition, self._task_spec(), wrapper, fn, "arrow", record_id,
                                 source, refresh, out_schema)
         return df.mapInArrow(run, out_schema)
 
@@ -812,7 +910,7 @@ class Job:
                               wrapper.tracestate)
         new_schema = StructType(fields)
         out_schema = StructType(list(df.schema.fields) + fields)
-        run = functools.partial(_deserialize_partition, self.spec, wrapper, steps, df.schema,
+        run = functools.partial(_deserialize_partition, self._task_spec(), wrapper, steps, df.schema,
                                 new_schema, refresh)
         return df.mapInArrow(run, out_schema)
 
@@ -846,7 +944,7 @@ class Job:
 
         def decorate(fn: Callable) -> Any:
             wrapper = self._wrapper(fn, name, stage, custom_stage)
-            call = _udf_function(self.spec, wrapper, fn, error_column, record_id, refresh,
+            call = _udf_function(self._task_spec(), wrapper, fn, error_column, record_id, refresh,
                                  check=check)
             functools.update_wrapper(call, fn)
             return spark_udf(call, dtype)
@@ -873,7 +971,7 @@ class Job:
         _require("foreach_partition: data", data, rdd=True)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
-        run = functools.partial(_sink_partition, self.spec, wrapper, write, batch_size,
+        run = functools.partial(_sink_partition, self._task_spec(), wrapper, write, batch_size,
                                 record_id, source, refresh, batch_id)
         data.foreachPartition(run)
 

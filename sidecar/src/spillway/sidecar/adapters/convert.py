@@ -257,7 +257,7 @@ def _entries(d: dict[str, int]) -> list[pb.CountEntry]:
 def summary_to_pb(s: m.JobSummary, sidecar_id: str) -> pb.JobSummary:
     c = s.counts
     return pb.JobSummary(
-        job=s.job, failed=s.failed, failure_reason=s.failure_reason,
+        job=s.job, run_id=s.run_id, failed=s.failed, failure_reason=s.failure_reason,
         records_processed=_u64(s.records_processed),
         total_record_failures=_u64(c.total_record_failures),
         total_record_errors=_u64(c.total_record_errors),

@@ -402,6 +402,12 @@ _PROPS: list[Prop] = [
          "comma-separated addresses this sidecar may dial as a job's home: host, host:port, "
          "CIDR[:port], *.domain[:port] or * ('': loopback only; its own address is always "
          "allowed). Matched before any DNS lookup", job=False),
+    Prop("jobs.max.live", p_int(1, 1_000_000), "1000",
+         "live job runs this sidecar keeps at once; past it RegisterJob of a new run answers "
+         "RESOURCE_EXHAUSTED", job=False),
+    Prop("job.idle.timeout.ms", p_int(1000, 30 * 24 * 3600 * 1000), "3600000",
+         "a job run with no call for this long ends on its own (driver gone without "
+         "Job.close()); counted as jobs-expired", job=False),
 ]
 
 PROPERTIES: dict[str, Prop] = {p.name: p for p in _PROPS}

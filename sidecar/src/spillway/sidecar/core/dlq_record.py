@@ -238,16 +238,19 @@ class DlqBuilder:
     """Builds the DLQ records of one report: `settings.job`'s records dead-lettered by `task`
     at `now_ms` on sidecar `sidecar_id`. ``build(record, verdict)`` is `build_dlq_record`."""
 
-    __slots__ = ("_p", "_task_id_b", "_tail", "_task_key")
+    __slots__ = ("_p", "_task_id_b", "_tail", "_task_key", "_run")
 
     def __init__(self, settings: JobSettings, task: TaskIdentity, *, now_ms: int,
-                 sidecar_id: str) -> None:
+                 sidecar_id: str, run: str = "") -> None:
         p = self._p = _parts(settings)
         self._task_id_b = _utf8(task.task_id)
         self._tail = ((H_JOB, p.job_b), (H_TASK, _utf8(task_description(task))),
                       (H_SIDECAR, _utf8(sidecar_id)), (H_TIMESTAMP, str(now_ms).encode()),
                       (H_COPIED, p.copied_b))
-        self._task_key = task_key(settings.job, task)
+        # `run`: the run's key (`policy.run_key`): DlqRecord.job carries it, so flush barriers,
+        # the spool's dedupe and acknowledgements are per run (headers carry the job's name)
+        self._run = run or settings.job
+        self._task_key = task_key(self._run, task)
 
     def build(self, record: FailedRecord, verdict: Verdict,
               fallback_traceparent: str = "") -> DlqRecord:
@@ -331,8 +334,8 @@ class DlqBuilder:
         else:
             headers = tuple(added)
         return _new_dlq_record(p.topic, record.key if copy else None,
-                               record.value if copy else None, headers, record.record_id, p.job,
-                               self._task_key, parent)
+                               record.value if copy else None, headers, record.record_id,
+                               self._run, self._task_key, parent)
 
 
 def build_dlq_record(settings: JobSettings, record: FailedRecord, verdict: Verdict,

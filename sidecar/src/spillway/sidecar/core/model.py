@@ -188,6 +188,7 @@ class Counts:
 @dataclass(slots=True)
 class JobSummary:
     job: str
+    run_id: str = ""
     failed: bool = False
     failure_reason: str = ""
     records_processed: int = 0

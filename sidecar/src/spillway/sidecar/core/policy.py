@@ -74,6 +74,15 @@ OTHER_KEY = "(other)"
 MAX_MESSAGE_CHARS = 300
 
 
+def run_key(job: str, run_id: str) -> str:
+    """The engine's key of one run of a job (just the name when there is no run id):
+    ``job@run_id``, with '%' and '@' in the job name escaped so that no two (job, run id) pairs
+    share a key (run ids have no '/', so ``key + "/"`` prefixes only that run's task keys)."""
+    if not run_id:
+        return job
+    return job.replace("%", "%25").replace("@", "%40") + "@" + run_id
+
+
 @dataclass(slots=True)
 class _RecordState:
     first_ms: float
@@ -92,8 +101,9 @@ _SkipInfo = tuple[Category, str, int, bool]
 
 
 class _Job:
-    def __init__(self, settings: JobSettings, handler: LoadedHandler) -> None:
+    def __init__(self, settings: JobSettings, handler: LoadedHandler, run_id: str = "") -> None:
         self.settings = settings
+        self.run_id = run_id
         self.handler = handler
         self.lock = threading.Lock()
         self.classifier = Classifier.build(settings.classification_rules,
@@ -246,22 +256,37 @@ class PolicyEngine:
         self._jobs: dict[str, _Job] = {}
 
     # --- jobs -----------------------------------------------------------------------------
+    # The table is keyed by the run (`run_key(job, run_id)`): every other method takes that key.
+    # Two runs of one name share nothing (counts, remembered ids, schedules, policy).
 
-    def register_job(self, job: str, properties: Mapping[str, str]) -> JobSettings:
-        """Validate and register; idempotent for the same effective properties."""
+    def register_job(self, job: str, properties: Mapping[str, str], *,
+                     run_id: str = "") -> JobSettings:
+        """Validate and register one run of ``job``; idempotent for the same effective
+        properties (a different policy for a live run raises JobConflictError)."""
+        key = run_key(job, run_id)
         settings = job_settings(job, properties, self._job_defaults)
         with self._lock:
-            existing = self._jobs.get(job)
+            existing = self._jobs.get(key)
         if existing is not None:
             return self._same_or_conflict(existing, settings)
         handler = load_handler(settings.handler_class, settings.tolerance.mode, settings.raw,
                                self.handler_rules)
         with self._lock:
-            existing = self._jobs.get(job)
+            existing = self._jobs.get(key)
             if existing is None:
-                self._jobs[job] = _Job(settings, handler)
+                self._jobs[key] = _Job(settings, handler, run_id)
                 return settings
         return self._same_or_conflict(existing, settings)
+
+    def end_job(self, job: str) -> JobSummary | None:
+        """Release a run (by its key): its tables go with it. Returns its final summary (None:
+        not registered here). Reports still in flight for it then answer UnknownJobError."""
+        with self._lock:
+            j = self._jobs.pop(job, None)
+        if j is None:
+            return None
+        with j.lock:
+            return self._summary(j)
 
     @staticmethod
     def _same_or_conflict(existing: _Job, settings: JobSettings) -> JobSettings:
@@ -270,9 +295,11 @@ class PolicyEngine:
             return existing.settings
         diffs = [f"{k}: {old.get(k, '')!r} -> {new.get(k, '')!r}"
                  for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+        run = f" run {existing.run_id!r}" if existing.run_id else ""
         raise JobConflictError(
-            f"job {settings.job!r} is already registered with a different policy "
-            f"({'; '.join(diffs)}); a live job's policy cannot change: use a new job name")
+            f"job {settings.job!r}{run} is already registered with a different policy "
+            f"({'; '.join(diffs)}); a live run's policy cannot change: end it (EndJob) or "
+            f"start a new run")
 
     def settings(self, job: str) -> JobSettings:
         return self._job(job).settings
@@ -640,7 +667,10 @@ class PolicyEngine:
         return undone
 
     def note_dead_letter_acked(self, job: str, n: int) -> None:
-        j = self._job(job)
+        with self._lock:
+            j = self._jobs.get(job)
+        if j is None:  # the run ended (or the sidecar restarted) while its records drained
+            return
         with j.lock:
             j.dlq_acked += int(n)
 
@@ -649,19 +679,24 @@ class PolicyEngine:
     def summary(self, job: str) -> JobSummary:
         j = self._job(job)
         with j.lock:
-            return JobSummary(
-                job=job,
-                failed=bool(j.failure_reason),
-                failure_reason=j.failure_reason,
-                records_processed=j.tolerance.records_processed,
-                counts=copy_counts(j.counts.job),
-                dlq_records_written=j.dlq_acked,
-                by_stage=dict(j.by_stage),
-                by_category=dict(j.by_category),
-                by_exception_class=dict(j.by_class),
-                retry_budget_exhausted=j.budget.exhausted_total,
-                records_refused=j.refused,
-            )
+            return self._summary(j)
+
+    @staticmethod
+    def _summary(j: _Job) -> JobSummary:
+        return JobSummary(
+            job=j.settings.job,
+            run_id=j.run_id,
+            failed=bool(j.failure_reason),
+            failure_reason=j.failure_reason,
+            records_processed=j.tolerance.records_processed,
+            counts=copy_counts(j.counts.job),
+            dlq_records_written=j.dlq_acked,
+            by_stage=dict(j.by_stage),
+            by_category=dict(j.by_category),
+            by_exception_class=dict(j.by_class),
+            retry_budget_exhausted=j.budget.exhausted_total,
+            records_refused=j.refused,
+        )
 
     def stage_counts(self, job: str, stage: str) -> Counts:
         """KIP-298 counts of one stage of a job (zeros if it never failed)."""
@@ -687,7 +722,10 @@ class PolicyEngine:
             jobs = list(self._jobs.items())
         getter = _KIP_GETTER
         names = _KIP_ORDER
-        for name, j in jobs:
+        for _key, j in jobs:
+            name = j.settings.job
+            # two live runs of one name (overlapping schedules) are two series
+            run = {"run": j.run_id} if j.run_id else {}
             with j.lock:
                 if task_label:
                     scoped = [({"stage": st, "task": tk}, getter(c))
@@ -696,9 +734,9 @@ class PolicyEngine:
                     scoped = [({"stage": st}, getter(c)) for st, c in j.counts.stages.items()]
                 acked = j.dlq_acked
             for labels, values in scoped:
-                attrs = {"job": name, **labels}
+                attrs = {"job": name, **run, **labels}
                 rows.extend(zip(names, repeat(attrs), values))
-            rows.append(("dlq-records-written", {"job": name}, float(acked)))
+            rows.append(("dlq-records-written", {"job": name, **run}, float(acked)))
         return rows
 
     def counters(self) -> dict[str, float]:

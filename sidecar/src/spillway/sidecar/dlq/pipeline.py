@@ -378,6 +378,21 @@ class DlqPipeline:
                                               if self._last_error else ""))
                 self._cv.wait(min(remaining, 0.1))
 
+    def wait_run(self, prefix: str, timeout_s: float) -> int:
+        """Wait (up to `timeout_s`) until no DLQ record of a task whose key starts with
+        `prefix` (one job run: ``run_key + "/"``) is pending; return how many still are.
+        Pending records past the deadline stay spooled and are delivered later."""
+        deadline = self._clock.monotonic() + timeout_s
+        self._wake.set()
+        with self._cv:
+            while True:
+                pending = sum(t.pending for k, t in self._tasks.items()
+                              if t.pending > 0 and k.startswith(prefix))
+                remaining = deadline - self._clock.monotonic()
+                if not pending or remaining <= 0 or self._closed:
+                    return pending
+                self._cv.wait(min(remaining, 0.1))
+
     def force_flush(self, timeout: float = 30.0) -> bool:
         """Wait until every record submitted before this call is acknowledged (or rejected);
         False on timeout."""
