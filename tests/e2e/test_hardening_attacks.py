@@ -70,6 +70,9 @@ def stub(sidecar):
     return pb_grpc.ErrorSidecarStub(sidecar[1])
 
 
+RUN = "app-attacks-0001"  # every job-scoped call names its run
+
+
 def _md(resp):
     token = getattr(resp, "job_token", "")
     return (("spillway-job-token", token),) if token else ()
@@ -77,7 +80,7 @@ def _md(resp):
 
 @pytest.fixture(scope="module")
 def victim(stub):
-    resp = stub.RegisterJob(pb.RegisterJobRequest(
+    resp = stub.RegisterJob(pb.RegisterJobRequest(run_id=RUN,
         job="victim", properties={"errors.tolerance": "all"}), timeout=20)
     return _md(resp)
 
@@ -106,12 +109,12 @@ def _untouched(sidecar, stub, victim, n=[0]):
     assert health_pb2_grpc.HealthStub(channel).Check(
         health_pb2.HealthCheckRequest(), timeout=5).status == SERVING
     n[0] += 1
-    before = stub.GetJobSummary(pb.GetJobSummaryRequest(job="victim"), metadata=victim,
+    before = stub.GetJobSummary(pb.GetJobSummaryRequest(run_id=RUN, job="victim"), metadata=victim,
                                 timeout=5)
-    out = stub.ReportFailures(pb.ReportFailuresRequest(
+    out = stub.ReportFailures(pb.ReportFailuresRequest(run_id=RUN,
         job="victim", task=TASK, records=_records(f"v{n[0]}", 2)), metadata=victim, timeout=10)
     assert [v.action for v in out.verdicts] == [pb.ACTION_SKIP] * 2
-    after = stub.GetJobSummary(pb.GetJobSummaryRequest(job="victim"), metadata=victim, timeout=5)
+    after = stub.GetJobSummary(pb.GetJobSummaryRequest(run_id=RUN, job="victim"), metadata=victim, timeout=5)
     assert not after.failed
     assert after.total_record_errors == before.total_record_errors + 2
     stub.GetStatus(pb.GetStatusRequest(), timeout=5)
@@ -123,12 +126,12 @@ def test_arbitrary_handler_code_is_refused_at_registration(sidecar, stub, victim
     prop = "errors.handler.class"
     if spec == "processing.exception.handler":  # KIP-1033's name, an alias
         prop, spec = spec, "signal:pause"
-    details = _refused(lambda: stub.RegisterJob(pb.RegisterJobRequest(
+    details = _refused(lambda: stub.RegisterJob(pb.RegisterJobRequest(run_id=RUN,
         job="evil-handler", properties={"errors.tolerance": "all", prop: spec}), timeout=10))
     assert details.startswith("errors.handler.class:")
     assert "errors.handler.allowed.classes" in details and "slow_handlers.Blocking" in details
     _untouched(sidecar, stub, victim)
-    _refused(lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(job="evil-handler"),
+    _refused(lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(run_id=RUN, job="evil-handler"),
                                         timeout=5), grpc.StatusCode.NOT_FOUND)
 
 
@@ -139,7 +142,7 @@ def test_allowed_handlers_that_block_fail_their_jobs_not_the_sidecar(sidecar, st
     saturated = 'all 2 handler threads (errors.handler.pool.size) are still held'
     failed = 0
     for i in range(4):
-        req = pb.RegisterJobRequest(job=f"blocking-{i}", properties={
+        req = pb.RegisterJobRequest(run_id=RUN, job=f"blocking-{i}", properties={
             "errors.tolerance": "all", "errors.handler.class": "slow_handlers:Blocking"})
         try:
             resp = stub.RegisterJob(req, timeout=10)
@@ -147,7 +150,7 @@ def test_allowed_handlers_that_block_fail_their_jobs_not_the_sidecar(sidecar, st
             assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT and saturated in exc.details()
             assert i >= 2
             continue
-        out = stub.ReportFailures(pb.ReportFailuresRequest(
+        out = stub.ReportFailures(pb.ReportFailuresRequest(run_id=RUN,
             job=f"blocking-{i}", task=TASK, records=_records("b", 1)), metadata=_md(resp),
             timeout=10)
         v = out.verdicts[0]
@@ -163,7 +166,7 @@ def test_allowed_handlers_that_block_fail_their_jobs_not_the_sidecar(sidecar, st
 
 def test_huge_processed_counts_are_refused_and_status_keeps_working(sidecar, stub, victim):
     for _ in range(2):
-        details = _refused(lambda: stub.FlushTask(pb.FlushTaskRequest(
+        details = _refused(lambda: stub.FlushTask(pb.FlushTaskRequest(run_id=RUN,
             job="victim", task=TASK, processed=[pb.StageCount(
                 stage=pb.STAGE_TRANSFORMATION, records=2**64 - 1)]), metadata=victim,
             timeout=10))
@@ -180,7 +183,7 @@ def test_huge_processed_counts_are_refused_and_status_keeps_working(sidecar, stu
     ("errors.retry.timeout", "9" * 5000),
 ])
 def test_absurd_numbers_are_refused_naming_the_property(sidecar, stub, victim, prop, value):
-    details = _refused(lambda: stub.RegisterJob(pb.RegisterJobRequest(
+    details = _refused(lambda: stub.RegisterJob(pb.RegisterJobRequest(run_id=RUN,
         job="absurd", properties={"errors.tolerance": "all", prop: value}), timeout=10))
     canonical = prop.replace("status.storage.retry", "errors.retry")
     assert details.startswith(f"{canonical}:") and "must be" in details
@@ -191,7 +194,7 @@ def test_a_100kb_property_value_gets_a_short_invalid_argument(sidecar, stub, vic
     for props in ({"errors.tolerance": "x" * 100_000},
                   {"errors.classification.rules": "a.B=data," * 12_500},
                   {"k" * 100_000: "v"}):
-        details = _refused(lambda: stub.RegisterJob(pb.RegisterJobRequest(
+        details = _refused(lambda: stub.RegisterJob(pb.RegisterJobRequest(run_id=RUN,
             job="long", properties=props), timeout=10))
         assert details.startswith("properties")
         assert len(details) < 300
@@ -210,18 +213,18 @@ def test_an_undecodable_request_is_invalid_argument(sidecar, stub, victim, metho
 
 
 def test_a_job_name_with_surrounding_spaces_is_refused_everywhere(sidecar, stub, victim):
-    details = _refused(lambda: stub.RegisterJob(pb.RegisterJobRequest(
+    details = _refused(lambda: stub.RegisterJob(pb.RegisterJobRequest(run_id=RUN,
         job=" spaced ", properties={"errors.tolerance": "all"}), timeout=10))
     assert details.startswith("job:") and "leading or trailing whitespace" in details
     for call in (
-        lambda: stub.ReportFailures(pb.ReportFailuresRequest(
+        lambda: stub.ReportFailures(pb.ReportFailuresRequest(run_id=RUN,
             job="victim ", task=TASK, records=_records("s", 1)), metadata=victim, timeout=5),
-        lambda: stub.FlushTask(pb.FlushTaskRequest(job=" victim", task=TASK),
+        lambda: stub.FlushTask(pb.FlushTaskRequest(run_id=RUN, job=" victim", task=TASK),
                                metadata=victim, timeout=5),
-        lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(job=" victim"), metadata=victim,
+        lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(run_id=RUN, job=" victim"), metadata=victim,
                                    timeout=5),
         lambda: stub.GetStatus(pb.GetStatusRequest(job="victim\n"), timeout=5),
-        lambda: stub.EndJob(pb.EndJobRequest(job=" victim"), metadata=victim, timeout=5),
+        lambda: stub.EndJob(pb.EndJobRequest(run_id=RUN, job=" victim"), metadata=victim, timeout=5),
     ):
         assert _refused(call).startswith("job:")
     _untouched(sidecar, stub, victim)
@@ -240,9 +243,9 @@ def test_a_job_name_with_surrounding_spaces_is_refused_everywhere(sidecar, stub,
      "errors.deadletterqueue.topic.name:"),
 ])
 def test_a_job_cannot_loosen_the_dlq_prefix(sidecar, stub, victim, props, field):
-    details = _refused(lambda: stub.RegisterJob(pb.RegisterJobRequest(
+    details = _refused(lambda: stub.RegisterJob(pb.RegisterJobRequest(run_id=RUN,
         job="loose-dlq", properties={"errors.tolerance": "all", **props}), timeout=20))
     assert details.startswith(field)
     _untouched(sidecar, stub, victim)
-    _refused(lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(job="loose-dlq"), timeout=5),
+    _refused(lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(run_id=RUN, job="loose-dlq"), timeout=5),
              grpc.StatusCode.NOT_FOUND)

@@ -29,6 +29,9 @@ pytestmark = pytest.mark.e2e
 NODE, PEER = "node-token-0123456789", "peer-token-9876543210"
 
 
+RUN = "app-security-0001"  # every job-scoped call names its run
+
+
 def _spawn(args, env=None):
     proc = subprocess.Popen(
         [sys.executable, "-m", "spillway.sidecar.cli", "--log-level", "WARNING", "serve",
@@ -114,22 +117,26 @@ def test_sidecar_only_fields_from_a_non_peer_change_nothing(guarded):
     stub = pb_grpc.ErrorSidecarStub(ch)
     node = [("spillway-node-token", NODE)]
     props = {"errors.tolerance": "all", "errors.tolerance.max.errors": "1"}
-    stub.RegisterJob(pb.RegisterJobRequest(job="victim", properties=props), metadata=node,
-                     timeout=10)
-    before = stub.GetJobSummary(pb.GetJobSummaryRequest(job="victim"), metadata=node,
-                                timeout=5)
+    reg = stub.RegisterJob(pb.RegisterJobRequest(job="victim", run_id=RUN, properties=props),
+                           metadata=node, timeout=10)
+    job_token = [("spillway-job-token", reg.job_token)]
+    node = node + job_token  # the attacker even holds the run's token: still refused
+    before = stub.GetJobSummary(pb.GetJobSummaryRequest(job="victim", run_id=RUN),
+                                metadata=node, timeout=5)
 
     attacks = {
         "decide_only": lambda: stub.ReportFailures(pb.ReportFailuresRequest(
-            job="victim", task=TASK, records=_records("x", 5), decide_only=True),
+            job="victim", run_id=RUN, task=TASK, records=_records("x", 5), decide_only=True),
             metadata=node, timeout=5),
         "progress_only": lambda: stub.FlushTask(pb.FlushTaskRequest(
-            job="victim", task=TASK, progress_only=True,
+            job="victim", run_id=RUN, task=TASK, progress_only=True,
             processed=[pb.StageCount(stage=pb.STAGE_TRANSFORMATION, records=10**6)]),
             metadata=node, timeout=5),
         "peer": lambda: stub.RegisterJob(pb.RegisterJobRequest(
-            job="victim", properties=props, peer="127.0.0.1:1"), metadata=node, timeout=5),
-        "local_only": lambda: stub.EndJob(pb.EndJobRequest(job="victim", local_only=True),
+            job="victim", run_id=RUN, properties=props, peer="127.0.0.1:1"), metadata=node,
+            timeout=5),
+        "local_only": lambda: stub.EndJob(pb.EndJobRequest(job="victim", run_id=RUN,
+                                                           local_only=True),
                                           metadata=node, timeout=5),
     }
     for field, attack in attacks.items():
@@ -137,14 +144,15 @@ def test_sidecar_only_fields_from_a_non_peer_change_nothing(guarded):
         assert code == grpc.StatusCode.PERMISSION_DENIED, (field, code, details)
         assert field in details and "peer sidecar" in details
 
-    after = stub.GetJobSummary(pb.GetJobSummaryRequest(job="victim"), metadata=node, timeout=5)
+    after = stub.GetJobSummary(pb.GetJobSummaryRequest(job="victim", run_id=RUN), metadata=node,
+                               timeout=5)
     assert after == before  # no failure counted, no progress recorded, not failed
     assert not after.failed and after.total_record_failures == 0
     assert after.records_processed == before.records_processed
-    # the same fields from a peer (peer token) are honoured
-    peer = [("spillway-peer-token", PEER)]
+    # the same fields from a peer (peer token, forwarding the run's job token) are honoured
+    peer = [("spillway-peer-token", PEER)] + job_token
     out = stub.ReportFailures(pb.ReportFailuresRequest(
-        job="victim", task=TASK, records=_records("p", 1), decide_only=True), metadata=peer,
+        job="victim", run_id=RUN, task=TASK, records=_records("p", 1), decide_only=True), metadata=peer,
         timeout=5)
     assert len(out.verdicts) == 1
     assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
@@ -155,10 +163,11 @@ def test_home_address_not_allowed_is_refused_without_dialling(guarded):
     node = [("spillway-node-token", NODE)]
     for home in ("169.254.169.254:80", "metadata.attacker.invalid:50051", "10.0.0.1:50051"):
         code, details = _code(lambda: stub.RegisterJob(pb.RegisterJobRequest(
-            job="ssrf", home=home), metadata=node, timeout=10))
+            job="ssrf", run_id=RUN, home=home),
+            metadata=node + [("spillway-job-token", "an-executors-token")], timeout=10))
         assert code == grpc.StatusCode.PERMISSION_DENIED, (home, code, details)
         assert home in details and "home.allowed.addresses" in details
-    code, _ = _code(lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(job="ssrf"),
+    code, _ = _code(lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(job="ssrf", run_id=RUN),
                                                metadata=node, timeout=5))
     assert code == grpc.StatusCode.NOT_FOUND  # nothing was registered
 
@@ -307,23 +316,29 @@ def test_node_sidecar_forwards_to_its_home_over_mtls(pki, tmp_path):
         props = {"errors.tolerance": "all", "errors.tolerance.max.errors": "2"}
         stub_a = pb_grpc.ErrorSidecarStub(ca_._channel())
         stub_b = pb_grpc.ErrorSidecarStub(cb._channel())
-        reg = stub_a.RegisterJob(pb.RegisterJobRequest(job="wide", properties=props), timeout=10)
+        reg = stub_a.RegisterJob(pb.RegisterJobRequest(job="wide", run_id=RUN, properties=props),
+                                 timeout=10)
+        jt = [("spillway-job-token", reg.job_token)]
         assert reg.home == a and reg.home_instance_id
         assert stub_a.GetStatus(pb.GetStatusRequest(), timeout=5).advertised_address == a
-        stub_b.RegisterJob(pb.RegisterJobRequest(job="wide", properties=props, home=reg.home,
+        stub_b.RegisterJob(pb.RegisterJobRequest(job="wide", run_id=RUN, properties=props,
+                                                 home=reg.home,
                                                  home_instance_id=reg.home_instance_id),
-                           timeout=15)
+                           metadata=jt, timeout=15)
         task_b = pb.TaskIdentity(stage_id=1, partition_id=1, task_attempt_id=2)
         va = stub_a.ReportFailures(pb.ReportFailuresRequest(
-            job="wide", task=TASK, records=_records("a", 2)), timeout=10)
+            job="wide", run_id=RUN, task=TASK, records=_records("a", 2)), metadata=jt,
+            timeout=10)
         vb = stub_b.ReportFailures(pb.ReportFailuresRequest(
-            job="wide", task=task_b, records=_records("b", 1)), timeout=10)
+            job="wide", run_id=RUN, task=task_b, records=_records("b", 1)), metadata=jt,
+            timeout=10)
         assert [v.action for v in va.verdicts] == [pb.ACTION_SKIP] * 2
         # the third error, on the other node, is decided by the home: the job-wide limit holds
         assert vb.verdicts[0].action == pb.ACTION_FAIL and vb.verdicts[0].job_failed
         # the executor's certificate is not a peer's: the home refuses its decide_only
         code, details = _code(lambda: stub_a.ReportFailures(pb.ReportFailuresRequest(
-            job="wide", task=TASK, records=_records("x", 1), decide_only=True), timeout=10))
+            job="wide", run_id=RUN, task=TASK, records=_records("x", 1), decide_only=True),
+            metadata=jt, timeout=10))
         assert code == grpc.StatusCode.PERMISSION_DENIED and "executor-1" in details
     finally:
         for proc, _ in procs.values():

@@ -131,6 +131,9 @@ METHODS = ["RegisterJob", "ReportFailures", "FlushTask", "GetJobSummary", "GetSt
 
 # --- the server --------------------------------------------------------------------------------
 
+RUN = "fuzz-run"
+TOKENS: dict[str, tuple] = {}  # job -> its run's job token metadata
+
 
 @pytest.fixture(scope="module")
 def sidecar_props():
@@ -143,10 +146,10 @@ def world(sidecar, broker):
     create_topic(broker.bootstrap_servers, DLQ_TOPIC)
     channel = grpc.insecure_channel(sidecar.address)
     stub = pb_grpc.ErrorSidecarStub(channel)
-    victim = stub.RegisterJob(pb.RegisterJobRequest(job="victim", properties={
+    victim = stub.RegisterJob(pb.RegisterJobRequest(job="victim", run_id=RUN, properties={
         "errors.tolerance": "all", "errors.deadletterqueue.topic.name": DLQ_TOPIC}), timeout=20)
     md = (("spillway-job-token", victim.job_token),) if victim.job_token else ()
-    stub.ReportFailures(pb.ReportFailuresRequest(job="victim", task=TASK, records=[
+    stub.ReportFailures(pb.ReportFailuresRequest(job="victim", run_id=RUN, task=TASK, records=[
         pb.FailedRecord(record_id="v0", stage=pb.STAGE_TRANSFORMATION,
                         exception=pb.ExceptionInfo(class_name="builtins.ValueError"))]),
         metadata=md, timeout=20)
@@ -155,14 +158,19 @@ def world(sidecar, broker):
              "errors.deadletterqueue.context.headers.enable": "true"},
             {"errors.tolerance": "all", "errors.retry.timeout": "60000"},
             {}]):
-        stub.RegisterJob(pb.RegisterJobRequest(job=job, properties=p), timeout=20)
-    before = stub.GetJobSummary(pb.GetJobSummaryRequest(job="victim"), metadata=md, timeout=5)
+        reg = stub.RegisterJob(pb.RegisterJobRequest(job=job, run_id=RUN, properties=p),
+                               timeout=20)
+        TOKENS[job] = (("spillway-job-token", reg.job_token),)
+    before = stub.GetJobSummary(pb.GetJobSummaryRequest(job="victim", run_id=RUN), metadata=md,
+                                timeout=5)
     yield channel, stub, md, before
     # the victim is untouched by everything the tier sent, and still served normally
-    after = stub.GetJobSummary(pb.GetJobSummaryRequest(job="victim"), metadata=md, timeout=5)
+    after = stub.GetJobSummary(pb.GetJobSummaryRequest(job="victim", run_id=RUN), metadata=md,
+                               timeout=5)
     assert (after.failed, after.total_record_errors, after.records_processed) == \
         (before.failed, before.total_record_errors, before.records_processed)
-    out = stub.ReportFailures(pb.ReportFailuresRequest(job="victim", task=TASK, records=[
+    out = stub.ReportFailures(pb.ReportFailuresRequest(job="victim", run_id=RUN, task=TASK,
+                                                       records=[
         pb.FailedRecord(record_id="v-last", stage=pb.STAGE_TRANSFORMATION,
                         exception=pb.ExceptionInfo(class_name="builtins.ValueError"))]),
         metadata=md, timeout=20)
@@ -170,10 +178,10 @@ def world(sidecar, broker):
     channel.close()
 
 
-def _answered(world, fn, request):
+def _answered(world, fn, request, metadata=None):
     channel, stub, md, before = world
     try:
-        fn(request, timeout=15)
+        fn(request, timeout=15, metadata=metadata)
     except grpc.RpcError as exc:
         assert exc.code() not in BAD, (exc.code(), exc.details()[:500])
         assert len(exc.details() or "") <= 1024
@@ -205,8 +213,8 @@ def test_status_survives_any_processed_counts(world, counts):
     channel, stub, md, before = world
     for c in counts:
         _answered(world, stub.FlushTask, pb.FlushTaskRequest(
-            job="fuzz-retry", task=TASK, processed=[pb.StageCount(
-                stage=pb.STAGE_TRANSFORMATION, records=c)]))
+            job="fuzz-retry", run_id=RUN, task=TASK, processed=[pb.StageCount(
+                stage=pb.STAGE_TRANSFORMATION, records=c)]), TOKENS["fuzz-retry"])
     status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
     assert any(j.job == "fuzz-retry" for j in status.jobs) or status.next_page_token
 

@@ -60,15 +60,15 @@ def test_full_spool_pushes_back_and_loses_nothing(broker, tmp_path, topic_name):
                 client.report_failures(run, task, _records("b", 3))
             assert "spool" in str(err.value)
             # refused before anything was decided: the policy's counts are those of the 5
-            summary = client.job_summary("bp")
+            summary = client.job_summary(run)
             assert summary.total_records_skipped == 5
             assert summary.total_record_failures == 5
             assert summary.records_refused == 3
             _wait_health(running.address, health_pb2.HealthCheckResponse.NOT_SERVING)
             # refusing until the spool is below its low-water mark: even one record is refused
             with pytest.raises(SidecarBackpressureError):
-                client.report_failures("bp", task, _records("c", 1))
-            assert client.job_summary("bp").total_records_skipped == 5
+                client.report_failures(run, task, _records("c", 1))
+            assert client.job_summary(run).total_records_skipped == 5
             counters = client.status().counters
             assert counters["records-refused"] == 4 and counters["backpressure"] == 1
         finally:
@@ -80,7 +80,7 @@ def test_full_spool_pushes_back_and_loses_nothing(broker, tmp_path, topic_name):
         # the refused report can simply be sent again now
         again = client.report_failures(run, task, _records("b", 3))
         assert all(v.dead_lettered for v in again)
-        summary = client.job_summary("bp")
+        summary = client.job_summary(run)
         assert (summary.total_records_skipped, summary.records_refused) == (8, 4)
     finally:
         client.close()

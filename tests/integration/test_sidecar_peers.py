@@ -27,6 +27,13 @@ def _stub(node):
     return pb_grpc.ErrorSidecarStub(grpc.insecure_channel(node.address))
 
 
+RUN = "app-peers-0001"
+
+
+def _tok(reg):
+    return [("spillway-job-token", reg.job_token)]
+
+
 def _refused(call):
     with pytest.raises(grpc.RpcError) as err:
         call()
@@ -35,7 +42,7 @@ def _refused(call):
 
 def test_register_answers_the_home_address_and_instance(nodes):
     a, _ = nodes
-    reg = _stub(a).RegisterJob(pb.RegisterJobRequest(job="named"), timeout=10)
+    reg = _stub(a).RegisterJob(pb.RegisterJobRequest(job="named", run_id=RUN), timeout=10)
     status = _stub(a).GetStatus(pb.GetStatusRequest(), timeout=5)
     assert reg.home == a.address == status.advertised_address
     assert reg.home_instance_id == status.instance_id == a.sidecar.instance_id
@@ -43,23 +50,25 @@ def test_register_answers_the_home_address_and_instance(nodes):
 
 def test_home_address_reaching_this_sidecar_for_a_job_homed_elsewhere_is_refused(nodes):
     a, b = nodes
-    reg = _stub(a).RegisterJob(pb.RegisterJobRequest(job="loop"), timeout=10)
+    reg = _stub(a).RegisterJob(pb.RegisterJobRequest(job="loop", run_id=RUN), timeout=10)
     # every node on the loopback default: HOME names "my own address" on node b
     code, details = _refused(lambda: _stub(b).RegisterJob(pb.RegisterJobRequest(
-        job="loop", home=b.address, home_instance_id=reg.home_instance_id), timeout=10))
+        job="loop", run_id=RUN, home=b.address, home_instance_id=reg.home_instance_id),
+        metadata=_tok(reg), timeout=10))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert (f"the job's home is instance {reg.home_instance_id} but HOME {b.address} reaches "
             f"this sidecar (instance {b.sidecar.instance_id})") in details
     assert "advertised.address" in details
-    code, _ = _refused(lambda: _stub(b).GetJobSummary(pb.GetJobSummaryRequest(job="loop"),
-                                                      timeout=5))
+    code, _ = _refused(lambda: _stub(b).GetJobSummary(
+        pb.GetJobSummaryRequest(job="loop", run_id=RUN), metadata=_tok(reg), timeout=5))
     assert code == grpc.StatusCode.NOT_FOUND  # node b decides nothing locally for it
 
 
 def test_home_address_reaching_another_instance_is_refused(nodes):
     a, b = nodes
     code, details = _refused(lambda: _stub(b).RegisterJob(pb.RegisterJobRequest(
-        job="other", home=a.address, home_instance_id="0123456789abcdef"), timeout=10))
+        job="other", run_id=RUN, home=a.address, home_instance_id="0123456789abcdef"),
+        metadata=[("spillway-job-token", "executor-token")], timeout=10))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert f"reaches sidecar instance {a.sidecar.instance_id}" in details
     assert "0123456789abcdef" in details
@@ -67,9 +76,10 @@ def test_home_address_reaching_another_instance_is_refused(nodes):
 
 def test_home_at_its_instance_is_accepted(nodes):
     a, b = nodes
-    reg = _stub(a).RegisterJob(pb.RegisterJobRequest(job="ok"), timeout=10)
+    reg = _stub(a).RegisterJob(pb.RegisterJobRequest(job="ok", run_id=RUN), timeout=10)
     fwd = _stub(b).RegisterJob(pb.RegisterJobRequest(
-        job="ok", home=reg.home, home_instance_id=reg.home_instance_id), timeout=10)
+        job="ok", run_id=RUN, home=reg.home, home_instance_id=reg.home_instance_id),
+        metadata=_tok(reg), timeout=10)
     assert (fwd.home, fwd.home_instance_id) == (reg.home, reg.home_instance_id)
 
 
@@ -84,10 +94,10 @@ def test_a_home_that_does_not_take_this_sidecar_for_a_peer_is_a_clear_error(tmp_
                                 "auth.token.file": token}) for _ in range(2))
     try:
         md = [("spillway-node-token", "n0de")]
-        reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job="j"), metadata=md, timeout=10)
+        reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job="j", run_id=RUN), metadata=md, timeout=10)
         code, details = _refused(lambda: _stub(node).RegisterJob(pb.RegisterJobRequest(
-            job="j", home=reg.home, home_instance_id=reg.home_instance_id), metadata=md,
-            timeout=10))
+            job="j", run_id=RUN, home=reg.home, home_instance_id=reg.home_instance_id),
+            metadata=md + _tok(reg), timeout=10))
         assert code == grpc.StatusCode.FAILED_PRECONDITION
         assert "does not recognise this sidecar as a peer" in details
         assert "auth.peer.token.file" in details

@@ -178,6 +178,8 @@ def test_series_of_a_released_job_disappear(observed, topic_name):
     running, _, port = observed
     _report(running.address, "job-gone", topic_name, 1, "")
     assert 'job="job-gone"' in _scrape(port)
-    # release the job's state the way the registry's EndJob does: the engine forgets it
-    running.sidecar.engine._jobs.pop("job-gone")
-    assert 'job="job-gone"' not in _scrape(port)
+    with grpc.insecure_channel(running.address) as ch:  # the run ends: its state is released
+        pb_grpc.ErrorSidecarStub(ch).EndJob(pb.EndJobRequest(job="job-gone", run_id="run-1"),
+                                            timeout=20)
+    body = _scrape(port)
+    assert 'job="job-gone"' not in body and "spillway_jobs_ended_total 1" in body

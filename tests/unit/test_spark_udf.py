@@ -157,7 +157,8 @@ def test_a_result_that_does_not_fit_the_return_type_is_a_reported_failure(sideca
 
     from spillway.spark._schema import value_checker
 
-    spec = _spec(sidecar)
+    job = _job(sidecar)
+    spec = job.spec
     check = value_checker(IntegerType(), "value", "TRANSFORMATION", exact=False)
     fn = _udf_function(spec, _wrapper("size"), lambda s: "many" if s == "b" else len(s), True,
                        None, None, check=check)
@@ -166,5 +167,5 @@ def test_a_result_that_does_not_fit_the_return_type_is_a_reported_failure(sideca
     assert value is None
     assert error[2] == "spillway.spark._schema.OutputSchemaError"
     assert "TRANSFORMATION output does not fit the declared type int" in error[3]
-    summary = Job(spec.name, spec.props, sidecar=sidecar.address).summary()
+    summary = job.summary()
     assert summary.by_category == {"data": 1}

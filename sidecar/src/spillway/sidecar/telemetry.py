@@ -77,6 +77,10 @@ METRICS: dict[str, tuple[str, str, str, str]] = {
     "jobs": ("spillway.jobs", "gauge", "{job}", "job runs registered (live) on this sidecar"),
     "jobs-failed": ("spillway.jobs.failed", "gauge", "{job}",
                     "live job runs whose tolerance was exceeded"),
+    "jobs-ended": ("spillway.jobs.ended", "counter", "{job}",
+                   "job runs ended by EndJob (Job.close(), spillway job end)"),
+    "jobs-expired": ("spillway.jobs.expired", "counter", "{job}",
+                     "job runs ended by job.idle.timeout.ms (no call for that long)"),
 }
 # Labelled by job (and stage); every other metric is one sidecar-wide series.
 PER_JOB = frozenset({"total-record-failures", "total-record-errors", "total-records-skipped",
