@@ -31,6 +31,8 @@ BAD = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAI
        grpc.StatusCode.DEADLINE_EXCEEDED}
 DLQ_TOPIC = "dlq.fuzz"
 JOBS = ["fuzz-dlq", "fuzz-retry", "fuzz-none"]
+RUN = "fuzz-run"
+TOKENS: dict[str, tuple] = {}  # job -> its run's job token metadata
 TASK = pb.TaskIdentity(stage_id=1, partition_id=0, task_attempt_id=1)
 
 # --- strategies ------------------------------------------------------------------------------
@@ -123,16 +125,14 @@ requests = st.one_of(
     # ending the fixed jobs would stop the storm from reaching the engine: random names only
     st.tuples(st.just("EndJob"), st.builds(pb.EndJobRequest, job=text, run_id=text)),
     st.tuples(st.just("ReportFailures"), st.builds(
-        pb.ReportFailuresRequest, job=st.sampled_from(JOBS), task=plausible_task,
-        records=st.lists(plausible_record, min_size=1, max_size=4),
+        pb.ReportFailuresRequest, job=st.sampled_from(JOBS), run_id=st.just(RUN),
+        task=plausible_task, records=st.lists(plausible_record, min_size=1, max_size=4),
         recovered_record_ids=st.lists(st.sampled_from(["r1", "r2"]), max_size=2))),
 )
 METHODS = ["RegisterJob", "ReportFailures", "FlushTask", "GetJobSummary", "GetStatus", "EndJob"]
 
 # --- the server --------------------------------------------------------------------------------
 
-RUN = "fuzz-run"
-TOKENS: dict[str, tuple] = {}  # job -> its run's job token metadata
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,9 @@ def _answered(world, fn, request, metadata=None):
 @given(req=requests)
 def test_random_requests_get_deliberate_answers(world, req):
     method, message = req
-    _answered(world, getattr(world[1], method), message)
+    # the fixed jobs' reports carry their run's token, as an executor's would
+    token = TOKENS.get(message.job) if getattr(message, "run_id", "") == RUN else None
+    _answered(world, getattr(world[1], method), message, token)
 
 
 @FUZZ
@@ -222,7 +224,8 @@ def test_status_survives_any_processed_counts(world, counts):
 def test_the_tier_reaches_the_policy_engine(world):
     """Guards the strategies themselves: plausible reports are decided, not only refused."""
     channel, stub, md, before = world
-    decided = stub.GetJobSummary(pb.GetJobSummaryRequest(job="fuzz-dlq"), timeout=5)
+    decided = stub.GetJobSummary(pb.GetJobSummaryRequest(job="fuzz-dlq", run_id=RUN),
+                                 metadata=TOKENS["fuzz-dlq"], timeout=5)
     status = stub.GetStatus(pb.GetStatusRequest(), timeout=5)
     assert decided.total_record_failures > 0 or any(
         j.total_record_failures > 0 for j in status.jobs if j.job != "victim"), \
