@@ -16,6 +16,8 @@ def local_spark(app: str = "spillway-tests", cores: int = 2):
         SparkSession.builder.master(f"local[{cores}]")
         .appName(app)
         .config("spark.ui.enabled", "false")
+        # started before pytest captures output (conftest): no progress bars in the test log
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.driver.memory", "1g")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")

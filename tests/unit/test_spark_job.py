@@ -128,3 +128,21 @@ def test_udf_results_follow_sparks_own_conversion():
                        (ArrayType(IntegerType()), [1, "x"])):
         with pytest.raises(OutputSchemaError):          # Spark would make these a silent null
             udf_check(dtype)(bad)
+
+
+def test_arrow_outputs_are_conformed_to_the_declared_schema_or_refused_naming_the_column():
+    import pyarrow as pa
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    from spillway.spark._schema import OutputSchemaError, arrow_conformer
+
+    conform = arrow_conformer(StructType([StructField("id", LongType()),
+                                          StructField("n", IntegerType())]), "TRANSFORMATION")
+    swapped = pa.RecordBatch.from_arrays([pa.array(["2"]), pa.array([1])], names=["n", "id"])
+    out = conform(swapped)                              # by name, cast where needed
+    assert out.schema.names == ["id", "n"] and out.to_pylist() == [{"id": 1, "n": 2}]
+    bad = pa.RecordBatch.from_arrays([pa.array([1]), pa.array(["x"])], names=["a", "b"])
+    with pytest.raises(OutputSchemaError, match="column 'n'"):
+        conform(bad)                                     # by position: "x" is no int
+    with pytest.raises(OutputSchemaError, match="1 column"):
+        conform(pa.RecordBatch.from_arrays([pa.array([1])], names=["a"]))

@@ -147,34 +147,47 @@ def row_checker(schema: Any, stage: str) -> Callable[[Any], Any]:
 
 
 def arrow_conformer(schema: Any, stage: str) -> Callable[[Any], Any]:
-    """RecordBatch -> the same rows with exactly the declared Arrow types (columns by position,
-    cast where the types differ); OutputSchemaError naming the column otherwise."""
+    """RecordBatch -> the same rows with the declared Arrow types (columns by name when every
+    declared name is present, else by position; cast where the types differ); OutputSchemaError
+    naming the column otherwise."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     target = to_arrow_schema(schema)
 
+    def same(have: Any, want: Any) -> bool:
+        # string/large_string and binary/large_binary: Spark takes either (useLargeVarTypes)
+        return have.equals(want) or (
+            (pa.types.is_string(want) and pa.types.is_large_string(have))
+            or (pa.types.is_binary(want) and pa.types.is_large_binary(have)))
+
     def conform(batch: Any) -> Any:
         if batch.schema.equals(target, check_metadata=False):
             return batch
-        if batch.num_columns != len(target):
+        names = batch.schema.names
+        by_name = all(f.name in names for f in target)
+        if not by_name and batch.num_columns != len(target):
             raise OutputSchemaError(
                 f"{stage} output has {batch.num_columns} column(s) "
                 f"{batch.schema.names}, the declared schema {schema.simpleString()} has "
                 f"{len(target)}")
-        arrays = []
+        arrays, fields = [], []
         for i, field in enumerate(target):
+            i = names.index(field.name) if by_name else i
             col = batch.column(i)
-            if not col.type.equals(field.type):
+            if same(col.type, field.type):
+                field = field.with_type(col.type)
+            else:
                 try:
                     col = col.cast(field.type)
                 except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
                     raise OutputSchemaError(
-                        f"{stage} output column {field.name!r} ({batch.schema.names[i]!r} "
+                        f"{stage} output column {field.name!r} ({names[i]!r} "
                         f"returned as {col.type}) does not fit the declared type "
                         f"{field.type}: {exc}") from None
             arrays.append(col)
-        return pa.RecordBatch.from_arrays(arrays, schema=target)
+            fields.append(field)
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
     return conform
 
