@@ -263,7 +263,7 @@ class Sidecar:
                      caller: Caller, timeout_s: float = 15.0) -> pb.RegisterJobResponse:
         """RegisterJob: a new run (issues its token), the same run again (its token needed),
         or, with ``home``, a run homed at another sidecar (registered there first)."""
-        job = request.job.strip()
+        job = request.job  # validated by adapters/validate.py: used exactly as given
         run_id = check_run_id(request.run_id)
         properties = dict(request.properties)
         if request.peer and not caller.peer:
@@ -555,7 +555,7 @@ class Sidecar:
         caller = caller or _caller()
         size = page_size(request.page_size)
         after = decode_page_token(request.page_token) if request.page_token else None
-        runs = visible(self.registry.runs(request.job.strip()), caller, token)
+        runs = visible(self.registry.runs(request.job), caller, token)
         out = pb.SidecarStatus(
             sidecar_id=self.sidecar_id, version=__version__, counters=self.sidewide_counters(),
             instance_id=self.instance_id, advertised_address=self.advertised_address,
@@ -585,7 +585,7 @@ class Sidecar:
                 timeout_s: float) -> pb.EndJobResponse:
         """Waits (within the deadline) for the run's DLQ records, releases it here and, at its
         home, on every node sidecar that registered it."""
-        job, run_id = request.job.strip(), check_run_id(request.run_id)
+        job, run_id = request.job, check_run_id(request.run_id)
         if request.local_only and not caller.peer:
             raise JobAccessError("EndJob.local_only is for sidecar-to-sidecar calls only "
                                  "(an authenticated peer)")
