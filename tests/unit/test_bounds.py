@@ -201,6 +201,34 @@ def test_record_counts_and_recovered_ids_are_bounded():
              "recovered_record_ids:", v.MAX_RECOVERED_IDS)
     _refused("FlushTask", pb.FlushTaskRequest(job="j", recovered_record_ids=["r" * 2000]),
              "recovered_record_ids[0]:", 1024)
+    _refused("ReportFailures", _report(undo_dead_letter_record_ids=["r"] * 70_000),
+             "undo_dead_letter_record_ids:", v.MAX_RECOVERED_IDS)
+
+
+def test_every_request_field_is_covered_by_a_check():
+    """A field added to the proto later must get a bound here too (or be listed as boundless:
+    enums and bools, whose every value the servicer handles)."""
+    import inspect
+    src = inspect.getsource(v)
+    boundless = {"decide_only", "progress_only", "local_only", "stage", "payload",
+                 "marker_category", "kafka_retriable", "kafka_fatal",
+                 "kafka_txn_requires_abort", "exception", "source", "task", "key", "value",
+                 "job", "run_id", "record_id", "records", "processed", "value"}
+    seen = set()
+
+    def walk(desc):
+        if desc.full_name in seen:
+            return
+        seen.add(desc.full_name)
+        for f in desc.fields:
+            if f.name not in boundless:
+                assert f.name in src, f"{desc.name}.{f.name} has no bound in validate.py"
+            if f.message_type is not None and not f.message_type.GetOptions().map_entry:
+                walk(f.message_type)
+
+    for name in ("RegisterJobRequest", "ReportFailuresRequest", "FlushTaskRequest",
+                 "GetJobSummaryRequest", "GetStatusRequest", "EndJobRequest"):
+        walk(pb.DESCRIPTOR.message_types_by_name[name])
 
 
 def test_flush_counts_are_capped_per_call():

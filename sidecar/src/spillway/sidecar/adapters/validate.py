@@ -228,6 +228,7 @@ def report_failures(req: pb.ReportFailuresRequest) -> None:
     _len("records", records, MAX_RECORDS_PER_REPORT, "records")
     _records(records)
     _ids("recovered_record_ids", req.recovered_record_ids)
+    _ids("undo_dead_letter_record_ids", req.undo_dead_letter_record_ids)
 
 
 def flush_task(req: pb.FlushTaskRequest) -> None:
