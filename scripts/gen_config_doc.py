@@ -109,7 +109,7 @@ def _bounds() -> list[str]:
         ("home, peer / home_instance_id", f"{v.MAX_ADDRESS_CHARS} / "
                                           f"{v.MAX_INSTANCE_ID_CHARS} characters"),
         ("records (per report)", f"{v.MAX_RECORDS_PER_REPORT} records"),
-        ("recovered_record_ids", f"{v.MAX_RECOVERED_IDS} ids"),
+        ("recovered_record_ids, undo_dead_letter_record_ids", f"{v.MAX_RECOVERED_IDS} ids each"),
         ("processed", f"{v.MAX_STAGE_COUNTS} entries, each 0 to {v.MAX_PROCESSED_PER_ENTRY} "
                       f"records per call"),
         ("task.stage_id, partition_id, attempt_number", "0 to 2^31-1"),
