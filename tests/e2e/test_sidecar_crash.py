@@ -1,34 +1,23 @@
-"""kill -9 of the sidecar process itself (`spillway serve`) during a burst of 100,000
-dead-lettered records reported over gRPC; a restart over the same spool delivers everything the
-sidecar had acknowledged (a SKIP verdict with dead_lettered=true)."""
+"""kill -9 of the sidecar process itself (`spillway serve`) twice during a burst of 100,000
+dead-lettered records reported over gRPC by 8 concurrent callers; restarts over the same spool
+deliver everything the sidecar had acknowledged (a SKIP verdict with dead_lettered=true), and
+replay little that Kafka already had (docs/DLQ.md states the bound and the measured figure)."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import sys
-import threading
-import time
-from collections import Counter
-
-import grpc
 import pytest
-
-from spillway.v1 import sidecar_pb2 as pb
-from spillway.v1 import sidecar_pb2_grpc as pb_grpc
-from support.kafka import create_topic, read_all
+from support.sidecar_crash import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-TOTAL = 100_000
-BATCH = 500
-# The pipeline hands at most this many spooled records to librdkafka at once: records produced
-# but not yet deleted from the spool when the process dies are produced again after restart.
-MAX_IN_FLIGHT = 50_000
+KILLS = 2
+# Per kill, what may be written twice: the records in flight (producer.max.inflight.bytes,
+# 1 MiB by default; these records take ~840 bytes spooled, so 800 is a safe divisor) and the
+# acknowledged records not yet settled in the spool (at most 1,000: the drain's delete_batch).
+BOUND_PER_KILL = 1024 * 1024 // 800 + 1_000
 
 
+<<<<<<< HEAD
 def _serve(bootstrap, spool_dir):
     proc = subprocess.Popen(
         [sys.executable, "-m", "spillway.sidecar.cli", "--log-level", "WARNING", "serve",
@@ -132,3 +121,14 @@ def test_kill_9_of_the_sidecar_loses_no_acknowledged_record(broker, tmp_path, to
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
+=======
+def test_kill_9_of_the_sidecar_loses_nothing_and_replays_at_most_the_in_flight_window(
+        broker, tmp_path, topic_name):
+    result = run(broker.bootstrap_servers, topic_name, str(tmp_path / "spool"),
+                 total=100_000, kills=KILLS)
+    assert len(result.killed_at) == KILLS
+    assert all(0 < k < result.total for k in result.killed_at)   # killed mid-burst each time
+    assert result.lost == 0
+    assert result.duplicates <= KILLS * BOUND_PER_KILL, result
+    print(f"\n{result}: {result.per_100k:.0f} duplicates per 100k records")
+>>>>>>> 20eeb08 (Fewer duplicates after kill -9: the spool persists acknowledgements of part of a batch row as settled index ranges (same transaction as the row deletes, synchronous=NORMAL), the drain settles every 50 ms / 1,000 acks, producer.max.inflight.bytes (1 MiB, was 4 MiB fixed) bounds what is in flight; measured with tests/support/sidecar_crash.py (8 callers, 100k records, 3 kills, 3 rounds): ~570 duplicates per kill, 1,723 per 100k (was ~5,000 per kill); e2e test asserts no loss and the stated bound. Tansu accepts but does not honour transactions (documented). read_dlq: a DLQ topic as a DataFrame read from the executors with confluent-kafka (spillway-spark[kafka]), one Spark partition per Kafka partition, ends read not trusted from the watermark, typed context columns, job/stage/exception/time filters; examples/dlq_top_causes.py)

@@ -798,6 +798,7 @@ def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
             max_records=props["spool.max.records"],
             linger_ms=props["producer.linger.ms"],
             batch_size=props["producer.batch.size"],
+            max_inflight_bytes=props["producer.max.inflight.bytes"],
             producer_overrides=kafka_overrides,
             on_ack=engine.note_dead_letter_acked,
             spool_group=props["spool.group"],

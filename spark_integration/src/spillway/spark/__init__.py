@@ -30,6 +30,7 @@ from spillway.client.markers import (
 )
 
 from ._compat import UnsupportedOnThisSparkError
+from ._dlq_reader import DLQ_SCHEMA, read_dlq
 from ._records import KAFKA_SOURCE_COLUMNS
 from .job import Job, JobReport
 
@@ -39,6 +40,7 @@ KAFKA_SOURCE_SCHEMA = ("key binary, value binary, topic string, partition int, o
                        "headers array<struct<key:string,value:binary>>")
 
 __all__ = [
+    "DLQ_SCHEMA",
     "KAFKA_SOURCE_COLUMNS",
     "KAFKA_SOURCE_SCHEMA",
     "AbortableError",
@@ -58,4 +60,5 @@ __all__ = [
     "SpillwayClientError",
     "ToleranceExceededError",
     "UnsupportedOnThisSparkError",
+    "read_dlq",
 ]

@@ -7,10 +7,11 @@
 
 A record the sidecar has accepted (``submit()`` returned) is never lost: it stays in the spool
 until Kafka acknowledges it, across broker outages and sidecar restarts (``kill -9`` included);
-after a restart the spool's records are drained in order. Duplicates are possible (a record acked
-by Kafka whose batch row was not yet deleted when the sidecar died: the records in flight at that
-moment, ``max_inflight_records``, and the acknowledged records of rows that still had one pending;
-a re-produce after a timeout that had in fact been written).
+after a restart the spool's records are drained in order. Duplicates are possible: the records in
+flight when the sidecar died (``max_inflight_records`` / ``max_inflight_bytes``: Kafka may have
+written some without our seeing the acknowledgement), the acknowledged ones not yet settled in
+the spool (acknowledgements are settled within ``_SETTLE_AFTER_S`` or ``delete_batch`` records),
+and a re-produce after a timeout that had in fact been written.
 
 Seqs are per record (the spool's virtual seqs: batch row id * 2**16 + index), so ordering, the
 per-task counts and read-back work per record; "deleting" a seq settles it in its batch row, and
@@ -77,6 +78,11 @@ def default_spool_dir() -> str:
     return os.path.join(base, "spillway", "dlq-spool")
 
 
+# Acknowledged records are settled in the spool (one small transaction) at least this often:
+# what was acknowledged but not yet settled is produced again after a crash.
+_SETTLE_AFTER_S = 0.05
+
+
 @dataclass(slots=True)
 class _Entry:
     """A spooled record the drain holds in memory: in flight, waiting to retry, or a suspect."""
@@ -119,9 +125,9 @@ class DlqPipeline:
         on_ack: OnAck | None = None,
         read_chunk: int = 5_000,
         max_inflight_records: int = 20_000,
-        max_inflight_bytes: int = 4 * 1024 * 1024,
+        max_inflight_bytes: int = 1 * 1024 * 1024,
         handoff_bytes: int = 16 * 1024 * 1024,
-        delete_batch: int = 5_000,
+        delete_batch: int = 1_000,
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 5_000,
         producer_factory: Callable[[dict[str, Any]], Any] = Producer,
@@ -770,7 +776,7 @@ class DlqPipeline:
             return
         if not (force or len(self._acked_pending) >= self._delete_batch
                 or not self._inflight
-                or self._clock.monotonic() - self._first_ack_t >= 0.2):
+                or self._clock.monotonic() - self._first_ack_t >= _SETTLE_AFTER_S):
             return
         seqs, self._acked_pending = self._acked_pending, []
         try:

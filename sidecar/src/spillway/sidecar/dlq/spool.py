@@ -9,9 +9,12 @@ are numbered by AUTOINCREMENT (never reused, even after deletes); a record's ``s
 ``row_id * 2**16 + index``, so that seqs keep arrival order.
 
 A row is deleted once every record in it is settled: acknowledged by Kafka, or moved to the
-``rejected`` table (which keeps one row per record). Acknowledgements of part of a row are kept in
-memory only (one byte per record, and only for such partly settled rows): after a crash the whole
-row is produced again, minus its rejected records. Duplicates are possible, loss is not.
+``rejected`` table (which keeps one row per record). Acknowledgements of part of a row are written
+as index ranges to the ``settled`` table in the same transaction as the deletes (one per
+`delete()` call: the drain groups acknowledgements, at most 0.2 s or 5,000 of them), and kept in
+memory as one byte per record for partly settled rows; after a crash only the records of a row
+that are neither settled nor rejected are produced again. Duplicates are possible (records in
+flight, or acknowledged since the last `delete()`), loss is not.
 
 Deduplication: a record reported again (same job and record id) while it is still pending and
 among the last ``_DEDUP_WINDOW`` records spooled (recovered ones included) is stored once, and
@@ -87,6 +90,12 @@ CREATE TABLE IF NOT EXISTS rejected (
     rejected_ms INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS settled (
+    row INTEGER NOT NULL,
+    lo INTEGER NOT NULL,
+    hi INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS settled_row ON settled (row);
 """
 _COLUMNS = "job, record_id, task_key, topic, key, value, headers, traceparent, size"
 _ROW_BITS = 16  # seq = row id * 2**16 + index in the row
@@ -505,8 +514,37 @@ class Spool:
                     if row.done is None:
                         row.done = bytearray(row.total)
                     row.done[seq & _IDX_MASK] = 1
+            depth -= self._load_settled()
         self._depth = depth
         return pending_bytes
+
+    def _load_settled(self) -> int:
+        """Apply the acknowledged index ranges of partly settled rows; returns how many
+        records they settle. A row they settle completely (never written so, but cheap to
+        guard) is deleted now."""
+        settled = 0
+        for rid, lo, hi in self._conn.execute("SELECT row, lo, hi FROM settled"):
+            row = self._rows.get(rid)
+            if row is None:
+                continue
+            if row.done is None:
+                row.done = bytearray(row.total)
+            done = row.done
+            for i in range(max(lo, 0), min(hi, row.total - 1) + 1):
+                if not done[i]:
+                    done[i] = 1
+                    row.left -= 1
+                    settled += 1
+        emptied = [rid for rid, row in self._rows.items() if row.left <= 0]
+        if emptied:
+            with self._conn:
+                for rid in emptied:
+                    self._conn.execute("DELETE FROM batches WHERE id = ?", (rid,))
+                    self._conn.execute("DELETE FROM settled WHERE row = ?", (rid,))
+            for rid in emptied:
+                del self._rows[rid]
+        self._conn.execute("DELETE FROM settled WHERE row NOT IN (SELECT id FROM batches)")
+        return settled
 
     def _fill_dedup_window(self) -> None:
         """Put the newest recovered records in the dedup window (at most half of it)."""
@@ -711,12 +749,14 @@ class Spool:
                 with self._lock:  # published once every hook of the group has run
                     self._last_seq = (ids[-1] << _ROW_BITS) | (len(rows[-1]) - 1)
 
-    def _settle(self, seqs: Sequence[int]) -> tuple[list[tuple[_Row, list[int]]], list[int]]:
-        """Which records of `seqs` are still pending, per row; and which rows that empties."""
+    def _settle(self, seqs: Sequence[int]
+                ) -> tuple[list[tuple[int, _Row, list[int]]], list[int]]:
+        """Which records of `seqs` are still pending, per row (row id, row, indexes); and which
+        rows that empties."""
         by_row: dict[int, list[int]] = {}
         for s in seqs:
             by_row.setdefault(s >> _ROW_BITS, []).append(s & _IDX_MASK)
-        marks: list[tuple[_Row, list[int]]] = []
+        marks: list[tuple[int, _Row, list[int]]] = []
         emptied: list[int] = []
         for rid, idxs in by_row.items():
             row = self._rows.get(rid)
@@ -727,15 +767,16 @@ class Spool:
                             and (done is None or not done[i])})
             if not fresh:
                 continue
-            marks.append((row, fresh))
+            marks.append((rid, row, fresh))
             if len(fresh) == row.left:
                 emptied.append(rid)
         return marks, emptied
 
-    def _apply(self, marks: list[tuple[_Row, list[int]]], emptied: list[int]) -> tuple[int, int]:
+    def _apply(self, marks: list[tuple[int, _Row, list[int]]], emptied: list[int]
+               ) -> tuple[int, int]:
         """Record settled records in memory (under both locks); returns (records, bytes freed)."""
         n = freed = 0
-        for row, idxs in marks:
+        for _, row, idxs in marks:
             row.left -= len(idxs)
             n += len(idxs)
             if row.left:
@@ -750,9 +791,10 @@ class Spool:
     def delete(self, seqs: Sequence[int]) -> int:
         """Settle records Kafka acknowledged; returns how many were pending.
 
-        A batch row is deleted (one statement per run of consecutive row ids) once all of its
-        records are settled; until then only the in-memory count changes, and after a crash the
-        whole row is produced again. When this leaves the spool empty after it held a lot,
+        One transaction: a batch row is deleted (one statement per run of consecutive row ids)
+        once all of its records are settled; the records settled in a row that still has
+        pending ones are written as index ranges to the ``settled`` table, so that a restart
+        does not produce them again. When this leaves the spool empty after it held a lot,
         SQLite's caches and the process's freed heap are handed back to the OS.
         """
         if not seqs:
@@ -761,17 +803,29 @@ class Spool:
             marks, emptied = self._settle(seqs)
             if not marks:
                 return 0
-            if emptied:
-                conn = self._conn
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    for lo, hi in seq_ranges(emptied):
-                        conn.execute("DELETE FROM batches WHERE id BETWEEN ? AND ?", (lo, hi))
-                    conn.execute("COMMIT")
-                except sqlite3.Error as exc:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise DlqError(f"DLQ spool delete failed ({self.path}): {exc}") from exc
+            conn = self._conn
+            # ranges settled in rows that keep pending records (emptied rows are deleted)
+            gone = set(emptied)
+            partial = [(rid, lo, hi) for rid, _, idxs in marks if rid not in gone
+                       for lo, hi in seq_ranges(idxs)]
+            try:
+                # settling loses nothing if a power cut undoes it (a record would be produced
+                # again): no fsync of its own; the next append's commit syncs the WAL anyway
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("BEGIN IMMEDIATE")
+                for lo, hi in seq_ranges(emptied) if emptied else ():
+                    conn.execute("DELETE FROM batches WHERE id BETWEEN ? AND ?", (lo, hi))
+                    conn.execute("DELETE FROM settled WHERE row BETWEEN ? AND ?", (lo, hi))
+                if partial:
+                    conn.executemany("INSERT INTO settled (row, lo, hi) VALUES (?, ?, ?)",
+                                     partial)
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise DlqError(f"DLQ spool delete failed ({self.path}): {exc}") from exc
+            finally:
+                conn.execute("PRAGMA synchronous=FULL")
             with self._lock:
                 n, freed = self._apply(marks, emptied)
                 self._depth -= n
@@ -808,13 +862,11 @@ class Spool:
             marks, emptied = self._settle(list(errors))
             if not marks:
                 return 0
-            by_id = {id(row): rid for rid, row in self._rows.items()}
             shrink: list[tuple[_Row, int]] = []  # applied once committed
             conn = self._conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                for row, idxs in marks:
-                    rid = by_id[id(row)]
+                for rid, row, idxs in marks:
                     ends, data = conn.execute("SELECT ends, data FROM batches WHERE id = ?",
                                               (rid,)).fetchone()
                     e = _ends(ends)
@@ -833,6 +885,7 @@ class Spool:
                              now_ms))
                     if rid in emptied:
                         conn.execute("DELETE FROM batches WHERE id = ?", (rid,))
+                        conn.execute("DELETE FROM settled WHERE row = ?", (rid,))
                     else:
                         conn.execute("UPDATE batches SET n = n - ?, size = size - ? "
                                      "WHERE id = ?", (len(idxs), moved_bytes, rid))

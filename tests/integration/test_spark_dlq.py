@@ -1,0 +1,133 @@
+"""The DLQ as a dataset: `read_dlq` reads dead letters written by a real job through a real
+sidecar back from the Tansu broker as a DataFrame; the top-causes example runs on it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from pyspark import cloudpickle
+from spillway.spark import DLQ_SCHEMA, KAFKA_SOURCE_SCHEMA, Job, read_dlq
+
+pytestmark = pytest.mark.integration
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _rows(n: int = 30):
+    ts = datetime(2026, 1, 1)
+    out = []
+    for i in range(n):
+        if i % 10 == 3:
+            value = b"{oops"                                   # JSONDecodeError
+        elif i % 10 == 7:
+            value = json.dumps({"id": i}).encode()             # KeyError: 'amount'
+        else:
+            value = json.dumps({"id": i, "amount": i * 1.5}).encode()
+        out.append((f"k{i}".encode(), value, "orders", i % 3, 100 + i, ts, 0,
+                    [("source", b"example")]))
+    return out
+
+
+def parse(row):
+    order = json.loads(row.value)
+    return (order["id"], float(order["amount"]))
+
+
+@pytest.fixture(scope="module")
+def dead_letters(spark, sidecar, broker):
+    """A job that dead-lettered 6 records (3 JSONDecodeError, 3 KeyError) into a 2-partition
+    DLQ topic; returns (topic, job name, time before the run)."""
+    topic = f"dlq.read-{uuid.uuid4().hex[:8]}"
+    name = f"read-dlq-{uuid.uuid4().hex[:6]}"
+    job = Job(name, {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
+                     "errors.deadletterqueue.context.headers.enable": "true",
+                     "errors.deadletterqueue.auto.create.topics.enable": "true",
+                     "errors.deadletterqueue.topic.partitions": "2",
+                     "errors.deadletterqueue.topic.replication.factor": "1"},
+              sidecar=sidecar.address)
+    job.register()
+    before = datetime.now(timezone.utc) - timedelta(seconds=1)
+    df = spark.createDataFrame(_rows(), KAFKA_SOURCE_SCHEMA).repartition(3)
+    assert job.map_partitions(df, parse, schema="id int, amount double").count() == 24
+    return topic, name, before
+
+
+def test_read_dlq_returns_typed_context_columns(spark, broker, dead_letters):
+    topic, name, before = dead_letters
+    df = read_dlq(spark, topic, bootstrap_servers=broker.bootstrap_servers)
+    assert df.rdd.getNumPartitions() == 2            # one Spark partition per Kafka partition
+    assert [f.name for f in df.schema.fields] == [
+        c.strip().split(" ")[0] for c in DLQ_SCHEMA.replace(
+            "array<struct<key:string,value:binary>>", "x").split(",")]
+    rows = df.collect()
+    assert len(rows) == 6
+    assert {r.partition for r in rows} == {0, 1}
+    by_source = {r.source_offset: r for r in rows}
+    assert sorted(by_source) == [103, 107, 113, 117, 123, 127]
+    r = by_source[103]
+    assert (r.job, r.stage, r.source_topic, r.source_partition) == (
+        name, "TRANSFORMATION", "orders", 3 % 3)
+    assert r.exception_class == "json.decoder.JSONDecodeError"
+    assert r.category == "data" and r.attempts == 1 and r.value == b"{oops"
+    assert r.key == b"k3" and ("source", b"example") in [(h.key, h.value) for h in r.headers]
+    assert r.record_id and r.function.endswith("parse") and "Traceback" in r.stacktrace
+    assert r.dead_lettered_at.timestamp() >= before.timestamp()  # Spark: naive, local time
+    assert r.trace_id and len(r.trace_id) == 32
+    assert by_source[107].exception_class == "builtins.KeyError"
+    assert by_source[107].exception_message == "'amount'"
+
+
+@pytest.mark.slow
+def test_read_dlq_filters_and_bounds(spark, broker, dead_letters):
+    topic, name, before = dead_letters
+    read = lambda **kw: read_dlq(spark, topic, bootstrap_servers=broker.bootstrap_servers, **kw)  # noqa: E731
+    assert read(exception_class="KeyError").count() == 3
+    assert read(exception_class="json.decoder.JSONDecodeError").count() == 3
+    assert read(exception_class="Error").count() == 0       # a simple name, not a suffix
+    assert read(job=name, stage="TRANSFORMATION").count() == 6
+    assert read(job="another-job").count() == 0
+    assert read(stage="SINK").count() == 0
+    assert read(since=before).count() == 6
+    assert read(since=datetime.now(timezone.utc) + timedelta(hours=1)).count() == 0
+    assert read(until=before.isoformat()).count() == 0
+    # offset bounds, per partition: nothing after "latest", the first record of each partition
+    assert read(start="latest").count() == 0
+    first = read(end={0: 1, 1: 1}).collect()
+    assert sorted((r.partition, r.offset) for r in first) == [(0, 0), (1, 0)]
+    with pytest.raises(ValueError, match="until"):
+        read(since="2026-01-02T00:00:00Z", until="2026-01-01T00:00:00Z")
+    with pytest.raises(ValueError, match="start"):
+        read(start=-5)
+    with pytest.raises(LookupError, match="does not exist"):
+        read_dlq(spark, "dlq.no-such-topic", bootstrap_servers=broker.bootstrap_servers,
+                 timeout_s=5)
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"spillway_example_{name}",
+                                                  EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def test_top_causes_example(spark, broker, dead_letters):
+    topic, name, _ = dead_letters
+    t0 = time.monotonic()
+    out = _load("dlq_top_causes").top_causes(spark, topic, broker.bootstrap_servers,
+                                             job=name).collect()
+    assert [(r.exception_class, r.records) for r in out] == [
+        ("builtins.KeyError", 3), ("json.decoder.JSONDecodeError", 3)]
+    assert all(r.stage == "TRANSFORMATION" and r.partitions == 3 for r in out)
+    assert out[0].first_seen <= out[0].last_seen
+    print(f"top causes in {time.monotonic() - t0:.1f}s")
