@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,20 @@ def wheels(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def venvs(request, wheels, tmp_path_factory):
+    """The selected combinations' venvs, built in the background (two at a time) so that
+    installing the next one overlaps the previous one's Spark job; a test waits for its own."""
+    selected = {item.callspec.params["combo"].name for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")}
+    where = tmp_path_factory.mktemp("venvs")
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="compat-venv")
+    builds = {c.name: pool.submit(make_venv, c, where, wheels) for c in MATRIX
+              if c.name in selected}
+    yield builds
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _headers(msg) -> dict[str, bytes]:
     return {k: v for k, v in (msg.headers() or [])}
 
@@ -43,8 +58,8 @@ def _dlq(broker, prefix: str, wrapper: str) -> list:
 
 @pytest.mark.timeout(1200)  # a cold wheelhouse downloads and builds PySpark (~320 MB)
 @pytest.mark.parametrize("combo", MATRIX, ids=[c.name for c in MATRIX])
-def test_wheels_run_every_wrapper(combo, wheels, sidecar, broker, tmp_path):
-    python = make_venv(combo, tmp_path, wheels)
+def test_wheels_run_every_wrapper(combo, venvs, sidecar, broker, tmp_path):
+    python = venvs[combo.name].result()  # a skip or failure while building is re-raised here
     prefix = f"dlq.compat-{combo.name}-{uuid.uuid4().hex[:6]}"
     out, work = tmp_path / "result.json", tmp_path / "work"
     work.mkdir()
