@@ -6,6 +6,7 @@
                     [--advertised-address HOST:PORT] [--set key=value ...]
     spillway status [--sidecar ADDR] [--json] [--tls-ca F] [--token-file F | --admin-token-file F]
     spillway dlq tail|redrive ...
+    spillway job list [--job NAME] | end NAME [--run RUN_ID]   (operator; see job_cli)
 
 Configuration precedence for `serve`: flags (and --set), then SPILLWAY_* environment variables,
 then the --config file (Java properties, KIP property names), then defaults.
@@ -23,6 +24,7 @@ import threading
 
 from .core import config
 from .dlq_cli import add_dlq_commands
+from .job_cli import add_job_commands, all_pages
 from .errors import ConfigError, SpillwayError
 
 
@@ -148,7 +150,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     client = operator_client(args)
-    status = client.status()
+    status = all_pages(client)  # every run, a page at a time
     if args.json:
         from google.protobuf.json_format import MessageToDict
 
@@ -167,7 +169,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                  f"{', ...' if len(failed) > 10 else ''})" if failed else ""))
     for job in failed + [j for j in status.jobs if not j.failed]:  # failed ones first
         state = f"FAILED: {job.failure_reason}" if job.failed else "running"
-        print(f"job {job.job}: {state}")
+        print(f"job {job.job}: {state} (run {job.run_id})")
         print(f"  processed={job.records_processed} failures={job.total_record_failures} "
               f"errors={job.total_record_errors} skipped={job.total_records_skipped} "
               f"retries={job.total_retries} dlq-written={job.dlq_records_written}")
@@ -210,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_status)
 
     add_dlq_commands(sub)
+    add_job_commands(sub, add_client_security_args, operator_client)
     return p
 
 
