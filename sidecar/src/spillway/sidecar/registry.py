@@ -269,7 +269,13 @@ class Registry:
 
 
 def visible(runs: Iterable[Run], caller: Caller, presented: str | None) -> list[Run]:
-    return [r for r in runs if may_see(caller, r.digest, presented)]
+    """The runs `caller` may list (`may_see`), the presented token digested once."""
+    if caller.admin or caller.peer:
+        return list(runs)
+    if not presented or len(presented) > MAX_TOKEN_CHARS:
+        return []
+    digest = token_digest(presented)
+    return [r for r in runs if hmac.compare_digest(r.digest, digest)]
 
 
 __all__ = [
