@@ -168,7 +168,8 @@ def test_each_executor_reports_to_its_own_nodes_sidecar(cluster, broker, tmp_pat
             "via " + sidecars[writer].address)
         by_sidecar[writer] += 1
     assert all(by_sidecar.values()), by_sidecar  # both nodes' executors did work
-    assert "cluster-nodes" in sidecars["node-b"].sidecar.homes  # node b deferred to the home
+    runs = sidecars["node-b"].sidecar.registry.runs("cluster-nodes")
+    assert runs and all(r.home is not None for r in runs)  # node b deferred to the home
 
 
 def test_the_cluster_sidecars_refuse_plaintext_and_missing_tokens(cluster):
@@ -241,13 +242,13 @@ SPECULATIVE_DRIVER = textwrap.dedent("""
 
 def test_retried_and_speculative_tasks_leave_one_dead_letter_per_record(
         cluster, broker, tmp_path, topic_name):
-    master, sidecars = cluster
+    master, sidecars, spark_env = cluster
     script = tmp_path / "driver.py"
     script.write_text(SPECULATIVE_DRIVER)
     proc = subprocess.run([sys.executable, str(script), master, sidecars["node-a"].address,
                            topic_name, "cluster-once", json.dumps(_props(topic_name))],
                           capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable, **spark_env})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     parts = json.loads(lines[-1][len("RESULT "):])["parts"]
@@ -260,3 +261,26 @@ def test_retried_and_speculative_tasks_leave_one_dead_letter_per_record(
     # 8 poison rows, each reported by two attempts or more: exactly one DLQ record each
     assert len(ids) == 8 and len(set(ids)) == 8, sorted(ids)
     assert sorted(int(m.value()) for m in records) == list(range(0, 40, 5))
+
+
+def test_a_home_address_that_reaches_another_sidecar_fails_the_job_naming_it(
+        cluster, tmp_path, topic_name):
+    """The loopback default on every node, on one host: node-a advertises an address that,
+    dialled from node-b, reaches node-b itself (as 127.0.0.1:50051 would on a real cluster).
+    Executors must not decide per node: their sidecars refuse the home, naming both instances
+    and advertised.address, and the job fails with that message."""
+    master, sidecars, spark_env = cluster
+    home = sidecars["node-a"].sidecar
+    saved = home.advertised_address
+    home.advertised_address = sidecars["node-b"].address
+    try:
+        out = _run_driver(tmp_path, master, sidecars["node-a"].address, topic_name,
+                          "cluster-loopback",
+                          _props(topic_name, **{"errors.tolerance.max.errors": "8"}), spark_env)
+    finally:
+        home.advertised_address = saved
+    assert not out["ok"], out
+    assert "advertised.address" in out["error"], out
+    assert home.instance_id in out["error"], out
+    # no node decided anything for it on its own
+    assert not sidecars["node-b"].sidecar.registry.runs("cluster-loopback")
