@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     port = free_port()
     running = start_server({"listen.address": "127.0.0.1:0",
-                            "metrics.prometheus.port": str(port)})
+                            "metrics.prometheus.port": str(port),
+                            "jobs.max.live": str(max(1000, args.jobs))})
     try:
         with grpc.insecure_channel(running.address) as ch:
             stub = pb_grpc.ErrorSidecarStub(ch)
@@ -39,16 +40,17 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.jobs):
                 job = f"scrape-job-{i:05d}"
                 tolerance = "none" if i % 2 else "all"
-                stub.RegisterJob(pb.RegisterJobRequest(
+                reg = stub.RegisterJob(pb.RegisterJobRequest(
                     job=job, run_id="local-1", properties={"errors.tolerance": tolerance,
                                                            "errors.log.enable": "false"}),
                     timeout=10)
+                md = [("spillway-job-token", reg.job_token)]
                 for p in range(2):
                     task = pb.TaskIdentity(stage_id=1, partition_id=p, task_attempt_id=p)
                     stub.ReportFailures(pb.ReportFailuresRequest(
                         job=job, run_id="local-1", task=task, records=[pb.FailedRecord(
                             record_id=f"r{p}", stage=pb.STAGE_TRANSFORMATION, exception=exc)]),
-                        timeout=10)
+                        timeout=10, metadata=md)
             print(f"{args.jobs:,} jobs registered and failing in {time.perf_counter() - t0:.1f} s")
         times, size = [], 0
         for _ in range(args.scrapes):
