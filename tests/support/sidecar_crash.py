@@ -55,9 +55,16 @@ def _serve(bootstrap: str, spool_dir: str):
     return proc, m.group(1)
 
 
+RUN = "app-crash-0001"
+_token: list[tuple[str, str]] = []  # the run's job token metadata, once registered
+
+
 def _register(stub, topic: str) -> None:
-    stub.RegisterJob(pb.RegisterJobRequest(job="crash", properties={
-        "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic}), timeout=20)
+    # after a restart the sidecar has forgotten the run: the executors' token is adopted
+    reg = stub.RegisterJob(pb.RegisterJobRequest(job="crash", run_id=RUN, properties={
+        "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic}), timeout=20,
+        metadata=_token or None)
+    _token[:] = [("spillway-job-token", reg.job_token)]
 
 
 def _batch(start: int, end: int):
@@ -99,8 +106,9 @@ def run(bootstrap: str, topic: str, spool_dir: str, *, total: int, kills: int,
                         start = todo.pop()
                     try:
                         out = stub.ReportFailures(pb.ReportFailuresRequest(
-                            job="crash", task=task,
-                            records=_batch(start, min(total, start + BATCH))), timeout=30)
+                            job="crash", run_id=RUN, task=task,
+                            records=_batch(start, min(total, start + BATCH))), timeout=30,
+                            metadata=_token)
                     except grpc.RpcError:  # the sidecar died under us: not acknowledged
                         with lock:
                             todo.append(start)
