@@ -146,3 +146,24 @@ def test_arrow_outputs_are_conformed_to_the_declared_schema_or_refused_naming_th
         conform(bad)                                     # by position: "x" is no int
     with pytest.raises(OutputSchemaError, match="1 column"):
         conform(pa.RecordBatch.from_arrays([pa.array([1])], names=["a"]))
+
+
+def test_the_runs_token_travels_pickled_but_never_shows_in_a_repr():
+    import dataclasses
+
+    from spillway.client.runs import JobToken
+
+    job = Job("orders", {"errors.tolerance": "all"}, sidecar="10.0.0.2:50051", run_id="app-1")
+    assert job.run_id == "app-1"
+    spec = dataclasses.replace(job.spec, run_id="app-1", job_token=JobToken("s3cret-token"),
+                               home="10.0.0.2:50051", home_instance_id="abc")
+    shipped = pickle.loads(pickle.dumps(spec))
+    assert shipped.job_token.reveal() == "s3cret-token" and shipped.run.run_id == "app-1"
+    assert "s3cret-token" not in repr(shipped) and "s3cret-token" not in str(shipped.run)
+    with pytest.raises(ValueError, match="run_id"):
+        Job("orders", run_id="  ")
+
+
+def test_a_job_never_registered_closes_to_nothing():
+    job = Job("orders", sidecar="10.0.0.2:50051")
+    assert job.close() is None and job.report is None

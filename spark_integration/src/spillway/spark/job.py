@@ -668,8 +668,15 @@ class Job:
         self.register()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the block's own error is the one to see; the run then ends on its idle timeout
+            self.close()
+        except Exception as err:  # noqa: BLE001
+            _log.warning("spillway: job %r run %r could not be ended (%s); the sidecars end it "
+                         "after job.idle.timeout.ms", self.name, self.run_id, err)
 
     def _client(self, target: str | None = None) -> SidecarClient:
         return SidecarClient(target or self.spec.driver_target(),
