@@ -104,3 +104,35 @@ def test_a_home_that_does_not_take_this_sidecar_for_a_peer_is_a_clear_error(tmp_
     finally:
         home.stop(0.2)
         node.stop(0.2)
+
+
+def test_a_peer_is_named_by_its_certificate_uri_or_dns_name(tmp_path):
+    """auth.peer.identities matches a verified client certificate's SAN URI (e.g. a SPIFFE id)
+    or DNS name; another certificate from the same CA is authenticated but not a peer."""
+    from spillway.sidecar.server import start_server
+    from support.tls import Ca
+
+    ca = Ca.create(tmp_path / "ca")
+    srv = ca.issue(tmp_path / "srv", "sidecar")
+    spiffe = "spiffe://cluster/ns/spark/sa/spillway-sidecar"
+    peer = ca.issue(tmp_path / "peer", "peer", dns=(), ips=(), uris=(spiffe,))
+    other = ca.issue(tmp_path / "other", "executor-9", dns=("executor-9",), ips=())
+    running = start_server({"listen.address": "127.0.0.1:0", "telemetry.enable": "false",
+                            "tls.cert.file": str(srv.cert), "tls.key.file": str(srv.key),
+                            "tls.ca.file": str(ca.path), "auth.peer.identities": spiffe})
+
+    def stub(leaf):
+        creds = grpc.ssl_channel_credentials(ca.path.read_bytes(), leaf.key.read_bytes(),
+                                             leaf.cert.read_bytes())
+        return pb_grpc.ErrorSidecarStub(grpc.secure_channel(running.address, creds))
+
+    try:
+        task = pb.TaskIdentity(stage_id=1, partition_id=0, task_attempt_id=1)
+        reg = stub(other).RegisterJob(pb.RegisterJobRequest(job="j", run_id=RUN), timeout=10)
+        probe = pb.ReportFailuresRequest(job="j", run_id=RUN, task=task, decide_only=True)
+        code, details = _refused(lambda: stub(other).ReportFailures(
+            probe, metadata=_tok(reg), timeout=10))
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "cert:executor-9" in details
+        stub(peer).ReportFailures(probe, metadata=_tok(reg), timeout=10)  # a peer: honoured
+    finally:
+        running.stop(0.2)
