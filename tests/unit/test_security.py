@@ -183,3 +183,55 @@ def test_weak_routable_configurations_are_named(tmp_path):
     assert security.weaknesses(strong, local_only=False) == []
     text = security.describe(strong, local_only=False)
     assert "node token" in text and "secret" not in text
+
+
+def _bound_socket(path):
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    return s
+
+
+def test_only_a_stale_socket_is_cleared(tmp_path):
+    import stat as st
+
+    stale = tmp_path / "stale.sock"
+    _bound_socket(stale).close()  # bound, nobody listening: a crashed run's leftover
+    security.clear_stale_socket(str(stale))
+    assert not stale.exists()
+
+    live = tmp_path / "live.sock"
+    s = _bound_socket(live)
+    s.listen(1)
+    try:
+        with pytest.raises(ConfigError, match="another process is serving"):
+            security.clear_stale_socket(str(live))
+        assert st.S_ISSOCK(os.lstat(live).st_mode)
+    finally:
+        s.close()
+
+    (tmp_path / "dir").mkdir()
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    (tmp_path / "link").symlink_to(target)
+    for name, kind in (("dir", "a directory"), ("link", "a symbolic link"),
+                       ("precious", "a regular file")):
+        with pytest.raises(ConfigError, match=f"listen.unix.socket: .* is {kind}"):
+            security.clear_stale_socket(str(tmp_path / name))
+    assert target.read_text() == "keep"
+    with pytest.raises(ConfigError, match="directory .* does not exist"):
+        security.clear_stale_socket(str(tmp_path / "no" / "such.sock"))
+
+
+def test_socket_mode_and_group_are_applied(tmp_path):
+    path = tmp_path / "s.sock"
+    s = _bound_socket(path)
+    try:
+        security.secure_socket(str(path), 0o640, group=str(os.getgid()))
+        info = os.stat(path)
+        assert info.st_mode & 0o777 == 0o640 and info.st_gid == os.getgid()
+        with pytest.raises(ConfigError, match="listen.unix.socket.owner: no such user"):
+            security.secure_socket(str(path), 0o600, owner="no-such-user-spillway")
+    finally:
+        s.close()
