@@ -137,7 +137,7 @@ def test_redrive_dry_run_changes_nothing(broker, dlq_topic, capsys):
     assert "skip " in out and "record c0: context-only" in out
     assert out.strip().splitlines()[-1] == (
         "scanned=8 matched=6 would redrive=5 skipped (loop protection)=0 "
-        "skipped (context-only)=1 failed=0")
+        "skipped (context-only)=1 skipped (stage input)=0 skipped (already redriven)=0 failed=0")
     assert read_all(broker.bootstrap_servers, target, idle_s=0.5) == []
 
 
@@ -152,7 +152,7 @@ def test_redrive_republishes_originals_and_protects_against_loops(broker, dlq_to
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1] == (
         "scanned=8 matched=2 redriven=2 skipped (loop protection)=0 "
-        "skipped (context-only)=0 failed=0")
+        "skipped (context-only)=0 skipped (stage input)=0 skipped (already redriven)=0 failed=0")
     msgs = read_all(broker.bootstrap_servers, target, idle_s=0.5)
     assert sorted(m.key() for m in msgs) == [b"o0", b"o1"]
     m = next(m for m in msgs if m.key() == b"o1")
@@ -172,7 +172,7 @@ def test_redrive_republishes_originals_and_protects_against_loops(broker, dlq_to
     assert "record o1-again: redriven 1 times already (--max-redrives 1)" in out
     assert out.strip().splitlines()[-1] == (
         "scanned=9 matched=1 redriven=0 skipped (loop protection)=1 "
-        "skipped (context-only)=0 failed=0")
+        "skipped (context-only)=0 skipped (stage input)=0 skipped (already redriven)=0 failed=0")
     assert cli("dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
                dlq_topic, "--target", target, "--since", "2023-11-14T22:14:00",
                "--max-redrives", "2", "--idle-ms", "400") == 0
@@ -180,6 +180,40 @@ def test_redrive_republishes_originals_and_protects_against_loops(broker, dlq_to
     msgs = read_all(broker.bootstrap_servers, target, idle_s=0.5)
     counts = Counter(dict(m.headers())["spillway.redrive.count"] for m in msgs)
     assert counts == {b"1": 2, b"2": 1}
+
+
+def test_redrive_sends_only_source_payloads_to_their_source_topic_and_each_id_once(
+        broker, topic_name, tmp_path, capsys):
+    source = topic_name + ".source"
+    create_topic(broker.bootstrap_servers, topic_name)
+    create_topic(broker.bootstrap_servers, source)
+
+    def rec(rid, stage, payload):
+        r = failed(rid, stage, "builtins.ValueError", value=f"v-{rid}".encode())
+        return FailedRecord(**{**{f: getattr(r, f) for f in r.__slots__},
+                               "source": SourceCoordinates(source, 0, 1), "payload": payload})
+
+    items = [("orders", rec("raw", Stage.VALUE_CONVERTER, "source"), T0, {}),
+             ("orders", rec("row", Stage.SINK, "stage-input"), T0, {})]
+    dead_letter(broker.bootstrap_servers, topic_name, tmp_path, items)
+    dead_letter(broker.bootstrap_servers, topic_name, tmp_path / "again",  # a duplicate
+                [("orders", rec("raw", Stage.VALUE_CONVERTER, "source"), T0, {})])
+    base = ["dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+            topic_name, "--target", source, "--idle-ms", "400"]
+    assert cli(*base) == 0
+    captured = capsys.readouterr()
+    assert "record row: its key/value are the stage-input payload of a stage" in captured.out
+    assert "record raw: already redriven in this run" in captured.out
+    assert captured.out.strip().splitlines()[-1] == (
+        "scanned=3 matched=3 redriven=1 skipped (loop protection)=0 skipped (context-only)=0 "
+        "skipped (stage input)=1 skipped (already redriven)=1 failed=0")
+    assert "redrive done: scanned=3" in captured.err          # progress on stderr
+    assert [m.key() for m in read_all(broker.bootstrap_servers, source, idle_s=0.5)] == [b"raw"]
+    # told to, it sends the transformed row to the source topic too
+    assert cli(*base, "--allow-stage-input", "--job", "orders", "--stage", "TASK_PUT") == 0
+    capsys.readouterr()
+    assert sorted(m.key() for m in read_all(broker.bootstrap_servers, source, idle_s=0.5)) == [
+        b"raw", b"row"]
 
 
 def test_redrive_of_the_dlq_dlq_format_strips_its_context_headers(broker, dlq_topic, capsys):

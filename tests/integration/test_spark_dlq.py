@@ -77,6 +77,8 @@ def test_read_dlq_returns_typed_context_columns(spark, broker, dead_letters):
         name, "TRANSFORMATION", "orders", 3 % 3)
     assert r.exception_class == "json.decoder.JSONDecodeError"
     assert r.category == "data" and r.attempts == 1 and r.value == b"{oops"
+    assert r.payload == "stage-input"       # a transformation's input (not a deserializer's)
+    assert r.run_id                          # the job's run
     assert r.key == b"k3" and ("source", b"example") in [(h.key, h.value) for h in r.headers]
     assert r.record_id and r.function.endswith("parse") and "Traceback" in r.stacktrace
     assert r.dead_lettered_at.timestamp() >= before.timestamp()  # Spark: naive, local time

@@ -303,7 +303,7 @@ def test_a_spool_left_by_the_previous_version_is_drained(fake, tmp_path):
     con.close()
     p = DlqPipeline("fake:9092", spool_dir=str(tmp_path), producer_factory=fake).start()
     try:
-        assert p.stats()["spool-depth"] == 3
+        assert p.store.recovered == 3   # (the drain may already be sending them)
         p.submit([rec("new", "t1")])
         assert p.wait_task("t1", 5) == 1
         assert p.force_flush(5)

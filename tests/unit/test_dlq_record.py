@@ -278,6 +278,8 @@ def _reference(settings, record, verdict, task, *, now_ms, sidecar_id, fallback=
               ("spillway.sidecar", utf8(sidecar_id)),
               ("spillway.timestamp", str(now_ms).encode()),
               ("spillway.record.copied", b"true" if copy else b"false")]
+    if copy:
+        added.append(("spillway.payload", record.payload.encode()))
     original = record.headers if copy else ()
     parent, state = record.traceparent, record.tracestate
     if not valid(parent):
@@ -339,7 +341,8 @@ def test_the_builder_matches_the_reference_for_varied_records():
                             headers=tuple((rnd.choice(names), rnd.choice(values))
                                           for _ in range(rnd.randint(0, 5))),
                             traceparent=rnd.choice(["", TP, bad, "junk"]),
-                            tracestate=rnd.choice(["", "a=b", "\x01"]))
+                            tracestate=rnd.choice(["", "a=b", "\x01"]),
+                            payload=rnd.choice(["source", "stage-input"]))
                         v = Verdict(rec.record_id, Action.SKIP, rnd.choice(list(Category)),
                                     "why é", rnd.randint(1, 12))
                         assert build_dlq_record(s, rec, v, TASK, now_ms=123, sidecar_id="sc") \
@@ -373,3 +376,11 @@ def test_the_fast_dlq_record_factory_builds_ordinary_frozen_records():
     assert repr(rec) == repr(want)
     with pytest.raises(dataclasses.FrozenInstanceError):
         rec.topic = "other"
+
+
+def test_the_payload_header_says_what_key_and_value_are():
+    assert hdrs(build(rec=failed(payload="source")))["spillway.payload"] == b"source"
+    assert hdrs(build(rec=failed()))["spillway.payload"] == b"stage-input"  # older clients
+    # an original header of that name never survives: the sidecar's word is the only one
+    rec = build(rec=failed(payload="stage-input", headers=(("spillway.payload", b"source"),)))
+    assert [v for n, v in rec.headers if n == "spillway.payload"] == [b"stage-input"]

@@ -522,8 +522,14 @@ def failed_record(
     timestamp_ms: int | None = None,
     attempt: int = 1,
     context: Context | None = None,
+    payload: int | str | None = None,
 ) -> pb.FailedRecord:
-    """A FailedRecord for ``exc``; ``source`` is (topic, partition, offset) of a Kafka record."""
+    """A FailedRecord for ``exc``; ``source`` is (topic, partition, offset) of a Kafka record.
+
+    ``payload`` says what ``key``/``value`` are: ``"source"`` (the source record as read, e.g.
+    in a deserialization stage) or ``"stage-input"`` (the failing stage's input, e.g. a row as
+    JSON); unset, the sidecar treats them as the stage's input. `spillway dlq redrive` sends
+    only source payloads back to their source topic."""
     if not record_id:
         raise ValueError("record_id: a stable, non-empty record id is required")
     stage_v = stage_value(stage)
@@ -558,4 +564,15 @@ def failed_record(
         fields["value"] = v
     if timestamp_ms is not None:
         fields["timestamp_ms"] = int(timestamp_ms)
+    if payload is not None:
+        fields["payload"] = _PAYLOADS[payload] if payload in _PAYLOADS else _payload(payload)
     return pb.FailedRecord(**fields)
+
+
+_PAYLOADS: dict[Any, int] = {"source": pb.PAYLOAD_SOURCE, "stage-input": pb.PAYLOAD_STAGE_INPUT,
+                             pb.PAYLOAD_SOURCE: pb.PAYLOAD_SOURCE,
+                             pb.PAYLOAD_STAGE_INPUT: pb.PAYLOAD_STAGE_INPUT}
+
+
+def _payload(value: Any) -> int:
+    raise ValueError(f"payload: expected 'source' or 'stage-input', got {value!r}")

@@ -66,6 +66,12 @@ def add_dlq_commands(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                    help="print what would be redriven; publish nothing")
     r.add_argument("--max-redrives", type=int, default=3, metavar="N",
                    help="leave records already redriven N times (default 3)")
+    r.add_argument("--allow-stage-input", action="store_true",
+                   help="also send records whose key/value are a stage's input (e.g. a "
+                        "transformed row; spillway.payload is not 'source') to their source "
+                        "topic (refused by default)")
+    r.add_argument("--no-progress", action="store_true",
+                   help="no running counts on stderr (every 2 s)")
     r.set_defaults(func=run_redrive)
     return dlq
 
@@ -95,7 +101,9 @@ def run_redrive(args: argparse.Namespace) -> int:
         summary = tools.redrive(args.bootstrap_servers, args.topic, args.target, flt=flt,
                                 rate_per_s=rate, dry_run=args.dry_run,
                                 max_redrives=args.max_redrives, idle_s=args.idle_ms / 1000.0,
-                                client_conf=conf, out=sys.stdout)
+                                client_conf=conf, out=sys.stdout,
+                                allow_stage_input=args.allow_stage_input,
+                                progress=None if args.no_progress else sys.stderr)
     except (DlqError, ValueError) as exc:
         print(f"spillway dlq redrive: {exc}", file=sys.stderr)
         return 2

@@ -475,7 +475,8 @@ class Sidecar:
                 settings = self.engine.settings(key)
                 now_ms = SystemClock().wall_ms()
                 build = DlqBuilder(settings, task, now_ms=now_ms,
-                                   sidecar_id=self.sidecar_id, run=key).build
+                                   sidecar_id=self.sidecar_id, run=key,
+                                   run_id=request.run_id).build
                 dlq = [build(records[i], verdicts[i], own) for i in to_dlq]
                 with tracer.start_as_current_span(
                         "spillway.spool", attributes={"spillway.records": len(dlq)}):

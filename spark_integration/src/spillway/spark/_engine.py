@@ -43,7 +43,7 @@ from spillway.client import report
 from spillway.client.errors import SidecarProtocolError, error_for_verdict
 from spillway.v1 import sidecar_pb2 as pb
 
-from ._records import RecordContext
+from ._records import RecordContext, payload_for
 
 log = logging.getLogger("spillway.spark")
 
@@ -365,7 +365,7 @@ class Engine:
             ctx.record_id, stage.stage, exc, custom_stage=stage.custom, function_name=fname,
             source=ctx.source, key=ctx.key, value=ctx.value, headers=ctx.headers,
             timestamp_ms=ctx.timestamp_ms, attempt=unit.attempt,
-            context=self.session.trace_context)
+            context=self.session.trace_context, payload=payload_for(stage.stage, ctx))
         self.session.failed(exc, unit.record)
         if not self._pending:
             self._pending_since = self.clock()

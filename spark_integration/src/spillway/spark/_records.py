@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from spillway.v1 import sidecar_pb2 as pb
+
 KAFKA_COORDINATES = ("topic", "partition", "offset")
 #: The columns of Spark's Kafka source, in its order.
 KAFKA_SOURCE_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp",
@@ -47,6 +49,21 @@ class RecordContext:
     value: bytes | None = None
     headers: tuple[tuple[str, bytes | None], ...] = field(default_factory=tuple)
     timestamp_ms: int | None = None
+    # "source": key/value are the Kafka columns of the row (the source record's own bytes only
+    # in a deserialization stage: see `payload_for`); "stage-input": the row as JSON
+    payload: str = "stage-input"
+
+
+# Stages whose input is the source record as read: only there are the Kafka columns certainly
+# the original bytes (a transformation may have replaced `value` and kept the coordinates).
+_SOURCE_STAGES = frozenset((pb.STAGE_DESERIALIZATION, pb.STAGE_KEY_CONVERTER,
+                            pb.STAGE_VALUE_CONVERTER, pb.STAGE_HEADER_CONVERTER))
+
+
+def payload_for(stage: int, ctx: RecordContext) -> str:
+    """What a dead letter's key/value are (`spillway.payload`): the source record only in a
+    deserialization stage whose row carried the Kafka columns; else the stage's input."""
+    return "source" if stage in _SOURCE_STAGES and ctx.payload == "source" else "stage-input"
 
 
 def as_mapping(row: Any) -> Mapping[str, Any] | None:
@@ -186,7 +203,7 @@ def context_of(row: Any, fallback_id: Callable[[], str],
                          and (m.get("key") is None or key is not None))
         if bytes_or_null:
             return RecordContext(rid, source, key, value, headers_of(m.get("headers")),
-                                 timestamp_ms(m.get("timestamp")))
+                                 timestamp_ms(m.get("timestamp")), "source")
     return RecordContext(
         rid, source, None, row_json(row),
         headers_of(m.get("headers")) if m is not None and source is not None else (),

@@ -60,7 +60,7 @@ from ._adapters import (
 )
 from ._compat import arrow_conversions, parse_ddl
 from ._engine import Engine, StageRef, Unit, trim_traceback
-from ._records import KAFKA_COORDINATES, context_of, positional_record_id
+from ._records import KAFKA_COORDINATES, context_of, payload_for, positional_record_id
 from ._schema import arrow_conformer, pandas_checker, row_checker, value_checker
 from ._runtime import (
     JobSpec,
@@ -511,7 +511,8 @@ def _udf_failure(spec, wrapper, st, fn, args, index, exc, record_id, refresh):
                 ctx.record_id, wrapper.stage.stage, exc, custom_stage=wrapper.stage.custom,
                 function_name=wrapper.function_name, source=ctx.source, key=ctx.key,
                 value=ctx.value, headers=ctx.headers, timestamp_ms=ctx.timestamp_ms,
-                attempt=attempt, context=session.trace_context)
+                attempt=attempt, context=session.trace_context,
+                payload=payload_for(wrapper.stage.stage, ctx))
             session.failed(exc, record)
             verdict = session.report([record])[0]
             if verdict.action == pb.ACTION_FAIL:

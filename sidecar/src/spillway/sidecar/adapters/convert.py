@@ -146,6 +146,11 @@ class PbFailedRecord:
         return self._r.traceparent
 
     @property
+    def payload(self) -> str:
+        return m.PAYLOAD_SOURCE if self._r.payload == pb.PAYLOAD_SOURCE else \
+            m.PAYLOAD_STAGE_INPUT
+
+    @property
     def tracestate(self) -> str:
         return self._r.tracestate
 
@@ -153,7 +158,7 @@ class PbFailedRecord:
         return m.FailedRecord(self.record_id, self.stage, self.exception, self.function_name,
                               self.source, self.key, self.value, self.headers,
                               self.timestamp_ms, self.attempt, self.traceparent,
-                              self.tracestate)
+                              self.tracestate, self.payload)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PbFailedRecord):

@@ -47,6 +47,8 @@ H_TASK = "spillway.task"
 H_SIDECAR = "spillway.sidecar"
 H_TIMESTAMP = "spillway.timestamp"
 H_COPIED = "spillway.record.copied"
+H_PAYLOAD = "spillway.payload"      # what key/value are: "source" | "stage-input"
+H_RUN_ID = "spillway.run.id"
 H_REDRIVE_COUNT = "spillway.redrive.count"
 H_TRACEPARENT = "traceparent"
 H_TRACESTATE = "tracestate"
@@ -127,7 +129,7 @@ def task_description(task: TaskIdentity) -> str:
 # them).
 
 _SPILLWAY_NAMES = (H_RECORD_ID, H_CATEGORY, H_ATTEMPTS, H_REASON, H_JOB, H_TASK, H_SIDECAR,
-                   H_TIMESTAMP, H_COPIED, H_TRACEPARENT, H_TRACESTATE)
+                   H_TIMESTAMP, H_COPIED, H_TRACEPARENT, H_TRACESTATE, H_PAYLOAD, H_RUN_ID)
 
 
 class _JobParts:
@@ -231,6 +233,8 @@ _MEMBER_DESCRIPTOR = type(TaskIdentity.__dict__["stage_id"])
 _new_dlq_record = _dlq_record_factory()
 
 _category_b: dict[object, bytes] = {}
+_STAGE_INPUT_B = b"stage-input"
+_PAYLOAD_B = {"source": b"source", "stage-input": _STAGE_INPUT_B}
 _stage_b: dict[object, bytes] = {}
 
 
@@ -241,12 +245,12 @@ class DlqBuilder:
     __slots__ = ("_p", "_task_id_b", "_tail", "_task_key", "_run")
 
     def __init__(self, settings: JobSettings, task: TaskIdentity, *, now_ms: int,
-                 sidecar_id: str, run: str = "") -> None:
+                 sidecar_id: str, run: str = "", run_id: str = "") -> None:
         p = self._p = _parts(settings)
         self._task_id_b = _utf8(task.task_id)
         self._tail = ((H_JOB, p.job_b), (H_TASK, _utf8(task_description(task))),
                       (H_SIDECAR, _utf8(sidecar_id)), (H_TIMESTAMP, str(now_ms).encode()),
-                      (H_COPIED, p.copied_b))
+                      (H_COPIED, p.copied_b)) + (((H_RUN_ID, _utf8(run_id)),) if run_id else ())
         # `run`: the run's key (`policy.run_key`): DlqRecord.job carries it, so flush barriers,
         # the spool's dedupe and acknowledgements are per run (headers carry the job's name)
         self._run = run or settings.job
@@ -300,6 +304,8 @@ class DlqBuilder:
                   (H_ATTEMPTS, attempt_b),
                   (H_REASON, _utf8(verdict.reason)))
         added += self._tail
+        if copy:
+            added.append((H_PAYLOAD, _PAYLOAD_B.get(record.payload, _STAGE_INPUT_B)))
         original = record.headers if copy else ()
         # trace context: the record's own, else the fallback, else a valid one from the
         # original headers; an invalid one is never copied through

@@ -131,6 +131,13 @@ class FailedRecord:
     attempt: int = 1
     traceparent: str = ""
     tracestate: str = ""
+    # what key/value are: PAYLOAD_SOURCE (the source record as read) or PAYLOAD_STAGE_INPUT
+    # (the failing stage's input, e.g. a row as JSON; also what an older client's means)
+    payload: str = "stage-input"
+
+
+PAYLOAD_SOURCE = "source"
+PAYLOAD_STAGE_INPUT = "stage-input"
 
 
 @dataclass(slots=True)

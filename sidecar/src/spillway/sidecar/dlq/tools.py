@@ -35,6 +35,7 @@ from ..core.dlq_record import (
     DLQ_PREFIX,
     H_COPIED,
     H_JOB,
+    H_PAYLOAD,
     H_REDRIVE_COUNT,
     H_TIMESTAMP,
     SPILLWAY_PREFIX,
@@ -293,6 +294,25 @@ def is_context_only(msg: DlqMessage) -> bool:
     return msg.text(H_COPIED) == "false"
 
 
+def stage_input_to_source(msg: DlqMessage, target: str) -> bool:
+    """True when `msg`'s key/value are not the source record as read (``spillway.payload`` is
+    not ``source``: a stage's input, e.g. a transformed row as JSON, or a record written before
+    the header existed) and `target` is its source topic, or may be (written without context
+    headers, so its source topic is unknown). A record whose context headers name no source
+    topic did not come from Kafka: no source topic to protect."""
+    if msg.text(H_PAYLOAD) == "source":
+        return False
+    prefix = _context_prefix(msg)
+    if prefix is None:
+        return True
+    return msg.text(prefix + "topic") == target
+
+
+# Record ids a redrive run remembers to skip repeats (a DLQ topic may hold a record twice):
+# past this many, ids are no longer remembered and a repeat may be redriven again (counted).
+MAX_REMEMBERED_IDS = 1_000_000
+
+
 # --- redrive (Kafka) -------------------------------------------------------------------------
 
 
@@ -303,6 +323,9 @@ class RedriveSummary:
     redriven: int = 0
     skipped_loop: int = 0
     skipped_context_only: int = 0
+    skipped_stage_input: int = 0
+    skipped_repeat: int = 0
+    unremembered: int = 0   # redriven after MAX_REMEMBERED_IDS: repeats not detectable
     failed: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -310,15 +333,22 @@ class RedriveSummary:
         verb = "would redrive" if dry_run else "redriven"
         return (f"scanned={self.scanned} matched={self.matched} {verb}={self.redriven} "
                 f"skipped (loop protection)={self.skipped_loop} "
-                f"skipped (context-only)={self.skipped_context_only} failed={self.failed}")
+                f"skipped (context-only)={self.skipped_context_only} "
+                f"skipped (stage input)={self.skipped_stage_input} "
+                f"skipped (already redriven)={self.skipped_repeat} failed={self.failed}")
 
 
 def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | None = None,
             rate_per_s: float | None = None, dry_run: bool = False, max_redrives: int = 3,
             out: TextIO = sys.stdout, idle_s: float = 2.0, flush_timeout_s: float = 30.0,
             client_conf: Mapping[str, Any] | None = None,
-            sleep: Callable[[float], None] = time.sleep) -> RedriveSummary:
-    """Re-publish matching records of the DLQ `topic` to `target`; see the module docstring."""
+            sleep: Callable[[float], None] = time.sleep, allow_stage_input: bool = False,
+            progress: TextIO | None = None, progress_every_s: float = 2.0) -> RedriveSummary:
+    """Re-publish matching records of the DLQ `topic` to `target`; see the module docstring.
+
+    ``allow_stage_input``: also send records whose key/value are a stage's input (not the
+    source record) to their source topic. ``progress``: where to print running counts (every
+    ``progress_every_s`` and at the end), e.g. stderr."""
     if target == topic:
         raise DlqError(f"the redrive target must not be the DLQ topic itself ({topic!r})")
     if max_redrives < 0:
@@ -349,8 +379,21 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
 
     started = time.monotonic()
     sent = 0
+    seen: set[tuple[str | None, str]] = set()
+    shown = started
+
+    def show(final: bool = False) -> None:
+        if progress is not None:
+            print(f"redrive {'done' if final else 'progress'}: {summary.line(dry_run)} "
+                  f"({time.monotonic() - started:.0f}s)", file=progress, flush=True)
+
     for msg in read_topic(bootstrap, topic, idle_s=idle_s, consumer_conf=client_conf):
         summary.scanned += 1
+        if progress is not None and time.monotonic() - shown >= progress_every_s:
+            shown = time.monotonic()
+            if producer is not None:
+                producer.poll(0)
+            show()
         if not flt.matches(msg):
             continue
         summary.matched += 1
@@ -361,12 +404,29 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
             print(f"skip {where} record {rid}: context-only (no original record to redrive)",
                   file=out)
             continue
+        ident = (msg.text(H_JOB), rid) if rid != "-" else None
+        if ident is not None and ident in seen:
+            summary.skipped_repeat += 1
+            print(f"skip {where} record {rid}: already redriven in this run", file=out)
+            continue
         count = redrive_count(msg)
         if count >= max_redrives:
             summary.skipped_loop += 1
             print(f"skip {where} record {rid}: redriven {count} times already "
                   f"(--max-redrives {max_redrives})", file=out)
             continue
+        if not allow_stage_input and stage_input_to_source(msg, target):
+            summary.skipped_stage_input += 1
+            print(f"skip {where} record {rid}: its key/value are the "
+                  f"{msg.text(H_PAYLOAD) or 'unstated (older)'} payload of a stage, not the "
+                  f"source record, and {target!r} is (or may be) its source topic "
+                  f"(--allow-stage-input sends it anyway)", file=out)
+            continue
+        if ident is not None:
+            if len(seen) < MAX_REMEMBERED_IDS:
+                seen.add(ident)
+            else:
+                summary.unremembered += 1
         headers = original_headers(msg) + [(H_REDRIVE_COUNT, str(count + 1).encode())]
         if dry_run or producer is None:
             summary.redriven += 1
@@ -396,6 +456,10 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
             producer.flush(1.0)
     for err in summary.errors:
         print(f"error: {err}", file=out)
+    if summary.unremembered:
+        print(f"note: {summary.unremembered} record(s) redriven after {MAX_REMEMBERED_IDS} ids "
+              f"were remembered: repeats among them were not detected", file=out)
+    show(final=True)
     print(summary.line(dry_run), file=out, flush=True)
     return summary
 
