@@ -28,6 +28,7 @@ class Sizes:
     tracing_records: int          # 6
     memory_records: int           # 7
     many_total: int               # 8: records per run, split over the clients
+    jobs_closed: int              # 9: short jobs run and ended
     profile: bool                 # profile missed targets with py-spy
 
     @classmethod
@@ -35,14 +36,16 @@ class Sizes:
         return cls(runs=5, dlq_records=60_000, rpc_single=3_000, rpc_batched=100_000,
                    rpc_per_client=25_000, happy_rows=5_000_000, error_rows=1_000_000,
                    durability_per_client=20_000, tracing_records=30_000,
-                   memory_records=1_000_000, many_total=128_000, profile=True)
+                   memory_records=1_000_000, many_total=128_000, jobs_closed=10_000,
+                   profile=True)
 
     @classmethod
     def short(cls) -> Sizes:
         return cls(runs=3, dlq_records=6_000, rpc_single=600, rpc_batched=12_800,
                    rpc_per_client=3_000, happy_rows=120_000, error_rows=40_000,
                    durability_per_client=2_000, tracing_records=3_000,
-                   memory_records=50_000, many_total=20_480, profile=False)
+                   memory_records=50_000, many_total=20_480, jobs_closed=1_000,
+                   profile=False)
 
 
 @dataclass

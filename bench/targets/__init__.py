@@ -1,4 +1,4 @@
-"""The eight benchmark targets (issue 7), in the order the report lists them."""
+"""The benchmark targets (issue 7; 9 from issue 12), in the order the report lists them."""
 
 from __future__ import annotations
 
@@ -28,5 +28,9 @@ TARGETS: tuple[TargetSpec, ...] = (
                          "spillway.sidecar.dlq.pipeline:DlqPipeline")),
     TargetSpec("many-clients", 8, "Many executors: 32 vs 4 concurrent clients", rpc.run_many,
                requires=("spillway.client:SidecarClient",
+                         "spillway.sidecar.dlq.pipeline:DlqPipeline")),
+    TargetSpec("jobs-memory", 9, "Sidecar memory after 10,000 jobs ran and ended",
+               memory.run_jobs_memory,
+               requires=("spillway.client:SidecarClient.end_job",
                          "spillway.sidecar.dlq.pipeline:DlqPipeline")),
 )

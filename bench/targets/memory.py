@@ -127,3 +127,89 @@ def _measure(ctx: Context, result: TargetResult, broker, sidecar, n: int, per: i
         f"VmRSS {SETTLE_S:.0f} s after spool-depth reached 0"))
     result.notes.append(f"Peak RSS over the whole run, drain included: {fmt(peak_all)} MB "
                         "(the targets bound the outage and the state after the drain).")
+
+
+JOBS_THREADS = 4
+
+
+def run_jobs_memory(ctx: Context, result: TargetResult) -> None:
+    """Target 9: RSS of a sidecar before and after it served and ended many short jobs."""
+    n = ctx.sizes.jobs_closed
+    result.setup = (
+        f"A fresh sidecar process (spool on, `jobs.max.live` default) and a fresh DLQ topic; "
+        f"after a warm-up of 100 jobs, {JOBS_THREADS} client threads run {n:,} short jobs, "
+        "each: RegisterJob (a new run), one ReportFailures of 20 failed records (5 data errors, "
+        "dead-lettered; 15 transient, RETRY), a FlushTask, then EndJob (the driver's "
+        "`Job.close()`). 'Before' is VmRSS after the warm-up; 'after' is VmRSS "
+        f"{SETTLE_S:.0f} s after the last EndJob, once the spool is empty. One run.")
+    sidecar = ctx.infra.sidecar(name="jobs-memory")
+    try:
+        _measure_jobs(ctx, result, sidecar, n)
+    finally:
+        ctx.infra.stop_sidecar(sidecar)
+
+
+def _job_round(client, topic: str, prefix: str, count: int) -> None:
+    from spillway.v1 import sidecar_pb2 as pb
+
+    props = {**dlq_props(topic), "errors.deadletterqueue.auto.create.topics.enable": "false"}
+    data = pb.ExceptionInfo(class_name="builtins.ValueError",
+                            class_chain=["builtins.ValueError"], message="bad")
+    transient = pb.ExceptionInfo(class_name="builtins.ConnectionError",
+                                 class_chain=["builtins.ConnectionError"], message="reset")
+    for i in range(count):
+        run = client.register_job(f"{prefix}-{i}", props)
+        task = pb.TaskIdentity(stage_id=1, partition_id=i % 8, task_attempt_id=i)
+        records = [pb.FailedRecord(record_id=f"r{k}", stage=pb.STAGE_TRANSFORMATION,
+                                   key=f"{prefix}-{i}/{k}".encode(), value=b"v" * 200,
+                                   exception=data if k % 4 == 0 else transient)
+                   for k in range(20)]
+        client.report_failures(run, task, records)
+        client.flush_task(run, task, {pb.STAGE_TRANSFORMATION: 100}, timeout_s=60)
+        client.end_job(run)
+
+
+def _measure_jobs(ctx: Context, result: TargetResult, sidecar, n: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spillway.client import SidecarClient
+
+    topic = ctx.infra.fresh_topic("jobs-memory")
+    tag = uuid.uuid4().hex[:6]
+    client = SidecarClient(sidecar.address, timeout_s=60)
+    ctx.infra.on_close(client.close)
+    _job_round(client, topic, f"warm-{tag}", 100)
+    time.sleep(SETTLE_S)
+    before = rss_kib(sidecar.pid) / MB
+    per = n // JOBS_THREADS
+    t0 = time.monotonic()
+    with RssSampler(sidecar.pid) as during:
+        with ThreadPoolExecutor(JOBS_THREADS) as pool:
+            for f in [pool.submit(_job_round, client, topic, f"bench-{tag}-{t}", per)
+                      for t in range(JOBS_THREADS)]:
+                f.result()
+    elapsed = time.monotonic() - t0
+    status = _status(sidecar.address)
+    deadline = time.monotonic() + 120
+    while status.get("spool-depth", 0) > 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        status = _status(sidecar.address)
+    time.sleep(SETTLE_S)
+    after = rss_kib(sidecar.pid) / MB
+    status = _status(sidecar.address)
+    result.figure("RSS before (after the warm-up)", "MB").add(before)
+    result.figure(f"peak RSS while {per * JOBS_THREADS:,} jobs ran", "MB").add(
+        during.peak_kib / MB)
+    result.figure(f"RSS {SETTLE_S:.0f} s after the last job ended", "MB").add(after)
+    result.figure("jobs per second (register, report, flush, end)", "jobs/s").add(
+        per * JOBS_THREADS / elapsed)
+    result.notes.append(
+        f"Live jobs afterwards: {status.get('jobs', -1):,.0f}; records still tracked: "
+        f"{status.get('records-tracked', -1):,.0f}; spool depth {status.get('spool-depth', -1):,.0f}.")
+    ctx.log(f"    {per * JOBS_THREADS:,} jobs in {elapsed:.1f} s; RSS {before:.1f} -> "
+            f"{after:.1f} MB (peak {during.peak_kib / MB:.1f})")
+    result.checks.append(absolute_check(
+        "RSS after the jobs ended vs before", after / before, "<=", 1.2, "ratio",
+        f"VmRSS {after:.1f} MB after / {before:.1f} MB before"))
+    result.checks.append(absolute_check(
+        "live jobs after every job ended", status.get("jobs", -1), "==", 0, "jobs"))
