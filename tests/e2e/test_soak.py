@@ -20,7 +20,7 @@ from support.kafka import read_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-ROUNDS = 8
+ROUNDS = 20
 JOBS_PER_ROUND = 12
 RECORDS_PER_JOB = 40       # of which every 4th fails as a data error -> dead-lettered
 IDLE_TIMEOUT_MS = 1500
@@ -69,11 +69,12 @@ def _records(job: str, n: int) -> list[pb.FailedRecord]:
 def _round(client: SidecarClient, topic: str, r: int, dead: set[bytes]) -> None:
     props = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
              "errors.deadletterqueue.auto.create.topics.enable": "true",
-             "errors.deadletterqueue.topic.replication.factor": "1"}
+             "errors.deadletterqueue.topic.replication.factor": "1",
+             "errors.retry.timeout": "600000"}   # transient failures: RETRY, tracked
     for k in range(JOBS_PER_ROUND):
         job = f"soak-{r}-{k}-{uuid.uuid4().hex[:6]}"
         run = client.register_job(job, props)
-        task = pb.TaskIdentity(stage_id=1, partition_id=k, task_attempt_id=r * 1000 + k)
+        task = pb.TaskIdentity(stage_id=1, partition_id=k, task_attempt_id=(r + 1) * 1000 + k)
         records = _records(job, RECORDS_PER_JOB)
         verdicts = client.report_failures(run, task, records)
         for rec, v in zip(records, verdicts, strict=True):
@@ -96,6 +97,10 @@ def test_many_short_jobs_leave_no_state_no_memory_and_lose_nothing(broker, tmp_p
         for r in range(ROUNDS):
             _round(client, topic_name, r, dead)
         rss_peak = _rss_mb(proc.pid)
+        live = client.status()
+        # the abandoned jobs are still live, holding the retry schedules of their transient
+        # failures, until their idle timeout
+        assert live.counters["jobs"] > 0 and live.counters["records-tracked"] > 0
         # every abandoned job ends on its own after the idle timeout
         deadline = time.monotonic() + 60
         while True:
