@@ -133,3 +133,52 @@ def test_top_causes_example(spark, broker, dead_letters):
     assert all(r.stage == "TRANSFORMATION" and r.partitions == 3 for r in out)
     assert out[0].first_seen <= out[0].last_seen
     print(f"top causes in {time.monotonic() - t0:.1f}s")
+
+
+def parse_fixed(row):
+    """The fix: a missing amount is 0; undecodable JSON still fails."""
+    order = json.loads(row.value)
+    return (order["id"], float(order.get("amount", 0.0)))
+
+
+@pytest.mark.slow
+def test_reprocess_sends_fixed_records_on_and_dead_letters_the_rest_again(spark, sidecar,
+                                                                          broker):
+    topic = f"dlq.reprocess-{uuid.uuid4().hex[:8]}"
+    job = Job(f"reprocess-{uuid.uuid4().hex[:6]}", {
+        "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
+        "errors.deadletterqueue.context.headers.enable": "true",
+        "errors.deadletterqueue.auto.create.topics.enable": "true",
+        "errors.deadletterqueue.topic.replication.factor": "1"}, sidecar=sidecar.address)
+    job.register()
+    df = spark.createDataFrame(_rows(), KAFKA_SOURCE_SCHEMA)
+    assert job.map_partitions(df, parse, schema="id int, amount double").count() == 24
+    read = lambda: read_dlq(spark, topic, bootstrap_servers=broker.bootstrap_servers)  # noqa: E731
+    first = read().collect()
+    assert len(first) == 6
+
+    out = job.reprocess(read(), parse_fixed, schema="id int, amount double").collect()
+    # the KeyError records now succeed; the undecodable ones are dead-lettered again
+    assert sorted((r.id, r.amount) for r in out) == [(7, 0.0), (17, 0.0), (27, 0.0)]
+    rows = read().collect()
+    again = [r for r in rows if r.redrive_count == 1]
+    assert len(rows) == 9 and len(again) == 3
+    originals = {r.source_offset: r.record_id for r in first}
+    for r in again:
+        h = {x.key: x.value for x in r.headers}
+        # the original record, its first id and source, and where it failed this time
+        assert r.value == b"{oops" and r.key == f"k{r.source_offset - 100}".encode()
+        assert h["source"] == b"example"
+        assert h["spillway.redrive.of"].decode() == originals[r.source_offset]
+        assert r.record_id == originals[r.source_offset] + "#redrive1"
+        assert r.source_topic == "orders" and r.exception_class.endswith("JSONDecodeError")
+
+    # loop protection: with max_redrives=1 the records sent round once are left out; the
+    # originals run again under the same ids, so they are not dead-lettered a second time
+    out = job.reprocess(read(), parse_fixed, schema="id int, amount double",
+                        max_redrives=1).collect()
+    assert len(out) == 3 and read().count() == 9
+    with pytest.raises(ValueError, match="max_redrives"):
+        job.reprocess(read(), parse_fixed, max_redrives=0)
+    with pytest.raises(ValueError, match="missing columns"):
+        job.reprocess(df, parse_fixed)

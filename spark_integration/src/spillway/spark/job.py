@@ -830,6 +830,29 @@ class Job:
                                 refresh)
         return data.mapPartitions(run)
 
+    def reprocess(self, dlq_df: Any, fn: Callable[[Any], Any], *, schema: Any = None,
+                  max_redrives: int = 3, stage: str | int = "TRANSFORMATION",
+                  custom_stage: str = "", name: str | None = None, flat: bool = False,
+                  refresh: Callable[[], None] | None = None) -> Any:
+        """Run a fixed ``fn`` over dead-lettered records (a `read_dlq` DataFrame) under this
+        job's policy: what now succeeds is the returned DataFrame (``schema``, default Spark's
+        Kafka source schema, which is what ``fn``'s rows have: the original key, value and
+        headers); what still fails is dead-lettered again with its history
+        (``spillway.redrive.count``, ``spillway.redrive.of``). Records already sent round
+        ``max_redrives`` times, and context-only ones, are left out (loop protection, as
+        `spillway dlq redrive` has it). See `spillway.spark._reprocess`."""
+        from ._reprocess import redrive_frame, redrive_record_id
+
+        if isinstance(max_redrives, bool) or not isinstance(max_redrives, int) \
+                or max_redrives < 1:
+            raise ValueError(f"max_redrives: expected an int >= 1, got {max_redrives!r}")
+        if not _is_dataframe(dlq_df):
+            raise TypeError("dlq_df: expected a DataFrame from spillway.spark.read_dlq")
+        rows = redrive_frame(dlq_df, max_redrives)
+        return self.map_partitions(rows, fn, schema=schema, stage=stage,
+                                   custom_stage=custom_stage, name=name, flat=flat,
+                                   refresh=refresh, record_id=redrive_record_id)
+
     def map_in_pandas(self, df: Any, fn: Callable[[Any], Any], schema: Any, *,
                       stage: str | int = "TRANSFORMATION", custom_stage: str = "",
                       record_id: Callable[[Any], str] | None = None,
