@@ -52,16 +52,18 @@ def main(argv: list[str] | None = None) -> int:
                             record_id=f"r{p}", stage=pb.STAGE_TRANSFORMATION, exception=exc)]),
                         timeout=10, metadata=md)
             print(f"{args.jobs:,} jobs registered and failing in {time.perf_counter() - t0:.1f} s")
-        times, size = [], 0
+        times, cpu, size = [], [], 0
         for _ in range(args.scrapes):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60).read()
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)  # this process: the sidecar and the scraper
             size = len(body)
         lines = body.count(b"\n")
         print(f"scrape: {lines:,} lines, {size / 1e6:.1f} MB; median "
               f"{statistics.median(times) * 1000:.0f} ms (range {min(times) * 1000:.0f}-"
-              f"{max(times) * 1000:.0f} ms over {len(times)} scrapes)")
+              f"{max(times) * 1000:.0f} ms over {len(times)} scrapes); CPU per scrape (sidecar "
+              f"and scraper) median {statistics.median(cpu) * 1000:.0f} ms")
     finally:
         running.stop(1.0)
     return 0
