@@ -193,9 +193,12 @@ def main(argv: list[str] | None = None) -> int:
             succeeded = result.count()
         except Exception as exc:  # the job failed by policy (e.g. errors.tolerance=none)
             print(f"\njob {job_name} FAILED: {job.failure_message(exc)}", file=sys.stderr)
+            job.close()
             return 1
 
-        summary = job.summary()
+        # ends the run: waits for its dead letters, releases its state on every sidecar and
+        # answers the final counts
+        summary = job.close()
         dlq = read_dlq(bootstrap, args.dlq_topic, job_name)
         report = {
             "job": job_name,
