@@ -222,3 +222,30 @@ def test_records_a_full_spool_refused_are_dead_lettered_on_their_next_report(
         assert keys == [b"u-0", b"u-1"]
     finally:
         full.stop(1.0)
+
+
+def test_a_home_that_lost_the_run_hears_of_it_again_when_the_executor_registers_again(
+        two_nodes):
+    """The home restarted or expired the run while a node still has it: the node relays
+    NOT_FOUND, the executor registers again (as the client does on NOT_FOUND), the node forwards
+    that to the home, which takes the run back with the executor's token."""
+    a, b = two_nodes
+    sa, sb = _stub(a), _stub(b)
+    props = {"errors.tolerance": "all"}
+    reg = sa.RegisterJob(pb.RegisterJobRequest(job="lost-home", run_id=RUN, properties=props),
+                         timeout=20)
+    register_on_b = pb.RegisterJobRequest(job="lost-home", run_id=RUN, properties=props,
+                                          home=reg.home, home_instance_id=reg.home_instance_id)
+    sb.RegisterJob(register_on_b, timeout=20, metadata=_md(reg))
+    sa.EndJob(pb.EndJobRequest(job="lost-home", run_id=RUN, local_only=True), timeout=20,
+              metadata=_md(reg))  # only the home forgets it
+    report = pb.ReportFailuresRequest(job="lost-home", run_id=RUN, records=_records("l", 1),
+                                      task=pb.TaskIdentity(stage_id=1, task_attempt_id=3))
+    with pytest.raises(grpc.RpcError) as lost:
+        sb.ReportFailures(report, timeout=10, metadata=_md(reg))
+    assert lost.value.code() == grpc.StatusCode.NOT_FOUND
+    sb.RegisterJob(register_on_b, timeout=20, metadata=_md(reg))
+    out = sb.ReportFailures(report, timeout=10, metadata=_md(reg))
+    assert out.verdicts[0].action == pb.ACTION_SKIP
+    assert sa.GetJobSummary(pb.GetJobSummaryRequest(job="lost-home", run_id=RUN), timeout=5,
+                            metadata=_md(reg)).total_record_errors == 1

@@ -274,7 +274,8 @@ class Sidecar:
         if existing is not None:
             if not may_use(existing.digest, token):
                 raise access_error(job, run_id, token)
-            reg = self._register_again(existing, properties, home_addr, request, token)
+            reg = self._register_again(existing, properties, home_addr, request, token,
+                                       timeout_s)
         elif home_addr:
             reg = self._register_homed_elsewhere(job, run_id, properties, request, token,
                                                  timeout_s)
@@ -290,7 +291,8 @@ class Sidecar:
             home_instance_id=run.home_instance_id if run.home is not None else self.instance_id)
 
     def _register_again(self, run: Run, properties, home_addr: str,
-                        request: pb.RegisterJobRequest, token: str) -> _Registered:
+                        request: pb.RegisterJobRequest, token: str,
+                        timeout_s: float) -> _Registered:
         """The caller holds the run's token: idempotent, but never a new policy or home."""
         if home_addr and run.home is not None and home_addr != run.home.address:
             raise JobConflictError(
@@ -303,6 +305,11 @@ class Sidecar:
                 f"{home_addr}: one run has one home")
         # idempotent for the run's own policy; JobConflictError for another one
         settings = self.engine.register_job(run.job, properties, run_id=run.run_id)
+        if run.home is not None:
+            # an executor registers again when a call answered NOT_FOUND: the home may have
+            # lost the run (restart, idle expiry), so it hears of it again (its token adopted)
+            run.home.register(run.job, run.run_id, properties, token=token,
+                              peer=self.advertised_address, timeout_s=timeout_s)
         self.registry.touch(run)
         return _Registered(settings, run, token)
 
@@ -618,6 +625,8 @@ class Sidecar:
                                          timeout_s=min(max(remaining, 0.1), 10.0))
                     out.summaries.extend(answer.summaries)
                 except HomeError as exc:
+                    if exc.code == grpc.StatusCode.NOT_FOUND:
+                        continue  # released there already (or it never recorded the run)
                     out.unreachable.append(node)
                     log.warning("job %r run %r: could not release it on node sidecar %s (it "
                                 "ends there on its idle timeout): %s", job, run_id, node, exc)
