@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -11,22 +10,13 @@ import sys
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support import serve
 
 pytestmark = pytest.mark.e2e
 
 
 def _spawn(args, env=None):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spillway.sidecar.cli", "--log-level", "WARNING", "serve", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, **(env or {})},
-    )
-    line = proc.stdout.readline()
-    m = re.search(r"listening on (\S+)", line)
-    if not m:
-        proc.kill()
-        raise AssertionError(f"no listening line: {line!r} {proc.stderr.read()[-2000:]}")
-    return proc, m.group(1)
+    return serve.spawn(args, extra_env=env)
 
 
 def _health(address):

@@ -208,7 +208,7 @@ def test_an_undecodable_request_is_invalid_argument(sidecar, stub, victim, metho
     # a truncated tag, a length past the end, a job name that is not UTF-8
     for garbage in (b"\xff\xff\xff\xff", b"\x0a\xff\x01", b"\x0a\x02\xc3\x28"):
         details = _refused(lambda: call(garbage, timeout=5))
-        assert details.startswith(f"request is not a valid spillway.v1.")
+        assert details.startswith("request is not a valid spillway.v1.")
     _untouched(sidecar, stub, victim)
 
 

@@ -6,8 +6,6 @@ and health stays SERVING. The operator (admin token) lists and ends runs with `s
 
 from __future__ import annotations
 
-import os
-import re
 import subprocess
 import sys
 
@@ -17,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support import serve
 from support.tls import write_token
 
 pytestmark = pytest.mark.e2e
@@ -29,26 +28,11 @@ PROPS = {"errors.tolerance": "all", "errors.tolerance.max.errors": "5",
 
 
 def _spawn(args):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spillway.sidecar.cli", "--log-level", "WARNING", "serve",
-         "--listen", "127.0.0.1:0", "--set", "telemetry.enable=false", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "GRPC_VERBOSITY": "NONE"})
-    line = proc.stdout.readline()
-    m = re.search(r"listening on (\S+)", line)
-    if not m:
-        proc.kill()
-        raise AssertionError(f"no listening line: {line!r} {proc.communicate()[1][-2000:]}")
-    return proc, m.group(1)
+    return serve.spawn(["--listen", "127.0.0.1:0", "--set", "telemetry.enable=false", *args],
+                       extra_env={"GRPC_VERBOSITY": "NONE"})
 
 
-def _stop(proc):
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+_stop = serve.stop
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ victim job, the sidecar and its health untouched. TLS material is generated per 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import stat
 import subprocess
@@ -22,6 +21,7 @@ from spillway.client import SidecarAuthError, SidecarClient, SidecarTlsError
 from spillway.client.errors import SidecarUnavailableError
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support import serve
 from support.tls import Ca, write_token
 
 pytestmark = pytest.mark.e2e
@@ -33,26 +33,11 @@ RUN = "app-security-0001"  # every job-scoped call names its run
 
 
 def _spawn(args, env=None):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spillway.sidecar.cli", "--log-level", "WARNING", "serve",
-         "--set", "telemetry.enable=false", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "GRPC_VERBOSITY": "NONE", **(env or {})})
-    line = proc.stdout.readline()
-    m = re.search(r"listening on (\S+)", line)
-    if not m:
-        proc.kill()
-        raise AssertionError(f"no listening line: {line!r} {proc.communicate()[1][-2000:]}")
-    return proc, m.group(1)
+    return serve.spawn(["--set", "telemetry.enable=false", *args],
+                       extra_env={"GRPC_VERBOSITY": "NONE", **(env or {})})
 
 
-def _stop(proc):
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+_stop = serve.stop
 
 
 def _health(channel):

@@ -5,17 +5,15 @@ memory are back down, and every record it dead-lettered is in the DLQ topic."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 
 import pytest
-
 from spillway.client import SidecarClient
 from spillway.v1 import sidecar_pb2 as pb
+from support import serve
 from support.kafka import read_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -35,19 +33,11 @@ def _rss_mb(pid: int) -> float:
 
 
 def _spawn(broker, tmp_path):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spillway.sidecar.cli", "--log-level", "WARNING", "serve",
-         "--listen", "127.0.0.1:0", "--bootstrap-servers", broker.bootstrap_servers,
+    return serve.spawn(
+        ["--listen", "127.0.0.1:0", "--bootstrap-servers", broker.bootstrap_servers,
          "--set", f"spool.dir={tmp_path / 'spool'}",
          "--set", f"job.idle.timeout.ms={IDLE_TIMEOUT_MS}", "--set", "producer.linger.ms=5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("SPILLWAY_")})
-    line = proc.stdout.readline()
-    m = re.search(r"listening on (\S+)", line)
-    if not m:
-        proc.kill()
-        raise AssertionError(f"no listening line: {line!r} {proc.stderr.read()[-2000:]}")
-    return proc, m.group(1)
 
 
 def _records(job: str, n: int) -> list[pb.FailedRecord]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,9 +20,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 import grpc
-
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+
+try:
+    from support import serve
+except ImportError:  # run as a script: tests/support is sys.path[0]
+    import serve  # type: ignore[no-redef]
 
 BATCH = 500
 
@@ -42,17 +45,8 @@ class CrashRun:
 
 
 def _serve(bootstrap: str, spool_dir: str):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spillway.sidecar.cli", "--log-level", "WARNING", "serve",
-         "--listen", "127.0.0.1:0", "--bootstrap-servers", bootstrap,
-         "--set", f"spool.dir={spool_dir}"],
-        stdout=subprocess.PIPE, text=True,
-        stderr=subprocess.DEVNULL)
-    m = re.search(r"listening on (\S+)", proc.stdout.readline())
-    if not m:
-        proc.kill()
-        raise RuntimeError("sidecar did not start")
-    return proc, m.group(1)
+    return serve.spawn(["--listen", "127.0.0.1:0", "--bootstrap-servers", bootstrap,
+                        "--set", f"spool.dir={spool_dir}"], stderr=subprocess.DEVNULL)
 
 
 RUN = "app-crash-0001"

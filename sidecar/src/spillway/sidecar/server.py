@@ -35,7 +35,7 @@ from .core import config
 from .core.dlq_record import DlqBuilder
 from .core.guardrails import check_topic_name
 from .core.handlers import HandlerRules
-from .core.model import Action, Category, Decision, StageRef, Verdict, task_key
+from .core.model import Action, Category, StageRef, Verdict, task_key
 from .core.policy import PolicyEngine, run_key
 from .core.ports import SystemClock
 from .core.settings import JobSettings, job_settings
