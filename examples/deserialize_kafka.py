@@ -41,7 +41,6 @@ if __name__ == "__main__":
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = SparkSession.builder.master("local[2]").getOrCreate()
-    job = Job("example-deserialize", {"errors.tolerance": "all"})
-    job.register()
-    run(spark, job).select("offset", "parsed_key", "parsed_value.id").show()
-    print(job.summary().by_stage)   # {'KEY_CONVERTER': 1, 'VALUE_CONVERTER': 1}
+    with Job("example-deserialize", {"errors.tolerance": "all"}) as job:   # ends the run after
+        run(spark, job).select("offset", "parsed_key", "parsed_value.id").show()
+        print(job.summary().by_stage)   # {'KEY_CONVERTER': 1, 'VALUE_CONVERTER': 1}

@@ -39,8 +39,8 @@ if __name__ == "__main__":
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = SparkSession.builder.master("local[2]").getOrCreate()
-    job = Job("example-sink", {"errors.tolerance": "all"})
-    job.register()
-    with tempfile.TemporaryDirectory() as out:
+    # `with`: registers the run, and ends it at its sidecar(s) when the block is done
+    with Job("example-sink", {"errors.tolerance": "all"}) as job, \
+            tempfile.TemporaryDirectory() as out:
         run(spark, job, out)
         print(sorted(int(f.split(".")[0]) for f in os.listdir(out)))   # 0..19 without 9

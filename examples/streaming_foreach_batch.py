@@ -37,14 +37,13 @@ if __name__ == "__main__":
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = SparkSession.builder.master("local[2]").getOrCreate()
-    job = Job("example-streaming", {"errors.tolerance": "all"})
-    job.register()
-
     def write(rows, batch_id):
         print(f"batch {batch_id}: {len(rows)} rows")
 
-    with tempfile.TemporaryDirectory() as checkpoint:
+    # `with`: the run is registered, and ended at its sidecar(s) once the query has stopped
+    with Job("example-streaming", {"errors.tolerance": "all"}) as job, \
+            tempfile.TemporaryDirectory() as checkpoint:
         query = start(spark, job, write, checkpoint)
         time.sleep(10)
         query.stop()
-    print(job.summary())
+        print(job.summary())

@@ -49,12 +49,11 @@ if __name__ == "__main__":
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = SparkSession.builder.master("local[2]").getOrCreate()
-    job = Job("example-transform", {
+    with Job("example-transform", {        # registers the run; ends it when the block is done
         "errors.tolerance": "all",           # skip poison records instead of failing
         "errors.retry.timeout": "30000",     # retry retriable failures for up to 30 s
         "errors.log.enable": "true",
         # "errors.deadletterqueue.topic.name": "dlq.orders",   # with a Kafka-backed sidecar
-    })
-    job.register()
-    print(sorted(run(spark, job).collect()))
-    print(job.summary())
+    }) as job:
+        print(sorted(run(spark, job).collect()))
+        print(job.summary())

@@ -30,6 +30,6 @@ if __name__ == "__main__":
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = SparkSession.builder.master("local[2]").getOrCreate()
-    job = Job("example-udf", {"errors.tolerance": "all"})
-    job.register()
-    run(spark, job).select("s", "n", "r.value", "r.error.exception_class").show(truncate=False)
+    with Job("example-udf", {"errors.tolerance": "all"}) as job:   # ends the run after the block
+        run(spark, job).select("s", "n", "r.value", "r.error.exception_class").show(
+            truncate=False)

@@ -41,8 +41,7 @@ if __name__ == "__main__":
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = SparkSession.builder.master("local[2]").getOrCreate()
-    job = Job("example-vectorized", {"errors.tolerance": "all"})
-    job.register()
-    scored, evens = run(spark, job)
-    print(scored.count(), evens.count())   # 99 50
-    print(job.summary().by_exception_class)
+    with Job("example-vectorized", {"errors.tolerance": "all"}) as job:   # ends the run after
+        scored, evens = run(spark, job)
+        print(scored.count(), evens.count())   # 99 50
+        print(job.summary().by_exception_class)
