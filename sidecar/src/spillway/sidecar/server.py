@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent import futures
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,7 @@ from .errors import (
     KafkaUnreachableError,
     TopicGuardrailError,
     LiveRunsExhaustedError,
+    SpillwayError,
     UnknownJobError,
 )
 from .registry import (
@@ -80,28 +82,47 @@ _DEADLINE_MARGIN_S = 0.05
 _KAFKA_ANSWER_MARGIN_S = 0.75
 
 
+# How the sidecar's typed errors answer over gRPC: the first row whose type matches wins (a
+# TopicGuardrailError is a ConfigError before it is a DlqError; a HomeError relays its own code).
+_STATUS_OF: tuple[tuple[type[SpillwayError], grpc.StatusCode], ...] = (
+    (JobAccessError, grpc.StatusCode.PERMISSION_DENIED),
+    (LiveRunsExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (JobConflictError, grpc.StatusCode.FAILED_PRECONDITION),
+    (UnknownJobError, grpc.StatusCode.NOT_FOUND),
+    (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (BackpressureError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (FlushTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    # not UNAVAILABLE (which gRPC clients retry): the sidecar answered, its Kafka did not
+    (KafkaUnreachableError, grpc.StatusCode.FAILED_PRECONDITION),
+    # e.g. a record Kafka can never accept: kept aside, the task must fail
+    (DlqError, grpc.StatusCode.FAILED_PRECONDITION),
+)
+
+
+@contextmanager
+def _answering(context, *, dlq_what: str = ""):
+    """Abort the call with the status of a typed sidecar error raised in the block; ``dlq_what``
+    prefixes the message of a plain DlqError (what the call was doing with the DLQ)."""
+    try:
+        yield
+    except HomeError as exc:
+        context.abort(exc.code, str(exc))
+    except SpillwayError as exc:
+        for kind, code in _STATUS_OF:
+            if isinstance(exc, kind):
+                prefix = dlq_what if kind is DlqError else ""
+                context.abort(code, f"{prefix}{exc}")
+        raise
+
+
 class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
     def __init__(self, sidecar: Sidecar) -> None:
         self._s = sidecar
 
     def RegisterJob(self, request, context):
-        try:
+        with _answering(context, dlq_what="DLQ topic check failed: "):
             return self._s.register_job(request, token=_job_token(context), caller=_caller(),
                                         timeout_s=_timeout(context))
-        except JobAccessError as exc:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        except LiveRunsExhaustedError as exc:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except JobConflictError as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except ConfigError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except KafkaUnreachableError as exc:  # not UNAVAILABLE: the sidecar answered
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except DlqError as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"DLQ topic check failed: {exc}")
-        except HomeError as exc:
-            context.abort(exc.code, str(exc))
 
     def ReportFailures(self, request, context):
         try:
@@ -112,17 +133,9 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
                                  "(decide_only) requests")
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        try:
+        with _answering(context):
             answers = self._s.report(request, task, records, timeout_s=_timeout(context),
                                      token=_job_token(context), caller=_caller())
-        except UnknownJobError as exc:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except JobAccessError as exc:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        except BackpressureError as exc:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except HomeError as exc:
-            context.abort(exc.code, str(exc))
         return convert.report_response(answers)
 
     def FlushTask(self, request, context):
@@ -134,50 +147,24 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
                 processed[ref] = processed.get(ref, 0) + sc.records
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        try:
+        with _answering(context):
             acked = self._s.flush(request, task, processed,
                                   _timeout(context, self._s.flush_timeout_s),
                                   token=_job_token(context), caller=_caller())
-        except UnknownJobError as exc:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except JobAccessError as exc:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        except HomeError as exc:
-            context.abort(exc.code, str(exc))
-        except FlushTimeoutError as exc:
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-        except DlqError as exc:  # a record Kafka can never accept: kept aside, task must fail
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.FlushTaskResponse(dlq_records_acknowledged=acked)
 
     def GetJobSummary(self, request, context):
-        try:
+        with _answering(context):
             return self._s.job_summary(request.job, request.run_id, token=_job_token(context))
-        except UnknownJobError as exc:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except JobAccessError as exc:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        except ConfigError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     def GetStatus(self, request, context):
-        try:
+        with _answering(context):
             return self._s.status_pb(request, token=_job_token(context), caller=_caller())
-        except ConfigError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     def EndJob(self, request, context):
-        try:
+        with _answering(context):
             return self._s.end_job(request, token=_job_token(context), caller=_caller(),
                                    timeout_s=_timeout(context))
-        except UnknownJobError as exc:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except JobAccessError as exc:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        except ConfigError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except HomeError as exc:
-            context.abort(exc.code, str(exc))
 
 
 def _job_token(context) -> str | None:
