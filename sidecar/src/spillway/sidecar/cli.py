@@ -39,7 +39,10 @@ def _parse_set(values: list[str]) -> dict[str, str]:
 
 
 # One flag per secure setting of `spillway serve` (docs/SECURITY.md).
-_SECURITY_FLAGS = (("--tls-cert", "tls.cert.file"), ("--tls-key", "tls.key.file"),
+# `serve` flags that are shorthands for one property each (flags win over --set)
+_PROPERTY_FLAGS = (("--listen", "listen.address"), ("--unix-socket", "listen.unix.socket"),
+                   ("--bootstrap-servers", "bootstrap.servers"),
+                   ("--tls-cert", "tls.cert.file"), ("--tls-key", "tls.key.file"),
                    ("--tls-ca", "tls.ca.file"), ("--token-file", "auth.token.file"),
                    ("--peer-token-file", "auth.peer.token.file"),
                    ("--admin-token-file", "auth.admin.token.file"),
@@ -75,13 +78,7 @@ def operator_client(args: argparse.Namespace):
 
 def serve_properties(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
     explicit = _parse_set(args.set or [])
-    if args.listen is not None:
-        explicit["listen.address"] = args.listen
-    if args.unix_socket is not None:
-        explicit["listen.unix.socket"] = args.unix_socket
-    if args.bootstrap_servers is not None:
-        explicit["bootstrap.servers"] = args.bootstrap_servers
-    for flag, prop in _SECURITY_FLAGS:
+    for flag, prop in _PROPERTY_FLAGS:
         value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
         if value is not None:
             explicit[prop] = value
