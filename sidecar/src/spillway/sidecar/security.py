@@ -699,24 +699,45 @@ def _wrap(behavior: Callable, auth: Callable, *, unary_request: bool,
     return unary
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
-    """Authenticates every call before any servicer code runs (first in the interceptor
-    chain); the servicer reads the outcome with `current_caller()`."""
+# Methods whose wrapped handler is kept (this server's few methods; past it, built per call).
+_MAX_CACHED_METHODS = 256
 
-    def __init__(self, authenticator: Authenticator) -> None:
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Authenticates every call before any servicer code runs (the only interceptor in the
+    chain); the servicer reads the outcome with `current_caller()`.
+
+    ``around(method, behavior, streaming_response)``, if given, wraps each method's behaviour
+    inside the authentication (telemetry's server span: `telemetry.ServerSpans.wrap`), so a
+    refused call reaches nothing, tracing included. A method's wrapped handler is built once
+    and reused for every call of it: a call pays for its own checks, not for closures."""
+
+    def __init__(self, authenticator: Authenticator, *,
+                 around: Callable[[str, Callable, bool], Callable] | None = None) -> None:
         self._auth = authenticator
+        self._around = around
+        self._handlers: dict[str, tuple[object, object]] = {}
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
-        md = _metadata(handler_call_details.invocation_metadata)
+        hit = self._handlers.get(method)
+        if hit is not None and hit[0] is handler:
+            return hit[1]
+        wrapped = self._wrap_handler(method, handler)
+        if len(self._handlers) < _MAX_CACHED_METHODS:
+            self._handlers[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap_handler(self, method: str, handler):
+        authenticate = self._auth.authenticate
 
         def auth(context) -> Caller:
             try:
-                return self._auth.authenticate(method, md, tls_identities(context),
-                                               context.peer())
+                return authenticate(method, _metadata(context.invocation_metadata()),
+                                    tls_identities(context), context.peer())
             except Refused as exc:
                 log.info("refused %s from %s: %s", method, context.peer(), exc)
                 context.abort(exc.code, str(exc))
@@ -724,9 +745,12 @@ class AuthInterceptor(grpc.ServerInterceptor):
         for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
             behavior = getattr(handler, kind)
             if behavior is not None:
+                streaming = kind.endswith("stream")
+                if self._around is not None:
+                    behavior = self._around(method, behavior, streaming)
                 return handler._replace(**{kind: _wrap(
                     behavior, auth, unary_request=kind.startswith("unary"),
-                    streaming_response=kind.endswith("stream"))})
+                    streaming_response=streaming)})
         return handler
 
 

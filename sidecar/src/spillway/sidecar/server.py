@@ -827,12 +827,8 @@ def start_server(
     if sidecar.props["listen.unix.socket"]:  # before anything starts: a refusal leaves no thread
         security.clear_stale_socket(sidecar.props["listen.unix.socket"])
     local_only = not tcp or security.is_loopback_host(security.split_host_port(tcp)[0])
-    # authentication first: nothing (tracing included) sees a call before it is authenticated
-    interceptors = [security.AuthInterceptor(security.Authenticator(sec, local_only=local_only)),
-                    *interceptors]
+    spans = None
     if sidecar.props["telemetry.enable"]:
-        from opentelemetry.instrumentation.grpc import server_interceptor
-
         tel = telemetry.setup(prometheus_port=sidecar.props["metrics.prometheus.port"],
                               prometheus_host=sidecar.props["metrics.prometheus.host"],
                               sidecar_id=sidecar.sidecar_id,
@@ -844,8 +840,14 @@ def start_server(
         if sidecar.pipeline is not None:
             sidecar.pipeline.tracer = tel.tracer
         sidecar.telemetry = tel
-        # gRPC server spans continue the executor's trace (W3C context in the metadata)
-        interceptors.append(server_interceptor(tracer_provider=tel.tracer_provider))
+        # gRPC server spans continue the executor's trace (W3C context in the metadata); only
+        # a sampled call pays for its span
+        spans = telemetry.ServerSpans(tel.tracer_provider)
+    # one interceptor, authentication first: nothing (tracing included) sees a call before it
+    # is authenticated; then the call's server span
+    interceptors = [security.AuthInterceptor(
+        security.Authenticator(sec, local_only=local_only),
+        around=spans.wrap if spans is not None else None), *interceptors]
     if sidecar.pipeline is not None:
         sidecar.pipeline.start()
         sidecar.admission = Admission(sidecar.pipeline.store,
