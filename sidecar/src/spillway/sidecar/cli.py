@@ -111,6 +111,7 @@ def _check_free(prop: str, host: str, port: int) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from . import gctune
     from .dlq.spool import limit_malloc_arenas
     from .server import start_server
 
@@ -130,6 +131,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _check_free("metrics.prometheus.port", props["metrics.prometheus.host"],
                     props["metrics.prometheus.port"])
     running = start_server(raw, install_global_telemetry=True)
+    gctune.tune()  # after start-up: what it allocated is frozen, never walked again
     # Tell whoever started us where we listen (port 0 picks a free one): one parseable line.
     print(f"spillway sidecar listening on {running.address}", flush=True)
     done = threading.Event()
