@@ -234,6 +234,30 @@ class Infra:
             fut.result(30)
         return name
 
+    def topic_records(self, topic: str, expect: int, idle_s: float = 5.0) -> int:
+        """Records readable in ``topic``: read from the start (assign(), no group) until
+        ``expect`` were seen or nothing came for ``idle_s`` (Tansu's high watermark can lag
+        the records it stores, so they are counted, not inferred from offsets)."""
+        import time
+
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "bench-count",
+                      "enable.auto.commit": False, "enable.partition.eof": False})
+        try:
+            parts = c.list_topics(topic, timeout=30).topics[topic].partitions
+            c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+            seen = 0
+            last = time.monotonic()
+            while seen < expect and time.monotonic() - last < idle_s:
+                got = [m for m in c.consume(10_000, 0.5) if m.error() is None]
+                if got:
+                    seen += len(got)
+                    last = time.monotonic()
+            return seen
+        finally:
+            c.close()
+
     # --- sidecars -----------------------------------------------------------------------------
 
     def sidecar(self, props: Mapping[str, str] | None = None, *, name: str = "sidecar",

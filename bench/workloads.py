@@ -14,6 +14,7 @@ from typing import Any
 from .records import VALUE_SIZE
 
 OUT_SCHEMA = "order_id long, amount double"
+OUT_NAMES = ["order_id", "amount"]
 VECTOR_SCHEMA = "id long, total double"
 
 KAFKA_SOURCE_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp",

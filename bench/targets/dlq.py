@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
 import uuid
 
-from .. import workloads
+from .. import peers, workloads
 from ..clients import REPO_ROOT, ClientPool
 from ..infra import BenchError, SidecarProcess
 from ..model import TargetResult, fmt, ratio_check
@@ -65,6 +66,29 @@ def spark_dlq_rate(ctx: Context, sidecar: SidecarProcess, records: int,
     return records / seconds
 
 
+def handrolled_dlq_rate(ctx: Context, records: int) -> float:
+    """Peer (a) on target 1's job: the same rows fail in the same function, and each task
+    produces its failures to a fresh DLQ topic itself; the action returns after every task's
+    flush (all acknowledged). The topic's record count is checked after the clock stops."""
+    ship_workloads()
+    spark = ctx.infra.spark
+    topic = ctx.infra.fresh_topic("peer-a")
+    conf = peers.producer_conf(ctx.infra.bootstrap, linger_ms=LINGER_MS, batch_size=BATCH_BYTES)
+    df = workloads.kafka_frame(spark, records, PARTITIONS, fail_every=1)
+    run = functools.partial(peers.kafka_batches, conf, topic, workloads.parse_order,
+                            workloads.OUT_NAMES)
+    out = df.mapInArrow(run, workloads.OUT_SCHEMA)
+    seconds = timed(lambda: workloads.noop_write(out))
+    expect_topic_records(ctx, topic, records, "hand-rolled dead-lettering")
+    return records / seconds
+
+
+def expect_topic_records(ctx: Context, topic: str, records: int, who: str) -> None:
+    got = ctx.infra.topic_records(topic, records)
+    if got < records:
+        raise BenchError(f"{who}: {got} of {records} records in the DLQ topic {topic}")
+
+
 def run_dlq_rate(ctx: Context, result: TargetResult) -> None:
     n = ctx.sizes.dlq_records
     result.setup = (
@@ -76,16 +100,28 @@ def run_dlq_rate(ctx: Context, result: TargetResult) -> None:
         "Kafka). Baseline: one plain Python process (`bench.produce`) producing the same number "
         "of records (same key, 200-byte value and the sidecar's nine `spillway.*` headers) to a "
         f"fresh topic on the same broker, idempotent, acks=all, linger.ms={LINGER_MS}, "
-        f"batch.size={BATCH_BYTES}, flush at the end.")
+        f"batch.size={BATCH_BYTES}, flush at the end. Peer (a), hand-rolled dead-lettering: the "
+        "same Spark job and rows, `df.mapInArrow` over a function that calls the same `parse_order` "
+        "on each value and, when it raises, produces the row to a fresh DLQ topic itself with "
+        "confluent-kafka: one `Producer` per task (built at its first failure; idempotent, "
+        f"acks=all, linger.ms={LINGER_MS}, batch.size={BATCH_BYTES}), the original key and "
+        "value with five headers (error class, message, source topic, partition, offset), "
+        "`poll(0)` after each produce, flush at the end of the partition, the task failing if "
+        "any record is not acknowledged; no sidecar, spool or policy. Its rate is records / "
+        "wall time of the same action; the DLQ topic's record count is checked afterwards.")
     sidecar = ctx.infra.sidecar(_sidecar_props(), name="e2e")
     f_base = result.figure("plain producer", "records/s")
+    f_peer = result.figure("peer (a): hand-rolled dead-lettering in Spark", "records/s")
     f_cand = result.figure("Spark → client → sidecar → DLQ", "records/s")
     alternate_runs(ctx, result, {
         f_base.name: lambda _r: plain_producer_rate(ctx, n),
+        f_peer.name: lambda _r: handrolled_dlq_rate(ctx, n),
         f_cand.name: lambda _r: spark_dlq_rate(ctx, sidecar, n),
-    }, {f_base.name: f_base, f_cand.name: f_cand}, warmup=True)
+    }, {f_base.name: f_base, f_peer.name: f_peer, f_cand.name: f_cand}, warmup=True)
     result.checks.append(ratio_check("dead-letter rate vs plain producer", f_cand, f_base,
                                      ">=", 0.5))
+    result.checks.append(ratio_check("dead-letter rate vs hand-rolled (a)", f_cand, f_peer,
+                                     ">=", 0.8))
     if ctx.sizes.profile and result.met is False:
         profile_dlq_job(ctx, result, sidecar, n, "dlq-rate")
 

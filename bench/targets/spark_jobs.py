@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import workloads
+from .. import peers, workloads
+from ..infra import BenchError
 from ..model import TargetResult, ratio_check
 from ..profiling import Recording, section
 from ..runner import Context, missing_prerequisite
@@ -145,44 +147,66 @@ def run_happy(ctx: Context, result: TargetResult) -> None:
 
 
 def run_error_path(ctx: Context, result: TargetResult) -> None:
+    from .dlq import BATCH_BYTES, LINGER_MS, expect_topic_records
+
     rows = ctx.sizes.error_rows
     result.setup = (
         f"`parse_order` over an RDD of {rows:,} JSON values ({PARTITIONS} partitions, local[2]) "
         "in which 1% or 10% are truncated JSON. Baseline: bare `rdd.mapPartitions` that catches "
-        "and drops failed rows locally. Candidate: `job.map_partitions` with "
+        "and drops failed rows locally. Peer (a), hand-rolled dead-lettering: bare "
+        "`rdd.mapPartitions` that catches each failure and produces the failed value to a "
+        "fresh DLQ topic itself with confluent-kafka: one `Producer` per task (built at its "
+        f"first failure; idempotent, acks=all, linger.ms={LINGER_MS}, batch.size="
+        f"{BATCH_BYTES}), headers error class, message, partition and position, `poll(0)` "
+        "after each produce, flush at the end of the partition, the task failing if any record "
+        "is not acknowledged; no sidecar, spool or policy (the DLQ topic's record count is "
+        "checked after the clock stops). Candidate: `job.map_partitions` with "
         "`errors.tolerance=all` and a DLQ topic (fresh per run): every failed row is reported "
         "(256 per report), decided by the sidecar (its own process, spool on), dead-lettered "
-        "and acknowledged before the task ends (flush barrier). Wall time of `count()`.")
+        "and acknowledged before the task ends (flush barrier). Wall time of `count()`, the "
+        "three alternated run by run.")
     ship_workloads()
     sidecar = ctx.infra.sidecar(name="errors")
     spark = ctx.infra.spark
+    conf = peers.producer_conf(ctx.infra.bootstrap, linger_ms=LINGER_MS, batch_size=BATCH_BYTES)
     for pct, threshold in ((1.0, 1.10), (10.0, 1.30)):
         every = workloads.poison_every(pct)
+        n_fail = len(range(0, rows, every))
         f_bare = result.figure(f"{pct:g}% failing: catch and drop locally", "s")
+        f_peer = result.figure(f"{pct:g}% failing: peer (a), hand-rolled dead-lettering", "s")
         f_cand = result.figure(f"{pct:g}% failing: spillway, dead-lettered", "s")
 
         def bare(_r, every=every):
             rdd = workloads.order_values(spark.sparkContext, rows, PARTITIONS, every)
             return timed(lambda: rdd.mapPartitions(workloads.bare_rows_dropping).count())
 
-        def wrapped(_r, every=every):
+        def handrolled(_r, every=every, n_fail=n_fail):
+            topic = ctx.infra.fresh_topic("peer-a")
+            rdd = workloads.order_values(spark.sparkContext, rows, PARTITIONS, every)
+            run = functools.partial(peers.values_partition, conf, topic, workloads.parse_order)
+            seconds = timed(lambda: rdd.mapPartitions(run).count())
+            expect_topic_records(ctx, topic, n_fail, "hand-rolled dead-lettering")
+            return seconds
+
+        def wrapped(_r, every=every, n_fail=n_fail):
             job = _job(ctx, sidecar.address, dlq_props(ctx.infra.fresh_topic("errors")))
             rdd = workloads.order_values(spark.sparkContext, rows, PARTITIONS, every)
-            n_fail = len(range(0, rows, every))
             seconds = timed(lambda: job.map_partitions(rdd, workloads.parse_order).count())
             written = job.summary().dlq_records_written
             if written < n_fail:
-                from ..infra import BenchError
-
                 raise BenchError(f"{written} of {n_fail} failed rows acknowledged in the DLQ")
             return seconds
 
-        alternate_runs(ctx, result, {f_bare.name: bare, f_cand.name: wrapped},
-                       {f_bare.name: f_bare, f_cand.name: f_cand}, warmup=True)
+        alternate_runs(ctx, result, {f_bare.name: bare, f_peer.name: handrolled,
+                                     f_cand.name: wrapped},
+                       {f_bare.name: f_bare, f_peer.name: f_peer, f_cand.name: f_cand},
+                       warmup=True)
         check = ratio_check(f"{pct:g}% failing rows vs catch-and-drop (wall time)", f_cand,
                             f_bare, "<=", threshold)
-        result.checks.append(check)
-        if ctx.sizes.profile and check.met is False:
+        peer_check = ratio_check(f"{pct:g}% failing rows vs hand-rolled (a) (wall time)", f_cand,
+                                 f_peer, "<=", 1.2)
+        result.checks += [check, peer_check]
+        if ctx.sizes.profile and (check.met is False or peer_check.met is False):
             _profile_workers(ctx, result, f"{pct:g}% failing rows, {rows:,} rows",
                              lambda w=wrapped: w(0), extra_pids=[sidecar.pid],
                              label=f"errors-{pct:g}")

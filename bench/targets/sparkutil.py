@@ -20,9 +20,10 @@ def ship_workloads() -> None:
         return
     from pyspark import cloudpickle
 
-    from .. import records, workloads
+    from .. import peers, records, workloads
 
     cloudpickle.register_pickle_by_value(workloads)
+    cloudpickle.register_pickle_by_value(peers)
     cloudpickle.register_pickle_by_value(records)
     _registered = True
 

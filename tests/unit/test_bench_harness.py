@@ -406,3 +406,45 @@ def test_merge_replaces_only_the_rerun_targets():
     merged = report.merge(old, new)
     assert [r.number for r in merged] == [2, 3, 6, 7]
     assert next(r for r in merged if r.number == 7).measured == "later"
+
+
+# --- peers (issue 14) ------------------------------------------------------------------------
+
+
+def test_peer_producer_is_what_a_careful_user_configures():
+    from bench.peers import producer_conf
+
+    conf = producer_conf("h:9092", linger_ms=20, batch_size=1_000_000)
+    assert conf["enable.idempotence"] is True and conf["acks"] == "all"
+    assert (conf["linger.ms"], conf["batch.size"]) == (20, 1_000_000)
+
+
+def test_peer_error_headers_carry_error_and_coordinates():
+    from bench.peers import error_headers
+
+    h = dict(error_headers("json.decoder.JSONDecodeError", "x" * 5000, "orders", 3, 42))
+    assert h == {"error.class": b"json.decoder.JSONDecodeError", "error.message": b"x" * 1000,
+                 "source.topic": b"orders", "source.partition": b"3", "source.offset": b"42"}
+    assert [k for k, _ in error_headers("E", "m")] == ["error.class", "error.message"]
+
+
+def test_peer_clean_partitions_need_no_producer():
+    pa = pytest.importorskip("pyarrow")
+    from bench.peers import kafka_batches, values_partition
+    from bench.workloads import OUT_NAMES, parse_order
+
+    good = [b'{"order_id": %d, "amount": 2.0}' % i for i in range(3)]
+    # An unreachable broker: a producer built for a clean partition would fail the flush.
+    conf = {"bootstrap.servers": "127.0.0.1:1"}
+    assert list(values_partition(conf, "t", parse_order, iter(good))) == [
+        (i, pytest.approx(2.2)) for i in range(3)]
+    batch = pa.RecordBatch.from_pydict({"key": [b"k"] * 3, "value": good, "topic": ["o"] * 3,
+                                        "partition": [0] * 3, "offset": [0, 1, 2]})
+    out = list(kafka_batches(conf, "t", parse_order, OUT_NAMES, iter([batch])))
+    assert out[0].column_names == OUT_NAMES and out[0].column("order_id").to_pylist() == [0, 1, 2]
+
+
+def test_peer_b_schema_adds_the_corrupt_record_column():
+    from bench.peers import CORRUPT_COLUMN, json_schema_with_corrupt
+
+    assert json_schema_with_corrupt("a long") == f"a long, {CORRUPT_COLUMN} string"
