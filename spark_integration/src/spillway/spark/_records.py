@@ -18,9 +18,9 @@ import datetime as _dt
 import decimal
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from pyspark.sql.types import Row
 from spillway.v1 import sidecar_pb2 as pb
 
 KAFKA_COORDINATES = ("topic", "partition", "offset")
@@ -39,15 +39,15 @@ def positional_record_id(stage: str, job: str, wrapper: str, partition_id: int, 
     return f"{stage}:{job}/{wrapper}{batch}:p{partition_id}:r{row_index}"
 
 
-@dataclass(frozen=True, slots=True)
-class RecordContext:
-    """What a FailedRecord says about the record itself."""
+class RecordContext(NamedTuple):
+    """What a FailedRecord says about the record itself. (A named tuple: built once per failed
+    record, several times cheaper than a frozen dataclass, and as immutable.)"""
 
     record_id: str
     source: tuple[str, int, int] | None = None
     key: bytes | None = None
     value: bytes | None = None
-    headers: tuple[tuple[str, bytes | None], ...] = field(default_factory=tuple)
+    headers: tuple[tuple[str, bytes | None], ...] = ()
     timestamp_ms: int | None = None
     # "source": key/value are the Kafka columns of the row (the source record's own bytes only
     # in a deserialization stage: see `payload_for`); "stage-input": the row as JSON
@@ -68,6 +68,13 @@ def payload_for(stage: int, ctx: RecordContext) -> str:
 
 def as_mapping(row: Any) -> Mapping[str, Any] | None:
     """A Row, dict or pandas Series as a mapping of column name to value (else None)."""
+    cls = type(row)
+    if cls is dict:
+        return row
+    if cls is Row:  # Row.asDict() without its method call and checks
+        fields = row.__dict__.get("__fields__")
+        if fields is not None:
+            return dict(zip(fields, row))
     if isinstance(row, Mapping):
         return row
     as_dict = getattr(row, "asDict", None)  # pyspark.sql.Row
@@ -83,7 +90,16 @@ def as_mapping(row: Any) -> Mapping[str, Any] | None:
     return None
 
 
+#: Types that are their own Python value: `_scalar` returns them as they are without asking for
+#: an ``item`` method (a getattr that misses raises and swallows an AttributeError: costly per
+#: field of every failed row).
+_NATIVE = frozenset((str, int, float, bool, bytes, bytearray, type(None), _dt.datetime,
+                     _dt.date, decimal.Decimal, list, tuple, dict))
+
+
 def _scalar(value: Any) -> Any:
+    if type(value) in _NATIVE:
+        return value
     item = getattr(value, "item", None)  # numpy / pandas scalars
     if callable(item) and not isinstance(value, (bytes, str)):
         try:
@@ -191,21 +207,24 @@ def context_of(row: Any, fallback_id: Callable[[], str],
         return RecordContext(rid or fallback_id(), None, None, row_json(row))
     m = as_mapping(source(row) if source is not None else row)
     rid = str(record_id(row)) if record_id is not None else ""
-    source = None
-    if m is not None and all(c in m and _scalar(m[c]) is not None for c in KAFKA_COORDINATES):
-        topic, partition, offset = (_scalar(m[c]) for c in KAFKA_COORDINATES)
-        source = (str(topic), int(partition), int(offset))
-        rid = rid or kafka_record_id(*source)
+    coords = None
+    if m is not None:
+        get = m.get
+        topic, partition, offset = (_scalar(get("topic")), _scalar(get("partition")),
+                                    _scalar(get("offset")))
+        if topic is not None and partition is not None and offset is not None:
+            coords = (str(topic), int(partition), int(offset))
+            rid = rid or f"{coords[0]}/{coords[1]}/{coords[2]}"  # kafka_record_id
     rid = rid or fallback_id()
-    if m is not None and source is not None and ("value" in m or "key" in m):
-        key, value = _bytes(_scalar(m.get("key"))), _bytes(_scalar(m.get("value")))
-        bytes_or_null = ((m.get("value") is None or value is not None)
-                         and (m.get("key") is None or key is not None))
-        if bytes_or_null:
-            return RecordContext(rid, source, key, value, headers_of(m.get("headers")),
-                                 timestamp_ms(m.get("timestamp")), "source")
-    return RecordContext(
-        rid, source, None, row_json(row),
-        headers_of(m.get("headers")) if m is not None and source is not None else (),
-        timestamp_ms(m.get("timestamp")) if m is not None and source is not None else None,
-    )
+    if coords is None:
+        return RecordContext(rid, None, None, row_json(row), (), None)
+    headers, ts = get("headers"), get("timestamp")
+    headers = headers_of(headers) if headers is not None else ()
+    ts = timestamp_ms(ts) if ts is not None else None
+    if "value" in m or "key" in m:
+        raw_key, raw_value = get("key"), get("value")
+        key = _bytes(_scalar(raw_key)) if raw_key is not None else None
+        value = _bytes(_scalar(raw_value)) if raw_value is not None else None
+        if (raw_value is None or value is not None) and (raw_key is None or key is not None):
+            return RecordContext(rid, coords, key, value, headers, ts, "source")
+    return RecordContext(rid, coords, None, row_json(row), headers, ts)
