@@ -528,3 +528,90 @@ def test_closing_the_loop_early_lets_the_report_in_flight_finish():
     submit.calls[0][2].set_result([])  # lands with no verdicts applied
     gen.close()
     assert submit.in_flight == 0
+
+
+# --- several reports in flight (max_inflight) --------------------------------------------------
+
+
+def test_reports_are_pipelined_up_to_max_inflight_and_no_further():
+    session, clock, submit = FakeSession(skip_data), FakeClock(), ManualSubmit()
+    at_submit = []  # reports in flight when each report was sent (itself included)
+    send = submit.__call__
+
+    def counting(fn, *args):
+        future = send(fn, *args)
+        at_submit.append(submit.in_flight)
+        return future
+
+    seen = []
+
+    def fn(x):
+        seen.append((x, len(submit.calls), submit.in_flight))
+        if x in (1, 2, 3):
+            if x == 3:  # a third full batch must wait for the oldest report: let it land
+                submit.land(0)
+            raise ValueError(x)
+        if x == 9:
+            submit.land(1)
+            submit.land(2)
+        return x
+
+    out = list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=1, submit=counting,
+                       max_inflight=2).rows(range(10)))
+    assert sorted(out) == [0, 4, 5, 6, 7, 8, 9]
+    # rows 1 and 2 were both reported without waiting: two reports in flight while row 3 ran
+    assert seen[3] == (3, 2, 2)
+    assert at_submit == [1, 2, 2] and max(at_submit) <= 2
+    assert session.skipped_ids == [ids(1), ids(2), ids(3)]  # each once, in report order
+    assert submit.in_flight == 0
+
+
+def test_verdicts_are_applied_in_report_order_even_when_a_later_report_lands_first():
+    session, clock, submit = FakeSession(skip_data), FakeClock(), ManualSubmit()
+    seen = []
+
+    def fn(x):
+        seen.append((x, list(session.skipped_ids)))
+        if x in (1, 2):
+            raise ValueError(x)
+        if x == 4:
+            submit.land(1)  # the second report lands first: not applied before the first
+        if x == 6:
+            submit.land(0)
+        return x
+
+    list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=1, submit=submit,
+                 max_inflight=2).rows(range(9)))
+    assert seen[5] == (5, [])  # report 1 landed, report 0 had not: nothing applied yet
+    assert seen[7] == (7, [ids(1), ids(2)])  # both applied, oldest first, once 0 landed
+    assert session.skipped_ids == [ids(1), ids(2)]
+
+
+def test_a_fail_in_the_oldest_report_wins_over_later_reports_and_they_still_finish():
+    def policy(r):
+        if r.record_id == ids(1):
+            return pb.ACTION_FAIL, 0, pb.CATEGORY_DATA, False
+        return skip_data(r)
+
+    session, clock, submit = FakeSession(policy), FakeClock(), ManualSubmit()
+
+    def fn(x):
+        if x in (1, 2):
+            raise ValueError(f"bad {x}")
+        if x == 4:
+            submit.land(1)
+            submit.land(0)
+        return x
+
+    with pytest.raises(RecordFailedError) as info:
+        list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=1, submit=submit,
+                     max_inflight=3).rows(range(100)))
+    assert str(info.value.__cause__) == "bad 1"
+    assert session.skipped_ids == []  # the later report's verdicts are not followed
+    assert submit.in_flight == 0
+
+
+def test_max_inflight_must_be_positive():
+    with pytest.raises(ValueError, match="report_max_inflight"):
+        _engine(FakeSession(skip_data), RowAdapter(lambda x: x, ids=ids), FakeClock(),
+                max_inflight=0)

@@ -290,3 +290,10 @@ def test_only_parked_counts_of_the_sessions_own_stages_are_adopted(scripted):
     s.close(True)
     assert scripted.flushed() == {(pb.STAGE_SINK, ""): 8}
     assert _runtime.worker().counts[(scripted.target, "j", "")] == {T.key: 30}
+
+
+def test_report_max_inflight_is_checked_on_the_driver():
+    assert JobSpec("j").report_max_inflight == 2
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="report_max_inflight"):
+            JobSpec("j", report_max_inflight=bad)

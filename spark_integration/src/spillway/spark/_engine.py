@@ -13,9 +13,12 @@ The loop, per partition:
    are isolated, good ones still flow); a failed single record joins the pending reports;
 3. pending reports go to the sidecar when ``batch_size`` are waiting, when the oldest has waited
    ``linger_s``, or when nothing else is runnable. With a ``submit`` (a background executor) a
-   report is sent without stalling the loop: at most one report is in flight per engine (a
-   second full batch waits for it: at most two batches are buffered), and its verdicts are
-   applied on the loop's thread as soon as it lands;
+   report is sent without stalling the loop: at most ``max_inflight`` reports are in flight per
+   engine (a full batch beyond that waits for the oldest: at most ``max_inflight + 1`` batches
+   are buffered), and verdicts are applied on the loop's thread, report by report in the order
+   the reports were sent, as soon as the oldest one lands (a FAIL raises from the first report
+   that carries one, as with a single report in flight; a RETRY joins the retry heap whenever it
+   is applied, its delay counted from then);
 4. verdicts: RETRY puts the record on the retry heap with its delay (records after it keep
    flowing; the refresh hook runs first for refresh-retriable records); SKIP drops it (the
    sidecar dead-letters it); FAIL raises, failing the Spark task;
@@ -146,9 +149,11 @@ class Engine:
                  refresh: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
-                 submit: Submit | None = None) -> None:
+                 submit: Submit | None = None, max_inflight: int = 1) -> None:
         if batch_size < 1:
             raise ValueError(f"report_batch_size: must be >= 1, got {batch_size}")
+        if max_inflight < 1:
+            raise ValueError(f"report_max_inflight: must be >= 1, got {max_inflight}")
         self.session = session
         self.adapter = adapter
         self.stage = stage
@@ -167,8 +172,10 @@ class Engine:
         self._refresh_due = False
         self._exhausted = False
         self.submit = submit
-        self._inflight: tuple[list[Unit], Future] | None = None
-        self._landed: deque[Future] = deque()  # appended by the future's callback
+        self.max_inflight = max_inflight
+        # reports sent and not yet applied, oldest first (applied in this order)
+        self._inflight: deque[tuple[list[Unit], Future]] = deque()
+        self._landed: deque[Future] = deque()  # appended by the futures' callbacks
 
     def run_rows(self, rows: Iterable[Any]) -> Iterator[Any]:
         """The loop over single records, with a fast path: while no retry or re-run is due,
@@ -205,7 +212,7 @@ class Engine:
                 self._maybe_report()
                 watch = bool(self._pending or self._inflight)
                 deadline = (self._pending_since + self.linger_s
-                            if self._pending and self._inflight is None else None)
+                            if self._pending and not self._inflight else None)
                 n = 0  # rows of this fast run that succeeded
                 failed: tuple[Any, Exception] | None = None
                 stopped = False
@@ -277,7 +284,7 @@ class Engine:
             return outputs
         if self._pending:
             self._report()
-        elif self._inflight is not None:
+        elif self._inflight:
             self._collect(wait=True)
         elif self._waiting:
             self.sleep(max(0.0, self._waiting[0][0] - self.clock()))
@@ -289,8 +296,8 @@ class Engine:
         if not self._pending:
             return
         if len(self._pending) >= self.batch_size:
-            self._report()  # waits for a report in flight first (backpressure)
-        elif self._inflight is None and self.clock() - self._pending_since >= self.linger_s:
+            self._report()  # waits for the oldest report in flight when at the bound
+        elif not self._inflight and self.clock() - self._pending_since >= self.linger_s:
             self._report()
 
     def unfinished(self) -> int:
@@ -311,18 +318,16 @@ class Engine:
             self._abandon()
 
     def _abandon(self) -> None:
-        """The loop is over (done, failed or closed early): let a report in flight finish, its
-        verdicts unapplied (it reached the sidecar, which decided; the loop is not there to
-        follow them)."""
-        inflight, self._inflight = self._inflight, None
-        if inflight is None:
-            return
-        batch, future = inflight
-        try:
-            future.result()
-        except Exception as exc:  # noqa: BLE001 - the loop is already ending
-            log.info("spillway: a report of %d failed record(s) in flight when the loop ended "
-                     "failed: %s", len(batch), exc)
+        """The loop is over (done, failed or closed early): let the reports in flight finish,
+        their verdicts unapplied (they reached the sidecar, which decided; the loop is not there
+        to follow them)."""
+        inflight, self._inflight = self._inflight, deque()
+        for batch, future in inflight:
+            try:
+                future.result()
+            except Exception as exc:  # noqa: BLE001 - the loop is already ending
+                log.info("spillway: a report of %d failed record(s) in flight when the loop "
+                         "ended failed: %s", len(batch), exc)
 
     def _next_runnable(self) -> Unit | None:
         if self._ready:
@@ -372,33 +377,30 @@ class Engine:
         self._pending.append(unit)
 
     def _report(self) -> None:
-        """Send the pending failures: at once, or (with ``submit``) in the background once the
-        report in flight, if any, has landed."""
+        """Send the pending failures: at once, or (with ``submit``) in the background, once
+        fewer than ``max_inflight`` reports are in flight (the oldest is waited for)."""
         if self.submit is None:
             batch, self._pending = self._pending, []
             self._apply(batch, self.session.report([u.record for u in batch]))
             return
-        if self._inflight is not None:
+        if len(self._inflight) >= self.max_inflight:
             self._collect(wait=True)
         if not self._pending:  # pragma: no cover - a collect does not add failures
             return
         batch, self._pending = self._pending, []
         future = self.submit(self.session.report, [u.record for u in batch])
-        self._inflight = (batch, future)
+        self._inflight.append((batch, future))
         future.add_done_callback(self._landed.append)
 
     def _collect(self, wait: bool = False) -> None:
-        """Apply the verdicts of the report in flight if it landed (or once it lands)."""
+        """Apply the verdicts of the reports in flight that landed, oldest first, stopping at
+        the first one still in flight (``wait``: the oldest is waited for)."""
+        self._landed.clear()  # before looking: a report landing from now on signals again
         inflight = self._inflight
-        if inflight is None:
-            self._landed.clear()
-            return
-        if not wait and not inflight[1].done():
-            return
-        self._inflight = None
-        self._landed.clear()
-        batch, future = inflight
-        self._apply(batch, future.result())
+        while inflight and (wait or inflight[0][1].done()):
+            batch, future = inflight.popleft()
+            wait = False
+            self._apply(batch, future.result())
 
     def _apply(self, batch: list[Unit], verdicts: list[pb.Verdict]) -> None:
         if len(batch) != len(verdicts):

@@ -72,8 +72,9 @@ ON_UNAVAILABLE = ("fail", "wait")
 COUNTS_GROWTH = 1.10
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 #: Threads per worker process that send reports in the background (one Spark task runs at a
-#: time in a Python worker; wrappers pipelined in it have one report in flight each).
-REPORT_THREADS = 2
+#: time in a Python worker; wrappers pipelined in it have up to ``report_max_inflight`` reports
+#: in flight each; more than the threads wait in the pool's queue, still counted in flight).
+REPORT_THREADS = 4
 #: Exception events per session span: the span's event limit (``OTEL_SPAN_EVENT_COUNT_LIMIT``,
 #: default 128), past which the SDK would drop them anyway. The first ones are kept; later
 #: failures are only counted (span attribute ``spillway.exception_events_dropped``), so a
@@ -99,6 +100,9 @@ class JobSpec:
     address_env: str = ADDRESS_ENV
     report_batch_size: int = 256
     report_linger_s: float = 0.5
+    # reports of one wrapper in one task sent and not yet answered (the verdict loop goes on
+    # meanwhile; a full batch beyond this waits for the oldest)
+    report_max_inflight: int = 2
     counts_interval_s: float = 10.0
     flush_timeout_s: float = 60.0
     rpc_timeout_s: float = 10.0
@@ -124,6 +128,10 @@ class JobSpec:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
         if self.report_batch_size < 1:
             raise ValueError(f"report_batch_size: must be >= 1, got {self.report_batch_size}")
+        if isinstance(self.report_max_inflight, bool) or \
+                not isinstance(self.report_max_inflight, int) or self.report_max_inflight < 1:
+            raise ValueError(f"report_max_inflight: expected an int >= 1, got "
+                             f"{self.report_max_inflight!r}")
         if self.sidecar:
             try:  # fail on the driver, not on every executor
                 resolve_target(self.sidecar)
@@ -176,7 +184,7 @@ class _Worker:
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Run ``fn(*args)`` on this process's reporting threads (reports sent in the background
-        while the verdict loop goes on; each loop has at most one report in flight)."""
+        while the verdict loop goes on; each loop has a bounded number in flight)."""
         with self.lock:
             if self._reporter is None:
                 self._reporter = ThreadPoolExecutor(max_workers=REPORT_THREADS,
@@ -288,6 +296,9 @@ class TaskSession:
         self.sent: Counter | None = None  # what the sidecar holds for this task (None: nothing)
         self.recovered_ids: list[str] = []
         self._recovered_lock = threading.Lock()  # reports may be sent from another thread
+        # reports of one session may be in flight on several threads: the counts sent before a
+        # report (ratio tolerance) are read, adopted and sent by one of them at a time
+        self._counts_lock = threading.Lock()
         self.failures = 0
         self.events = self.events_dropped = 0  # exception events of the current span
         self._event_limit = exception_event_limit()
@@ -369,8 +380,10 @@ class TaskSession:
     def report(self, records: list[pb.FailedRecord]) -> list[pb.Verdict]:
         self.reports += 1
         effective = self.register()
-        if self._ratio_limited(effective) and self._counts_grew():
-            self.flush()
+        if self._ratio_limited(effective):
+            with self._counts_lock:
+                if self._counts_grew():
+                    self.flush()
         recovered = self._take_recovered()
         return self._call(lambda: self.client.report_failures(self.run, self.task, records,
                                                               recovered))

@@ -171,7 +171,8 @@ def _engine(spec: JobSpec, session: TaskSession, adapter: Any, wrapper: WrapperS
             ) -> Engine:
     return Engine(session, adapter, stage=wrapper.stage, function_name=wrapper.function_name,
                   count_stages=count_stages, batch_size=spec.report_batch_size,
-                  linger_s=spec.report_linger_s, refresh=refresh, submit=worker().submit)
+                  linger_s=spec.report_linger_s, refresh=refresh, submit=worker().submit,
+                  max_inflight=spec.report_max_inflight)
 
 
 def _drive(session: TaskSession, engine: Engine, outputs: Iterator[Any]) -> Iterator[Any]:
@@ -620,6 +621,12 @@ class Job:
     then fails. Nothing is ever dropped: a report that cannot be delivered fails the task.
     A sidecar applying backpressure is always waited for, up to ``sidecar_wait_s``.
 
+    Failed records go to the sidecar in reports of up to ``report_batch_size``, a partial one
+    once its oldest record waited ``report_linger_s``. Reports are sent in the background while
+    the task goes on with its rows, at most ``report_max_inflight`` per wrapper and task (a
+    full batch beyond that waits for the oldest report's verdicts); verdicts are followed in
+    the order the reports were sent.
+
     A `Job` is one run (``run_id``: default the active Spark application's id, else a random
     one): registered with the driver's sidecar (its home) on ``with Job(...)``, `register()` or
     the first wrapper, ended by `close()` (or leaving the ``with`` block), which releases the
@@ -632,14 +639,15 @@ class Job:
                  on_sidecar_unavailable: str = "fail", sidecar_wait_s: float = 120.0,
                  report_batch_size: int = 256, report_linger_s: float = 0.5,
                  counts_interval_s: float = 10.0, flush_timeout_s: float = 60.0,
-                 rpc_timeout_s: float = 10.0, run_id: str | None = None) -> None:
+                 rpc_timeout_s: float = 10.0, run_id: str | None = None,
+                 report_max_inflight: int = 2) -> None:
         props = tuple(sorted((str(k), str(v)) for k, v in (properties or {}).items()))
         self.spec = JobSpec(
             name=name.strip() if isinstance(name, str) else name, properties=props,
             sidecar=sidecar, address_env=address_env,
             on_sidecar_unavailable=on_sidecar_unavailable, sidecar_wait_s=sidecar_wait_s,
             report_batch_size=report_batch_size, report_linger_s=report_linger_s,
-            counts_interval_s=counts_interval_s, flush_timeout_s=flush_timeout_s,
+            report_max_inflight=report_max_inflight, counts_interval_s=counts_interval_s, flush_timeout_s=flush_timeout_s,
             rpc_timeout_s=rpc_timeout_s)
         if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
             raise ValueError(f"run_id: expected a non-empty string, got {run_id!r}")
