@@ -294,20 +294,88 @@ def test_id_table_matches_an_lru_ordered_dict_under_random_use():
         if step % 997 == 0:
             assert t.keys() == list(ref) and t.evicted == evicted
             assert all(t.get(k) == v for k, v in ref.items())
-            # stale occurrences are compacted away: the order stays within bounds
-            assert len(t._order) <= 2 * len(t) + 1024 and len(t._stale) <= len(t._order)
+            # dead entries are compacted away: the entries stay within bounds
+            assert len(t._keys) - t._head <= 2 * len(t) + 1025
     assert t.keys() == list(ref) and len(t) == len(ref) and t.evicted == evicted
 
 
-def test_id_table_dict_does_not_grow_under_churn():
+def test_id_table_stays_compact_under_churn():
     t: IdTable[None] = IdTable(2_000)
-    for k in range(50_000):          # every add past 2 000 evicts one: deleted dict slots
-        t.add(k * 7919, None)
-    assert len(t) == 2_000 and t.keys()[0] == 48_000 * 7919
-    # ~37 bytes per entry when sized for its live entries; a dict left to grow on its own
-    # would be ~74 (three times its live size at its next resize)
-    assert sys.getsizeof(t._d) < 2_000 * 50
-    assert len(t._order) == 2_000
+    keys = [record_key(f"job/TRANSFORMATION/0/{k}") for k in range(50_000)]
+    for k in keys:                   # every add past 2 000 evicts one
+        t.add(k, None)
+    assert len(t) == 2_000 and t.keys() == keys[48_000:]
+    # no object per entry: 8 bytes of key, 8 of value reference, 8-16 of index, and evicted
+    # entries cut off
+    size = sys.getsizeof(t._keys) + sys.getsizeof(t._vals) + sys.getsizeof(t._index)
+    assert size < 2_000 * 64
+    assert len(t._keys) <= 2 * 2_000 + 1024
+
+
+def test_id_table_matches_a_dict_with_colliding_keys():
+    """Keys sharing their low bits (one probe run) under adds, touches, pops, evictions, growth
+    and shrinking: every answer as an LRU OrderedDict's."""
+    rng = random.Random(11)
+    t: IdTable[int] = IdTable(300)
+    ref: OrderedDict[int, int] = OrderedDict()
+    universe = [rng.getrandbits(50) << 10 | 16 * rng.randrange(64) for _ in range(600)]
+    universe += [0, KEY_MASK]
+    evicted = 0
+    for step in range(24_000):
+        k = rng.choice(universe)
+        op = rng.random()
+        if step % 8_000 > 7_000:
+            op = 0.8                   # bursts of pops: the table shrinks
+        if op < 0.5:
+            t.add(k, step)
+            ref[k] = step
+            ref.move_to_end(k)
+            if len(ref) > 300:
+                ref.popitem(last=False)
+                evicted += 1
+        elif op < 0.7:
+            t.touch(k)
+            if k in ref:
+                ref.move_to_end(k)
+        elif op < 0.9:
+            assert t.pop(k, -1) == ref.pop(k, -1)
+        else:
+            assert (k in t) == (k in ref) and t.get(k) == ref.get(k)
+        if step % 499 == 0:
+            assert t.keys() == list(ref) and len(t) == len(ref) and t.evicted == evicted
+            assert all(t.get(k) == v for k, v in ref.items())
+            assert 2 * len(t) <= len(t._index)
+    assert t.keys() == list(ref)
+
+
+def test_id_table_remembered_probe_is_forgotten_when_the_table_changes():
+    """get / `in` remember where an absent key's probe ended, add / get where a key's entry
+    is: a change in between (another key taking that slot, a pop, an eviction) must not
+    mislead the next call."""
+    a, b, c = 5 << 20, 6 << 20, 7 << 20          # one home slot
+    t: IdTable[str] = IdTable(2)
+    assert t.get(a) is None and a not in t        # probe of a ends at slot 0
+    t.add(b, "b")                                 # b takes slot 0
+    t.add(a, "a")                                 # a must not land on b's slot
+    assert t.get(b) == "b" and t.get(a) == "a" and t.keys() == [b, a]
+    t.add(c, "c")                                 # evicts b; a just found, c just added
+    t.replace(a, "A")
+    assert t.keys() == [a, c] and t.get(a) == "A" and b not in t
+    assert c not in t or t.pop(c) == "c"
+    t.replace(c, "C")                             # popped: nothing
+    assert c not in t and t.keys() == [a]
+    assert t.get(b) is None
+    t.add(c, "c")
+    t.pop(a)                                      # a's removal shifts c back
+    t.add(b, "b")
+    assert t.keys() == [c, b] and t.get(c) == "c" and t.get(b) == "b"
+    t = IdTable(3)
+    t.add(a, "a")
+    t.add(b, "b")
+    assert c not in t                             # probe of c ends past a and b
+    t.pop(a)                                      # b shifts back: a gap on c's path
+    t.add(c, "c")
+    assert t.get(c) == "c" and t.keys() == [b, c]
 
 
 def test_count_errors_equals_admits_when_unlimited():

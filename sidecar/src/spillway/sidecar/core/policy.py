@@ -28,13 +28,13 @@ budget instead of restarting them. Memory is bounded: per job at most
 ``MAX_TRACKED_RECORDS`` schedules (least recently reported evicted; recovered and skipped
 records leave at once) and ``tolerance.MAX_COUNTED_IDS`` counted error ids, which also hold the
 skipped records' answers (one table: a skipped record is a counted one). Both tables are keyed
-by a 60-bit digest of the record id (`tolerance.record_key`), not the id string, and store no
-per-entry object besides the key: a skipped record's answer is a (category, reason, attempts)
-tuple shared by every record skipped the same way (`_Job.skip_info`). A digest collision (about
-n^2 / 2^61 for n remembered ids) can make a distinct record look already skipped (still SKIP,
-not counted again, and not dead-lettered: its DLQ record is the one it collided with; ~4e-8 at
-300 000 ids) or share another record's retry schedule (it may run out of retries sooner, then
-goes to the handler and tolerance as usual).
+by a 60-bit digest of the record id (`tolerance.record_key`), not the id string, in flat arrays
+(`idtable.IdTable`: no Python object per id); a skipped record's answer is a (category, reason,
+attempts) tuple shared by every record skipped the same way (`_Job.skip_info`). A digest
+collision (about n^2 / 2^61 for n remembered ids) can make a distinct record look already
+skipped (still SKIP, not counted again, and not dead-lettered: its DLQ record is the one it
+collided with; ~4e-8 at 300 000 ids) or share another record's retry schedule (it may run out
+of retries sooner, then goes to the handler and tolerance as usual).
 
 Threads: the engine's own lock guards only the job table; each job has its lock, held while its
 records are decided (the KIP-1033 handler is called under it, so handlers need not be

@@ -30,12 +30,12 @@ replaced).
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Hashable, Mapping
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
 
 from .counters import WindowedCounter
+from .idtable import IdTable
 from .settings import ToleranceSettings
 
 MAX_COUNTED_IDS = 200_000
@@ -45,11 +45,12 @@ TaskKey = tuple[int, int]   # (Spark stage id, partition id): stable across task
 
 # Record ids are remembered as 60-bit digests, not strings: Python's str hash (64-bit SipHash,
 # keyed per process: fine for in-process state, never persisted or compared across processes)
-# masked to 60 bits, which CPython keeps in a 32-byte int object (a full 64-bit value takes 48)
-# and which frees the request's id strings at once. Two of n remembered ids collide with
-# probability about n^2 / 2^61 (~4e-8 at 300 000 ids). A collision can only make a distinct record
-# look already counted / already skipped: it is still answered SKIP (and dead-lettered when the
-# job has a DLQ), never lost; it is just not counted as a new error (docs/POLICY.md).
+# masked to 60 bits (uniformly spread, so `IdTable` uses the low bits as a slot), stored in
+# flat arrays with no object per id (`idtable.py`); the request's id strings are freed at once.
+# Two of n remembered ids collide with probability about n^2 / 2^61 (~4e-8 at 300 000 ids). A
+# collision can only make a distinct record look already counted / already skipped: it is still
+# answered SKIP (and dead-lettered when the job has a DLQ), never lost; it is just not counted as
+# a new error (docs/POLICY.md).
 KEY_BITS = 60
 KEY_MASK = (1 << KEY_BITS) - 1
 
@@ -57,135 +58,6 @@ KEY_MASK = (1 << KEY_BITS) - 1
 def record_key(record_id: str) -> int:
     """The digest under which a record id is remembered (see KEY_BITS)."""
     return hash(record_id) & KEY_MASK
-
-
-V = TypeVar("V")
-_MISSING: object = object()
-
-
-class IdTable(Generic[V]):
-    """A bounded map, least recently used entry evicted first, with no per-entry node.
-
-    An OrderedDict costs a linked-list node per entry (~100 bytes with its index, for int keys),
-    and a plain dict cannot evict its oldest entry cheaply (a dict iterator skips every deleted
-    slot before the first live one, so FIFO eviction from a dict is quadratic). Here a plain dict
-    holds the values and a deque of keys the use order: a touch appends the key again and counts
-    the earlier occurrence as stale (`_stale`: key -> stale occurrences, always the earliest ones
-    of that key), eviction pops from the left skipping stale occurrences, and the deque is rebuilt
-    once stale occurrences outnumber live entries (amortised O(1)).
-
-    A dict whose entries keep being deleted and added (eviction, a schedule dropped right after
-    it was made) does not reuse the deleted slots: it grows to three times its live size at its
-    next resize, ~100 bytes per entry at 200 000 entries. So the dict is copied afresh (sized for
-    its live entries, `dict(d)`) once deletions reach half its size, before it would grow:
-    ~52 bytes per entry plus 8 in the deque, besides the key. Not thread-safe: callers hold
-    their job's lock.
-    """
-
-    __slots__ = ("limit", "evicted", "_d", "_order", "_stale", "_dead")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.evicted = 0
-        self._d: dict[Hashable, V] = {}
-        self._order: deque[Hashable] = deque()
-        self._stale: dict[Hashable, int] = {}
-        self._dead = 0          # dict deletions since the dict was last copied
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._d
-
-    def get(self, key: Hashable, default: V | None = None) -> V | None:
-        return self._d.get(key, default)
-
-    def add(self, key: Hashable, value: V) -> None:
-        """Set key's value and make it the most recently used; evict past the limit."""
-        d = self._d
-        if key in d:
-            d[key] = value
-            self.touch(key)
-            return
-        d[key] = value
-        self._order.append(key)
-        if len(d) > self.limit:
-            self._evict()
-
-    def replace(self, key: Hashable, value: V) -> None:
-        """Change a present key's value without touching it (absent: nothing)."""
-        d = self._d
-        if key in d:
-            d[key] = value
-
-    def touch(self, key: Hashable) -> None:
-        """Make a present key the most recently used."""
-        order = self._order
-        if order[-1] == key:
-            return
-        order.append(key)
-        stale = self._stale
-        stale[key] = stale.get(key, 0) + 1
-        if len(order) > 2 * len(self._d) + 1024:
-            self._compact()
-
-    def pop(self, key: Hashable, default: V | None = None) -> V | None:
-        d = self._d
-        value = d.pop(key, _MISSING)
-        if value is _MISSING:
-            return default
-        order = self._order
-        if order[-1] == key:     # its last occurrence, so its live one: the common case
-            order.pop()          # (a record's schedule is dropped right after it was made)
-        else:
-            stale = self._stale
-            stale[key] = stale.get(key, 0) + 1
-            if len(order) > 2 * len(d) + 1024:
-                self._compact()
-        self._dead += 1
-        if self._dead >= 512 and self._dead >= len(d) >> 1:
-            self._shrink()
-        return value  # type: ignore[return-value]
-
-    def keys(self) -> list[Hashable]:
-        """The keys, least recently used first."""
-        left = dict(self._stale)
-        out = []
-        for k in self._order:
-            n = left.get(k)
-            if n:
-                left[k] = n - 1
-            else:
-                out.append(k)
-        return out
-
-    def _evict(self) -> None:
-        order, stale = self._order, self._stale
-        while True:
-            k = order.popleft()
-            n = stale.get(k) if stale else None
-            if n:                          # a later occurrence is the live one
-                if n == 1:
-                    del stale[k]
-                else:
-                    stale[k] = n - 1
-                continue
-            d = self._d
-            del d[k]
-            self.evicted += 1
-            self._dead += 1
-            if self._dead >= 512 and self._dead >= len(d) >> 1:
-                self._shrink()
-            return
-
-    def _shrink(self) -> None:
-        self._d = dict(self._d)   # not d.copy(): that may clone the deleted slots too
-        self._dead = 0
-
-    def _compact(self) -> None:
-        self._order = deque(self.keys())
-        self._stale = {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,282 @@
+"""IdTable: a bounded map from record-id digests to values, least recently used evicted first,
+that holds no Python object per entry.
+
+A job remembers up to hundreds of thousands of record ids (`tolerance.MAX_COUNTED_IDS`,
+`policy.MAX_TRACKED_RECORDS`). Kept as dict keys, every id is an int object of its own (32
+bytes, from Python's small-object allocator), allocated while a burst of reports is decided
+and interleaved there with the burst's short-lived objects. The allocator hands a 1 MiB arena
+back to the OS only once every object in it is gone, so a few thousand remembered ids spread
+over a burst's arenas keep all of them resident after the burst (bench target 7: RSS after a
+1M-record outage drained). Here the ids live in flat arrays (large buffers, from malloc):
+
+- entries, in use order: ``_keys`` (array of unsigned 64-bit) and ``_vals`` (a list: values
+  are shared objects such as None or a skipped record's answer, so the list adds a reference,
+  not an object). A touched entry is appended again and its earlier place marked dead
+  (``_DEAD``); eviction takes the first live entry from ``_head``; dead prefixes are cut off
+  and dead entries in the middle compacted away (amortised O(1)), as a dict's own entries are.
+- an open-addressing index (``_index``, array of unsigned 32-bit, linear probing, at most half
+  full): slot -> entry number + 1 (0: empty), entry numbers counted from ``_off``. Deletion
+  shifts the probe sequence back, so the index has no tombstones.
+
+Keys are 60-bit digests (`tolerance.record_key`), uniformly spread, so a key's low bits are its
+home slot. About 20-30 bytes an entry (a dict of int keys plus an order deque: ~92).
+Not thread-safe: callers hold their job's lock.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+_DEAD = (1 << 64) - 1          # a dead entry's key (digests have 60 bits)
+_MIN_SLOTS = 16
+_MAX_NUMBER = (1 << 32) - 2    # entry numbers + 1 must fit the index's 32 bits
+_COMPACT_SLACK = 1024
+
+
+class IdTable(Generic[V]):
+    """A bounded map of int keys in [0, 2**60), least recently used entry evicted first."""
+
+    __slots__ = ("limit", "evicted", "_keys", "_vals", "_index", "_mask", "_grow_at", "_off",
+                 "_head", "_live", "_dead", "_mk", "_ms", "_ek", "_en")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.evicted = 0
+        self._keys = array("Q")
+        self._vals: list[V | None] = []
+        self._index = array("I", bytes(4 * _MIN_SLOTS))
+        self._mask = _MIN_SLOTS - 1
+        self._grow_at = _MIN_SLOTS // 2   # live entries past which the index doubles
+        self._off = 1          # entry number + 1 of _keys[0]: position = index value - _off
+        self._head = 0         # position of the first entry that may be live
+        self._live = 0
+        self._dead = 0         # dead entries at or after _head
+        # The policy engine asks about one key several times in a row (get, `in`, add,
+        # replace): the last probe is remembered so that each asks the index once.
+        self._mk = -1          # a key found absent, and the empty slot where its probe ended,
+        self._ms = 0           # valid until the index next changes
+        self._ek = -1          # a key just added or found, and its entry number, valid until
+        self._en = 0           # that entry moves (touch, pop, eviction, rebuild)
+
+    def __len__(self) -> int:
+        return self._live
+
+    def _slot(self, key: int) -> int:
+        """The index slot holding key, or -1."""
+        index, keys, off, mask = self._index, self._keys, self._off, self._mask
+        i = key & mask
+        while True:
+            e = index[i]
+            if not e:
+                return -1
+            if keys[e - off] == key:
+                return i
+            i = (i + 1) & mask
+
+    def __contains__(self, key: int) -> bool:
+        if key == self._mk:
+            return False
+        index, keys, off, mask = self._index, self._keys, self._off, self._mask
+        i = key & mask
+        while True:
+            e = index[i]
+            if not e:
+                self._mk = key
+                self._ms = i
+                return False
+            if keys[e - off] == key:
+                return True
+            i = (i + 1) & mask
+
+    def get(self, key: int, default: V | None = None) -> V | None:
+        if key == self._mk:
+            return default
+        index, keys, off, mask = self._index, self._keys, self._off, self._mask
+        i = key & mask
+        while True:
+            e = index[i]
+            if not e:
+                self._mk = key
+                self._ms = i
+                return default
+            if keys[e - off] == key:
+                self._ek = key
+                self._en = e
+                return self._vals[e - off]
+            i = (i + 1) & mask
+
+    def add(self, key: int, value: V) -> None:
+        """Set key's value and make it the most recently used; evict past the limit."""
+        index, keys, off = self._index, self._keys, self._off
+        if key == self._mk:                  # just found absent: its slot is known
+            i = self._ms
+        else:
+            mask = self._mask
+            i = key & mask
+            while True:
+                e = index[i]
+                if not e:
+                    break
+                if keys[e - off] == key:
+                    self._set_and_touch(i, e - off, value)
+                    return
+                i = (i + 1) & mask
+        n = len(keys) + off
+        if n > _MAX_NUMBER:
+            self._rebuild(len(index))
+            self.add(key, value)
+            return
+        index[i] = n
+        keys.append(key)
+        self._vals.append(value)
+        self._mk = -1
+        self._ek = key
+        self._en = n
+        if self._live < self.limit:
+            self._live += 1
+            if self._live > self._grow_at:
+                self._rebuild(2 * len(index))
+            return
+        # full: evict the least recently used entry (inline: once per add in a long burst)
+        head = self._head
+        k = keys[head]
+        while k == _DEAD:
+            head += 1
+            self._dead -= 1
+            k = keys[head]
+        mask = self._mask
+        i = k & mask
+        while keys[index[i] - off] != k:
+            i = (i + 1) & mask
+        j = i                                # empty slot i, shifting its probe run back
+        while True:
+            j = (j + 1) & mask
+            e = index[j]
+            if not e:
+                break
+            if (j - (keys[e - off] & mask)) & mask >= (j - i) & mask:
+                index[i] = e
+                i = j
+        index[i] = 0
+        keys[head] = _DEAD
+        self._vals[head] = None
+        head += 1
+        self.evicted += 1
+        if head >= _COMPACT_SLACK and 2 * head >= len(keys):
+            del keys[:head]
+            del self._vals[:head]
+            self._off = off + head
+            head = 0
+        self._head = head
+        if k == key:                         # (a limit of 1)
+            self._ek = -1
+
+    def _set_and_touch(self, i: int, p: int, value: V) -> None:
+        keys, vals = self._keys, self._vals
+        if p == len(keys) - 1:               # already the most recently used
+            vals[p] = value
+            self._ek = keys[p]
+            self._en = p + self._off
+            return
+        n = len(keys) + self._off
+        if n > _MAX_NUMBER:
+            key = keys[p]
+            self._rebuild(len(self._index))
+            self.add(key, value)
+            return
+        key = keys[p]
+        keys[p] = _DEAD
+        vals[p] = None
+        keys.append(key)
+        vals.append(value)
+        self._index[i] = n
+        self._ek = key
+        self._en = n
+        self._dead += 1
+        if self._dead > self._live + _COMPACT_SLACK:
+            self._rebuild(len(self._index))
+
+    def replace(self, key: int, value: V) -> None:
+        """Change a present key's value without touching it (absent: nothing)."""
+        if key == self._ek:
+            self._vals[self._en - self._off] = value
+            return
+        i = self._slot(key)
+        if i >= 0:
+            self._vals[self._index[i] - self._off] = value
+
+    def touch(self, key: int) -> None:
+        """Make a present key the most recently used."""
+        i = self._slot(key)
+        if i >= 0:
+            p = self._index[i] - self._off
+            self._set_and_touch(i, p, self._vals[p])
+
+    def pop(self, key: int, default: V | None = None) -> V | None:
+        i = self._slot(key)
+        if i < 0:
+            return default
+        keys, vals = self._keys, self._vals
+        p = self._index[i] - self._off
+        value = vals[p]
+        self._unindex(i)
+        self._ek = -1
+        self._live -= 1
+        if p == len(keys) - 1:     # the most recent entry: the common case (a record's
+            keys.pop()             # schedule dropped right after it was made)
+            vals.pop()
+        else:
+            keys[p] = _DEAD
+            vals[p] = None
+            self._dead += 1
+            if self._dead > self._live + _COMPACT_SLACK:
+                self._rebuild(len(self._index))
+        return value
+
+    def keys(self) -> list[int]:
+        """The keys, least recently used first."""
+        return [k for k in self._keys[self._head:] if k != _DEAD]
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _unindex(self, i: int) -> None:
+        """Empty index slot i, shifting later members of its probe run back into the gap."""
+        index, keys, off, mask = self._index, self._keys, self._off, self._mask
+        self._mk = -1
+        j = i
+        while True:
+            j = (j + 1) & mask
+            e = index[j]
+            if not e:
+                break
+            if (j - (keys[e - off] & mask)) & mask >= (j - i) & mask:  # i is on e's path
+                index[i] = e
+                i = j
+        index[i] = 0
+
+    def _rebuild(self, slots: int) -> None:
+        """Entries copied without dead ones, numbered from 1 again, into a fresh index."""
+        keys, vals = self._keys, self._vals
+        head = self._head
+        if self._dead:
+            live = [p for p in range(head, len(keys)) if keys[p] != _DEAD]
+            new_keys = array("Q", [keys[p] for p in live])
+            new_vals = [vals[p] for p in live]
+        else:
+            new_keys, new_vals = keys[head:], vals[head:]
+        while slots > _MIN_SLOTS and 4 * len(new_keys) < slots:   # shrink after mass pops
+            slots >>= 1
+        index = array("I", bytes(4 * slots))
+        mask = slots - 1
+        for n, k in enumerate(new_keys, 1):
+            i = k & mask
+            while index[i]:
+                i = (i + 1) & mask
+            index[i] = n
+        self._keys, self._vals, self._index, self._mask = new_keys, new_vals, index, mask
+        self._grow_at = slots // 2
+        self._off, self._head, self._dead = 1, 0, 0
+        self._mk = self._ek = -1
