@@ -613,3 +613,40 @@ def test_ten_thousand_runs_registered_and_ended_leave_the_engine_empty(engine):
         assert engine.end_job(key) is not None
     assert engine.jobs() == [] and engine._jobs == {}
     assert engine.counters()["records-tracked"] == 0
+
+
+@pytest.mark.parametrize("props", [
+    {"errors.tolerance": "all"},
+    {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": "dlq.t",
+     "errors.log.enable": "true"},
+    {"errors.tolerance": "all", "errors.retry.max.retries": "1"},
+])
+def test_a_report_decided_at_once_answers_and_counts_as_record_by_record(clock, props):
+    """Runs of records failing the same way take a short path (`_decide_all`): every answer,
+    count and remembered id must be what deciding each record on its own gives."""
+    S = StageRef(Stage.SINK)
+    first = [rec(f"a{i}", VALUE) for i in range(5)] + [rec("c0", CONN)] + \
+        [rec(f"b{i}", VALUE) for i in range(3)] + [rec(f"s{i}", VALUE, S) for i in range(3)]
+    second = [rec("a1", VALUE), rec("a2", VALUE), rec("n0", VALUE), rec("n1", VALUE),
+              rec("c0", CONN), rec("a1", VALUE), rec("n2", PERM), rec("n3", VALUE)]
+    logs: dict[str, ListLogger] = {}
+
+    def decided(per_record: bool):
+        logs[per_record] = ListLogger()
+        e = PolicyEngine(clock=clock, rng=FakeRng(), logger=logs[per_record])
+        if per_record:  # the plain loop the short path must agree with
+            e._decide_all = lambda j, t, tid, rs, now, wall, b: [
+                e._decide_one(j, t, tid, r, now, wall, b) for r in rs]
+        e.register_job("j", props)
+        out = []
+        for report in (first, second):
+            out += [(d.verdict, d.dead_letter) for d in e.decide("j", task(), report)]
+        j = e._jobs["j"]
+        return out, e.summary("j"), e.task_counts("j", task().task_id), dict(j.ids._d), \
+            {k: (s.attempts, s.retries) for k, s in j.records._d.items()}
+
+    fast, plain = decided(False), decided(True)
+    assert fast == plain
+    assert [ln["record_id"] for ln in logs[False].lines] == \
+        [ln["record_id"] for ln in logs[True].lines]
+    assert sum(v.action is Action.SKIP for v, _ in fast[0]) >= 12

@@ -326,12 +326,82 @@ class PolicyEngine:
         tid = task.task_id
         with j.lock:
             try:
-                outcomes = [self._decide_one(j, task, tid, r, now, wall, batch) for r in records]
+                outcomes = self._decide_all(j, task, tid, records, now, wall, batch)
             finally:
                 batch.apply(j, task, tid, now, wall)
         if j.settings.log_enable:
             self._write_logs(j, task, records, outcomes, wall)
         return [o[0] for o in outcomes]
+
+    def _decide_all(self, j: _Job, task: TaskIdentity, tid: str,
+                    records: Sequence[FailedRecord], now: float, wall: int,
+                    b: _Batch) -> list[_Outcome]:
+        """`_decide_one` for each record, except along a run of records failing the same way
+        for the first time: once a record (first seen, a data error, the built-in CONTINUE
+        handler, tolerance without limits) was skipped, the records after it with the same
+        exception value and stage get the same answer, so they take a short path (their id
+        remembered, their verdict made) and are counted together when the run ends. Answers and
+        counts are exactly `_decide_one`'s; any other record ends the run."""
+        out: list[_Outcome] = []
+        append = out.append
+        if not (j.tolerance.unlimited and j.handler.fixed is _CONTINUE):
+            for r in records:
+                append(self._decide_one(j, task, tid, r, now, wall, b))
+            return out
+        ids, tracked = j.ids, j.records
+        logged = j.settings.log_enable
+        dead_letter = j.settings.dlq.enabled
+        run_exc = run_ref = reason = info = rule = None
+        category = _DATA
+        pending = 0
+        skip = Action.SKIP
+        for r in records:
+            if r.exception is run_exc and r.stage is run_ref:
+                key = hash(r.record_id) & KEY_MASK
+                if key not in ids and tracked.get(key) is None:
+                    ids.add(key, info)
+                    append((Decision(Verdict(r.record_id, skip, category, reason, 1),
+                                     dead_letter), logged, rule))
+                    pending += 1
+                    continue
+            if pending:
+                self._count_run(b, run_exc, pending, dead_letter, logged)
+                pending = 0
+            o = self._decide_one(j, task, tid, r, now, wall, b)
+            append(o)
+            v = o[0].verdict
+            run_exc = None
+            if (v.action is skip and v.category is _DATA and v.attempt == 1
+                    and not v.dead_lettered and not j.failure_reason):
+                reason = b.reasons.get((b.last_what, _DATA_WHY))
+                info = b.last_info
+                # the record went `_handle`'s first-seen data path: the run shares its answer
+                if (reason is not None and v.reason is reason and info is not None
+                        and info[0] is _DATA and info[1] == reason and info[2] == 1):
+                    run_exc, run_ref, rule = r.exception, r.stage, o[2]
+        if pending:
+            self._count_run(b, run_exc, pending, dead_letter, logged)
+        return out
+
+    @staticmethod
+    def _count_run(b: _Batch, exc, n: int, dead_letter: bool, logged: bool) -> None:
+        """The counts `_decide_one` would have made for ``n`` records of a run (its stage is
+        the batch's last one: no other record came between)."""
+        a = b.last_amounts
+        a[_FAILURES] += n
+        a[_ERRORS] += n
+        a[_SKIPPED] += n
+        if not dead_letter:
+            a[_DROPPED] += n
+        if logged or dead_letter:
+            a[_LOGGED] += n
+        stage = b.last_stage
+        b.by_stage[stage] += n
+        cls_key = exc.class_name or "<unknown>"
+        b.by_class[cls_key] += n
+        b.by_category[_DATA] += n
+        b.reports += n
+        b.new_errors[stage] = b.new_errors.get(stage, 0) + n
 
     def _write_logs(self, j: _Job, task: TaskIdentity, records: Sequence[FailedRecord],
                     outcomes: Sequence[_Outcome], wall: int) -> None:
