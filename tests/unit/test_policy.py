@@ -642,8 +642,10 @@ def test_a_report_decided_at_once_answers_and_counts_as_record_by_record(clock, 
         for report in (first, second):
             out += [(d.verdict, d.dead_letter) for d in e.decide("j", task(), report)]
         j = e._jobs["j"]
-        return out, e.summary("j"), e.task_counts("j", task().task_id), dict(j.ids._d), \
-            {k: (s.attempts, s.retries) for k, s in j.records._d.items()}
+        # the remembered ids and schedules, in use order (the order eviction follows)
+        return out, e.summary("j"), e.task_counts("j", task().task_id), \
+            [(k, j.ids.get(k)) for k in j.ids.keys()], \
+            [(k, j.records.get(k).attempts, j.records.get(k).retries) for k in j.records.keys()]
 
     fast, plain = decided(False), decided(True)
     assert fast == plain
