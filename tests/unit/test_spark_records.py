@@ -101,3 +101,22 @@ def test_row_json_matches_json_dumps_of_the_row():
     for row in rows:
         assert row_json(row) == reference(row), row
     assert row_json(b"\x01\x02") == b'"' + base64.b64encode(b"\x01\x02") + b'"'
+
+
+def test_pandas_checker_skips_only_columns_that_are_exactly_the_declared_type():
+    np = pytest.importorskip("numpy")
+    pd = pytest.importorskip("pandas")
+    from pyspark.sql.types import DoubleType, LongType, StructField, StructType
+
+    from spillway.spark._schema import OutputSchemaError, pandas_checker
+
+    check = pandas_checker(StructType([StructField("id", LongType()),
+                                       StructField("total", DoubleType())]), "TRANSFORMATION")
+    good = pd.DataFrame({"id": np.arange(3), "total": [1.5, float("nan"), 2.0]})
+    assert check(good) is good
+    assert check(good) is good  # the exact dtypes are remembered: still checked the same
+    loose = pd.DataFrame({"id": [1, None, 3], "total": [1, 2, 3]})  # float ids, int totals
+    assert check(loose) is loose
+    for bad in ({"id": ["x", "y"], "total": [1.0, 2.0]}, {"id": [1, 2], "total": ["a", "b"]}):
+        with pytest.raises(OutputSchemaError, match="does not fit the declared type"):
+            check(pd.DataFrame(bad))

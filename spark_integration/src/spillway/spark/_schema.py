@@ -196,10 +196,29 @@ def pandas_checker(schema: Any, stage: str) -> Callable[[Any], Any]:
     """A check that a pandas DataFrame converts to the declared schema (columns by name when
     every declared name is present, else by position, as Spark assigns them); OutputSchemaError
     naming the column otherwise. Returns the frame unchanged."""
+    import numpy as np
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     target = to_arrow_schema(schema)
+    # numpy dtype -> whether it is exactly the Arrow type of that field: such a column always
+    # converts (a plain numpy array of the very type: no nulls to refuse, nothing to cast), so
+    # the happy path skips the trial conversion, which cost about as much as Spark's own
+    exact: dict[tuple[Any, int], bool] = {}
+
+    def is_exact(dtype: Any, i: int) -> bool:
+        key = (dtype, i)
+        known = exact.get(key)
+        if known is None:
+            try:
+                known = (isinstance(dtype, np.dtype) and dtype.kind in "biuf"
+                         and dtype != np.float16  # Arrow's from_pandas has no half floats
+                         and pa.from_numpy_dtype(dtype).equals(target.field(i).type))
+            except (pa.ArrowNotImplementedError, TypeError):
+                known = False
+            if len(exact) < 256:
+                exact[key] = known
+        return known
 
     def check(frame: Any) -> Any:
         names = [f.name for f in target]
@@ -210,6 +229,8 @@ def pandas_checker(schema: Any, stage: str) -> Callable[[Any], Any]:
                 f"{schema.simpleString()} has {names}")
         for i, field in enumerate(target):
             series = frame[field.name] if by_name else frame.iloc[:, i]
+            if is_exact(series.dtype, i):
+                continue
             try:
                 pa.Array.from_pandas(series, type=field.type, safe=False)
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
