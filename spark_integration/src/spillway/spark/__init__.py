@@ -31,6 +31,7 @@ from spillway.client.markers import (
 
 from ._compat import UnsupportedOnThisSparkError
 from ._dlq_reader import DLQ_SCHEMA, read_dlq
+from ._native import CorruptRecordError
 from ._records import KAFKA_SOURCE_COLUMNS
 from .job import Job, JobReport
 
@@ -45,6 +46,7 @@ __all__ = [
     "KAFKA_SOURCE_SCHEMA",
     "AbortableError",
     "ApplicationRecoverableError",
+    "CorruptRecordError",
     "DataError",
     "FlushTimeoutError",
     "InvalidConfigurationError",

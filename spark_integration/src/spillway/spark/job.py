@@ -129,6 +129,12 @@ def _datatype(dt: Any):
     raise TypeError(f"expected a pyspark DataType or a DDL type string, got {dt!r}")
 
 
+def _native_corrupt_field() -> str:
+    from ._native import CORRUPT_FIELD
+
+    return CORRUPT_FIELD
+
+
 def _is_dataframe(obj: Any) -> bool:
     from pyspark.sql import DataFrame
 
@@ -894,12 +900,15 @@ class Job:
                                 source, refresh, out_schema)
         return df.mapInArrow(run, out_schema)
 
-    def deserialize(self, df: Any, *, key: Callable[[bytes | None], Any] | None = None,
-                    key_type: Any = "string", value: Callable[[bytes | None], Any] | None = None,
+    def deserialize(self, df: Any, *, key: Callable[[bytes | None], Any] | str | None = None,
+                    key_type: Any = "string",
+                    value: Callable[[bytes | None], Any] | str | None = None,
                     value_type: Any = "string", record: Callable[[Any], Any] | None = None,
                     record_type: Any = None, key_column: str = "parsed_key",
                     value_column: str = "parsed_value", record_column: str = "parsed",
-                    name: str | None = None, refresh: Callable[[], None] | None = None) -> Any:
+                    name: str | None = None, refresh: Callable[[], None] | None = None,
+                    key_options: Mapping[str, Any] | None = None,
+                    value_options: Mapping[str, Any] | None = None) -> Any:
         """Deserialize a DataFrame with Spark's Kafka source schema (batch or streaming).
 
         ``key(bytes)`` (stage KEY_CONVERTER) and ``value(bytes)`` (VALUE_CONVERTER) get the raw
@@ -910,17 +919,32 @@ class Job:
         any step is reported with that step's stage and function, and so is a record whose
         result does not fit the step's declared type (an ``OutputSchemaError`` naming the
         field: a data error, never a task killed by the Arrow conversion).
+
+        Native formats: ``key`` / ``value`` may be ``"json"``, ``"csv"`` or ``"avro"`` instead
+        of a function: Spark parses them itself (``from_json`` / ``from_csv`` into
+        ``key_type`` / ``value_type``, a struct type, or for JSON an array or map type;
+        ``from_avro`` with ``value_type`` the Avro schema as a JSON string, which needs the
+        spark-avro package) in PERMISSIVE mode, with ``key_options`` / ``value_options`` as
+        the reader options. Only the rows Spark marks corrupt reach Python, where they are
+        reported (function ``spark:from_json`` ..., a `CorruptRecordError`: a data error) and
+        dead-lettered with their original bytes; the other rows never leave the JVM. See
+        `spillway.spark._native` for the plan and its cost (the input is read twice). With a
+        Python ``key`` / ``record`` as well, Spark's parse runs first and the Python steps run
+        on the rows it parsed.
         """
         from pyspark.sql.types import StructField, StructType
 
         _require("deserialize: df", df)
         steps: list[Deserializer] = []
         fields: list = []
+        native, native_types = self._native_steps(
+            (("key", key, key_type, key_column, "KEY_CONVERTER", key_options),
+             ("value", value, value_type, value_column, "VALUE_CONVERTER", value_options)))
         for part, fn, dtype, column, stage in (
                 ("key", key, key_type, key_column, "KEY_CONVERTER"),
                 ("value", value, value_type, value_column, "VALUE_CONVERTER"),
                 ("record", record, record_type, record_column, "DESERIALIZATION")):
-            if fn is None:
+            if fn is None or isinstance(fn, str):
                 continue
             if not callable(fn):
                 raise TypeError(f"{part}: expected a function, got {type(fn).__name__}")
@@ -930,17 +954,23 @@ class Job:
             steps.append(Deserializer(part, fn, StageRef.of(stage), report.qualified_name(fn),
                                       check=value_checker(spark_type, column, stage)))
             fields.append(StructField(column, spark_type, True))
-        if not steps:
+        if not steps and not native:
             raise ValueError("deserialize: give at least one of key=, value=, record=")
         missing = [c for c in ("key", "value", *KAFKA_COORDINATES) if c not in df.columns]
         if missing:
             raise ValueError(f"deserialize: the DataFrame lacks the Kafka source columns "
                              f"{missing}; expected Spark's Kafka source schema (key, value, "
                              f"topic, partition, offset, timestamp, timestampType, headers)")
-        clash = [f.name for f in fields if f.name in df.columns]
-        if clash:
-            raise ValueError(f"deserialize: output column(s) {clash} already exist; choose "
-                             f"other key_column / value_column / record_column names")
+        names = [f.name for f in fields] + [n.column for n in native]
+        clash = [n for n in names if n in df.columns]
+        if clash or len(set(names)) < len(names):
+            raise ValueError(f"deserialize: output column(s) {clash or names} already exist or "
+                             f"repeat; choose other key_column / value_column / record_column "
+                             f"names")
+        if native:
+            df = self._native_deserialize(df, native, native_types, name)
+            if not steps:
+                return df
         first = steps[0]
         wrapper = self._wrapper(first.fn, name or "deserialize:" + "+".join(
             f"{s.part}={s.function_name}" for s in steps), "DESERIALIZATION")
@@ -952,6 +982,57 @@ class Job:
         run = functools.partial(_deserialize_partition, self._task_spec(), wrapper, steps, df.schema,
                                 new_schema, refresh)
         return df.mapInArrow(run, out_schema)
+
+    def _native_steps(self, parts):
+        """The key / value steps given as a format name (see `_native`), with their types."""
+        from ._native import FORMATS, NativeStep, options_of
+
+        steps, types = [], []
+        for part, fn, dtype, column, stage, options in parts:
+            if not isinstance(fn, str):
+                if options is not None:
+                    raise ValueError(f"{part}_options: only with a native format "
+                                     f"({part}={' / '.join(map(repr, FORMATS))})")
+                continue
+            fmt = fn.strip().lower()
+            if fmt not in FORMATS:
+                raise ValueError(f"{part}: unknown format {fn!r}; a function, or one of "
+                                 f"{', '.join(map(repr, FORMATS))} (parsed by Spark)")
+            opts = options_of(part, options)
+            if fmt == "avro":
+                import json
+
+                try:
+                    json.loads(dtype if isinstance(dtype, str) else "")
+                except ValueError:
+                    raise ValueError(f"{part}_type: with {part}='avro', the Avro schema as a "
+                                     f"JSON string, got {dtype!r}") from None
+                spark_type, text = None, dtype
+            else:
+                if dtype is None:
+                    raise ValueError(f"{part}_type: required with {part}={fmt!r}")
+                spark_type = _datatype(dtype)
+                text = spark_type.simpleString()
+                names = [f.name for f in getattr(spark_type, "fields", [])]
+                if _native_corrupt_field() in names:
+                    raise ValueError(f"{part}_type: the field name {_native_corrupt_field()} "
+                                     f"is spillway's corrupt-record field; rename yours")
+            steps.append(NativeStep(part, fmt, StageRef.of(stage), column, text, opts))
+            types.append(spark_type)
+        return steps, types
+
+    def _native_deserialize(self, df, steps, types, name):
+        from ._native import native_deserialize, report_partition
+        from ._runtime import TaskSession
+
+        spec = self._task_spec()
+        tp, ts = report.trace_context()
+        wrapper = WrapperSpec(
+            name or "deserialize:" + "+".join(f"{s.part}={s.function_name}" for s in steps),
+            StageRef.of("DESERIALIZATION"), ",".join(s.function_name for s in steps), tp, ts)
+        counting = TaskSession._ratio_limited(self.effective_properties or {})
+        run = functools.partial(report_partition, spec, wrapper, tuple(steps))
+        return native_deserialize(df, steps, types, run, counting)
 
     def udf(self, returnType: Any = "string", *, error_column: bool = False,
             stage: str | int = "TRANSFORMATION", custom_stage: str = "",
