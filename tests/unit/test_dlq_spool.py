@@ -293,6 +293,20 @@ def test_delete_by_ranges_counts_only_rows_that_are_there(spool):
     assert spool.depth() == 0 and spool.bytes() == 0
 
 
+def test_whole_rows_settle_at_once_and_repeats_never_stand_in_for_a_missing_record(spool):
+    a = spool.append([rec(i) for i in range(3)])
+    b = spool.append([rec(i) for i in range(3, 6)])
+    assert a[0] >> 16 != b[0] >> 16  # two batch rows
+    # as many seqs as row a has records, but one repeated and one missing: a stays
+    assert spool.delete([a[0], a[0], a[1]]) == 2
+    assert [r.seq for r in spool.read_batch(0, 10)] == [a[2], *b]
+    # row b whole, out of order, with a row-a repeat: b is deleted, a keeps its last record
+    assert spool.delete([b[2], a[1], b[0], b[1]]) == 3
+    assert spool.depth() == 1 and [r.seq for r in spool.read_batch(0, 10)] == [a[2]]
+    assert spool.delete(a) == 1
+    assert spool.depth() == 0 and spool.bytes() == 0
+
+
 def test_header_blobs_written_by_the_earlier_codec_are_still_read():
     import struct
 

@@ -156,7 +156,7 @@ class DlqPipeline:
         self._backoff_s = retry_backoff_ms / 1000.0
         self._backoff_max_s = retry_backoff_max_ms / 1000.0
         self._random: RandomSource = rng or random.Random()
-        self._producer = KafkaDlqProducer(self._config, self._on_report,
+        self._producer = KafkaDlqProducer(self._config,
                                           factory=producer_factory)
         self._store: RecordStore | None = None
         self._thread: threading.Thread | None = None
@@ -186,7 +186,6 @@ class DlqPipeline:
         # drain-thread state
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._reports: list[tuple[int, DeliveryFailure | None]] = []
         self._cursor = 0
         self._read_commits = -1
         self._inflight: dict[int, _Entry] = {}
@@ -616,17 +615,36 @@ class DlqPipeline:
         return self._produce_new(entries)
 
     def _produce_new(self, entries: list[_Entry]) -> bool:
-        produced = False
-        for i, e in enumerate(entries):
-            self._held_bytes += e.size
-            if not self._produce(e):  # librdkafka full: keep the rest for later, in order
+        """Hand new entries to librdkafka in one go; when its queue stays full, the rest is
+        kept for later, in order."""
+        if not entries:
+            return False
+        sent_ns = time.time_ns()
+        inflight = self._inflight
+        producer = self._producer
+        i, total = 0, len(entries)
+        while i < total:
+            batch = entries[i:] if i else entries
+            n, refused = producer.produce_many([(e.seq, e.rec) for e in batch], max_wait_s=0.5)
+            for e in batch[:n]:
+                e.sent_ns = sent_ns
+                inflight[e.seq] = e
+            self._held_bytes += sum(e.size for e in batch[:n])
+            self._c_requests += n
+            i += n
+            if refused is not None:  # refused synchronously (e.g. too large): filed alone
+                e = entries[i]
+                self._held_bytes += e.size
+                self._c_requests += 1
+                self._on_failure(e, refused.failure, refused_alone=True)
+                i += 1
+            elif i < total:  # librdkafka full
                 now = self._clock.monotonic()
-                for r in entries[i + 1:]:
+                for r in entries[i:]:
                     self._held_bytes += r.size
                     heapq.heappush(self._retry, (now, r))
-                break
-            produced = True
-        return produced
+                return i > 0
+        return True
 
     def _produce(self, e: _Entry, *, solo: bool = False) -> bool:
         """Hand one entry to librdkafka; False when its queue stays full (entry kept)."""
@@ -664,27 +682,28 @@ class DlqPipeline:
             self._producer.flush(0)  # send it now, without waiting for linger.ms
         return True
 
-    def _on_report(self, token: int, failure: DeliveryFailure | None,
-                   partition: int = -1) -> None:
-        self._reports.append((token, failure, partition))  # served inside poll(): just collect
-
     def _handle_reports(self) -> None:
-        if not self._reports:
+        acked_seqs, acked_partitions, failed = self._producer.take_reports()
+        if not acked_seqs and not failed:
             return
-        reports, self._reports = self._reports, []
-        acked: list[_Entry] = []
-        partitions: list[int] = []
-        for seq, failure, *rest in reports:
-            e = self._inflight.pop(seq, None)
+        inflight, probe = self._inflight, self._probe
+        for seq, failure in failed:
+            e = inflight.pop(seq, None)
             if e is None:
                 continue
-            if seq == self._probe:
-                self._probe = None
-            if failure is None:
-                acked.append(e)
-                partitions.append(rest[0] if rest else -1)
-            else:
-                self._on_failure(e, failure, refused_alone=e.solo)
+            if seq == probe:
+                self._probe = probe = None
+            self._on_failure(e, failure, refused_alone=e.solo)
+        acked: list[_Entry] = []
+        partitions: list[int] = []
+        for seq, partition in zip(acked_seqs, acked_partitions, strict=True):
+            e = inflight.pop(seq, None)
+            if e is None:
+                continue
+            if seq == probe:
+                self._probe = probe = None
+            acked.append(e)
+            partitions.append(partition)
         if not acked:
             return
         if self.tracer is not None:

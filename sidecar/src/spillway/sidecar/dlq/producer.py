@@ -29,7 +29,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,24 +153,41 @@ def producer_config(bootstrap_servers: str, *, linger_ms: int, batch_size: int,
     return conf
 
 
-DeliveryCallback = Callable[[int, "DeliveryFailure | None"], None]
+class _Deliveries:
+    """The delivery reports of one producer generation, collected inside poll()/flush(): one
+    Python call per record (``on_delivery`` is ``partial(deliveries.report, token)``), the rest
+    is done per batch by `KafkaDlqProducer.take_reports`. A rebuilt producer gets a new one, so
+    that late reports of the old producer (purged, or arriving after the rebuild) are dropped."""
+
+    __slots__ = ("acked", "partitions", "failed")
+
+    def __init__(self) -> None:
+        self.acked: list[int] = []
+        self.partitions: list[int] = []
+        self.failed: list[tuple[int, KafkaError]] = []
+
+    def report(self, token: int, err: KafkaError | None, msg: Any) -> None:
+        if err is None:
+            self.acked.append(token)
+            self.partitions.append(msg.partition() if msg is not None else -1)
+        else:
+            self.failed.append((token, err))
 
 
 class KafkaDlqProducer:
     """One idempotent producer, built lazily and rebuilt after a fatal error.
 
-    `on_delivery(token, failure)` is called from `poll()`/`flush()` in the caller's thread, once
-    per produced record of the current producer generation (None: acknowledged). Reports of a
-    producer that was rebuilt are dropped: the caller re-produces what that producer held.
+    Delivery reports are collected inside `poll()`/`flush()` (in the caller's thread) and taken
+    with `take_reports()`, once per produced record of the current producer generation. Reports
+    of a producer that was rebuilt are dropped: the caller re-produces what that producer held.
     """
 
-    def __init__(self, config: Mapping[str, Any], on_delivery: DeliveryCallback, *,
+    def __init__(self, config: Mapping[str, Any], *,
                  factory: Callable[[dict[str, Any]], Any] = Producer) -> None:
         self._config = dict(config)
-        self._on_delivery = on_delivery
         self._factory = factory
         self._producer: Any = None
-        self._generation = 0
+        self._deliveries = _Deliveries()
         self._lock = threading.Lock()
         self.fatal_error: DeliveryFailure | None = None
         self.last_error: DeliveryFailure | None = None
@@ -205,19 +222,30 @@ class KafkaDlqProducer:
             self._last_log = time.monotonic()
             log.warning("DLQ producer: %s", failure)
 
-    def _report(self, generation: int, token: int, err: KafkaError | None,
-                partition: int = -1) -> None:
-        if generation != self._generation:
-            return
+    def take_reports(self) -> tuple[list[int], list[int], list[tuple[int, DeliveryFailure]]]:
+        """The reports collected since the last call: acknowledged tokens, their partitions
+        (-1 when unknown), and the failed tokens with their classified failure."""
+        d = self._deliveries
+        if not d.acked and not d.failed:
+            return [], [], []
+        acked, partitions, failed = d.acked, d.partitions, d.failed
+        d.acked, d.partitions, d.failed = [], [], []
+        out: list[tuple[int, DeliveryFailure]] = []
+        for token, err in failed:
+            failure = classify(err)
+            self.last_error = failure
+            out.append((token, failure))
+        return acked, partitions, out
+
+    def _refused(self, exc: KafkaException) -> ProduceRefused:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         if err is None:
-            self._on_delivery(token, None, partition)
-            return
+            raise DlqError(f"DLQ produce failed: {exc}") from exc
         failure = classify(err)
         self.last_error = failure
-        self._on_delivery(token, failure)
-
-    def _delivered(self, generation: int, token: int, err: KafkaError | None, msg: Any) -> None:
-        self._report(generation, token, err, msg.partition() if msg is not None else -1)
+        if failure.outcome is Outcome.REBUILD:
+            self.fatal_error = failure
+        return ProduceRefused(failure)
 
     def produce(self, rec: DlqRecord, token: int, *, max_wait_s: float = 5.0,
                 poll: bool = True) -> None:
@@ -225,7 +253,7 @@ class KafkaDlqProducer:
         BufferError when its queue stays full for `max_wait_s` (the caller retries later).
         ``poll=False``: the caller polls itself once after a batch of produce calls."""
         p = self._get()
-        report = functools.partial(self._delivered, self._generation, token)
+        report = functools.partial(self._deliveries.report, token)
         headers = list(rec.headers) if rec.headers else None
         deadline = 0.0
         while True:
@@ -240,16 +268,39 @@ class KafkaDlqProducer:
                     raise
                 self.poll(0.05)
             except KafkaException as exc:
-                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-                if err is None:
-                    raise DlqError(f"DLQ produce failed: {exc}") from exc
-                failure = classify(err)
-                self.last_error = failure
-                if failure.outcome is Outcome.REBUILD:
-                    self.fatal_error = failure
-                raise ProduceRefused(failure) from exc
+                raise self._refused(exc) from exc
         if poll:
             self.poll(0)
+
+    def produce_many(self, items: Sequence[tuple[int, DlqRecord]], *, max_wait_s: float = 0.5
+                     ) -> tuple[int, ProduceRefused | None]:
+        """Hand `(token, record)` pairs to librdkafka in order, without polling in between;
+        returns how many it took, and, when it refused the next one, why (the caller files that
+        one as failed and goes on after it). Fewer taken and no refusal: its queue stayed full
+        for `max_wait_s` (the caller keeps the rest for later)."""
+        produce = self._get().produce
+        report = self._deliveries.report
+        partial = functools.partial
+        n, total, deadline = 0, len(items), 0.0
+        while n < total:
+            token, rec = items[n]
+            headers = rec.headers
+            try:
+                produce(rec.topic, value=rec.value, key=rec.key,
+                        headers=list(headers) if headers else None,
+                        on_delivery=partial(report, token))
+            except BufferError:
+                now = time.monotonic()
+                if not deadline:
+                    deadline = now + max_wait_s
+                elif now >= deadline:
+                    return n, None
+                self.poll(0.05)
+                continue
+            except KafkaException as exc:
+                return n, self._refused(exc)
+            n += 1
+        return n, None
 
     def _raised(self, exc: KafkaException) -> None:
         """confluent-kafka raises a fatal error out of poll()/flush(): note it for a rebuild."""
@@ -290,7 +341,12 @@ class KafkaDlqProducer:
 
     def _discard(self) -> None:
         p, self._producer = self._producer, None
-        self._generation += 1  # reports of the old producer are dropped from here on
+        # reports served until now are kept (close() flushes first); what the old producer
+        # reports from here on (its purged records, late reports) goes to lists nobody reads
+        old, self._deliveries = self._deliveries, _Deliveries()
+        kept = self._deliveries
+        kept.acked, kept.partitions, kept.failed = old.acked, old.partitions, old.failed
+        old.acked, old.partitions, old.failed = [], [], []
         if p is None:
             return
         try:

@@ -763,24 +763,32 @@ class Spool:
     def _settle(self, seqs: Sequence[int]
                 ) -> tuple[list[tuple[int, _Row, list[int]]], list[int]]:
         """Which records of `seqs` are still pending, per row (row id, row, indexes); and which
-        rows that empties."""
-        by_row: dict[int, list[int]] = {}
-        for s in seqs:
-            by_row.setdefault(s >> _ROW_BITS, []).append(s & _IDX_MASK)
+        rows that empties. Per row, not per record, when the seqs cover the whole row (the usual
+        case: the drain acknowledges rows in order)."""
+        ordered = sorted(seqs)
         marks: list[tuple[int, _Row, list[int]]] = []
         emptied: list[int] = []
-        for rid, idxs in by_row.items():
-            row = self._rows.get(rid)
-            if row is None:
-                continue
-            done = row.done
-            fresh = sorted({i for i in idxs if i < row.total
-                            and (done is None or not done[i])})
-            if not fresh:
-                continue
-            marks.append((rid, row, fresh))
-            if len(fresh) == row.left:
-                emptied.append(rid)
+        rows = self._rows
+        i, n = 0, len(ordered)
+        while i < n:
+            rid = ordered[i] >> _ROW_BITS
+            j = bisect.bisect_left(ordered, (rid + 1) << _ROW_BITS, i)
+            row = rows.get(rid)
+            if row is not None:
+                base = rid << _ROW_BITS
+                if (row.done is None and j - i == row.total and ordered[i] == base
+                        and ordered[j - 1] == base + row.total - 1):
+                    fresh = list(range(row.total))  # every record of the row, each once
+                else:
+                    done = row.done
+                    fresh = sorted({s & _IDX_MASK for s in ordered[i:j]
+                                    if (s & _IDX_MASK) < row.total
+                                    and (done is None or not done[s & _IDX_MASK])})
+                if fresh:
+                    marks.append((rid, row, fresh))
+                    if len(fresh) == row.left:
+                        emptied.append(rid)
+            i = j
         return marks, emptied
 
     def _apply(self, marks: list[tuple[int, _Row, list[int]]], emptied: list[int]
