@@ -4,6 +4,14 @@ A venv is always new (what a user's `pip install` of our wheels gets); the third
 come from a wheelhouse (``$SPILLWAY_COMPAT_WHEELHOUSE``, default
 ``~/.cache/spillway/compat-wheelhouse``) that is filled from PyPI only when an offline install
 from it fails. Only a missing network may turn into a skip, and never under ``CI=true``.
+
+Unpacking PySpark, pandas and pyarrow is most of a venv's cost, so the third-party part is
+cached (``$SPILLWAY_COMPAT_VENV_CACHE``, default ``~/.cache/spillway/compat-venvs``): a template
+venv per combination, keyed by everything that decides what pip installs there (interpreter,
+pins, constraints, our wheels' declared dependencies, the wheelhouse's wheels). Each run clones
+the template (hard links) and runs the same `pip install` of the pins and our freshly built
+wheels into the clone, so pip still resolves our wheels' ranges against the pins, and
+`pip check` still has the last word.
 """
 
 from __future__ import annotations
@@ -11,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import glob
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import urllib.request
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,10 +91,10 @@ def pypi_unreachable() -> str | None:
 
 
 @contextlib.contextmanager
-def _locked(wh: Path, how: int):
+def _locked(wh: Path, how: int, name: str = ".lock"):
     """The wheelhouse is shared by concurrent builds (threads and test runs): filling it is
-    exclusive, installing from it shared."""
-    with open(wh / ".lock", "a") as fh:
+    exclusive, installing from it shared. (Also the venv cache's per-combination lock.)"""
+    with open(wh / name, "a") as fh:
         fcntl.flock(fh, how)
         try:
             yield
@@ -117,18 +127,43 @@ def build_wheels(out: Path) -> list[Path]:
     return wheels
 
 
-def make_venv(combo: Combo, where: Path, wheels_dir: Path) -> Path:
-    """A fresh venv with the combination's pins and our wheels (dependencies resolved by pip
-    against the wheels' declared ranges); returns its python."""
-    python = find_python(combo.python)
-    venv = where / combo.name
-    proc = _run([python, "-m", "venv", str(venv)])
-    assert proc.returncode == 0, proc.stderr
-    vpy = str(venv / "bin" / "python")
-    wh = wheelhouse()
-    targets = ["-r", str(combo.pins), "spillway-spark[pandas]"]
+def venv_cache() -> Path:
+    path = Path(os.environ.get("SPILLWAY_COMPAT_VENV_CACHE")
+                or Path.home() / ".cache" / "spillway" / "compat-venvs")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+_CACHE_FORMAT = "1"   # bump when what a template holds changes
+_KEEP_PER_COMBO = 2   # templates kept per combination (the newest used)
+
+
+def _requires(wheel: Path) -> list[str]:
+    """What a wheel's METADATA says it needs (not its code: that is installed fresh)."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = zf.read(meta).decode().splitlines()
+    return [ln for ln in lines
+            if ln.startswith(("Name:", "Requires-Dist:", "Requires-Python:", "Provides-Extra:"))]
+
+
+def _template_key(combo: Combo, python: str, wheels_dir: Path, wh: Path) -> str:
+    h = hashlib.sha256(_CACHE_FORMAT.encode())
+    version = _run([python, "-c", "import sys; print(sys.version, sys.platform)"]).stdout
+    h.update(f"{os.path.realpath(python)}\0{version}\0{combo.with_sidecar}\0".encode())
+    h.update(combo.pins.read_bytes())
     if combo.with_sidecar:
-        targets += ["spillway-sidecar", "-c", str(ROOT / "requirements" / "sidecar.txt")]
+        h.update((ROOT / "requirements" / "sidecar.txt").read_bytes())
+    for wheel in sorted(wheels_dir.glob("spillway_*.whl")):
+        h.update("\n".join(_requires(wheel)).encode())
+    h.update("\n".join(sorted(w.name for w in wh.glob("*.whl")
+                               if not w.name.startswith("spillway_"))).encode())
+    return h.hexdigest()[:20]
+
+
+def _install(combo: Combo, vpy: str, wh: Path, wheels_dir: Path, targets: list[str]) -> None:
+    """`pip install` of the pins and our wheels into ``vpy``'s venv, offline from the
+    wheelhouse, filling it from the index first when it lacks something."""
     pip = [vpy, "-m", "pip", "--disable-pip-version-check"]
     # --no-compile: byte-compiling PySpark and pandas at install time is most of an install
     install = [*pip, "install", "-q", "--no-compile", "--no-index", "--find-links", str(wh),
@@ -151,6 +186,60 @@ def make_venv(combo: Combo, where: Path, wheels_dir: Path) -> Path:
         with _locked(wh, fcntl.LOCK_SH):
             proc = _run(install)
     assert proc.returncode == 0, f"compat {combo.name}: install failed:\n{proc.stderr}"
-    check = _run([*pip, "check"])
+
+
+def _template(combo: Combo, python: str, wh: Path, wheels_dir: Path,
+              targets: list[str]) -> Path:
+    """The combination's cached third-party venv: a venv where the whole install ran, with our
+    three distributions uninstalled again. Built once per key, never changed afterwards."""
+    cache = venv_cache()
+    template = cache / f"{combo.name}-{_template_key(combo, python, wheels_dir, wh)}"
+    if not template.is_dir():
+        building = cache / f".{template.name}.{os.getpid()}"
+        shutil.rmtree(building, ignore_errors=True)
+        try:
+            proc = _run([python, "-m", "venv", str(building)])
+            assert proc.returncode == 0, proc.stderr
+            vpy = str(building / "bin" / "python")
+            _install(combo, vpy, wh, wheels_dir, targets)
+            proc = _run([vpy, "-m", "pip", "--disable-pip-version-check", "uninstall", "-y",
+                         "-q", "spillway-client", "spillway-sidecar", "spillway-spark"])
+            assert proc.returncode == 0, proc.stderr
+            os.rename(building, template)   # complete or absent, never half-built
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+    os.utime(template)
+    stale = sorted((p for p in cache.glob(f"{combo.name}-*") if p.is_dir()),
+                   key=lambda p: p.stat().st_mtime, reverse=True)[_KEEP_PER_COMBO:]
+    for old in stale:
+        shutil.rmtree(old, ignore_errors=True)
+    return template
+
+
+def _clone(template: Path, venv: Path) -> None:
+    """A private copy of ``template`` at ``venv``: hard links where the file system allows
+    (pip and Python replace files, never write into them), else a full copy."""
+    if _run(["cp", "-al", str(template), str(venv)]).returncode != 0:
+        shutil.rmtree(venv, ignore_errors=True)
+        shutil.copytree(template, venv, symlinks=True)
+    # sys.prefix follows the clone's location (pyvenv.cfg's `home` is the base interpreter);
+    # console scripts installed into the clone get the clone's python.
+
+
+def make_venv(combo: Combo, where: Path, wheels_dir: Path) -> Path:
+    """A fresh venv with the combination's pins and our wheels (dependencies resolved by pip
+    against the wheels' declared ranges); returns its python."""
+    python = find_python(combo.python)
+    venv = where / combo.name
+    wh = wheelhouse()
+    targets = ["-r", str(combo.pins), "spillway-spark[pandas]"]
+    if combo.with_sidecar:
+        targets += ["spillway-sidecar", "-c", str(ROOT / "requirements" / "sidecar.txt")]
+    # per combination: one builder at a time (others wait, then reuse); no pruning mid-clone
+    with _locked(venv_cache(), fcntl.LOCK_EX, f".{combo.name}.lock"):
+        _clone(_template(combo, python, wh, wheels_dir, targets), venv)
+    vpy = str(venv / "bin" / "python")
+    _install(combo, vpy, wh, wheels_dir, targets)   # our wheels, the pins re-resolved
+    check = _run([vpy, "-m", "pip", "--disable-pip-version-check", "check"])
     assert check.returncode == 0, f"compat {combo.name}: pip check:\n{check.stdout}"
     return venv / "bin" / "python"
