@@ -441,3 +441,57 @@ def test_failed_record_matches_the_reference_construction_byte_for_byte():
                 want.SerializeToString(deterministic=True)
             assert got.HasField("source") == want.HasField("source")
             assert report.exception_info(exc) == want.exception
+
+
+def test_exceptions_without_hints_skip_the_lookups_with_the_same_answer(monkeypatch):
+    """`_exception_fields` skips the duck-typed hint lookups for an exception that cannot carry
+    one; every kind of exception gets the fields the full lookups give."""
+
+    class KafkaLike:
+        def retriable(self):
+            return True
+
+        def fatal(self):
+            return False
+
+        def name(self):
+            return "NOT_LEADER_FOR_PARTITION"
+
+    class ClassHint(Exception):
+        status_code = 503
+
+    class Dynamic(Exception):
+        def __getattr__(self, name):
+            return 404 if name == "status" else None
+
+    class GrpcLike(Exception):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+    def caught(fn):
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - collecting them
+            return exc
+        raise AssertionError("no exception")
+
+    def wrapped_kafka():
+        try:
+            raise Exception(KafkaLike())
+        except Exception as inner:
+            raise RuntimeError("produce failed") from inner
+
+    instance_hint = ValueError("rate limited")
+    instance_hint.status_code = 429
+    excs = [caught(lambda: json.loads("{")), caught(lambda: int("x")), caught(lambda: {}["k"]),
+            ValueError("plain"), ClassHint("c"), Dynamic("d"), GrpcLike(), instance_hint,
+            Exception(KafkaLike()), caught(wrapped_kafka), DataError("marked"),
+            caught(lambda: __import__("no_such_module_here")), OSError(2, "missing"),
+            KeyboardInterrupt()]
+    fast = [report._exception_fields(e) for e in excs]
+    assert report._hintless(excs[0]) and not report._hintless(instance_hint)
+    assert not report._hintless(Dynamic("d")) and not report._hintless(Exception(KafkaLike()))
+    monkeypatch.setattr(report, "_hintless", lambda exc: False)
+    assert fast == [report._exception_fields(e) for e in excs]
+    assert fast[5]["http_status_code"] == 404 and fast[7]["http_status_code"] == 429
+    assert fast[9]["kafka_error_code"] == "NOT_LEADER_FOR_PARTITION"

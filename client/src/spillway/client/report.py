@@ -393,10 +393,46 @@ _class_chains: dict[type, tuple[str, list[str]]] = {}
 def _class_names(cls: type) -> tuple[str, list[str]]:
     names = _class_chains.get(cls)
     if names is None:
-        names = (qualified_name(cls), [qualified_name(c) for c in cls.__mro__ if c is not object])
+        chain = [qualified_name(c) for c in cls.__mro__ if c is not object]
+        names = (qualified_name(cls), chain[:MAX_CLASS_CHAIN])
         if len(_class_chains) < 4096:
             _class_chains[cls] = names
     return names
+
+
+# --- exceptions that carry no classification hint ----------------------------------------
+#
+# The hints above are found by duck typing: for the usual failure (a ValueError, a
+# JSONDecodeError) every one of those lookups misses, and a missed getattr raises and swallows an
+# AttributeError inside — several per failed record. An exception whose class defines none of
+# the attributes they read (nor a custom attribute lookup), whose own __dict__ holds none of them
+# either, whose first argument is a plain value and which has no cause chain to follow carries
+# no hint: those lookups are skipped, with the same answer.
+
+_HINT_ATTRS = frozenset(("code", "status_code", "status", "response", "retriable", "fatal",
+                         "txn_requires_abort", "name"))
+_PLAIN_ARGS = frozenset((str, int, float, bool, bytes, type(None)))
+_hintless_classes: dict[type, bool] = {}
+
+
+def _hintless(exc: BaseException) -> bool:
+    cls = type(exc)
+    plain = _hintless_classes.get(cls)
+    if plain is None:
+        plain = (not any(hasattr(cls, a) for a in _HINT_ATTRS)
+                 and not hasattr(cls, "__getattr__")
+                 and cls.__getattribute__ is BaseException.__getattribute__)
+        if len(_hintless_classes) < 4096:
+            _hintless_classes[cls] = plain
+    if not plain:
+        return False
+    attrs = exc.__dict__
+    if attrs and not _HINT_ATTRS.isdisjoint(attrs):
+        return False
+    args = exc.args
+    if args and type(args[0]) not in _PLAIN_ARGS:
+        return False
+    return exc.__cause__ is None and (exc.__suppress_context__ or exc.__context__ is None)
 
 
 # The sidecar refuses longer texts (INVALID_ARGUMENT naming the field): cut them here, saying so.
@@ -423,7 +459,7 @@ def _exception_fields(exc: BaseException) -> dict[str, Any]:
     class_name, class_chain = _class_names(type(exc))
     fields: dict[str, Any] = {
         "class_name": class_name,
-        "class_chain": class_chain[:MAX_CLASS_CHAIN],
+        "class_chain": class_chain,
         "message": _head(str(exc), MAX_MESSAGE_CHARS),
         "stack_trace": _tail(format_stack_trace(exc), MAX_STACK_TRACE_CHARS),
     }
@@ -431,6 +467,10 @@ def _exception_fields(exc: BaseException) -> dict[str, Any]:
         chain = causes(exc)
         if chain:
             fields["causes"] = [_head(c, MAX_CAUSE_CHARS) for c in chain[:MAX_CAUSES]]
+    if _hintless(exc):
+        if (marker := marker_category_name(exc)) is not None:
+            fields["marker_category"] = CATEGORY_BY_NAME[marker]
+        return fields
     if (code := grpc_status_code(exc)) is not None:
         fields["grpc_status_code"] = code
     if (status := http_status_code(exc)) is not None:
