@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+import marshal
 import os
 import sqlite3
 import threading
+from array import array
 
 import pytest
 from spillway.sidecar.core.model import DlqRecord
@@ -392,6 +395,85 @@ def test_a_spool_of_the_previous_per_record_format_is_converted_and_nothing_is_l
     try:
         names = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert "spool" not in names
-        assert con.execute("SELECT value FROM meta WHERE name='schema'").fetchone() == ("2",)
+        assert con.execute("SELECT value FROM meta WHERE name='schema'").fetchone() == ("3",)
     finally:
         con.close()
+
+
+def _write_v2_spool(directory, rows, settled=()) -> list[int]:
+    """A spool as schema 2 wrote it (up to this session): batch rows without the `segs` column,
+    each record marshalled on its own; `settled`: (row index, lo, hi) acknowledged ranges.
+    Returns the row ids."""
+    con = sqlite3.connect(os.path.join(directory, "dlq-spool.sqlite3"))
+    con.executescript("""
+        CREATE TABLE batches (id INTEGER PRIMARY KEY AUTOINCREMENT, n INTEGER NOT NULL,
+            size INTEGER NOT NULL, ends BLOB NOT NULL, data BLOB NOT NULL);
+        CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE settled (row INTEGER NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL);
+        INSERT INTO meta VALUES ('schema', '2');
+    """)
+    ids = []
+    for records in rows:
+        blobs = [marshal.dumps((r.topic, r.key, r.value, tuple(r.headers), r.record_id, r.job,
+                                r.task_key, r.traceparent), 4) for r in records]
+        ends = array("I", itertools.accumulate(map(len, blobs)))
+        ids.append(con.execute("INSERT INTO batches (n, size, ends, data) VALUES (?, ?, ?, ?)",
+                               (len(blobs), ends[-1], ends.tobytes(), b"".join(blobs))).lastrowid)
+    for i, lo, hi in settled:
+        con.execute("INSERT INTO settled VALUES (?, ?, ?)", (ids[i], lo, hi))
+    con.commit()
+    con.close()
+    return ids
+
+
+def test_a_spool_of_schema_2_is_read_as_it_is_and_nothing_is_lost(tmp_path):
+    """A sidecar upgraded in place over a non-empty spool: its per-record rows are read, settled
+    and rejected as before, next to the new rows (one marshalled segment per report)."""
+    ids = _write_v2_spool(str(tmp_path), [[rec(i) for i in range(4)], [rec(4), rec(5)]],
+                          settled=[(0, 0, 1)])  # r0, r1 were acknowledged before the upgrade
+    s = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
+    try:
+        assert s.recovered == 4 and s.depth() == 4
+        old = s.read_batch(0, 100)
+        assert [r.record for r in old] == [rec(i) for i in range(2, 6)]
+        assert [r.seq >> 16 for r in old] == [ids[0], ids[0], ids[1], ids[1]]
+        new = s.append([rec(i) for i in range(6, 9)])
+        assert min(new) > max(r.seq for r in old)
+        assert [r.record for r in s.read_batch(0, 100)] == [rec(i) for i in range(2, 9)]
+        assert s.reject([(old[2].seq, "INVALID_RECORD: bad"), (new[1], "INVALID_RECORD: bad")],
+                        now_ms=1) == 2
+        assert sorted(r.record.record_id for r in s.rejected()) == ["r4", "r7"]
+        assert s.delete([old[0].seq]) == 1
+    finally:
+        s.close()
+    again = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
+    try:
+        assert again.depth() == 4 and again.rejected_count() == 2
+        rest = again.read_batch(0, 100)
+        assert [r.record for r in rest] == [rec(3), rec(5), rec(6), rec(8)]
+        assert again.delete([r.seq for r in rest]) == 4
+        assert again.depth() == 0
+        assert again.purge_rejected() == 2 and again.bytes() == 0
+    finally:
+        again.close()
+    con = sqlite3.connect(os.path.join(str(tmp_path), "dlq-spool.sqlite3"))
+    try:
+        assert con.execute("SELECT value FROM meta WHERE name='schema'").fetchone() == ("3",)
+        assert con.execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 0
+    finally:
+        con.close()
+
+
+def test_a_report_is_stored_as_one_segment_and_read_back_record_by_record(spool):
+    seqs = spool.append([rec(i) for i in range(300)])
+    con = sqlite3.connect(spool.path)
+    try:
+        (segs, n, size), = con.execute("SELECT segs, n, size FROM batches").fetchall()
+    finally:
+        con.close()
+    assert array("I", segs).tolist() == [300] and n == 300 and size == spool.bytes()
+    got = spool.read_batch(seqs[149], 1000)  # from the middle of the segment
+    assert [r.record for r in got] == [rec(i) for i in range(150, 300)]
+    assert sum(r.size for r in spool.read_batch(0, 1000)) == size  # sizes add up to the row
+    assert spool.delete(seqs[:299]) == 299 and spool.depth() == 1
+    assert [r.record for r in spool.read_batch(0, 10)] == [rec(299)]

@@ -2,9 +2,12 @@
 Kafka acknowledges it.
 
 SQLite (stdlib ``sqlite3``) in WAL mode with ``synchronous=FULL``: a committed row survives a
-``kill -9`` of the sidecar and a power loss. One row per group commit (a few hundred records,
-split at 65,536 records or 1 MiB): the records, each marshalled on its own and concatenated, plus
-their end offsets, the count of records not yet rejected (``n``) and their bytes (``size``). Rows
+``kill -9`` of the sidecar and a power loss. A report's records are serialized once, as one
+segment (one marshal call: a list of their field tuples; cut at _SEG_RECORDS records or 1 MiB).
+One row per group commit (its reports' segments, at most 65,536 records, closed before it would
+pass 1 MiB): the segments concatenated, their record counts (``segs``), per-record end offsets
+(``ends``: each segment's bytes split evenly among its records), the count of records not yet
+rejected (``n``) and their bytes (``size``). Rows
 are numbered by AUTOINCREMENT (never reused, even after deletes); a record's ``seq`` is virtual:
 ``row_id * 2**16 + index``, so that seqs keep arrival order.
 
@@ -33,8 +36,9 @@ Rejected records: a record Kafka can never accept (too large, invalid) is copied
 ``rejected`` table and settled in its row, so that it is neither lost nor produced again in a
 loop; those keep counting against the bounds until an operator removes them (`purge_rejected()`).
 
-Spools written by the previous version (schema 1: one ``spool`` row per record) are converted at
-open, in one transaction, into batch rows numbered above every seq they used.
+Spools of schema 1 (one ``spool`` row per record) are converted at open, in one transaction,
+into batch rows numbered above every seq they used. Rows of schema 2 (each record marshalled on
+its own, ``segs`` NULL) are read as they are.
 
 `MemoryQueue` offers the same interface without durability, for ``spool.enable=false``.
 """
@@ -65,7 +69,7 @@ log = logging.getLogger(__name__)
 
 DB_NAME = "dlq-spool.sqlite3"
 LOCK_NAME = "dlq-spool.lock"
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (
@@ -73,7 +77,8 @@ CREATE TABLE IF NOT EXISTS batches (
     n INTEGER NOT NULL,
     size INTEGER NOT NULL,
     ends BLOB NOT NULL,
-    data BLOB NOT NULL
+    data BLOB NOT NULL,
+    segs BLOB
 );
 CREATE TABLE IF NOT EXISTS rejected (
     seq INTEGER PRIMARY KEY,
@@ -102,6 +107,7 @@ _ROW_BITS = 16  # seq = row id * 2**16 + index in the row
 _IDX_MASK = (1 << _ROW_BITS) - 1
 _ROW_RECORDS = 1 << _ROW_BITS  # records per batch row at most
 _ROW_BYTES = 1024 * 1024  # a batch row is closed once it holds this much
+_SEG_RECORDS = 4096  # records per segment (one marshal call) at most
 _DEDUP_WINDOW = 65_536  # recent records a repeated report is matched against
 _CHUNK = 500  # host parameters per IN (...) list
 _PAGE_SIZE = 16384  # bytes per SQLite page for a new spool
@@ -229,14 +235,38 @@ def record_size(rec: DlqRecord, headers_blob: bytes) -> int:
             + len(rec.record_id) + len(rec.job) + len(rec.task_key) + len(rec.traceparent))
 
 
-def encode_record(rec: DlqRecord) -> bytes:
-    """One record as stored in a batch row: marshal of its fields, headers as a tuple. Its
-    length is the bytes it accounts for against ``spool.max.bytes``."""
-    headers = rec.headers
-    if type(headers) is not tuple:
-        headers = tuple(headers)
-    return marshal.dumps((rec.topic, rec.key, rec.value, headers, rec.record_id, rec.job,
-                          rec.task_key, rec.traceparent), _MARSHAL_VERSION)
+def encode_segments(records: Sequence[DlqRecord]) -> list[tuple[bytes, int]]:
+    """A report's records as stored: one marshal call per segment (a list of their field
+    tuples), with its record count. One call per report instead of one per record: marshal's
+    per-call set-up and its reference table (the header names repeat in every record) are paid
+    once. A segment holds at most _SEG_RECORDS records and, unless it is one record, at most
+    _ROW_BYTES (a larger one is cut and encoded again: rare, reports are small)."""
+    fields = [(r.topic, r.key, r.value, r.headers if type(r.headers) is tuple else tuple(r.headers),
+               r.record_id, r.job, r.task_key, r.traceparent) for r in records]
+    out: list[tuple[bytes, int]] = []
+    for i in range(0, len(fields), _SEG_RECORDS):
+        _encode_into(fields[i:i + _SEG_RECORDS], out)
+    return out
+
+
+def _encode_into(fields: list[tuple], out: list[tuple[bytes, int]]) -> None:
+    blob = marshal.dumps(fields, _MARSHAL_VERSION)
+    if len(blob) <= _ROW_BYTES or len(fields) == 1:
+        out.append((blob, len(fields)))
+        return
+    parts = -(-len(blob) // _ROW_BYTES)  # a part that is still too large is cut again
+    step = -(-len(fields) // parts)
+    for i in range(0, len(fields), step):
+        _encode_into(fields[i:i + step], out)
+
+
+def _seg_sizes(nbytes: int, count: int) -> list[int]:
+    """The bytes each record of a segment accounts for: the segment's bytes split evenly (the
+    remainder on its last record), so that a row's per-record ends fall on segment bounds."""
+    q, r = divmod(nbytes, count)
+    sizes = [q] * count
+    sizes[-1] += r
+    return sizes
 
 
 def _decode(data: bytes, start: int, end: int) -> DlqRecord:
@@ -318,8 +348,9 @@ def _backpressure(n: int, size: int, held_records: int, held_bytes: int, max_rec
 @dataclass(eq=False)
 class _Request:
     records: Sequence[DlqRecord]
-    blobs: list[bytes]  # each record encoded (`encode_record`)
-    size: int
+    segments: list[tuple[bytes, int]]  # the records encoded (`encode_segments`)
+    n: int  # records
+    size: int  # bytes of the segments
     on_commit: OnCommit | None
     done: threading.Event = field(default_factory=threading.Event)
     placed: list[Placed] = field(default_factory=list)
@@ -349,31 +380,59 @@ def _ends(data_ends: bytes) -> array:
     return a
 
 
-def _decode_row(rid: int, ends: bytes, data: bytes, start: int, row: _Row
+def _decode_row(rid: int, ends: bytes, segs: bytes | None, data: bytes, start: int, row: _Row
                 ) -> Iterator[tuple[int, SpooledRecord]]:
-    """The pending records of a batch row from index `start` on, in order."""
+    """The pending records of a batch row from index `start` on, in order. `segs` NULL: each
+    record marshalled on its own (rows written before schema 3); else the record count of each
+    segment (one marshalled list of records), in order."""
     e = _ends(ends)
     done = row.done
-    prev = e[start - 1] if 0 < start <= len(e) else 0
     base = rid << _ROW_BITS
-    for i in range(start, len(e)):
-        end = e[i]
-        if done is None or not done[i]:
-            yield i, SpooledRecord(base | i, _decode(data, prev, end), end - prev)
-        prev = end
+    if segs is None:
+        prev = e[start - 1] if 0 < start <= len(e) else 0
+        for i in range(start, len(e)):
+            end = e[i]
+            if done is None or not done[i]:
+                yield i, SpooledRecord(base | i, _decode(data, prev, end), end - prev)
+            prev = end
+        return
+    first = 0
+    for count in _ends(segs):
+        last = first + count
+        lo = max(first, start)
+        if last > lo and (done is None or not all(done[lo:last])):
+            seg_start = e[first - 1] if first else 0
+            items = marshal.loads(memoryview(data)[seg_start:e[last - 1]])
+            if type(items) is not list or len(items) != count:
+                raise DlqError("corrupt DLQ spool row: a segment does not decode to its records")
+            prev = e[lo - 1] if lo else 0
+            for i in range(lo, last):
+                end = e[i]
+                if done is None or not done[i]:
+                    fields = items[i - first]
+                    if type(fields) is not tuple or len(fields) != 8:
+                        raise DlqError("corrupt DLQ spool row: a record does not decode to its "
+                                       "8 fields")
+                    yield i, SpooledRecord(base | i, DlqRecord(*fields), end - prev)
+                prev = end
+        first = last
 
 
-def _split(blobs: list[bytes]) -> list[list[bytes]]:
-    """Cut records into batch rows: a row is closed once it holds _ROW_BYTES (the record that
-    crosses the mark included) or _ROW_RECORDS records."""
-    cum = list(itertools.accumulate(map(len, blobs)))
-    rows: list[list[bytes]] = []
-    lo, n = 0, len(blobs)
-    while lo < n:
-        base = cum[lo - 1] if lo else 0
-        hi = min(bisect.bisect_left(cum, base + _ROW_BYTES, lo) + 1, n, lo + _ROW_RECORDS)
-        rows.append(blobs[lo:hi])
-        lo = hi
+def _split_segments(segments: list[tuple[bytes, int]]) -> list[list[tuple[bytes, int]]]:
+    """Cut segments into batch rows, in order: a row takes segments while they fit in _ROW_BYTES
+    (a larger segment gets a row of its own) and _ROW_RECORDS records."""
+    rows: list[list[tuple[bytes, int]]] = []
+    cur: list[tuple[bytes, int]] = []
+    nbytes = nrecs = 0
+    for seg in segments:
+        if cur and (nbytes + len(seg[0]) > _ROW_BYTES or nrecs + seg[1] > _ROW_RECORDS):
+            rows.append(cur)
+            cur, nbytes, nrecs = [], 0, 0
+        cur.append(seg)
+        nbytes += len(seg[0])
+        nrecs += seg[1]
+    if cur:
+        rows.append(cur)
     return rows
 
 
@@ -405,7 +464,8 @@ class Spool:
             self._conn = self._connect()
             self._conn.executescript(_SCHEMA)
             self._migrate_v1()
-            self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)",
+            self._add_segments_column()
+            self._conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)",
                                (SCHEMA_VERSION,))
             self._reader = self._connect()
             pending_bytes = self._load_rows()
@@ -483,22 +543,16 @@ class Spool:
                 conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('batches', ?)",
                              (base,))
             moved = 0
-            blobs: list[bytes] = []
-            nbytes = 0
             cur = conn.execute(
                 "SELECT job, record_id, task_key, topic, key, value, headers, traceparent "
                 "FROM spool ORDER BY seq")
-            for old in cur:
-                blob = encode_record(_record(old))
-                blobs.append(blob)
-                nbytes += len(blob)
-                if len(blobs) >= _ROW_RECORDS or nbytes >= _ROW_BYTES:
-                    self._insert_row(conn, blobs)
-                    moved += len(blobs)
-                    blobs, nbytes = [], 0
-            if blobs:
-                self._insert_row(conn, blobs)
-                moved += len(blobs)
+            while True:
+                old = cur.fetchmany(_SEG_RECORDS)
+                if not old:
+                    break
+                for segments in _split_segments(encode_segments([_record(r) for r in old])):
+                    self._insert_row(conn, segments)
+                moved += len(old)
             conn.execute("DROP TABLE spool")
             conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
             conn.execute("COMMIT")
@@ -508,6 +562,13 @@ class Spool:
             raise
         log.info("DLQ spool %s: converted %d records from the per-record format (schema 1) to "
                  "batch rows", self.path, moved)
+
+    def _add_segments_column(self) -> None:
+        """A spool of schema 2 (every record marshalled on its own) gets the ``segs`` column;
+        its rows keep it NULL and are read as they were written: nothing is rewritten."""
+        cols = {r[1] for r in self._conn.execute("PRAGMA table_info(batches)")}
+        if "segs" not in cols:
+            self._conn.execute("ALTER TABLE batches ADD COLUMN segs BLOB")
 
     def _load_rows(self) -> int:
         """Rebuild the per-row state from the table; returns the pending bytes."""
@@ -561,10 +622,10 @@ class Spool:
         """Put the newest recovered records in the dedup window (at most half of it)."""
         room = _DEDUP_WINDOW // 2
         window: list[tuple[tuple[str, str], tuple[int, str]]] = []
-        cur = self._conn.execute("SELECT id, ends, data FROM batches ORDER BY id DESC")
-        for rid, ends, data in cur:
+        cur = self._conn.execute("SELECT id, ends, segs, data FROM batches ORDER BY id DESC")
+        for rid, ends, segs, data in cur:
             row = self._rows[rid]
-            for i, rec in reversed(list(_decode_row(rid, ends, data, 0, row))):
+            for i, rec in reversed(list(_decode_row(rid, ends, segs, data, 0, row))):
                 window.append(((rec.record.job, rec.record.record_id),
                                (rec.seq, rec.record.task_key)))
             if len(window) >= room:
@@ -573,11 +634,20 @@ class Spool:
         self._recent_old = dict(reversed(window))
 
     @staticmethod
-    def _insert_row(conn: sqlite3.Connection, blobs: list[bytes]) -> int:
-        ends = array("I", itertools.accumulate(map(len, blobs)))
+    def _insert_row(conn: sqlite3.Connection, segments: list[tuple[bytes, int]]) -> int:
+        """One batch row of `segments` (marshalled lists of records, record count). Its ``ends``
+        are the per-record ends (each segment's bytes split evenly among its records: what each
+        counts against the bounds); ``segs`` the record count per segment (NULL only in rows
+        written before schema 3, where each record is marshalled on its own)."""
+        sizes: list[int] = []
+        for blob, count in segments:
+            sizes += _seg_sizes(len(blob), count)
+        ends = array("I", itertools.accumulate(sizes))
+        segs = array("I", [c for _, c in segments]).tobytes()
         return conn.execute(
-            "INSERT INTO batches (n, size, ends, data) VALUES (?, ?, ?, ?)",
-            (len(blobs), ends[-1], ends.tobytes(), b"".join(blobs))).lastrowid
+            "INSERT INTO batches (n, size, ends, data, segs) VALUES (?, ?, ?, ?, ?)",
+            (len(sizes), ends[-1], ends.tobytes(), b"".join(b for b, _ in segments),
+             segs)).lastrowid
 
     # -- writing --------------------------------------------------------------------------
 
@@ -590,13 +660,14 @@ class Spool:
         """
         if not records:
             return []
-        blobs = [encode_record(r) for r in records]
-        req = _Request(records, blobs, sum(map(len, blobs)), on_commit)
+        segments = encode_segments(records)
+        req = _Request(records, segments, len(records), sum(len(b) for b, _ in segments),
+                       on_commit)
         with self._lock:
             held_records, held_bytes = self._depth + self._rejected, self._bytes
-        if (held_records + len(blobs) > self.max_records
+        if (held_records + req.n > self.max_records
                 or held_bytes + req.size > self.max_bytes):
-            raise _backpressure(len(blobs), req.size, held_records, held_bytes,
+            raise _backpressure(req.n, req.size, held_records, held_bytes,
                                 self.max_records, self.max_bytes)
         with self._cv:
             if self._closing:
@@ -618,10 +689,10 @@ class Spool:
                 if not self._queue:
                     return
                 batch = [self._queue.popleft()]
-                n = len(batch[0].blobs)
-                while self._queue and n + len(self._queue[0].blobs) <= self._max_group:
+                n = batch[0].n
+                while self._queue and n + self._queue[0].n <= self._max_group:
                     req = self._queue.popleft()
-                    n += len(req.blobs)
+                    n += req.n
                     batch.append(req)
             try:
                 self._commit(batch)
@@ -644,17 +715,19 @@ class Spool:
         return None
 
     def _plan(self, accepted: list[_Request]
-              ) -> tuple[list[list[bytes]], list[list[tuple[int, int, str, bool]]]]:
+              ) -> tuple[list[list[tuple[bytes, int]]], list[list[tuple[int, int, str, bool]]]]:
         """Where each record goes when some were seen before: (row number in this group, index,
         task_key, True) for a new one; (-1, its seq, its task_key, False) for one still spooled,
-        or (row number, index, task_key, False) for one repeated within this group."""
-        rows: list[list[bytes]] = [[]]
+        or (row number, index, task_key, False) for one repeated within this group. The new
+        records of each row are encoded again, as that row's segments."""
+        rows: list[list[DlqRecord]] = [[]]
         row_bytes = 0
         plans: list[list[tuple[int, int, str, bool]]] = []
         local: dict[tuple[str, str], tuple[int, int, str]] = {}
         for req in accepted:
             plan = []
-            for rec, blob in zip(req.records, req.blobs, strict=True):
+            avg = req.size // req.n
+            for rec in req.records:
                 key = (rec.job, rec.record_id)
                 hit = local.get(key)
                 if hit is not None:
@@ -670,11 +743,11 @@ class Spool:
                     rows.append(cur)
                     row_bytes = 0
                 local[key] = at = (len(rows) - 1, len(cur), rec.task_key)
-                cur.append(blob)
-                row_bytes += len(blob)
+                cur.append(rec)
+                row_bytes += avg
                 plan.append((*at, True))
             plans.append(plan)
-        return [r for r in rows if r], plans
+        return [encode_segments(r) for r in rows if r], plans
 
     def _commit(self, batch: list[_Request]) -> None:
         with self._wlock:
@@ -682,7 +755,7 @@ class Spool:
                 held_records, held_bytes = self._depth + self._rejected, self._bytes
             accepted: list[_Request] = []
             for req in batch:
-                n = len(req.blobs)
+                n = req.n
                 if (held_records + n > self.max_records
                         or held_bytes + req.size > self.max_bytes):
                     req.error = _backpressure(n, req.size, held_records, held_bytes,
@@ -696,7 +769,8 @@ class Spool:
             keys = [(r.job, r.record_id) for req in accepted for r in req.records]
             if (len(set(keys)) == len(keys) and self._recent.keys().isdisjoint(keys)
                     and self._recent_old.keys().isdisjoint(keys)):
-                rows = _split([b for req in accepted for b in req.blobs])  # all new: in order
+                # all new: the requests' segments, in order
+                rows = _split_segments([seg for req in accepted for seg in req.segments])
                 plans = None
             else:
                 rows, plans = self._plan(accepted)
@@ -705,8 +779,8 @@ class Spool:
             try:
                 if rows:
                     conn.execute("BEGIN IMMEDIATE")
-                    for blobs in rows:
-                        ids.append(self._insert_row(conn, blobs))
+                    for segments in rows:
+                        ids.append(self._insert_row(conn, segments))
                     conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 if conn.in_transaction:
@@ -716,12 +790,19 @@ class Spool:
                 for req in accepted:
                     req.error = err
                 return
-            new_n = sum(len(r) for r in rows)
+            # per row: its records' sizes (as _insert_row wrote its ends)
+            row_sizes: list[list[int]] = []
+            for segments in rows:
+                sizes: list[int] = []
+                for blob, count in segments:
+                    sizes += _seg_sizes(len(blob), count)
+                row_sizes.append(sizes)
+            new_n = sum(map(len, row_sizes))
             new_bytes = 0
             with self._lock:
-                for rid, blobs in zip(ids, rows, strict=True):
-                    size = sum(map(len, blobs))
-                    self._rows[rid] = _Row(len(blobs), len(blobs), size)
+                for rid, sizes in zip(ids, row_sizes, strict=True):
+                    size = sum(sizes)
+                    self._rows[rid] = _Row(len(sizes), len(sizes), size)
                     new_bytes += size
                 self._depth += new_n
                 self._bytes += new_bytes
@@ -729,23 +810,28 @@ class Spool:
             recent = self._recent
             if plans is None:
                 seqs: list[int] = []
-                for rid, blobs in zip(ids, rows, strict=True):
-                    seqs.extend(range(rid << _ROW_BITS, (rid << _ROW_BITS) + len(blobs)))
+                all_sizes: list[int] = []
+                for rid, sizes in zip(ids, row_sizes, strict=True):
+                    seqs.extend(range(rid << _ROW_BITS, (rid << _ROW_BITS) + len(sizes)))
+                    all_sizes += sizes
                 owners = [r.task_key for req in accepted for r in req.records]
                 recent.update(zip(keys, zip(seqs, owners)))
                 pos = 0
                 for req in accepted:
-                    end = pos + len(req.blobs)
+                    end = pos + req.n
                     req.placed = list(map(Placed, seqs[pos:end], owners[pos:end],
-                                          itertools.repeat(True), map(len, req.blobs)))
+                                          itertools.repeat(True), all_sizes[pos:end]))
                     pos = end
             else:
                 for req, plan in zip(accepted, plans, strict=True):
                     placed = req.placed = []
-                    for (rn, idx, owner, fresh), rec, blob in zip(plan, req.records, req.blobs,
-                                                                  strict=True):
-                        seq = idx if rn < 0 else (ids[rn] << _ROW_BITS) | idx
-                        placed.append(Placed(seq, owner, fresh, len(blob)))
+                    avg = req.size // req.n
+                    for (rn, idx, owner, fresh), rec in zip(plan, req.records, strict=True):
+                        if rn < 0:
+                            placed.append(Placed(idx, owner, fresh, avg))
+                            continue
+                        seq = (ids[rn] << _ROW_BITS) | idx
+                        placed.append(Placed(seq, owner, fresh, row_sizes[rn][idx]))
                         if fresh:
                             recent[(rec.job, rec.record_id)] = (seq, owner)
             if len(recent) >= _DEDUP_WINDOW // 2:
@@ -758,7 +844,7 @@ class Spool:
                         log.exception("DLQ spool on_commit hook failed")
             if ids:
                 with self._lock:  # published once every hook of the group has run
-                    self._last_seq = (ids[-1] << _ROW_BITS) | (len(rows[-1]) - 1)
+                    self._last_seq = (ids[-1] << _ROW_BITS) | (len(row_sizes[-1]) - 1)
 
     def _settle(self, seqs: Sequence[int]
                 ) -> tuple[list[tuple[int, _Row, list[int]]], list[int]]:
@@ -886,14 +972,15 @@ class Spool:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 for rid, row, idxs in marks:
-                    ends, data = conn.execute("SELECT ends, data FROM batches WHERE id = ?",
-                                              (rid,)).fetchone()
-                    e = _ends(ends)
+                    ends, segs, data = conn.execute(
+                        "SELECT ends, segs, data FROM batches WHERE id = ?", (rid,)).fetchone()
+                    wanted = set(idxs)
+                    found = {i: sr for i, sr in _decode_row(rid, ends, segs, data, 0,
+                                                            _Row(row.total, row.total, 0))
+                             if i in wanted}
                     moved_bytes = 0
                     for i in idxs:
-                        start = e[i - 1] if i else 0
-                        r = _decode(data, start, e[i])
-                        size = e[i] - start
+                        r, size = found[i].record, found[i].size
                         moved_bytes += size
                         seq = (rid << _ROW_BITS) | i
                         conn.execute(
@@ -962,10 +1049,11 @@ class Spool:
             last_row = self._last_seq >> _ROW_BITS
         with self._rlock:
             cur = self._reader.execute(
-                "SELECT id, ends, data FROM batches WHERE id >= ? AND id <= ? ORDER BY id",
+                "SELECT id, ends, segs, data FROM batches WHERE id >= ? AND id <= ? "
+                "ORDER BY id",
                 (first_row, last_row))
             try:
-                for rid, ends, data in cur:
+                for rid, ends, segs, data in cur:
                     with self._lock:
                         row = self._rows.get(rid)
                         if row is None:  # settled and deleted meanwhile
@@ -973,7 +1061,7 @@ class Spool:
                         row_view = _Row(row.total, row.left, row.size)
                         row_view.done = bytes(row.done) if row.done is not None else None
                     start = (after_seq & _IDX_MASK) + 1 if rid == first_row else 0
-                    for _, r in _decode_row(rid, ends, data, start, row_view):
+                    for _, r in _decode_row(rid, ends, segs, data, start, row_view):
                         out.append(r)
                         if len(out) >= limit:
                             return out
