@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
+import time
 import uuid
 
 import pytest
@@ -206,3 +207,37 @@ def test_bad_arguments_are_refused_on_the_driver(spark, sidecar, topic_name):
     out = job.deserialize(df, value="json", value_type="id int",
                           value_options={"mode": "permissive"})
     assert out.select("parsed_value.id").collect() == [Row(id=None)]
+
+
+def test_streaming_dataframe(spark, sidecar, broker, topic_name, tmp_path):
+    job = _job(sidecar, topic_name)
+    source = (spark.readStream.format("rate").option("rowsPerSecond", 50)
+              .option("numPartitions", 2).load().selectExpr(
+                  "cast(concat('k', value) as binary) as key",
+                  "case when value % 10 = 3 then cast('{bad' as binary)"
+                  " else cast(to_json(named_struct('id', value)) as binary) end as value",
+                  "'rate' as topic", "0 as partition", "value as offset", "timestamp",
+                  "0 as timestampType",
+                  "array(named_struct('key', 'src', 'value', cast('rate' as binary))) as headers"))
+    parsed = job.deserialize(source, value="json", value_type="id long")
+    seen: list[int] = []
+
+    def on_batch(batch_df, batch_id):
+        seen.extend(r.id for r in batch_df.select("parsed_value.id").collect())
+
+    query = (parsed.writeStream.foreachBatch(on_batch)
+             .option("checkpointLocation", str(tmp_path / "cp"))
+             .trigger(processingTime="500 milliseconds").start())
+    try:
+        deadline = time.monotonic() + 120  # a loaded machine takes long per micro-batch
+        while time.monotonic() < deadline and not (
+                seen and job.summary().dlq_records_written >= 2):
+            assert query.exception() is None, query.exception()
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    assert seen and all(i % 10 != 3 for i in seen)
+    dead = {int(_headers(m)["__connect.errors.offset"])
+            for m in read_all(broker.bootstrap_servers, topic_name)}
+    assert len(dead) >= 2 and all(o % 10 == 3 for o in dead)
+    assert not set(seen) & dead
