@@ -14,10 +14,13 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent import futures
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
+from operator import attrgetter
 from pathlib import Path
 
 import grpc
@@ -651,6 +654,7 @@ def _timeout(context, default: float = 15.0) -> float:
     return default if remaining is None else max(0.0, remaining - _DEADLINE_MARGIN_S)
 
 
+_ACTION_CATEGORY = attrgetter("action", "category")
 # Per-record span events cost more than the decision itself at 100% sampling: a decision span
 # carries counts for the whole report, and events for at most this many records (RETRY and FAIL
 # verdicts before SKIPs, since they are the ones worth reading).
@@ -659,21 +663,18 @@ MAX_VERDICT_EVENTS = 8
 
 def _annotate(span, verdicts: Sequence[Verdict]) -> None:
     """Summarise a report's verdicts on its decision span (docs/OBSERVABILITY.md)."""
-    kinds: dict[tuple[Action, Category], int] = {}
-    picked: list[int] = []
-    skips: list[int] = []
+    # counted in C (Counter over (action, category)); the event scans stop once they have
+    # enough, and the one for non-SKIPs is skipped when the counts say there is none
+    kinds = Counter(map(_ACTION_CATEGORY, verdicts))
     skip = Action.SKIP
-    for i, v in enumerate(verdicts):
-        a = v.action
-        key = (a, v.category)
-        kinds[key] = kinds.get(key, 0) + 1
-        if a is not skip:
-            if len(picked) < MAX_VERDICT_EVENTS:
-                picked.append(i)
-        elif len(skips) < MAX_VERDICT_EVENTS:
-            skips.append(i)
-    if len(picked) < MAX_VERDICT_EVENTS:
-        picked = sorted(picked + skips[:MAX_VERDICT_EVENTS - len(picked)])
+    skipped = sum(n for (a, _), n in kinds.items() if a is skip)
+    others = len(verdicts) - skipped
+    picked = list(islice((i for i, v in enumerate(verdicts) if v.action is not skip),
+                         min(others, MAX_VERDICT_EVENTS))) if others else []
+    if len(picked) < MAX_VERDICT_EVENTS and skipped:
+        picked = sorted(picked + list(islice(
+            (i for i, v in enumerate(verdicts) if v.action is skip),
+            min(skipped, MAX_VERDICT_EVENTS - len(picked)))))
     attrs: dict[str, int] = {}
     for (a, c), n in kinds.items():
         for name in (f"spillway.verdicts.{a.value.lower()}",
