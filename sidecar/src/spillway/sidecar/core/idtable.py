@@ -79,34 +79,34 @@ class IdTable(Generic[V]):
     def __contains__(self, key: int) -> bool:
         if key == self._mk:
             return False
-        index, keys, off, mask = self._index, self._keys, self._off, self._mask
+        index, mask = self._index, self._mask
         i = key & mask
-        while True:
-            e = index[i]
-            if not e:
-                self._mk = key
-                self._ms = i
-                return False
-            if keys[e - off] == key:
+        e = index[i]
+        while e:
+            if self._keys[e - self._off] == key:
                 return True
             i = (i + 1) & mask
+            e = index[i]
+        self._mk = key
+        self._ms = i
+        return False
 
     def get(self, key: int, default: V | None = None) -> V | None:
-        if key == self._mk:
+        if key == self._mk or not self._live:
             return default
-        index, keys, off, mask = self._index, self._keys, self._off, self._mask
+        index, mask = self._index, self._mask
         i = key & mask
-        while True:
-            e = index[i]
-            if not e:
-                self._mk = key
-                self._ms = i
-                return default
-            if keys[e - off] == key:
+        e = index[i]
+        while e:
+            if self._keys[e - self._off] == key:
                 self._ek = key
                 self._en = e
-                return self._vals[e - off]
+                return self._vals[e - self._off]
             i = (i + 1) & mask
+            e = index[i]
+        self._mk = key
+        self._ms = i
+        return default
 
     def add(self, key: int, value: V) -> None:
         """Set key's value and make it the most recently used; evict past the limit."""
