@@ -49,6 +49,7 @@ import bisect
 import collections
 import ctypes
 import fcntl
+import gc
 import itertools
 import logging
 import marshal
@@ -194,7 +195,11 @@ _malloc_trim = _load_malloc_trim()
 
 
 def release_memory() -> None:
-    """Give freed heap memory back to the OS (glibc only; a no-op elsewhere)."""
+    """Collect cyclic garbage, then give freed heap memory back to the OS (malloc_trim: glibc
+    only). Called once a backlog has drained: an idle process allocates nothing, so the
+    collector (tuned to run rarely, gctune.py) would otherwise not run again, and cycles left
+    by the burst would keep Python's arenas resident."""
+    gc.collect()
     if _malloc_trim is not None:
         try:
             _malloc_trim()
@@ -704,6 +709,9 @@ class Spool:
             finally:
                 for req in batch:
                     req.done.set()
+            # not held while waiting for the next request: the last group of a burst (its
+            # records, blobs, placements) would stay alive, and pin allocator arenas, until then
+            del batch, req
 
     def _spooled(self, key: tuple[str, str]) -> tuple[int, str] | None:
         """(seq, task_key) of this record when it is in the dedup window and still pending."""
