@@ -29,6 +29,7 @@ class Sizes:
     memory_records: int           # 7
     many_total: int               # 8: records per run, split over the clients
     jobs_closed: int              # 9: short jobs run and ended
+    deser_rows: int               # 10: Kafka-shaped rows deserialized per run
     profile: bool                 # profile missed targets with py-spy
 
     @classmethod
@@ -37,6 +38,7 @@ class Sizes:
                    rpc_per_client=25_000, happy_rows=5_000_000, error_rows=1_000_000,
                    durability_per_client=20_000, tracing_records=30_000,
                    memory_records=1_000_000, many_total=128_000, jobs_closed=10_000,
+                   deser_rows=1_000_000,
                    profile=True)
 
     @classmethod
@@ -45,6 +47,7 @@ class Sizes:
                    rpc_per_client=3_000, happy_rows=120_000, error_rows=40_000,
                    durability_per_client=2_000, tracing_records=3_000,
                    memory_records=50_000, many_total=20_480, jobs_closed=1_000,
+                   deser_rows=100_000,
                    profile=False)
 
 

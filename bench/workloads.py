@@ -87,6 +87,11 @@ def parse_order(row: Any) -> tuple[int, float]:
     return order["order_id"], order["amount"] * 1.1
 
 
+def order_json(value: bytes | None) -> Any:
+    """Value deserializer of target 10's Python variant: the JSON order as a dict."""
+    return json.loads(value)
+
+
 def amount_of(value):
     """UDF body: the order's amount from its JSON value (no type hints: Spark would try to
     infer a pandas/Arrow UDF kind from them)."""

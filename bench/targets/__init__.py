@@ -1,9 +1,10 @@
-"""The benchmark targets (issue 7; 9 from issue 12), in the order the report lists them."""
+"""The benchmark targets (issue 7; 9 from issue 12; 10 and the peers from issue 14), in the
+order the report lists them."""
 
 from __future__ import annotations
 
 from ..runner import TargetSpec
-from . import dlq, memory, rpc, spark_jobs
+from . import deser, dlq, memory, rpc, spark_jobs
 
 SPARK = ("pyspark", "spillway.spark:Job")
 
@@ -33,4 +34,9 @@ TARGETS: tuple[TargetSpec, ...] = (
                memory.run_jobs_memory,
                requires=("spillway.client:SidecarClient.end_job",
                          "spillway.sidecar.dlq.pipeline:DlqPipeline")),
+    # The native fast path is a mode of job.deserialize (value="json"): the target probes for
+    # it once Spark is up and reports "not run" without it.
+    TargetSpec("native-deser", 10, "Native deserialization vs Spark's PERMISSIVE parse",
+               deser.run_native_deser,
+               requires=(*SPARK, "spillway.spark:Job.deserialize", "confluent_kafka")),
 )

@@ -448,3 +448,26 @@ def test_peer_b_schema_adds_the_corrupt_record_column():
     from bench.peers import CORRUPT_COLUMN, json_schema_with_corrupt
 
     assert json_schema_with_corrupt("a long") == f"a long, {CORRUPT_COLUMN} string"
+
+
+def test_native_probe_says_why_the_fast_path_is_absent():
+    from bench.targets.deser import native_missing
+
+    class Before:  # job.deserialize before the native fast path: value must be a function
+        def deserialize(self, df, *, value, value_type):
+            raise TypeError("value: expected a function, got str")
+
+    class After:
+        def deserialize(self, df, *, value, value_type):
+            return df
+
+    assert "does not exist yet" in native_missing(Before(), object())
+    assert "expected a function" in native_missing(Before(), object())
+    assert native_missing(After(), object()) is None
+
+
+def test_target_10_is_listed_after_the_others():
+    from bench.targets import TARGETS
+
+    assert [t.number for t in TARGETS] == list(range(1, 11))
+    assert select(TARGETS, "native-deser")[0].number == 10
