@@ -125,7 +125,7 @@ class DlqPipeline:
         on_ack: OnAck | None = None,
         read_chunk: int = 5_000,
         max_inflight_records: int = 20_000,
-        max_inflight_bytes: int = 1 * 1024 * 1024,
+        max_inflight_bytes: int = 512 * 1024,
         handoff_bytes: int = 16 * 1024 * 1024,
         delete_batch: int = 1_000,
         retry_backoff_ms: int = 100,
