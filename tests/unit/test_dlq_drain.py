@@ -326,3 +326,53 @@ def test_a_reject_inside_a_batch_settles_only_that_record(fake, pipeline):
     _wait_for(lambda: p.stats()["spool-depth"] == 0)  # the batch row is gone
     assert p.stats()["rejected-records"] == 1
     assert [r.record.record_id for r in p.store.rejected()] == ["bad"]
+
+
+def test_a_backlog_read_back_from_the_spool_never_idles_between_windows(tmp_path):
+    # A window's reports can all come back inside the round that filled it; the drain must
+    # then read on, not idle a second per window (a 1M-record outage took ~50 min to drain).
+    old = Spool(str(tmp_path), max_bytes=10_000_000, max_records=10_000)
+    old.append([rec(f"r{i}", "dead-task") for i in range(300)])
+    old.close()
+
+    class Lagging(FakeProducer):
+        """Delivers a record at the second poll after its produce(), as a real broker's
+        acknowledgements arrive a round after the window was sent."""
+
+        def __init__(self, conf: dict) -> None:
+            super().__init__(conf)
+            self.waiting: list = []
+
+        def poll(self, timeout=0):
+            fresh, self.queue = self.queue, self.waiting
+            self.waiting = fresh
+            return super().poll(timeout)
+
+        def __len__(self):
+            return len(self.queue) + len(self.waiting)
+
+    made: list[Lagging] = []
+
+    def lagging(conf: dict) -> Lagging:
+        made.append(Lagging(conf))
+        return made[-1]
+
+    p = DlqPipeline("fake:9092", spool_dir=str(tmp_path), producer_factory=lagging,
+                    max_inflight_records=10)
+    idled_with_backlog: list[int] = []
+    step = p._step
+
+    def watched() -> float:
+        pause = step()
+        if pause >= 1.0 and p.store is not None and p.store.depth():
+            idled_with_backlog.append(p.store.depth())
+        return pause
+
+    p._step = watched  # type: ignore[method-assign]
+    p.start()
+    try:
+        _wait_for(lambda: p.store is not None and p.store.depth() == 0, 60.0)
+        assert idled_with_backlog == []
+        assert sorted(made[0].delivered) == sorted(f"r{i}".encode() for i in range(300))
+    finally:
+        p.shutdown(1.0)

@@ -514,8 +514,7 @@ class DlqPipeline:
                     break
                 produced = True
             produced = self._read_more() or produced
-        more_to_read = self._room() > 0 and (
-            bool(self._handoff) or (self._overflow and self._read_commits != self._commits))
+        more_to_read = self._more_to_read()
         self._producer.poll(0 if produced or more_to_read else
                             (0.05 if self._inflight else 0))
         self._handle_reports()
@@ -524,10 +523,18 @@ class DlqPipeline:
             self._update_done_through()
         if self._inflight or produced or more_to_read or self._suspects:
             return 0.0  # (rows left over after a failed delete or reject wait for the next wake)
+        if self._more_to_read():
+            # the window was full when this round began and its reports came back during
+            # the poll above: go on reading at once instead of idling a second per window
+            return 0.0
         if self._retry:
             return max(0.0, min(1.0, self._retry[0][0] - self._clock.monotonic()))
         self._trim_when_idle()
         return 1.0
+
+    def _more_to_read(self) -> bool:
+        return self._room() > 0 and (
+            bool(self._handoff) or (self._overflow and self._read_commits != self._commits))
 
     def _trim_when_idle(self) -> None:
         """Once a large backlog has drained and the drain has been idle for a second, hand the
