@@ -310,6 +310,14 @@ def test_whole_rows_settle_at_once_and_repeats_never_stand_in_for_a_missing_reco
     assert spool.depth() == 0 and spool.bytes() == 0
 
 
+def test_a_repeat_inside_a_whole_row_span_never_settles_the_record_it_skips(spool):
+    a = spool.append([rec(i) for i in range(4)])
+    # first and last seq of the row, as many seqs as it has records, one repeated, one missing
+    assert spool.delete([a[0], a[1], a[1], a[3]]) == 3
+    assert [r.seq for r in spool.read_batch(0, 10)] == [a[2]]
+    assert spool.depth() == 1
+
+
 def test_header_blobs_written_by_the_earlier_codec_are_still_read():
     import struct
 

@@ -871,8 +871,10 @@ class Spool:
             if row is not None:
                 base = rid << _ROW_BITS
                 if (row.done is None and j - i == row.total and ordered[i] == base
-                        and ordered[j - 1] == base + row.total - 1):
-                    fresh = list(range(row.total))  # every record of the row, each once
+                        and ordered[i:j] == list(range(base, base + row.total))):
+                    # every record of the row, each once (a repeat with a gap between the
+                    # same first and last seq must not stand in for the missing record)
+                    fresh = list(range(row.total))
                 else:
                     done = row.done
                     fresh = sorted({s & _IDX_MASK for s in ordered[i:j]
