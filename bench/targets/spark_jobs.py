@@ -185,7 +185,7 @@ def run_error_path(ctx: Context, result: TargetResult) -> None:
             rdd = workloads.order_values(spark.sparkContext, rows, PARTITIONS, every)
             run = functools.partial(peers.values_partition, conf, topic, workloads.parse_order)
             seconds = timed(lambda: rdd.mapPartitions(run).count())
-            expect_topic_records(ctx, topic, n_fail, "hand-rolled dead-lettering")
+            expect_topic_records(ctx, topic, n_fail, "hand-rolled dead-lettering", result)
             return seconds
 
         def wrapped(_r, every=every, n_fail=n_fail):
