@@ -192,8 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             succeeded = result.count()
         except Exception as exc:  # the job failed by policy (e.g. errors.tolerance=none)
-            print(f"\njob {job_name} FAILED: {job.failure_message(exc)}", file=sys.stderr)
+            message = job.failure_message(exc)
             job.close()
+            # Spark's cancelled tasks still write to this stderr (a Python worker's
+            # BrokenPipeError, say) until the session stops: stop it first so the reason is
+            # the last thing printed.
+            spark.stop()
+            print(f"\njob {job_name} FAILED: {message}", file=sys.stderr, flush=True)
             return 1
 
         # ends the run: waits for its dead letters, releases its state on every sidecar and
