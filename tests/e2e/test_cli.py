@@ -163,3 +163,30 @@ def test_status_piped_into_a_closed_reader_ends_quietly(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        items = [kv.decode(errors="replace").split("=", 1) for kv in fh.read().split(b"\0") if kv]
+    return {kv[0]: kv[1] for kv in items if len(kv) == 2}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux only")
+@pytest.mark.parametrize("chosen, expected", [(None, "malloc"), ("pymalloc", "pymalloc")])
+def test_serve_runs_on_glibc_malloc_unless_an_allocator_was_chosen(tmp_path, chosen, expected):
+    # memtune.py: the same process (pid) re-executed once on glibc's malloc so a burst's memory
+    # goes back after a drain; an operator's own PYTHONMALLOC is left alone
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONMALLOC"}
+    env["XDG_STATE_HOME"] = str(tmp_path)
+    if chosen:
+        env["PYTHONMALLOC"] = chosen
+    proc, address = serve.spawn(["--listen", "127.0.0.1:0"], env=env, log_level="INFO")
+    try:
+        assert _health(address) == health_pb2.HealthCheckResponse.SERVING
+        assert _environ(proc.pid).get("PYTHONMALLOC") == expected
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert f"allocator: {expected}" in err
+    assert err.count("allocator:") == 1  # re-executed once, not in a loop

@@ -111,10 +111,14 @@ def _check_free(prop: str, host: str, port: int) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from . import gctune
+    from . import gctune, memtune
     from .dlq.spool import limit_malloc_arenas
     from .server import start_server
 
+    if getattr(args, "own_command_line", False):
+        # glibc's malloc instead of pymalloc, so a burst's memory goes back (memtune.py); only
+        # when this process is the command (main() called by a host program must not restart it)
+        memtune.reexec_on_system_malloc()
     limit_malloc_arenas()  # before any thread starts (memory returned after a drain)
     env = dict(os.environ)
     for warning in config.unknown_environment(env):
@@ -132,6 +136,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     props["metrics.prometheus.port"])
     running = start_server(raw, install_global_telemetry=True)
     gctune.tune()  # after start-up: what it allocated is frozen, never walked again
+    logging.getLogger("spillway.sidecar").info("allocator: %s", memtune.allocator())
     # Tell whoever started us where we listen (port 0 picks a free one): one parseable line.
     print(f"spillway sidecar listening on {running.address}", flush=True)
     done = threading.Event()
@@ -217,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.own_command_line = argv is None
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
