@@ -50,3 +50,47 @@ def test_main_called_by_a_host_program_never_reexecutes(monkeypatch):
 
     args = cli.build_parser().parse_args(["serve", "--listen", "127.0.0.1:0"])
     assert getattr(args, "own_command_line", False) is False
+
+
+def _wait_for(pred, timeout_s=5.0):
+    import time
+
+    end = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_trimmer_trims_once_after_a_burst_of_ended_runs():
+    import time
+
+    calls = []
+    t = memtune.Trimmer(threshold=3, quiet_s=0.2, release=lambda: calls.append(time.monotonic()))
+    try:
+        start = time.monotonic()
+        for _ in range(10):  # a burst: one trim after it, none per call
+            t.freed()
+            time.sleep(0.01)
+        last = time.monotonic()
+        _wait_for(lambda: calls)
+        time.sleep(0.3)
+        assert len(calls) == 1 and calls[0] >= last + 0.15 > start
+        t.freed()  # below the threshold: nothing to hand back
+        time.sleep(0.4)
+        assert len(calls) == 1
+        t.freed(2)
+        _wait_for(lambda: len(calls) == 2)
+        assert t.trims == 2
+    finally:
+        t.stop()
+
+
+def test_trimmer_stop_ends_its_thread_and_ignores_later_frees():
+    calls = []
+    t = memtune.Trimmer(threshold=1, quiet_s=10.0, release=lambda: calls.append(1))
+    t.freed()
+    thread = t._thread
+    t.stop()
+    assert thread is not None and not thread.is_alive()
+    t.freed()
+    assert calls == [] and t._thread is thread

@@ -112,14 +112,13 @@ def _check_free(prop: str, host: str, port: int) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from . import gctune, memtune
-    from .dlq.spool import limit_malloc_arenas
     from .server import start_server
 
     if getattr(args, "own_command_line", False):
         # glibc's malloc instead of pymalloc, so a burst's memory goes back (memtune.py); only
         # when this process is the command (main() called by a host program must not restart it)
         memtune.reexec_on_system_malloc()
-    limit_malloc_arenas()  # before any thread starts (memory returned after a drain)
+    memtune.limit_malloc_arenas()  # before any thread starts (memory returned after a drain)
     env = dict(os.environ)
     for warning in config.unknown_environment(env):
         logging.getLogger("spillway.sidecar").warning("%s", warning)

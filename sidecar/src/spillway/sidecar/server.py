@@ -29,7 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
-from . import __version__, security, telemetry
+from . import __version__, memtune, security, telemetry
 from .peers import Home, HomeError, end_on_node, resolve_home
 from .probe import start_probe_server
 from .adapters import convert, rpc
@@ -231,6 +231,8 @@ class Sidecar:
     admission: Admission | None = None  # backpressure gate, with a DLQ pipeline
     kafka: KafkaWatch | None = None     # the Kafka check, with bootstrap.servers
     security: security.SecurityConfig | None = None
+    # hands the heap of ended runs back to the OS after a burst of EndJobs (memtune.py)
+    trimmer: memtune.Trimmer = field(default_factory=memtune.Trimmer)
     listen_address: str = ""  # set by start_server once bound
     # advertised.address, else listen_address: RegisterJobResponse.home, the `peer` it names
     advertised_address: str = ""
@@ -633,6 +635,7 @@ class Sidecar:
             final = self.engine.end_job(run.key)
         if run.home is not None:
             run.home.close()
+        self.trimmer.freed()
         if pending:
             log.warning("job %r run %r ended with %d DLQ record(s) not yet acknowledged by "
                         "Kafka; they stay spooled and will be delivered", run.job, run.run_id,
@@ -736,6 +739,7 @@ class RunningSidecar:
         if self.probe is not None:  # probes saw NOT_SERVING for the whole grace period
             self.probe.stop(0).wait()
         self.sidecar.registry.stop()
+        self.sidecar.trimmer.stop()
         if self.sidecar.pipeline is not None:
             self.sidecar.pipeline.shutdown(timeout=max(1.0, grace))
         self.sidecar.telemetry.shutdown()  # flush spans and metrics

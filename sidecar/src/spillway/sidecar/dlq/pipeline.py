@@ -60,8 +60,9 @@ from confluent_kafka import Producer
 from ..core.model import DlqRecord
 from ..core.ports import Clock, RandomSource, SystemClock
 from ..errors import BackpressureError, ConfigError, DlqError, FlushTimeoutError
+from ..memtune import release_memory
 from .producer import DeliveryFailure, KafkaDlqProducer, Outcome, ProduceRefused, producer_config
-from .spool import MemoryQueue, Placed, RecordStore, Spool, release_memory
+from .spool import MemoryQueue, Placed, RecordStore, Spool
 from .tracing import record_batch_spans
 
 log = logging.getLogger(__name__)

@@ -47,9 +47,7 @@ from __future__ import annotations
 
 import bisect
 import collections
-import ctypes
 import fcntl
-import gc
 import itertools
 import logging
 import marshal
@@ -64,6 +62,7 @@ from typing import NamedTuple, Protocol
 
 from ..core.model import DlqRecord, Header
 from ..errors import BackpressureError, DlqError
+from ..memtune import release_memory
 from . import perms
 
 log = logging.getLogger(__name__)
@@ -176,62 +175,6 @@ def _decode_legacy(blob: bytes) -> tuple[Header, ...]:
             out.append((name, bytes(blob[pos:pos + vlen])))
             pos += vlen
     return tuple(out)
-
-
-def _load_malloc_trim() -> Callable[[], None] | None:
-    """glibc's ``malloc_trim(0)`` (hands freed heap pages back to the OS), or None elsewhere."""
-    try:
-        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
-            return None
-        fn = ctypes.CDLL(None).malloc_trim  # the process's own libc
-    except (ValueError, OSError, AttributeError):  # not glibc: no malloc_trim
-        return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    return lambda: fn(0)
-
-
-_malloc_trim = _load_malloc_trim()
-
-
-def release_memory() -> None:
-    """Collect cyclic garbage, then give freed heap memory back to the OS (malloc_trim: glibc
-    only). Called once a backlog has drained: an idle process allocates nothing, so the
-    collector (tuned to run rarely, gctune.py) would otherwise not run again, and cycles left
-    by the burst would keep Python's arenas resident."""
-    gc.collect()
-    if _malloc_trim is not None:
-        try:
-            _malloc_trim()
-        except Exception:  # pragma: no cover - never let housekeeping fail a drain
-            log.debug("malloc_trim failed", exc_info=True)
-
-
-_M_ARENA_MAX = -8  # glibc's mallopt parameter numbers
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD = 128 * 1024  # glibc's initial value, kept fixed
-
-
-def limit_malloc_arenas(arenas: int = 2) -> bool:
-    """Cap glibc's per-thread malloc arenas (default 8 per core). A sidecar's gRPC pool,
-    librdkafka and SQLite threads otherwise each fragment their own arena, and memory freed
-    after a drain stays resident in them. Also fix the mmap threshold at 128 KiB: glibc raises
-    it (up to 32 MiB) each time an mmapped block is freed, after which the large buffers of a
-    burst (request messages of 256 records, producer batches) come from the heap, fragment it
-    and stay resident after the drain (bench target 7: 20 MB less after a 1M-record drain).
-    Call before threads start; MALLOC_ARENA_MAX / MALLOC_MMAP_THRESHOLD_ in the environment
-    win. Returns whether the arena cap was set."""
-    if _malloc_trim is None:
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-        if not os.environ.get("MALLOC_MMAP_THRESHOLD_"):
-            libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-        if os.environ.get("MALLOC_ARENA_MAX"):
-            return False
-        return bool(libc.mallopt(_M_ARENA_MAX, arenas))
-    except (OSError, AttributeError):
-        return False
 
 
 def record_size(rec: DlqRecord, headers_blob: bytes) -> int:
