@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 
@@ -48,13 +49,15 @@ def test_reexec_keeps_the_command_line_and_the_interpreter(monkeypatch):
 def test_main_called_by_a_host_program_never_reexecutes(monkeypatch):
     from spillway.sidecar import cli
 
-    args = cli.build_parser().parse_args(["serve", "--listen", "127.0.0.1:0"])
-    assert getattr(args, "own_command_line", False) is False
+    seen = []
+    monkeypatch.setattr(cli, "cmd_serve", lambda args: seen.append(args.own_command_line) or 0)
+    assert cli.main(["serve", "--listen", "127.0.0.1:0"]) == 0  # a host program's argv
+    monkeypatch.setattr(cli.sys, "argv", ["spillway", "serve", "--listen", "127.0.0.1:0"])
+    assert cli.main() == 0  # the process's own command line
+    assert seen == [False, True]
 
 
 def _wait_for(pred, timeout_s=5.0):
-    import time
-
     end = time.monotonic() + timeout_s
     while not pred():
         assert time.monotonic() < end, "timed out"
@@ -62,8 +65,6 @@ def _wait_for(pred, timeout_s=5.0):
 
 
 def test_trimmer_trims_once_after_a_burst_of_ended_runs():
-    import time
-
     calls = []
     t = memtune.Trimmer(threshold=3, quiet_s=0.2, release=lambda: calls.append(time.monotonic()))
     try:

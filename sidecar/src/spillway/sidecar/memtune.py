@@ -6,8 +6,7 @@ the spool, a poison flood) allocates millions of short-lived objects interleaved
 outlive it (a job's state, the producer's queues, caches); those few keep most arenas resident:
 a sidecar that drained a 1,000,000-record outage stayed at 113 MB against 56 MB at rest (bench
 target 7, issue 12). On glibc's malloc (`PYTHONMALLOC=malloc`) the same objects live in the C
-heap, whose free pages `malloc_trim` (called when the drain goes idle, dlq/spool.py) returns
-wherever they sit: 85 MB after the same drain.
+heap, whose free pages `malloc_trim` returns wherever they sit: 85 MB after the same drain.
 
 The allocator is chosen when the interpreter starts, so `spillway serve` re-executes itself
 once with PYTHONMALLOC=malloc. An operator's own PYTHONMALLOC (``pymalloc`` to keep CPython's
