@@ -74,8 +74,8 @@ def _spec(sidecar, **kw):
     return _job(sidecar, **kw).spec
 
 
-def _wrapper(name="to_int"):
-    return WrapperSpec(name, StageRef.of("TRANSFORMATION"), f"app.{name}")
+def _wrapper(name="to_int", use="1"):
+    return WrapperSpec(name, StageRef.of("TRANSFORMATION"), f"app.{name}", use=use)
 
 
 def _to_int(s):
@@ -100,7 +100,8 @@ def test_failures_become_null_or_an_error_struct_and_are_reported(sidecar, fn):
     value, error = with_error("y")
     assert value is None
     record_id, stage, exc_class, message, reason, dead_lettered = error
-    assert record_id == f"TRANSFORMATION:{spec.name}/to_int_err:p0:r1"
+    # the use: the wrapper call's number and the Spark stage the UDF runs in
+    assert record_id == f"TRANSFORMATION:{spec.name}/to_int_err#1s1:p0:r1"
     assert (stage, exc_class, dead_lettered) == ("TRANSFORMATION", "builtins.ValueError", False)
     assert "invalid literal" in message and reason.startswith("skipped")
     summary = job.summary()
@@ -139,8 +140,8 @@ def test_the_same_udf_twice_in_a_task_shares_one_row_count(sidecar):
     a = _udf_function(spec, _wrapper(), int, True, None, None)
     b = _udf_function(spec, _wrapper(), int, True, None, None)
     ids = [a("x")[1][0], b("y")[1][0]]
-    assert ids == [f"TRANSFORMATION:{spec.name}/to_int:p0:r0",
-                   f"TRANSFORMATION:{spec.name}/to_int:p0:r1"]
+    assert ids == [f"TRANSFORMATION:{spec.name}/to_int#1s1:p0:r0",
+                   f"TRANSFORMATION:{spec.name}/to_int#1s1:p0:r1"]
 
 
 def test_a_udf_called_outside_a_spark_task_raises_instead_of_a_silent_none(sidecar):

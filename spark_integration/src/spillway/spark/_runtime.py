@@ -167,6 +167,9 @@ class WrapperSpec:
     function_name: str
     traceparent: str = ""
     tracestate: str = ""
+    # which call of the wrapper on the driver this is (`Job._wrapper`): part of record ids, so
+    # two calls never share ids while one call's DataFrame evaluated again keeps them
+    use: str = ""
 
 
 # --- per-process state ---------------------------------------------------------------------

@@ -169,7 +169,7 @@ def _require(what: str, data: Any, *, rdd: bool = False) -> None:
 def _ids(spec: JobSpec, wrapper: WrapperSpec, task: pb.TaskIdentity, batch_id: Any = None):
     batch = batch_id if batch_id is not None else current_batch_id()
     return functools.partial(positional_record_id, wrapper.stage.name, spec.name, wrapper.name,
-                             task.partition_id, batch_id=batch)
+                             task.partition_id, batch_id=batch, use=wrapper.use)
 
 
 def _engine(spec: JobSpec, session: TaskSession, adapter: Any, wrapper: WrapperSpec,
@@ -506,9 +506,12 @@ def _udf_failure(spec, wrapper, st, fn, args, index, exc, record_id, refresh):
     session = st.session
     trim_traceback(exc)
     subject = args[0] if len(args) == 1 else list(args)
+    # a UDF is decorated once and used in many queries: the Spark stage it runs in tells the
+    # uses apart (the same for every attempt of a task; a second action re-running the query
+    # gets new ids: a duplicate DLQ record at worst, never a lost one)
     ctx = context_of(subject, lambda: positional_record_id(
         wrapper.stage.name, spec.name, wrapper.name, session.task.partition_id, index,
-        batch_id=current_batch_id()),
+        batch_id=current_batch_id(), use=f"{wrapper.use}s{session.task.stage_id}"),
         (lambda _row: record_id(*args)) if record_id is not None else None)
     session.begin_span()
     attempt, error = 1, None
@@ -571,6 +574,9 @@ class JobReport:
     dlq_records_written: int = 0
     dropped_records: int = 0
     retry_budget_exhausted: int = 0   # retries the job's retry budget deferred or refused
+    #: Distinct records reported under an id already known with another payload (each decided
+    #: and dead-lettered on its own; a sign that record ids are not unique: docs/POLICY.md).
+    record_id_collisions: int = 0
     last_error_timestamp_ms: int = 0
     by_stage: dict[str, int] = field(default_factory=dict)
     by_category: dict[str, int] = field(default_factory=dict)
@@ -581,7 +587,8 @@ class JobReport:
 
     _SUMS = ("records_processed", "total_record_failures", "total_record_errors",
              "total_records_skipped", "total_retries", "total_errors_logged",
-             "dlq_records_written", "dropped_records", "retry_budget_exhausted")
+             "dlq_records_written", "dropped_records", "retry_budget_exhausted",
+             "record_id_collisions")
 
     def add(self, target: str, s: pb.JobSummary) -> None:
         self.per_sidecar[target] = s
@@ -604,6 +611,16 @@ class JobReport:
 # the same run (e.g. a notebook cell run again) presents the same job token.
 _driver_runs: dict[tuple[str, str, str], Registration] = {}
 _driver_lock = threading.Lock()
+# Wrapper calls made so far per (job, run id, wrapper name) in this driver process: the `use` in
+# record ids. Counted per process, not per `Job` object, so that two `Job` objects of one run
+# (a notebook cell run again) never hand out the same use; forgotten when the run is closed.
+_uses: dict[tuple[str, str, str], int] = {}
+
+
+def _next_use(job: str, run_id: str, wrapper: str) -> str:
+    with _driver_lock:
+        n = _uses[(job, run_id, wrapper)] = _uses.get((job, run_id, wrapper), 0) + 1
+    return str(n)
 
 
 def _spark_run_id() -> str | None:
@@ -769,6 +786,8 @@ class Job:
         out.unreachable = list(answer.unreachable)
         with _driver_lock:
             _driver_runs.pop((self.spec.driver_target(), self.name, run.run_id), None)
+            for k in [k for k in _uses if k[0] == self.name and k[1] == run.run_id]:
+                del _uses[k]
         self.registration = None
         self.report = out
         return out
@@ -809,10 +828,15 @@ class Job:
                  custom_stage: str = "") -> WrapperSpec:
         if not callable(fn):
             raise TypeError(f"expected a function, got {type(fn).__name__}")
+        stage_ref = StageRef.of(stage, custom_stage)
         tp, ts = report.trace_context()  # executors' spans join the driver's trace, if any
-        return WrapperSpec(name=_wrapper_name(fn, name), stage=StageRef.of(stage, custom_stage),
-                           function_name=report.qualified_name(fn), traceparent=tp,
-                           tracestate=ts)
+        wname = _wrapper_name(fn, name)
+        return WrapperSpec(name=wname, stage=stage_ref, function_name=report.qualified_name(fn),
+                           traceparent=tp, tracestate=ts, use=self._use(wname))
+
+    def _use(self, wrapper_name: str) -> str:
+        """This call's use of the wrapper (registers the run first: uses count per run)."""
+        return _next_use(self.name, self._task_spec().run_id, wrapper_name)
 
     def map_partitions(self, data: Any, fn: Callable[[Any], Any], *, schema: Any = None,
                        stage: str | int = "TRANSFORMATION", custom_stage: str = "",
@@ -974,9 +998,8 @@ class Job:
         first = steps[0]
         wrapper = self._wrapper(first.fn, name or "deserialize:" + "+".join(
             f"{s.part}={s.function_name}" for s in steps), "DESERIALIZATION")
-        wrapper = WrapperSpec(wrapper.name, StageRef.of("DESERIALIZATION"),
-                              ",".join(s.function_name for s in steps), wrapper.traceparent,
-                              wrapper.tracestate)
+        wrapper = dataclasses.replace(wrapper, stage=StageRef.of("DESERIALIZATION"),
+                                      function_name=",".join(s.function_name for s in steps))
         new_schema = StructType(fields)
         out_schema = StructType(list(df.schema.fields) + fields)
         run = functools.partial(_deserialize_partition, self._task_spec(), wrapper, steps, df.schema,
@@ -1027,9 +1050,10 @@ class Job:
 
         spec = self._task_spec()
         tp, ts = report.trace_context()
-        wrapper = WrapperSpec(
-            name or "deserialize:" + "+".join(f"{s.part}={s.function_name}" for s in steps),
-            StageRef.of("DESERIALIZATION"), ",".join(s.function_name for s in steps), tp, ts)
+        wname = name or "deserialize:" + "+".join(f"{s.part}={s.function_name}" for s in steps)
+        wrapper = WrapperSpec(wname, StageRef.of("DESERIALIZATION"),
+                              ",".join(s.function_name for s in steps), tp, ts,
+                              use=self._use(wname))
         counting = TaskSession._ratio_limited(self.effective_properties or {})
         run = functools.partial(report_partition, spec, wrapper, tuple(steps))
         return native_deserialize(df, steps, types, run, counting)
@@ -1084,6 +1108,7 @@ class Job:
         may be written more than once (a chunk that failed half-way is re-written in halves),
         so ``write_fn`` must be idempotent, as Kafka Connect asks of sink tasks.
         """
+        _require("foreach_partition: data", data, rdd=True)
         wrapper = self._wrapper(write_fn, name, stage, custom_stage)
         self._foreach(data, write_fn, wrapper, batch_size, record_id, source, refresh, batch_id)
 
@@ -1108,12 +1133,12 @@ class Job:
         the DLQ records of the batch are acknowledged by Kafka, so Structured Streaming commits
         the batch only then. Record ids carry the micro-batch id.
         """
-        self._wrapper(write_fn, name, stage, custom_stage)  # check the arguments now
+        # one use for the whole query: a micro-batch replayed after a restart keeps its ids
+        wrapper = self._wrapper(write_fn, name, stage, custom_stage)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
 
         def for_each_batch(batch_df: Any, batch_id: int) -> None:
-            wrapper = self._wrapper(write_fn, name, stage, custom_stage)
             self._foreach(batch_df, functools.partial(_with_batch_id, write_fn, batch_id),
                           wrapper, batch_size, record_id, source, refresh, batch_id)
 

@@ -43,6 +43,7 @@ thread-safe) and released before error log lines are written.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -62,7 +63,9 @@ from .model import (Action, Category, Counts, Decision, FailedRecord, JobSummary
                     TaskIdentity, Verdict)
 from .ports import Clock, ErrorLogger, RandomSource
 from .settings import JobSettings, job_settings
-from .tolerance import _WITHIN, KEY_MASK, IdTable, ToleranceTracker
+from .tolerance import _WITHIN, KEY_MASK, TAG_MASK, IdTable, ToleranceTracker
+
+log = logging.getLogger("spillway.sidecar.policy")
 
 MAX_TRACKED_RECORDS = 100_000
 # metric_rows reads a Counts' fields in one C call (a scrape reads every live job's counts)
@@ -72,6 +75,12 @@ MAX_SKIP_INFOS = 4_096    # distinct skip answers shared per job (cleared when f
 MAX_BREAKDOWN_KEYS = 1_000
 OTHER_KEY = "(other)"
 MAX_MESSAGE_CHARS = 300
+# Known ids under which more than one distinct record was reported, with their other records'
+# keys (so that `undo_dead_letters`, which names only ids, reaches them too); bounded: past it
+# the oldest id's list is dropped (an undo then misses its other records, which only means a
+# re-report of one of them is answered "already in the DLQ": the same as before this table).
+MAX_COLLIDED_IDS = 10_000
+MAX_KEYS_PER_ID = 1_024
 
 
 def run_key(job: str, run_id: str) -> str:
@@ -126,6 +135,8 @@ class _Job:
         self.recovered = 0
         self.handler_failures = 0
         self.log_failures = 0
+        self.collisions = 0     # distinct records reported under an id known with another payload
+        self.other_keys: dict[int, list[int]] = {}   # id key -> its other records' keys
 
     @property
     def records_evicted(self) -> int:
@@ -143,11 +154,43 @@ class _Job:
             shared = self.skip_infos[info] = info
         return shared
 
-    def new_state(self, key: int, now_ms: float, record: FailedRecord) -> _RecordState:
+    def new_state(self, key: int, tag: int, now_ms: float,
+                  record: FailedRecord) -> _RecordState:
         """The schedule of a data error first seen now (attempt 1), made when it is kept."""
         st = _RecordState(first_ms=now_ms, attempts=1, last_class=record.exception.class_name)
-        self.records.add(key, st)
+        self.records.add(key, st, tag)
         return st
+
+    def identity(self, record: FailedRecord, b: _Batch) -> tuple[int, int]:
+        """The key under which this record is remembered, and its payload tag.
+
+        A record is its id *and* its payload: the key is the id's digest, unless the id is
+        remembered (skipped, counted or retrying) with another payload. Then this is another
+        record that happens to share the id (positions reused, a record_id function that is
+        not unique, ...): it gets a key of its own, from id and payload, and is decided,
+        counted and dead-lettered on its own; the first such report is counted as a collision
+        and logged. The same id with the same payload is the same record (a re-report)."""
+        rid = record.record_id
+        key = hash(rid) & KEY_MASK
+        tag = hash((record.key, record.value)) & TAG_MASK      # tolerance.payload_tag
+        known = self.ids.tag(key)
+        if known < 0:
+            known = self.records.tag(key)
+        if known < 0 or known == tag:
+            return key, tag
+        other = hash((rid, tag)) & KEY_MASK
+        if self.ids.tag(other) == tag or self.records.tag(other) == tag:
+            return other, tag                # a re-report of that other record
+        self.collisions += 1
+        b.collisions.append(record)
+        keys = self.other_keys.get(key)
+        if keys is None:
+            if len(self.other_keys) >= MAX_COLLIDED_IDS:
+                del self.other_keys[next(iter(self.other_keys))]
+            keys = self.other_keys[key] = []
+        if len(keys) < MAX_KEYS_PER_ID:
+            keys.append(other)
+        return other, tag
 
 
 def _bump(table: dict[str, int], key: str, n: int = 1) -> None:
@@ -191,7 +234,7 @@ class _Batch:
 
     __slots__ = ("amounts", "last_stage", "last_amounts", "last_ref", "by_stage", "by_class",
                  "by_category", "reports", "last_exc", "last_cls", "last_what", "reasons",
-                 "last_info", "cls_exc", "cls", "new_errors")
+                 "last_info", "cls_exc", "cls", "new_errors", "collisions")
 
     def __init__(self) -> None:
         self.amounts: dict[str, list[int]] = {}
@@ -210,6 +253,7 @@ class _Batch:
         self.cls_exc: object = None       # the last exception value classified, and its class
         self.cls: Classification | None = None
         self.new_errors: dict[str, int] = {}   # by stage: errors counted by tolerance at the end
+        self.collisions: list[FailedRecord] = []   # records under an id known with another payload
 
     def stage_amounts(self, stage: str) -> list[int]:
         if stage == self.last_stage:
@@ -241,6 +285,20 @@ class _Batch:
                 _bump(table, key, n)
         for category, n in self.by_category.items():
             _bump(j.by_category, category.value, n)
+
+
+def _warn_collisions(j: _Job, records: Sequence[FailedRecord]) -> None:
+    """One warning per report (a reused position repeats across a whole partition), naming the
+    wrapper function and an example id."""
+    first = records[0]
+    functions = sorted({r.function_name or "?" for r in records})
+    run = f" run {j.run_id!r}" if j.run_id else ""
+    log.warning(
+        "job %r%s: %d record(s) reported under a record id already known with another payload "
+        "(function %s, stage %s, e.g. record id %r); each is decided, counted and "
+        "dead-lettered as a distinct record. Record ids should name one record: see "
+        "docs/POLICY.md, Record identity", j.settings.job, run, len(records),
+        ", ".join(functions[:5]), first.stage.name, first.record_id)
 
 
 class PolicyEngine:
@@ -329,6 +387,8 @@ class PolicyEngine:
                 outcomes = self._decide_all(j, task, tid, records, now, wall, batch)
             finally:
                 batch.apply(j, task, tid, now, wall)
+        if batch.collisions:
+            _warn_collisions(j, batch.collisions)
         if j.settings.log_enable:
             self._write_logs(j, task, records, outcomes, wall)
         return [o[0] for o in outcomes]
@@ -359,7 +419,7 @@ class PolicyEngine:
             if r.exception is run_exc and r.stage is run_ref:
                 key = hash(r.record_id) & KEY_MASK
                 if key not in ids and tracked.get(key) is None:
-                    ids.add(key, info)
+                    ids.add(key, info, hash((r.key, r.value)) & TAG_MASK)
                     append((Decision(Verdict(r.record_id, skip, category, reason, 1),
                                      dead_letter), logged, rule))
                     pending += 1
@@ -445,7 +505,7 @@ class PolicyEngine:
         category = cls.category
         counted = b.by_category       # by Category: its value is taken once, in apply()
         counted[category] = counted.get(category, 0) + 1
-        key = hash(rid) & KEY_MASK        # tolerance.record_key(rid)
+        key, tag = j.identity(record, b)
         skipped = j.ids.get(key)
         if skipped is not None and not j.failure_reason:
             # a re-attempted task met a record an earlier report already skipped: same answer,
@@ -476,10 +536,10 @@ class PolicyEngine:
                 what = f"{_describe(record)} [{cls.describe()}]"
                 b.last_exc, b.last_cls, b.last_what = exc, cls, what
             return self._handle(j, task, tid, record, key, None, cls, _DATA_WHY, what, now,
-                                wall, amounts, b, stage)
+                                wall, amounts, b, stage, tag)
         if state is None:
             state = _RecordState(first_ms=now)
-            j.records.add(key, state)
+            j.records.add(key, state, tag)
         else:
             j.records.touch(key)
         state.attempts += 1
@@ -522,14 +582,14 @@ class PolicyEngine:
                 # and the final verdict says the budget was why
                 out = self._handle(j, task, tid, record, key, state, cls,
                                    f"retries exhausted: {retry}", what, now, wall, amounts, b,
-                                   stage)
+                                   stage, tag)
                 out[0].verdict.retry_budget_exhausted = True
                 return out
             why = f"retries exhausted: {retry}"
         else:
             why = _DATA_WHY
         return self._handle(j, task, tid, record, key, state, cls, why, what, now, wall,
-                            amounts, b, stage)
+                            amounts, b, stage, tag)
 
     def _try_retry(self, j: _Job, task: TaskIdentity, record: FailedRecord,
                    state: _RecordState, cls: Classification, now: float) -> Verdict | str:
@@ -589,7 +649,8 @@ class PolicyEngine:
 
     def _handle(self, j: _Job, task: TaskIdentity, tid: str, record: FailedRecord, key: int,
                 state: _RecordState | None, cls: Classification, why: str, what: str,
-                now: float, wall: int, amounts: list[int], b: _Batch, stage: str) -> _Outcome:
+                now: float, wall: int, amounts: list[int], b: _Batch, stage: str,
+                tag: int) -> _Outcome:
         """KIP-1033 handler, then tolerance, for a record that will not be retried. `state`
         None: a data error seen for the first time (attempt 1), whose schedule is made only if
         the record is not skipped (a skipped record's schedule is dropped at once)."""
@@ -599,7 +660,7 @@ class PolicyEngine:
 
         response = j.handler.fixed  # a built-in's answer does not depend on the context
         if state is None and response is not _CONTINUE:
-            state = j.new_state(key, now, record)   # kept unless the record is skipped
+            state = j.new_state(key, tag, now, record)   # kept unless the record is skipped
         if response is None:
             src = record.source
             context = ErrorHandlerContext(
@@ -634,15 +695,16 @@ class PolicyEngine:
             if key in ids:
                 ids.touch(key)            # already counted by an earlier attempt
             else:
-                ids.add(key, None)
+                ids.add(key, None, tag)
                 new = b.new_errors
                 new[stage] = new.get(stage, 0) + 1
             tol = _WITHIN
         else:
-            tol = tolerance.admit(rid, stage, now, (task.stage_id, task.partition_id), key)
+            tol = tolerance.admit(rid, stage, now, (task.stage_id, task.partition_id), key,
+                                  tag)
         if tol.exceeded:
             if state is None:
-                state = j.new_state(key, now, record)
+                state = j.new_state(key, tag, now, record)
             reason = self._fail_job(j, f"{tol.reason}; last error: {what} (record {rid!r})")
             return self._error(j, amounts, Verdict(rid, Action.FAIL, category, reason,
                                                    attempts, job_failed=True), cls)
@@ -730,10 +792,14 @@ class PolicyEngine:
             ids = j.ids
             for rid in record_ids:
                 key = hash(rid) & KEY_MASK
-                info = ids.get(key)
-                if info is not None and info[3]:
-                    ids.replace(key, j.skip_info(info[0], info[1], info[2], False))
-                    undone += 1
+                # an id names every record reported under it: all of them are undone (one
+                # that was spooled after all is then dead-lettered again if re-reported: a
+                # duplicate, never a loss)
+                for k in (key, *j.other_keys.get(key, ())):
+                    info = ids.get(k)
+                    if info is not None and info[3]:
+                        ids.replace(k, j.skip_info(info[0], info[1], info[2], False))
+                        undone += 1
         return undone
 
     def note_dead_letter_acked(self, job: str, n: int) -> None:
@@ -766,6 +832,7 @@ class PolicyEngine:
             by_exception_class=dict(j.by_class),
             retry_budget_exhausted=j.budget.exhausted_total,
             records_refused=j.refused,
+            record_id_collisions=j.collisions,
         )
 
     def stage_counts(self, job: str, stage: str) -> Counts:
@@ -819,7 +886,7 @@ class PolicyEngine:
             "jobs", "jobs-failed", "records-processed", "total-records-recovered",
             "dlq-records-written", "retry-budget-exhausted", "circuit-breaker-opened",
             "circuits-open", "records-tracked", "records-evicted", "handler-failures",
-            "error-log-failures"), 0.0)
+            "error-log-failures", "record-id-collisions"), 0.0)
         for j in jobs:
             with j.lock:
                 add_counts(total, j.counts.job)
@@ -835,6 +902,7 @@ class PolicyEngine:
                 extra["records-evicted"] += j.records_evicted
                 extra["handler-failures"] += j.handler_failures
                 extra["error-log-failures"] += j.log_failures
+                extra["record-id-collisions"] += j.collisions
         out = as_kip_dict(total)
         out.update(extra)
         return out

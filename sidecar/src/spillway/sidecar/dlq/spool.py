@@ -19,9 +19,9 @@ memory as one byte per record for partly settled rows; after a crash only the re
 that are neither settled nor rejected are produced again. Duplicates are possible (records in
 flight, or acknowledged since the last `delete()`), loss is not.
 
-Deduplication: a record reported again (same job and record id) while it is still pending and
-among the last ``_DEDUP_WINDOW`` records spooled (recovered ones included) is stored once, and
-the caller is told the seq it already has. Older ones may be stored twice.
+Deduplication: a record reported again (same job, record id and payload: `dedup_key`) while it
+is still pending and among the last ``_DEDUP_WINDOW`` records spooled (recovered ones included)
+is stored once, and the caller is told the seq it already has. Older ones may be stored twice.
 
 Group commit: `append()` hands its records to one writer thread, which combines every request
 queued meanwhile into one transaction (one INSERT per batch row, one fsync) and then wakes each
@@ -109,6 +109,12 @@ _ROW_RECORDS = 1 << _ROW_BITS  # records per batch row at most
 _ROW_BYTES = 1024 * 1024  # a batch row is closed once it holds this much
 _SEG_RECORDS = 4096  # records per segment (one marshal call) at most
 _DEDUP_WINDOW = 65_536  # recent records a repeated report is matched against
+
+
+def dedup_key(rec: DlqRecord) -> tuple[str, str, int]:
+    """What makes two DLQ records the same record: job, record id and payload (two records
+    under one id are two records: core.policy, record identity). Process-local (str hash)."""
+    return (rec.job, rec.record_id, hash((rec.key, rec.value)))
 _CHUNK = 500  # host parameters per IN (...) list
 _PAGE_SIZE = 16384  # bytes per SQLite page for a new spool
 _CACHE_KIB = 2048  # SQLite page cache per connection (PRAGMA cache_size, negative = KiB)
@@ -401,10 +407,10 @@ class Spool:
         self._max_group = max_group_records
         self._append_timeout_s = append_timeout_s
         self._rows: dict[int, _Row] = {}
-        # the dedup window: (job, record_id) -> (seq, task_key) of recently spooled records, in
+        # the dedup window: `dedup_key` -> (seq, task_key) of recently spooled records, in
         # two generations of at most _DEDUP_WINDOW // 2 each
-        self._recent: dict[tuple[str, str], tuple[int, str]] = {}
-        self._recent_old: dict[tuple[str, str], tuple[int, str]] = {}
+        self._recent: dict[_DedupKey, tuple[int, str]] = {}
+        self._recent_old: dict[_DedupKey, tuple[int, str]] = {}
         # DLQ payloads at rest: directory 0700, files 0600 (spool.group: 0750 / 0640)
         perms.prepare(directory, self.path, (os.path.join(directory, LOCK_NAME),), group)
         self._lock_fd = self._take_lock(directory)
@@ -569,12 +575,12 @@ class Spool:
     def _fill_dedup_window(self) -> None:
         """Put the newest recovered records in the dedup window (at most half of it)."""
         room = _DEDUP_WINDOW // 2
-        window: list[tuple[tuple[str, str], tuple[int, str]]] = []
+        window: list[tuple[_DedupKey, tuple[int, str]]] = []
         cur = self._conn.execute("SELECT id, ends, segs, data FROM batches ORDER BY id DESC")
         for rid, ends, segs, data in cur:
             row = self._rows[rid]
             for i, rec in reversed(list(_decode_row(rid, ends, segs, data, 0, row))):
-                window.append(((rec.record.job, rec.record.record_id),
+                window.append((dedup_key(rec.record),
                                (rec.seq, rec.record.task_key)))
             if len(window) >= room:
                 break
@@ -656,7 +662,7 @@ class Spool:
             # records, blobs, placements) would stay alive, and pin allocator arenas, until then
             del batch, req
 
-    def _spooled(self, key: tuple[str, str]) -> tuple[int, str] | None:
+    def _spooled(self, key: _DedupKey) -> tuple[int, str] | None:
         """(seq, task_key) of this record when it is in the dedup window and still pending."""
         hit = self._recent.get(key) or self._recent_old.get(key)
         if hit is not None:
@@ -674,12 +680,12 @@ class Spool:
         rows: list[list[DlqRecord]] = [[]]
         row_bytes = 0
         plans: list[list[tuple[int, int, str, bool]]] = []
-        local: dict[tuple[str, str], tuple[int, int, str]] = {}
+        local: dict[_DedupKey, tuple[int, int, str]] = {}
         for req in accepted:
             plan = []
             avg = req.size // req.n
             for rec in req.records:
-                key = (rec.job, rec.record_id)
+                key = dedup_key(rec)
                 hit = local.get(key)
                 if hit is not None:
                     plan.append((hit[0], hit[1], hit[2], False))
@@ -717,7 +723,7 @@ class Spool:
                 accepted.append(req)
             if not accepted:
                 return
-            keys = [(r.job, r.record_id) for req in accepted for r in req.records]
+            keys = [dedup_key(r) for req in accepted for r in req.records]
             if (len(set(keys)) == len(keys) and self._recent.keys().isdisjoint(keys)
                     and self._recent_old.keys().isdisjoint(keys)):
                 # all new: the requests' segments, in order
@@ -784,7 +790,7 @@ class Spool:
                         seq = (ids[rn] << _ROW_BITS) | idx
                         placed.append(Placed(seq, owner, fresh, row_sizes[rn][idx]))
                         if fresh:
-                            recent[(rec.job, rec.record_id)] = (seq, owner)
+                            recent[dedup_key(rec)] = (seq, owner)
             if len(recent) >= _DEDUP_WINDOW // 2:
                 self._recent_old, self._recent = recent, {}
             for req in accepted:
@@ -1081,7 +1087,7 @@ class MemoryQueue:
         self.max_records = max_records
         self._lock = threading.Lock()
         self._rows: dict[int, SpooledRecord] = {}
-        self._index: dict[tuple[str, str], int] = {}
+        self._index: dict[_DedupKey, int] = {}
         self._rejected: dict[int, RejectedRecord] = {}
         self._bytes = 0
         self._last_seq = 0
@@ -1101,7 +1107,7 @@ class MemoryQueue:
                                     self.max_bytes)
             placed = []
             for rec, s in sized:
-                key = (rec.job, rec.record_id)
+                key = dedup_key(rec)
                 seq = self._index.get(key)
                 if seq is None:
                     self._last_seq += 1
@@ -1133,7 +1139,7 @@ class MemoryQueue:
             for seq in seqs:
                 row = self._rows.pop(seq, None)
                 if row is not None:
-                    self._index.pop((row.record.job, row.record.record_id), None)
+                    self._index.pop(dedup_key(row.record), None)
                     self._bytes -= row.size
                     n += 1
         return n
@@ -1144,7 +1150,7 @@ class MemoryQueue:
             for seq, error in items:
                 row = self._rows.pop(seq, None)
                 if row is not None:
-                    self._index.pop((row.record.job, row.record.record_id), None)
+                    self._index.pop(dedup_key(row.record), None)
                     self._rejected[seq] = RejectedRecord(seq, row.record, error, now_ms)
                     n += 1
         return n
