@@ -136,7 +136,7 @@ class ToleranceTracker:
         when the caller already has it; `tag`: its payload digest (`payload_tag`)."""
         ids = self.ids
         if key is None:
-            key = hash(record_id) & KEY_MASK
+            key = record_key(record_id)
         if key in ids:
             ids.touch(key)
             return _ALREADY_COUNTED
