@@ -4,7 +4,11 @@
   the driver's JVM, so both need a running SparkContext;
 - Arrow <-> Row conversion for DataFrame wrappers: pyspark's own converters, ``pyspark.sql.
   conversion`` (recent 4.x), ``pyspark.sql.connect.conversion`` (earlier 4.x and 3.5, where it
-  needs pandas and pyarrow: ``spillway-spark[pandas]``); 3.5's has no large-variable-type flag.
+  needs pandas and pyarrow: ``spillway-spark[pandas]``); 3.5's has no large-variable-type flag;
+- Spark Connect (``SparkSession.builder.remote(...)``, Databricks serverless and standard access
+  mode, ``spark.api.mode=connect``): no SparkContext, RDD, accumulator or broadcast on the
+  client. A run is one Connect session (`active_run_id`); ``DataFrame.foreachPartition``
+  exists over Connect only from Spark 4.0 (`check_foreach_partition`).
 
 `UnsupportedOnThisSparkError` names what is missing, the installed PySpark and what to do.
 tests/compat runs every wrapper on PySpark 3.5.0, 3.5.x and 4.x.
@@ -68,3 +72,60 @@ def arrow_conversions() -> tuple[Any, Callable[[list, Any, bool], Any]]:
         def to_arrow(rows: list, schema: Any, large: bool) -> Any:
             return convert(rows, schema)
     return ArrowTableToRowsConversion, to_arrow
+
+
+def is_connect(obj: Any) -> bool:
+    """Whether ``obj`` (a SparkSession or DataFrame) is a Spark Connect one."""
+    return type(obj).__module__.startswith("pyspark.sql.connect.")
+
+
+def _active_session() -> Any:
+    from pyspark.sql import SparkSession
+
+    try:
+        session = SparkSession.getActiveSession()   # classic, or Connect once a remote exists
+    except Exception:  # noqa: BLE001 - e.g. a half-configured environment: no session
+        session = None
+    if session is not None:
+        return session
+    try:  # a remote session made while pyspark's process-wide Connect mode was off
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # without pyspark[connect]'s packages there is no Connect session
+        return None
+    try:
+        return ConnectSession.getActiveSession()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def connect_session_id(session: Any) -> str | None:
+    """A Spark Connect session's id (``session_id`` on 4.x, the client's on 3.5)."""
+    sid = getattr(session, "session_id", None)
+    if not sid:
+        sid = getattr(getattr(session, "client", None), "_session_id", None)
+    return str(sid) if sid else None
+
+
+def active_run_id() -> str | None:
+    """The run the active Spark session stands for: the application id on classic Spark, one
+    run per session on Spark Connect (``connect-<session id>``: every `Job` object made in the
+    session joins the same run); None without a session."""
+    session = _active_session()
+    if session is None:
+        return None
+    if is_connect(session):
+        sid = connect_session_id(session)
+        return f"connect-{sid}" if sid else None
+    try:
+        return session.sparkContext.applicationId
+    except Exception:  # noqa: BLE001 - a stopped or odd session: the caller picks a fresh id
+        return None
+
+
+def check_foreach_partition(data: Any) -> None:
+    """``DataFrame.foreachPartition`` over Spark Connect arrived in Spark 4.0."""
+    if is_connect(data) and int(pyspark_version().split(".")[0]) < 4:
+        raise UnsupportedOnThisSparkError(
+            f"foreach_partition over Spark Connect needs Spark 4.0 or later (this client is "
+            f"PySpark {pyspark_version()}, whose Connect DataFrame has no foreachPartition): "
+            f"use job.map_partitions(...) and write inside it, or run on Spark 4.x")

@@ -25,16 +25,23 @@ Filters (applied while reading, before rows reach Spark): ``job``, ``stage``,
 ``exception_class`` (qualified name, or the simple name), ``since`` (inclusive) and ``until``
 (exclusive) on the time the record was dead-lettered (``spillway.timestamp``; the Kafka
 timestamp when absent), as ``spillway dlq redrive`` filters.
+
+On Spark Connect (no SparkContext on the client) the frame is ``spark.range`` with one row per
+Kafka partition, mapped with ``mapInArrow`` to that partition's records: the same columns and
+rows, read by the Connect server's executors (which need confluent-kafka and pyarrow).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
+
+from ._compat import arrow_conversions, is_connect, parse_ddl
 
 CONNECT = "__connect.errors."
 DLQ = "__dlq.errors."
@@ -50,6 +57,7 @@ DLQ_SCHEMA = (
     "payload string, record_copied boolean, redrive_count int")
 
 _IDLE_S = 5.0  # a partition whose end offset is not reached after this long without news ends
+_ARROW_ROWS = 4096  # rows per Arrow batch on Spark Connect
 _TAIL_IDLE_S = 1.0  # the driver's read of each partition's last batch ends after this long idle
 
 
@@ -345,6 +353,32 @@ def read_dlq(spark: Any, topic: str, *, bootstrap_servers: str,
              for p, s, e in ranges]
     flt = _Filter(job=job, stage=stage, exception_class=exception_class,
                   since_ms=since_ms, until_ms=until_ms)
+    if is_connect(spark):  # no SparkContext over Spark Connect: a DataFrame of range indexes
+        return _connect_frame(spark, specs, flt)
     rdd = spark.sparkContext.parallelize(specs, len(specs)).flatMap(
         lambda r: _read_range(r, flt))
     return spark.createDataFrame(rdd, DLQ_SCHEMA)
+
+
+def _connect_frame(spark: Any, specs: list[_Range], flt: _Filter) -> Any:
+    """The same frame on Spark Connect: ``spark.range`` with one index per Spark partition,
+    each mapped (``mapInArrow``) to the rows of its Kafka partition's range."""
+    schema = parse_ddl(DLQ_SCHEMA)  # on the client: executors have no session to parse with
+    read = functools.partial(_read_ranges_arrow, tuple(specs), flt, schema)
+    return spark.range(0, len(specs), 1, len(specs)).mapInArrow(read, schema)
+
+
+def _read_ranges_arrow(specs: tuple[_Range, ...], flt: _Filter, schema: Any,
+                       batches: Iterator[Any]) -> Iterator[Any]:
+    """Executor side of `_connect_frame`: Arrow batches of up to `_ARROW_ROWS` rows."""
+    _, to_arrow = arrow_conversions()
+    for batch in batches:
+        for i in batch.column(0).to_pylist():
+            rows: list[tuple] = []
+            for row in _read_range(specs[i], flt):
+                rows.append(row)
+                if len(rows) >= _ARROW_ROWS:
+                    yield from to_arrow(rows, schema, False).to_batches()
+                    rows = []
+            if rows:
+                yield from to_arrow(rows, schema, False).to_batches()

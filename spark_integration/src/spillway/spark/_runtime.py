@@ -16,8 +16,8 @@ gRPC calls, per partition:
   once per process per sidecar), so that the job's summary read after the action returns counts
   exactly what the action processed; if that call fails its counts are logged and kept in the
   worker process's accumulator, and ride on the next FlushTask this process sends for the job.
-  A UDF sees no partition end: its counts are parked when the worker's next task attempt starts
-  and sent with the next flush, or on their own once ``counts_interval_s`` passed;
+  A UDF sees no partition end of its own: its counts are sent when pyspark's worker ends the
+  task (`at_task_end`), so they too are in the summary once the action returns;
 - a partition with failures: RegisterJob once per process per sidecar (idempotent), one
   ReportFailures per batch of failures, and one FlushTask at its end (the flush barrier: DLQ
   records acknowledged by Kafka before the task can succeed) carrying the processed counts;
@@ -27,20 +27,23 @@ gRPC calls, per partition:
 The sidecar keeps processed counts per Spark task (stage, partition), the latest FlushTask
 replacing the earlier ones, so every FlushTask carries the session's cumulative counts, and a
 session adopts parked counts only of its own stages (wrappers pipelined in one Spark task flush
-under the same task identity). Counts still parked when a worker process exits are lost
-(an undercount: the ratio limit then errs on the strict side).
+under the same task identity). Counts still parked when a worker process exits (a count call
+that failed and found no later call) are lost (an undercount: the ratio limit then errs on
+the strict side).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import socket
 import threading
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -71,6 +74,10 @@ ON_UNAVAILABLE = ("fail", "wait")
 #: Counts are re-sent before a report when they grew by more than this since last sent.
 COUNTS_GROWTH = 1.10
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+JOB_TAGS_PROPERTY = "spark.job.tags"
+#: The job tag `batch_scope` adds: ``spillway-batch-<micro-batch id>``.
+BATCH_TAG_PREFIX = "spillway-batch-"
+_BATCH_TAG = re.compile(r"(?:^|[_-])" + re.escape(BATCH_TAG_PREFIX) + r"(\d+)$")
 #: Threads per worker process that send reports in the background (one Spark task runs at a
 #: time in a Python worker; wrappers pipelined in it have up to ``report_max_inflight`` reports
 #: in flight each; more than the threads wait in the pool's queue, still counted in flight).
@@ -270,9 +277,42 @@ def current_task(partition_fallback: int = 0) -> pb.TaskIdentity:
 
 
 def current_batch_id() -> str | None:
-    """The Structured Streaming micro-batch id of the running task, if any."""
+    """The Structured Streaming micro-batch id of the running task, if any.
+
+    Spark's own ``streaming.sql.batchId`` local property where the micro-batch's thread runs
+    the job (classic Spark; a Connect server's sinks other than foreachBatch); else the job tag
+    `batch_scope` put on the action (``job.foreach_batch`` does, on every Spark mode): over
+    Spark Connect a foreachBatch function runs its actions through another Connect session on
+    the server's request threads, whose tasks carry no ``streaming.sql.batchId``."""
     tc = _task_context()
-    return tc.getLocalProperty(BATCH_ID_PROPERTY) if tc is not None else None
+    if tc is None:
+        return None
+    found = tc.getLocalProperty(BATCH_ID_PROPERTY)
+    if found is not None:
+        return found
+    for tag in (tc.getLocalProperty(JOB_TAGS_PROPERTY) or "").split(","):
+        m = _BATCH_TAG.search(tag.strip())
+        if m:
+            return m.group(1)
+    return None
+
+
+@contextlib.contextmanager
+def batch_scope(session: Any, batch_id: int) -> Iterator[None]:
+    """Tag the actions run in this block (this thread) as micro-batch ``batch_id``: their tasks
+    see it in ``spark.job.tags`` (Spark Connect prefixes session tags with its own names, hence
+    the suffix match in `current_batch_id`). A session without tags (classic 3.5, whose
+    micro-batch thread has ``streaming.sql.batchId``) runs the block as it is."""
+    add = getattr(session, "addTag", None)
+    if add is None or isinstance(batch_id, bool) or not isinstance(batch_id, int):
+        yield
+        return
+    tag = f"{BATCH_TAG_PREFIX}{batch_id}"
+    add(tag)
+    try:
+        yield
+    finally:
+        session.removeTag(tag)
 
 
 # --- the session ----------------------------------------------------------------------------

@@ -58,14 +58,16 @@ from ._adapters import (
     batch_units,
     chunk_units,
 )
-from ._compat import arrow_conversions, parse_ddl
+from ._compat import arrow_conversions, check_foreach_partition, parse_ddl
 from ._engine import Engine, StageRef, Unit, trim_traceback
 from ._records import KAFKA_COORDINATES, context_of, payload_for, positional_record_id
+from ._task_end import at_task_end
 from ._schema import arrow_conformer, pandas_checker, row_checker, value_checker
 from ._runtime import (
     JobSpec,
     TaskSession,
     WrapperSpec,
+    batch_scope,
     current_batch_id,
     current_task,
     worker,
@@ -371,10 +373,19 @@ class _UdfState:
         self._session.own[self.wrapper.stage.key] = self.rows
         return self._session
 
-    def retire(self) -> None:
-        """The task attempt is over: park (or send, once due) its unsent counts."""
+    def retire(self, final: bool = False) -> None:
+        """The task attempt is over: send its unsent counts when ``final`` (the task's end) or
+        once due, else park them for a later call."""
         if self.pid == os.getpid() and self.rows:
-            self.session.park_counts()
+            self.session.park_counts(final=final)
+
+
+def _udf_task_end() -> None:
+    """The worker ended a task (`_task_end.at_task_end`): send its UDFs' counts now."""
+    for key, st in list(_udf_states.items()):
+        if st.pid == os.getpid():
+            del _udf_states[key]
+            st.retire(final=True)
 
 
 _udf_states: dict[tuple[str, str], _UdfState] = {}
@@ -430,6 +441,7 @@ def _udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_colum
                 f"it to a column in a DataFrame (df.select(udf(df.col))); called directly it "
                 f"has no task to report failures for")
         tid = tc.taskAttemptId()
+        at_task_end(_udf_task_end)  # once per process: counts sent as each task ends
         st = holder[0]
         if st is None or st.tid != tid or st.pid != os.getpid():
             st = _udf_state(spec, wrapper, tid, tc)
@@ -624,14 +636,10 @@ def _next_use(job: str, run_id: str, wrapper: str) -> str:
 
 
 def _spark_run_id() -> str | None:
-    """The active Spark application's id: one run of the job per Spark application."""
-    try:
-        from pyspark.sql import SparkSession
+    """One run of the job per Spark application (classic), per Spark Connect session."""
+    from ._compat import active_run_id
 
-        session = SparkSession.getActiveSession()
-        return session.sparkContext.applicationId if session is not None else None
-    except Exception:  # noqa: BLE001 - e.g. Spark Connect, which has no SparkContext
-        return None
+    return active_run_id()
 
 
 class Job:
@@ -1116,6 +1124,7 @@ class Job:
         _require("foreach_partition: data", data, rdd=True)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
+        check_foreach_partition(data)
         run = functools.partial(_sink_partition, self._task_spec(), wrapper, write, batch_size,
                                 record_id, source, refresh, batch_id)
         data.foreachPartition(run)
@@ -1139,7 +1148,10 @@ class Job:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
 
         def for_each_batch(batch_df: Any, batch_id: int) -> None:
-            self._foreach(batch_df, functools.partial(_with_batch_id, write_fn, batch_id),
-                          wrapper, batch_size, record_id, source, refresh, batch_id)
+            # the batch id reaches the wrappers upstream too, where Spark's own local property
+            # does not (Spark Connect): see `_runtime.current_batch_id`
+            with batch_scope(batch_df.sparkSession, batch_id):
+                self._foreach(batch_df, functools.partial(_with_batch_id, write_fn, batch_id),
+                              wrapper, batch_size, record_id, source, refresh, batch_id)
 
         return for_each_batch

@@ -1,0 +1,171 @@
+"""A local Spark Connect server as its own process, started from the pyspark wheel, and a
+client session to it: the shape Databricks serverless and standard clusters (and Spark 4's
+``spark.api.mode=connect``) give a job.
+
+The server is ``spark-submit --class org.apache.spark.sql.connect.service.SparkConnectServer``
+(what ``sbin/start-connect-server.sh --wait`` runs, without its pid and log files in the wheel's
+directory) on a free loopback port, with ``local[N]`` executors whose Python workers run this
+interpreter (``PYSPARK_PYTHON``: spillway is importable there) and find the sidecar through
+``$SPILLWAY_SIDECAR_ADDRESS`` in the server's environment: the server's executors, not the
+client, talk to the sidecar. `ConnectServer.stop` ends the server's process group (the JVM and
+its Python workers).
+
+pyspark marks the whole client process as "Spark Connect" once a remote session exists
+(``SPARK_CONNECT_MODE_ENABLED``: ``pyspark.sql.functions`` then build Connect columns), so
+`connect_session` hands the mode back when it ends: classic tests run in the same pytest
+process afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+_MODE_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+class ConnectServer:
+    """One Spark Connect server process: `start` waits until its gRPC port answers."""
+
+    def __init__(self, workdir: Path, *, env: Mapping[str, str] | None = None, cores: int = 2,
+                 conf: Mapping[str, str] | None = None, start_timeout_s: float = 180.0) -> None:
+        self.workdir = Path(workdir)
+        self.port = _free_port()
+        self.cores = cores
+        self.extra_env = dict(env or {})
+        self.conf = dict(conf or {})
+        self.start_timeout_s = start_timeout_s
+        self.log_path = self.workdir / "connect-server.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        conf = {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": "4",
+            "spark.driver.memory": "1g",
+            "spark.python.worker.reuse": "true",
+            **self.conf,
+        }
+        cmd = [str(spark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS,
+               "--name", "spillway-tests-connect", "--master", f"local[{self.cores}]"]
+        for k, v in conf.items():
+            cmd += ["--conf", f"{k}={v}"]
+        return cmd
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in _MODE_ENV}
+        env.update({
+            "SPARK_HOME": str(spark_home()),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_CONNECT_MODE": "0",           # what start-connect-server.sh sets
+            "PYSPARK_PYTHON": sys.executable,    # executors import spillway from this venv
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            **self.extra_env,
+        })
+        return env
+
+    def start(self) -> ConnectServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        try:
+            # its own process group: `stop` ends the JVM and the Python workers it forked
+            self.proc = subprocess.Popen(self.command(), cwd=self.workdir, env=self.environment(),
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         start_new_session=True)
+        finally:
+            log.close()
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the Spark Connect server exited with {self.proc.returncode}"
+                                   f" before listening; its log:\n{self.log_tail()}")
+            with contextlib.suppress(OSError), socket.create_connection(
+                    ("127.0.0.1", self.port), timeout=1.0):
+                return self
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the Spark Connect server did not listen on "
+                                   f"127.0.0.1:{self.port} within {self.start_timeout_s:.0f} s; "
+                                   f"its log:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        # the JVM's Python workers leave when it goes; make sure none outlives the group
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def connect_session(server: ConnectServer) -> Iterator:
+    """``SparkSession.builder.remote(server.url).getOrCreate()``, stopped at the end, with
+    pyspark's process-wide Connect mode handed back (see the module docstring)."""
+    from pyspark.sql import SparkSession
+
+    before = {k: os.environ.get(k) for k in _MODE_ENV}
+    session = SparkSession.builder.remote(server.url).getOrCreate()
+    try:
+        yield session
+    finally:
+        try:
+            session.stop()
+        finally:
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@contextlib.contextmanager
+def running_connect_server(workdir: Path, **kw) -> Iterator[ConnectServer]:
+    server = ConnectServer(workdir, **kw).start()
+    try:
+        yield server
+    finally:
+        server.stop()
