@@ -144,22 +144,35 @@ class ConnectServer:
 @contextlib.contextmanager
 def connect_session(server: ConnectServer) -> Iterator:
     """``SparkSession.builder.remote(server.url).getOrCreate()``, stopped at the end, with
-    pyspark's process-wide Connect mode handed back (see the module docstring)."""
-    from pyspark.sql import SparkSession
+    pyspark's process-wide Connect mode handed back (see the module docstring).
+
+    Built with the Connect builder itself: ``pyspark.sql.SparkSession.builder.remote`` refuses
+    (SESSION_ALREADY_EXIST) while the classic session of the other test modules runs in this
+    process; the mode it would set is set here."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     before = {k: os.environ.get(k) for k in _MODE_ENV}
-    session = SparkSession.builder.remote(server.url).getOrCreate()
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"  # pyspark.sql.functions build Connect columns
+    try:
+        session = ConnectSession.builder.remote(server.url).getOrCreate()
+    except BaseException:
+        _restore(before)
+        raise
     try:
         yield session
     finally:
         try:
             session.stop()
         finally:
-            for k, v in before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            _restore(before)
+
+
+def _restore(env: Mapping[str, str | None]) -> None:
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @contextlib.contextmanager
@@ -169,3 +182,16 @@ def running_connect_server(workdir: Path, **kw) -> Iterator[ConnectServer]:
         yield server
     finally:
         server.stop()
+
+
+def start_stream(writer, attempts: int = 3):
+    """``writer.start()``, tried again when the server's foreachBatch runner did not connect
+    back: Spark gives that Python process a fixed 10 s to start (PythonWorkerFactory), which
+    an import of pyspark's Connect client can exceed on a loaded machine (seen on this 2-core
+    one). Any other error is raised at once."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return writer.start()
+        except Exception as exc:  # noqa: BLE001 - only the one known start-up failure is retried
+            if "failed to connect back" not in str(exc) or attempt == attempts:
+                raise
