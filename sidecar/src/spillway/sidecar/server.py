@@ -732,6 +732,7 @@ class RunningSidecar:
             return
         self._stop.set()
         grace = grace_s if grace_s is not None else self.sidecar.props["shutdown.grace.ms"] / 1000
+        deadline = time.monotonic() + grace  # one budget: calls, then the DLQ's last flush
         self.health.enter_graceful_shutdown()
         if self.sidecar.kafka is not None:
             self.sidecar.kafka.stop()
@@ -741,7 +742,7 @@ class RunningSidecar:
         self.sidecar.registry.stop()
         self.sidecar.trimmer.stop()
         if self.sidecar.pipeline is not None:
-            self.sidecar.pipeline.shutdown(timeout=max(1.0, grace))
+            self.sidecar.pipeline.shutdown(timeout=max(0.0, deadline - time.monotonic()))
         self.sidecar.telemetry.shutdown()  # flush spans and metrics
         log.info("spillway sidecar %s stopped", self.sidecar.sidecar_id)
 
