@@ -145,3 +145,29 @@ def test_the_generated_pki_carries_a_mutual_tls_call(pki):
     finally:
         running.stop(0)
 
+
+
+def test_the_single_host_walk_through_uses_real_flags_and_files(pki):
+    """docs/SECURITY.md's commands parse with `spillway`'s own parser, and every file they name
+    is one the script wrote."""
+    import re
+    import shlex
+
+    from spillway.sidecar.cli import build_parser
+
+    doc = (ROOT / "docs" / "SECURITY.md").read_text()
+    section = doc[doc.index("## Single host, step by step"):]
+    section = section[:section.index("\n## ")]
+    assert "sh deploy/gen-test-certs.sh" in section and "CHOWN_CERTS=1" in section
+    blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
+    commands = [shlex.split(line, comments=True)
+                for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    spillway = [c for c in commands if c and c[0] == "spillway"]
+    assert {c[1] for c in spillway} == {"serve", "status"}
+    parser = build_parser()
+    for argv in spillway:
+        parser.parse_args(argv[1:])  # exits (SystemExit) on a flag spillway does not have
+    named = re.findall(r"\$T/([\w/.]+)", section)
+    assert len(set(named)) >= 8
+    for path in named:
+        assert (pki / path).is_file(), f"docs/SECURITY.md names $T/{path}, not written"
