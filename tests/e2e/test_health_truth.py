@@ -56,11 +56,14 @@ def _register(client, topic):
         "errors.deadletterqueue.topic.replication.factor": "1"})
 
 
-def _wait_health(client, status, timeout_s=20.0):
-    """Both services at `status` (the sidecar's health watch runs every 0.25 s)."""
+def _wait_health(client, status, timeout_s=20.0, probe=None):
+    """Both services at `status` (the sidecar's health watch runs every 0.25 s), on the main
+    port and on the plaintext probe port (`probe`: a client of health.listen.address)."""
     deadline = time.monotonic() + timeout_s
     while True:
         now = {s: client.health(s) for s in SERVICES}
+        if probe is not None:
+            now.update({f"probe:{s}": probe.health(s) for s in SERVICES})
         if set(now.values()) == {status}:
             return
         assert time.monotonic() < deadline, f"health {now}, expected {status}"
@@ -86,11 +89,16 @@ def _keys(broker, topic):
 def test_refused_reports_turn_health_not_serving_until_they_fit(broker, tmp_path, topic_name):
     # the issue's setting: spool.max.bytes 300 KB, batches of 20 records of 5 KB (~120 KB each
     # with the DLQ context): the third is refused while the spool holds ~67 % (< 80 %)
-    proc, address = _spawn(broker, tmp_path, "spool.max.bytes=300000")
+    from spillway.sidecar.embedded import free_port
+
+    probe_address = f"127.0.0.1:{free_port()}"
+    proc, address = _spawn(broker, tmp_path, "spool.max.bytes=300000",
+                           f"health.listen.address={probe_address}")
     client = SidecarClient(address, timeout_s=10)
+    probe = SidecarClient(probe_address, timeout_s=10)  # what the kubelet's readiness probe asks
     try:
         run = _register(client, topic_name)
-        _wait_health(client, "SERVING")
+        _wait_health(client, "SERVING", probe=probe)
         broker.pause()
         try:
             for name in ("a", "b"):
@@ -98,7 +106,8 @@ def test_refused_reports_turn_health_not_serving_until_they_fit(broker, tmp_path
                     run, TASK, _records(name, 20, 5000)))
             with pytest.raises(SidecarBackpressureError, match="spool.max.bytes=300000"):
                 client.report_failures(run, TASK, _records("c", 20, 5000))
-            _wait_health(client, "NOT_SERVING")
+            _wait_health(client, "NOT_SERVING", probe=probe)
+            assert probe.health("spillway.liveness") == "SERVING"  # not restarted for it
             # what health says holds: a small report is refused too, until the spool drains
             with pytest.raises(SidecarBackpressureError, match="spool.low.water.percent"):
                 client.report_failures(run, TASK, _records("d", 1, 10))
@@ -106,7 +115,7 @@ def test_refused_reports_turn_health_not_serving_until_they_fit(broker, tmp_path
             assert client.status().counters["backpressure"] == 1
         finally:
             broker.resume()
-        _wait_health(client, "SERVING", timeout_s=90)
+        _wait_health(client, "SERVING", timeout_s=90, probe=probe)
         # SERVING again: the refused report is admitted now
         assert all(v.dead_lettered for v in client.report_failures(
             run, TASK, _records("c", 20, 5000)))
@@ -116,6 +125,7 @@ def test_refused_reports_turn_health_not_serving_until_they_fit(broker, tmp_path
     finally:
         broker.resume()
         client.close()
+        probe.close()
         serve.stop(proc)
 
 
