@@ -23,6 +23,7 @@ import re
 import tomllib
 from pathlib import Path, PurePosixPath
 
+import grpc
 import javaproperties
 import jsonschema
 import kubernetes_validate
@@ -199,11 +200,12 @@ def overlay():
     return build_overlay()
 
 
-def _rendered_certificate(overlay) -> dict:
+def _rendered_certificate(overlay, node: dict[str, str] = NODE) -> dict:
+    """The template as the init container `render` writes it on `node`."""
     [cm] = [d for d in overlay if d["kind"] == "ConfigMap"
             and d["metadata"]["name"] == "spillway-node-certificate"]
     text = cm["data"]["certificate.yaml"]
-    for name, value in NODE.items():
+    for name, value in node.items():
         text = text.replace(f"@{name}@", value)
     assert "@" not in text
     return yaml.safe_load(text)
@@ -450,3 +452,128 @@ def test_deploy_doc_builds_and_pushes_the_image_the_daemonset_runs(base):
     for needle in ("NetworkPolicy", "per-node-certs", "spark-application.yaml",
                    "test_kubernetes_extras.py"):
         assert needle in doc, needle
+
+
+# --- the per-node certificate, issued and used -----------------------------------------------
+
+
+def _issue_as_the_ca_issuer(ca, template: dict, directory: Path):
+    """What cmctl and a cert-manager CA Issuer make of the rendered Certificate: an EC key
+    here, a certificate with its common name, SANs and usages, signed by the CA."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    spec = template["spec"]
+    assert (spec["privateKey"]["algorithm"], spec["privateKey"]["size"]) == ("ECDSA", 256)
+    key = ec.generate_private_key(ec.SECP256R1())
+    usages = set(spec["usages"])
+    eku = {"server auth": ExtendedKeyUsageOID.SERVER_AUTH,
+           "client auth": ExtendedKeyUsageOID.CLIENT_AUTH}
+    now = dt.datetime.now(dt.timezone.utc)
+    sans = [x509.DNSName(d) for d in spec["dnsNames"]]
+    sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in spec["ipAddresses"]]
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
+                                                        spec["commonName"])]))
+            .issuer_name(ca.cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(hours=int(spec["duration"].rstrip("h"))))
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature="digital signature" in usages, content_commitment=False,
+                key_encipherment="key encipherment" in usages, data_encipherment=False,
+                key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False,
+                decipher_only=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([eku[u] for u in sorted(usages & set(eku))]),
+                           critical=False)
+            .sign(ca.key, hashes.SHA256()))
+    directory.mkdir(parents=True)
+    (directory / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / "tls.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return directory
+
+
+@pytest.mark.integration
+def test_a_node_certificate_from_the_template_carries_home_forwarding(overlay, tmp_path):
+    """Two sidecars with certificates issued from the overlay's template for their own IP and
+    the ConfigMap's peer identities: the node sidecar forwards a report to the job's home over
+    mutual TLS; with a certificate for another node's IP the home is refused."""
+    from support.tls import Ca, write_token
+
+    from spillway.client import SidecarClient
+    from spillway.sidecar.server import start_server
+    from spillway.v1 import sidecar_pb2 as pb
+    from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+
+    props = _props(overlay)
+    ca = Ca.create(tmp_path / "ca")
+    token = write_token(tmp_path / "node.token", "node-token")
+
+    def node_cert(name, ip):
+        template = _rendered_certificate(overlay, {"HOST_IP": ip, "NODE_NAME": name})
+        return _issue_as_the_ca_issuer(ca, template, tmp_path / name)
+
+    def sidecar(name, cert_dir):
+        return start_server({
+            "listen.address": "127.0.0.1:0", "sidecar.id": name,
+            "tls.cert.file": str(cert_dir / "tls.crt"), "tls.key.file": str(cert_dir / "tls.key"),
+            "tls.ca.file": str(ca.path), "tls.client.auth": props["tls.client.auth"],
+            "auth.token.file": str(token),
+            "auth.peer.identities": props["auth.peer.identities"]})
+
+    executor = ca.issue(tmp_path / "executor", "executor-1", dns=("executor-1",), ips=())
+    running = []
+    try:
+        home = sidecar("node-a", node_cert("node-a", "127.0.0.1"))
+        node = sidecar("node-b", node_cert("node-b", "127.0.0.1"))
+        wrong = sidecar("node-c", node_cert("node-c", "10.9.9.9"))  # not the IP it is dialled at
+        running += [home, node, wrong]
+
+        def stub(address, server_name=""):
+            return pb_grpc.ErrorSidecarStub(SidecarClient(
+                address, tls_ca_file=str(ca.path), tls_cert_file=str(executor.cert),
+                tls_key_file=str(executor.key), token_file=str(token),
+                tls_server_name=server_name)._channel())
+
+        props_job = {"errors.tolerance": "all"}
+        reg = stub(home.address).RegisterJob(pb.RegisterJobRequest(
+            job="per-node", run_id="r1", properties=props_job), timeout=10)
+        jt = [("spillway-job-token", reg.job_token)]
+        stub(node.address).RegisterJob(pb.RegisterJobRequest(
+            job="per-node", run_id="r1", properties=props_job, home=reg.home,
+            home_instance_id=reg.home_instance_id), metadata=jt, timeout=15)
+        task = pb.TaskIdentity(stage_id=1, partition_id=0, task_attempt_id=1)
+        record = pb.FailedRecord(record_id="x-1", stage=pb.STAGE_TRANSFORMATION,
+                                 exception=pb.ExceptionInfo(class_name="builtins.ValueError"))
+        [verdict] = stub(node.address).ReportFailures(pb.ReportFailuresRequest(
+            job="per-node", run_id="r1", task=task, records=[record]), metadata=jt,
+            timeout=10).verdicts
+        assert verdict.action == pb.ACTION_SKIP
+        # decided at the home: the node sidecar reached it over mutual TLS as a peer
+        summary = stub(home.address).GetJobSummary(pb.GetJobSummaryRequest(
+            job="per-node", run_id="r1"), metadata=jt, timeout=10)
+        assert summary.total_record_failures == 1
+
+        # a home whose certificate names another IP: the node sidecar refuses to trust it
+        # (the executor checks it by its peer name, spillway-sidecar, to register there)
+        reg = stub(wrong.address, "spillway-sidecar").RegisterJob(pb.RegisterJobRequest(
+            job="per-node", run_id="r2", properties=props_job), timeout=10)
+        with pytest.raises(grpc.RpcError) as err:
+            stub(node.address).RegisterJob(pb.RegisterJobRequest(
+                job="per-node", run_id="r2", properties=props_job, home=reg.home,
+                home_instance_id=reg.home_instance_id),
+                metadata=[("spillway-job-token", reg.job_token)], timeout=15)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "Hostname Verification" in err.value.details()
+    finally:
+        for r in running:
+            r.stop(0)
+
