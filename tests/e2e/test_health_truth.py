@@ -19,13 +19,12 @@ import time
 
 import grpc
 import pytest
-from support import serve
-from support.kafka import read_all
-
 from spillway.client import SidecarClient
 from spillway.client.errors import SidecarBackpressureError, SpillwayClientError
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support import serve
+from support.kafka import read_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -136,12 +135,11 @@ def test_a_report_larger_than_the_spool_is_a_failed_precondition_and_is_split(
     try:
         run = _register(client, topic_name)
         records = _records("big", 60, 5000)  # ~360 KB with the DLQ context: never fits
-        with grpc.insecure_channel(address) as ch:
-            with pytest.raises(grpc.RpcError) as err:
-                pb_grpc.ErrorSidecarStub(ch).ReportFailures(
-                    pb.ReportFailuresRequest(job=run.job, run_id=run.run_id, task=TASK,
-                                             records=records),
-                    metadata=run.metadata(), timeout=10)
+        with grpc.insecure_channel(address) as ch, pytest.raises(grpc.RpcError) as err:
+            pb_grpc.ErrorSidecarStub(ch).ReportFailures(
+                pb.ReportFailuresRequest(job=run.job, run_id=run.run_id, task=TASK,
+                                         records=records),
+                metadata=run.metadata(), timeout=10)
         assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
         assert "spool.max.bytes=200000" in err.value.details()
         assert "Split it into smaller reports" in err.value.details()

@@ -473,7 +473,7 @@ def _issue_as_the_ca_issuer(ca, template: dict, directory: Path):
     usages = set(spec["usages"])
     eku = {"server auth": ExtendedKeyUsageOID.SERVER_AUTH,
            "client auth": ExtendedKeyUsageOID.CLIENT_AUTH}
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     sans = [x509.DNSName(d) for d in spec["dnsNames"]]
     sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in spec["ipAddresses"]]
     cert = (x509.CertificateBuilder()
@@ -506,12 +506,11 @@ def test_a_node_certificate_from_the_template_carries_home_forwarding(overlay, t
     """Two sidecars with certificates issued from the overlay's template for their own IP and
     the ConfigMap's peer identities: the node sidecar forwards a report to the job's home over
     mutual TLS; with a certificate for another node's IP the home is refused."""
-    from support.tls import Ca, write_token
-
     from spillway.client import SidecarClient
     from spillway.sidecar.server import start_server
     from spillway.v1 import sidecar_pb2 as pb
     from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+    from support.tls import Ca, write_token
 
     props = _props(overlay)
     ca = Ca.create(tmp_path / "ca")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
 from spillway.client import ReportTooLargeError, SidecarBackpressureError
 from spillway.client._split import send_splitting
 from spillway.client.errors import JobConflictError, map_rpc_error
