@@ -211,3 +211,38 @@ def test_sigterm_with_a_frozen_broker_stops_within_the_grace_and_keeps_the_spool
         broker.resume()
         client.close()
         serve.stop(proc)
+
+
+def test_sigterm_leaves_a_call_stuck_on_a_frozen_kafka_behind(broker, tmp_path):
+    """A RegisterJob whose DLQ topic check waits on the frozen broker (its own timeout is
+    longer than the grace) must not hold the process past the grace: it was 14.1 s for 3 s."""
+    grace_s = 3.0
+    proc, address = _spawn(broker, tmp_path, f"shutdown.grace.ms={int(grace_s * 1000)}")
+    client = SidecarClient(address, timeout_s=120)
+    errors: list[Exception] = []
+
+    def register():
+        try:
+            _register(client, "dlq.never-checked")
+        except SpillwayClientError as exc:
+            errors.append(exc)
+
+    try:
+        broker.pause()
+        caller = threading.Thread(target=register, daemon=True)
+        caller.start()
+        time.sleep(1.0)  # the call is in the sidecar, waiting on Kafka
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s + 2.0)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"spillway serve outlived shutdown.grace.ms ({grace_s} s, +2 s to exit)")
+        stderr = proc.stderr.read()
+        assert proc.returncode == 0, stderr[-2000:]
+        assert "exiting without waiting for threads still running" in stderr, stderr[-2000:]
+        caller.join(30)
+        assert errors  # the caller was told, not left hanging
+    finally:
+        broker.resume()
+        client.close()
+        serve.stop(proc)

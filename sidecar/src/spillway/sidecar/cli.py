@@ -111,7 +111,7 @@ def _check_free(prop: str, host: str, port: int) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from . import gctune, memtune
+    from . import gctune, memtune, shutdown
     from .server import start_server
 
     if getattr(args, "own_command_line", False):
@@ -148,6 +148,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _stop)
     done.wait()
     running.stop()
+    if getattr(args, "own_command_line", False):  # the process is ours to end (shutdown.py)
+        shutdown.exit_watchdog()
     return 0
 
 
