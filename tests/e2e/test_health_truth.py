@@ -7,7 +7,8 @@
 - a report larger than the whole spool is FAILED_PRECONDITION naming ``spool.max.bytes`` (not
   RESOURCE_EXHAUSTED "retry later"), leaves health alone, and the client splits it;
 - SIGTERM ends the process within ``shutdown.grace.ms`` whatever Kafka does (it took the grace
-  twice over: 20.1 s for 10 s), leaving what Kafka did not acknowledge in the durable spool.
+  twice over: 20.1 s for 10 s; a call stuck on Kafka held it 14.1 s for 3 s), leaving what
+  Kafka did not acknowledge in the durable spool.
 """
 
 from __future__ import annotations
@@ -189,10 +190,10 @@ def test_sigterm_with_a_frozen_broker_stops_within_the_grace_and_keeps_the_spool
             proc.terminate()
             try:
                 # the deadline Kubernetes enforces with SIGKILL: it took 2x the grace before
-                proc.wait(timeout=grace_s + 2.0)
+                proc.wait(timeout=grace_s + 1.0)
             except subprocess.TimeoutExpired:
                 pytest.fail(f"spillway serve did not stop within shutdown.grace.ms "
-                            f"({grace_s} s, +2 s to exit)")
+                            f"({grace_s} s, +1 s of slack)")
             stderr = proc.stderr.read()
             assert proc.returncode == 0, stderr[-2000:]
             assert "50 records not yet acknowledged by Kafka" in stderr, stderr[-2000:]
@@ -234,9 +235,9 @@ def test_sigterm_leaves_a_call_stuck_on_a_frozen_kafka_behind(broker, tmp_path):
         time.sleep(1.0)  # the call is in the sidecar, waiting on Kafka
         proc.terminate()
         try:
-            proc.wait(timeout=grace_s + 2.0)
+            proc.wait(timeout=grace_s + 1.0)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"spillway serve outlived shutdown.grace.ms ({grace_s} s, +2 s to exit)")
+            pytest.fail(f"spillway serve outlived shutdown.grace.ms ({grace_s} s, +1 s of slack)")
         stderr = proc.stderr.read()
         assert proc.returncode == 0, stderr[-2000:]
         assert "exiting without waiting for threads still running" in stderr, stderr[-2000:]

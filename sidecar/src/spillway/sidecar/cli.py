@@ -147,7 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     done.wait()
-    running.stop()
+    running.stop(shutdown.stop_budget_s(running.sidecar.props["shutdown.grace.ms"]))
     if getattr(args, "own_command_line", False):  # the process is ours to end (shutdown.py)
         shutdown.exit_watchdog()
     return 0

@@ -9,6 +9,9 @@ such threads (concurrent.futures joins its workers at exit), so the process woul
 grace period by that timeout (measured: 14.1 s for a 3 s grace, a RegisterJob in flight and the
 broker frozen). Nothing those threads do can matter any more (their callers were answered), so
 once exiting has had `EXIT_WAIT_S` the process leaves without them, saying so.
+
+So that all of this fits in the grace period, the stop itself gets the grace less
+`EXIT_RESERVE_S` (`stop_budget_s`): the watchdog's wait and the process's own teardown.
 """
 
 from __future__ import annotations
@@ -22,6 +25,14 @@ log = logging.getLogger("spillway.sidecar")
 
 # A normal exit (atexit handlers, idle worker threads joined) takes well under this.
 EXIT_WAIT_S = 0.5
+# What the stop leaves of shutdown.grace.ms for leaving the process: the watchdog's wait and
+# the interpreter's teardown (measured 0.01-0.06 s here).
+EXIT_RESERVE_S = EXIT_WAIT_S + 0.25
+
+
+def stop_budget_s(grace_ms: int) -> float:
+    """The time `RunningSidecar.stop` may take for a grace period of `grace_ms`."""
+    return max(0.0, grace_ms / 1000 - EXIT_RESERVE_S)
 
 
 def _leave(code: int) -> None:
