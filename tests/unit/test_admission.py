@@ -92,10 +92,3 @@ def test_a_report_larger_than_the_whole_spool_is_not_backpressure():
     assert gate.oversized_reports == 2
     gate.release(gate.admit(1, 4 * PER_RECORD_OVERHEAD_BYTES))
 
-
-def test_the_stop_leaves_room_in_the_grace_for_leaving_the_process():
-    from spillway.sidecar import shutdown
-
-    assert shutdown.stop_budget_s(10_000) == 10.0 - shutdown.EXIT_RESERVE_S
-    assert shutdown.EXIT_RESERVE_S > shutdown.EXIT_WAIT_S  # the watchdog fires inside the grace
-    assert shutdown.stop_budget_s(500) == 0.0              # a grace shorter than the reserve
