@@ -49,6 +49,7 @@ import heapq
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -72,11 +73,15 @@ _TASKS_KEPT = 65_536  # finished task attempts whose counts wait_task can still 
 _TRIM_AFTER_RECORDS = 10_000  # records drained before an idle drain gives memory back
 
 
-def default_spool_dir() -> str:
-    """``$XDG_STATE_HOME/spillway/dlq-spool`` (``~/.local/state`` when unset)."""
+def default_spool_dir(props: Mapping[str, str] | None = None) -> str:
+    """Where a spool lives when ``spool.dir`` is unset: the per-user state directory
+    (``$XDG_STATE_HOME``, else ``~/.local/state``), one spool per listen address, so that two
+    sidecars on one host never share a spool."""
+    props = props or {}
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
                                                             ".local", "state")
-    return os.path.join(base, "spillway", "dlq-spool")
+    where = props.get("listen.address") or props.get("listen.unix.socket") or "default"
+    return os.path.join(base, "spillway", "spool-" + re.sub(r"[^A-Za-z0-9._-]", "_", where))
 
 
 # Acknowledged records are settled in the spool (one small transaction) at least this often:
