@@ -47,9 +47,7 @@ from __future__ import annotations
 import collections
 import heapq
 import logging
-import os
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -62,8 +60,11 @@ from ..core.model import DlqRecord
 from ..core.ports import Clock, RandomSource, SystemClock
 from ..errors import BackpressureError, ConfigError, DlqError, FlushTimeoutError
 from ..memtune import release_memory
+from .memqueue import MemoryQueue
 from .producer import DeliveryFailure, KafkaDlqProducer, Outcome, ProduceRefused, producer_config
-from .spool import MemoryQueue, Placed, RecordStore, Spool
+from .schema import default_spool_dir
+from .spool import Spool
+from .store import Placed, RecordStore
 from .tracing import record_batch_spans
 
 log = logging.getLogger(__name__)
@@ -71,17 +72,6 @@ log = logging.getLogger(__name__)
 OnAck = Callable[[str, int], None]
 _TASKS_KEPT = 65_536  # finished task attempts whose counts wait_task can still report
 _TRIM_AFTER_RECORDS = 10_000  # records drained before an idle drain gives memory back
-
-
-def default_spool_dir(props: Mapping[str, str] | None = None) -> str:
-    """Where a spool lives when ``spool.dir`` is unset: the per-user state directory
-    (``$XDG_STATE_HOME``, else ``~/.local/state``), one spool per listen address, so that two
-    sidecars on one host never share a spool."""
-    props = props or {}
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
-                                                            ".local", "state")
-    where = props.get("listen.address") or props.get("listen.unix.socket") or "default"
-    return os.path.join(base, "spillway", "spool-" + re.sub(r"[^A-Za-z0-9._-]", "_", where))
 
 
 # Acknowledged records are settled in the spool (one small transaction) at least this often:
