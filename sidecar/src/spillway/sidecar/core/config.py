@@ -144,7 +144,8 @@ def p_octal_mode(name: str, raw: str) -> int:
     try:
         v = int(raw.strip(), 8)
     except ValueError:
-        raise ConfigError(name, f"must be an octal file mode such as 0660, got {shown(raw)}") from None
+        raise ConfigError(name,
+                          f"must be an octal file mode such as 0660, got {shown(raw)}") from None
     if not 0 <= v <= 0o777:
         raise ConfigError(name, f"must be an octal file mode in [0000, 0777], got {shown(raw)}")
     return v
@@ -250,8 +251,8 @@ _PROPS: list[Prop] = [
     # KIP-1033 handler and KIP-1050 classification
     Prop("errors.handler.class", p_str, "",
          "KIP-1033 handler (alias processing.exception.handler) for records whose retries "
-         "are exhausted: LogAndContinue, LogAndFail, or a user class as package.module:Class (unset: follows errors.tolerance, "
-         "none -> LogAndFail, all -> LogAndContinue)"),
+         "are exhausted: LogAndContinue, LogAndFail, or a user class as package.module:Class "
+         "(unset: follows errors.tolerance, none -> LogAndFail, all -> LogAndContinue)"),
     Prop("errors.classification.default", p_choice(*CATEGORY_NAMES), "data",
          "category of exceptions no rule matches (KIP-298 tolerates any exception in a stage)"),
     Prop("errors.classification.rules", p_str, "",
