@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import prometheus, security, telemetry
+from . import listeners, prometheus, security, telemetry
 from .adapters import rpc
 from .adapters.servicer import SERVICE_NAME, ErrorSidecarServicer
 from .admission import Admission
@@ -163,10 +163,10 @@ def start_server(
     sec = sidecar.security
     tcp = sidecar.props["listen.address"]
     if tcp:
-        security.check_plaintext_listen(tcp, sec)
+        listeners.check_plaintext_listen(tcp, sec)
     if sidecar.props["listen.unix.socket"]:  # before anything starts: a refusal leaves no thread
-        security.clear_stale_socket(sidecar.props["listen.unix.socket"])
-    local_only = not tcp or security.is_loopback_host(security.split_host_port(tcp)[0])
+        listeners.clear_stale_socket(sidecar.props["listen.unix.socket"])
+    local_only = not tcp or listeners.is_loopback_host(listeners.split_host_port(tcp)[0])
     spans = None
     if sidecar.props["telemetry.enable"]:
         tel = telemetry.setup(sidecar_id=sidecar.sidecar_id,
@@ -216,21 +216,21 @@ def start_server(
             server.add_insecure_port(f"unix://{path}")
         finally:
             os.umask(old_umask)
-        security.secure_socket(path, sidecar.props["listen.unix.socket.mode"],
+        listeners.secure_socket(path, sidecar.props["listen.unix.socket.mode"],
                                sidecar.props["listen.unix.socket.owner"],
                                sidecar.props["listen.unix.socket.group"])
         address = f"unix://{path}"
     if tcp:
         host, _, port = tcp.rpartition(":")
         if sec.tls is not None:
-            bound = server.add_secure_port(tcp, security.TlsReloader(sec.tls).server_credentials())
+            bound = server.add_secure_port(tcp, listeners.TlsReloader(sec.tls).server_credentials())
         else:
             bound = server.add_insecure_port(tcp)
         if bound == 0:
             raise ConfigError("listen.address", f"cannot bind {tcp}")
         address = f"{host}:{bound}"  # port 0 picks a free port: report the real one
     sidecar.listen_address = address
-    sidecar.advertised_address = sec.advertised_address or security.default_advertised(address)
+    sidecar.advertised_address = sec.advertised_address or listeners.default_advertised(address)
     server.start()
     sidecar.registry.start_reaper(sidecar.expire)
     for name in ("", SERVICE_NAME) + ((KAFKA_HEALTH_SERVICE,) if sidecar.kafka else ()):

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-import grpc
 
+import grpc
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
-from . import security
+from . import listeners, security
 from .adapters import convert
 from .core.model import Decision
 from .errors import SpillwayError
@@ -49,7 +49,7 @@ class LocalSidecar:
 def check_allowed(me: LocalSidecar, address: str, what: str = "home") -> None:
     """PERMISSION_DENIED unless `address` may be dialled (string match, nothing resolved)."""
     cfg = me.security or security.load_config({})
-    if not security.home_allowed(address, cfg, me.addresses):
+    if not listeners.home_allowed(address, cfg, me.addresses):
         allowed = ", ".join(cfg.home_allowed) or "loopback only (the default)"
         raise HomeError(grpc.StatusCode.PERMISSION_DENIED,
                         f"{what} address {address!r} is not in this sidecar's "
@@ -76,7 +76,7 @@ class Home:
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         if cfg is not None and cfg.tls is not None:
             try:
-                creds = security.client_channel_credentials(cfg.tls)
+                creds = listeners.client_channel_credentials(cfg.tls)
             except SpillwayError as exc:
                 raise HomeError(grpc.StatusCode.UNAVAILABLE,
                                 f"cannot dial {address} over TLS: {exc}") from exc
