@@ -19,6 +19,7 @@ from itertools import islice
 from operator import attrgetter
 
 import grpc
+
 from spillway.v1 import sidecar_pb2 as pb
 
 from . import memtune, security
