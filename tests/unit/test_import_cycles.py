@@ -23,11 +23,8 @@ GENERATED = ROOT / "client" / "src" / "spillway" / "v1"
 
 # Circles known and owned by a follow-up, each as the set of its modules. Shrinks only: a new
 # circle fails the test, and so does an entry here that is no longer a circle.
-KNOWN: dict[frozenset[str], str] = {
-    # _native's Python fallback imports job's private _drive/_engine/_ids; job imports _native.
-    # The lead's split of spark/job.py (issue 22) moves the partition code out of job.py.
-    frozenset({"spillway.spark.job", "spillway.spark._native"}): "issue 22: split spark/job.py",
-}
+# (spark job <-> _native was one until spark/job.py was split, issue 22.)
+KNOWN: dict[frozenset[str], str] = {}
 
 
 def _modules() -> dict[str, Path]:

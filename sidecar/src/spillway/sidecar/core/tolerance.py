@@ -60,6 +60,16 @@ def record_key(record_id: str) -> int:
     return hash(record_id) & KEY_MASK
 
 
+TAG_MASK = (1 << 64) - 1
+
+
+def payload_tag(key: bytes | None, value: bytes | None) -> int:
+    """A digest of a record's payload (its key and value: the source record's bytes, or the
+    failing stage's input), kept beside its remembered id: the same id with another payload is
+    another record (`policy`: record identity). Process-local, like `record_key`."""
+    return hash((key, value)) & TAG_MASK
+
+
 @dataclass(frozen=True, slots=True)
 class ToleranceResult:
     exceeded: bool
@@ -119,16 +129,18 @@ class ToleranceTracker:
     # --- errors ---------------------------------------------------------------------------
 
     def admit(self, record_id: str, stage: str, now_ms: float,
-              task: TaskKey = (0, 0), key: int | None = None) -> ToleranceResult:
-        """Count one error (once per record id) and check the limits. `key`: the id's
-        `record_key`, when the caller already has it."""
+              task: TaskKey = (0, 0), key: int | None = None,
+              tag: int = 0) -> ToleranceResult:
+        """Count one error (once per record key) and check the limits. `key`: the record's key
+        (`record_key` of its id, or the policy's key for a distinct record under a known id),
+        when the caller already has it; `tag`: its payload digest (`payload_tag`)."""
         ids = self.ids
         if key is None:
-            key = hash(record_id) & KEY_MASK
+            key = record_key(record_id)
         if key in ids:
             ids.touch(key)
             return _ALREADY_COUNTED
-        ids.add(key, None)
+        ids.add(key, None, tag)
         self.errors_total += 1
         self._job.errors.add(now_ms)
         pair = self._stages.get(stage)

@@ -8,7 +8,15 @@ from collections.abc import Sequence
 
 from ..core.model import DlqRecord
 from .codec import encode_headers, record_size
-from .store import OnCommit, Placed, RejectedRecord, SpooledRecord, backpressure_error
+from .store import (
+    DedupKey,
+    OnCommit,
+    Placed,
+    RejectedRecord,
+    SpooledRecord,
+    backpressure_error,
+    dedup_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +32,7 @@ class MemoryQueue:
         self.max_records = max_records
         self._lock = threading.Lock()
         self._rows: dict[int, SpooledRecord] = {}
-        self._index: dict[tuple[str, str], int] = {}
+        self._index: dict[DedupKey, int] = {}
         self._rejected: dict[int, RejectedRecord] = {}
         self._bytes = 0
         self._last_seq = 0
@@ -44,7 +52,7 @@ class MemoryQueue:
                                          self.max_bytes)
             placed = []
             for rec, s in sized:
-                key = (rec.job, rec.record_id)
+                key = dedup_key(rec)
                 seq = self._index.get(key)
                 if seq is None:
                     self._last_seq += 1
@@ -76,7 +84,7 @@ class MemoryQueue:
             for seq in seqs:
                 row = self._rows.pop(seq, None)
                 if row is not None:
-                    self._index.pop((row.record.job, row.record.record_id), None)
+                    self._index.pop(dedup_key(row.record), None)
                     self._bytes -= row.size
                     n += 1
         return n
@@ -87,7 +95,7 @@ class MemoryQueue:
             for seq, error in items:
                 row = self._rows.pop(seq, None)
                 if row is not None:
-                    self._index.pop((row.record.job, row.record.record_id), None)
+                    self._index.pop(dedup_key(row.record), None)
                     self._rejected[seq] = RejectedRecord(seq, row.record, error, now_ms)
                     n += 1
         return n

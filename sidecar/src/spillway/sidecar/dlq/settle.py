@@ -19,6 +19,7 @@ from ..errors import DlqError
 from ..memtune import release_memory
 from . import schema
 from .codec import IDX_MASK, ROW_BITS, decode_row, encode_headers, seq_ranges
+from .store import DedupKey
 
 log = logging.getLogger("spillway.sidecar.dlq.spool")
 
@@ -54,8 +55,8 @@ class Settlement:
     _wlock: threading.Lock  # one write transaction at a time
     _rlock: threading.Lock  # the reader connection
     _rows: dict[int, Row]
-    _recent: dict[tuple[str, str], tuple[int, str]]
-    _recent_old: dict[tuple[str, str], tuple[int, str]]
+    _recent: dict[DedupKey, tuple[int, str]]
+    _recent_old: dict[DedupKey, tuple[int, str]]
     _depth: int
     _bytes: int
     _peak_bytes: int

@@ -19,9 +19,10 @@ memory as one byte per record for partly settled rows; after a crash only the re
 that are neither settled nor rejected are produced again. Duplicates are possible (records in
 flight, or acknowledged since the last `delete()`), loss is not.
 
-Deduplication: a record reported again (same job and record id) while it is still pending and
-among the last ``_DEDUP_WINDOW`` records spooled (recovered ones included) is stored once, and
-the caller is told the seq it already has. Older ones may be stored twice.
+Deduplication: a record reported again (same job, record id and payload: `store.dedup_key`)
+while it is still pending and among the last ``_DEDUP_WINDOW`` records spooled (recovered ones
+included) is stored once, and the caller is told the seq it already has. Older ones may be
+stored twice.
 
 Group commit: `append()` hands its records to one writer thread, which combines every request
 queued meanwhile into one transaction (one INSERT per batch row, one fsync) and then wakes each
@@ -71,7 +72,15 @@ from .codec import (
 )
 from .schema import DB_NAME, LOCK_NAME
 from .settle import Row, Settlement
-from .store import OnCommit, Placed, RejectedRecord, SpooledRecord, backpressure_error
+from .store import (
+    DedupKey,
+    OnCommit,
+    Placed,
+    RejectedRecord,
+    SpooledRecord,
+    backpressure_error,
+    dedup_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +117,10 @@ class Spool(Settlement):
         self._max_group = max_group_records
         self._append_timeout_s = append_timeout_s
         self._rows: dict[int, Row] = {}
-        # the dedup window: (job, record_id) -> (seq, task_key) of recently spooled records, in
+        # the dedup window: `dedup_key` -> (seq, task_key) of recently spooled records, in
         # two generations of at most _DEDUP_WINDOW // 2 each
-        self._recent: dict[tuple[str, str], tuple[int, str]] = {}
-        self._recent_old: dict[tuple[str, str], tuple[int, str]] = {}
+        self._recent: dict[DedupKey, tuple[int, str]] = {}
+        self._recent_old: dict[DedupKey, tuple[int, str]] = {}
         # DLQ payloads at rest: directory 0700, files 0600 (spool.group: 0750 / 0640)
         perms.prepare(directory, self.path, (os.path.join(directory, LOCK_NAME),), group)
         self._lock_fd = schema.take_lock(directory)
@@ -203,12 +212,12 @@ class Spool(Settlement):
     def _fill_dedup_window(self) -> None:
         """Put the newest recovered records in the dedup window (at most half of it)."""
         room = _DEDUP_WINDOW // 2
-        window: list[tuple[tuple[str, str], tuple[int, str]]] = []
+        window: list[tuple[DedupKey, tuple[int, str]]] = []
         cur = self._conn.execute("SELECT id, ends, segs, data FROM batches ORDER BY id DESC")
         for rid, ends, segs, data in cur:
             row = self._rows[rid]
             for i, rec in reversed(list(decode_row(rid, ends, segs, data, 0, row.done))):
-                window.append(((rec.record.job, rec.record.record_id),
+                window.append((dedup_key(rec.record),
                                (rec.seq, rec.record.task_key)))
             if len(window) >= room:
                 break
@@ -290,7 +299,7 @@ class Spool(Settlement):
             # records, blobs, placements) would stay alive, and pin allocator arenas, until then
             del batch, req
 
-    def _spooled(self, key: tuple[str, str]) -> tuple[int, str] | None:
+    def _spooled(self, key: DedupKey) -> tuple[int, str] | None:
         """(seq, task_key) of this record when it is in the dedup window and still pending."""
         hit = self._recent.get(key) or self._recent_old.get(key)
         if hit is not None:
@@ -308,12 +317,12 @@ class Spool(Settlement):
         rows: list[list[DlqRecord]] = [[]]
         row_bytes = 0
         plans: list[list[tuple[int, int, str, bool]]] = []
-        local: dict[tuple[str, str], tuple[int, int, str]] = {}
+        local: dict[DedupKey, tuple[int, int, str]] = {}
         for req in accepted:
             plan = []
             avg = req.size // req.n
             for rec in req.records:
-                key = (rec.job, rec.record_id)
+                key = dedup_key(rec)
                 hit = local.get(key)
                 if hit is not None:
                     plan.append((hit[0], hit[1], hit[2], False))
@@ -351,7 +360,7 @@ class Spool(Settlement):
                 accepted.append(req)
             if not accepted:
                 return
-            keys = [(r.job, r.record_id) for req in accepted for r in req.records]
+            keys = [dedup_key(r) for req in accepted for r in req.records]
             if (len(set(keys)) == len(keys) and self._recent.keys().isdisjoint(keys)
                     and self._recent_old.keys().isdisjoint(keys)):
                 # all new: the requests' segments, in order
@@ -418,7 +427,7 @@ class Spool(Settlement):
                         seq = (ids[rn] << ROW_BITS) | idx
                         placed.append(Placed(seq, owner, fresh, row_sizes[rn][idx]))
                         if fresh:
-                            recent[(rec.job, rec.record_id)] = (seq, owner)
+                            recent[dedup_key(rec)] = (seq, owner)
             if len(recent) >= _DEDUP_WINDOW // 2:
                 self._recent_old, self._recent = recent, {}
             for req in accepted:

@@ -25,6 +25,13 @@ class Placed(NamedTuple):
 
 
 OnCommit = Callable[[Sequence[Placed]], None]
+DedupKey = tuple[str, str, int]
+
+
+def dedup_key(rec: DlqRecord) -> DedupKey:
+    """What makes two DLQ records the same record: job, record id and payload (two records
+    under one id are two records: core.policy, record identity). Process-local (str hash)."""
+    return (rec.job, rec.record_id, hash((rec.key, rec.value)))
 
 
 @dataclass(frozen=True, slots=True)
