@@ -116,8 +116,8 @@ def df_partition(spec, wrapper, fn, flat, record_id, source, refresh, in_schema,
 
     session = TaskSession(spec, wrapper)
     adapter = RowAdapter(_checked(fn, out_schema, flat, wrapper.stage.name),
-                         ids=record_ids(spec, wrapper, session.task), flat=flat, record_id=record_id,
-                         source=source)
+                         ids=record_ids(spec, wrapper, session.task), flat=flat,
+                         record_id=record_id, source=source)
     engine = make_engine(spec, session, adapter, wrapper, refresh)
     outputs = drive(session, engine, engine.run_rows(rows()))
     return _rows_to_batches(outputs, out_schema, lambda: seen["large"])
@@ -139,8 +139,8 @@ def vector_partition(spec, wrapper, fn, kind, record_id, source, refresh, out_sc
     session = TaskSession(spec, wrapper)
     conform = (arrow_conformer if kind == "arrow" else pandas_checker)(out_schema,
                                                                        wrapper.stage.name)
-    adapter = BatchAdapter(fn, kind, ids=record_ids(spec, wrapper, session.task), record_id=record_id,
-                           source=source, conform=conform)
+    adapter = BatchAdapter(fn, kind, ids=record_ids(spec, wrapper, session.task),
+                           record_id=record_id, source=source, conform=conform)
     engine = make_engine(spec, session, adapter, wrapper, refresh)
     return drive(session, engine, engine.run(batch_units(batches)))
 

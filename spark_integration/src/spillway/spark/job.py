@@ -167,7 +167,8 @@ class Job:
             sidecar=sidecar, address_env=address_env,
             on_sidecar_unavailable=on_sidecar_unavailable, sidecar_wait_s=sidecar_wait_s,
             report_batch_size=report_batch_size, report_linger_s=report_linger_s,
-            report_max_inflight=report_max_inflight, counts_interval_s=counts_interval_s, flush_timeout_s=flush_timeout_s,
+            report_max_inflight=report_max_inflight, counts_interval_s=counts_interval_s,
+            flush_timeout_s=flush_timeout_s,
             rpc_timeout_s=rpc_timeout_s)
         if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
             raise ValueError(f"run_id: expected a non-empty string, got {run_id!r}")
@@ -344,8 +345,8 @@ class Job:
             return data.mapInArrow(run, out_schema)
         if schema is not None:
             raise ValueError("schema: only for DataFrames (an RDD's records have no schema)")
-        run = functools.partial(rdd_partition, self._task_spec(), wrapper, fn, flat, record_id, source,
-                                refresh)
+        run = functools.partial(rdd_partition, self._task_spec(), wrapper, fn, flat, record_id,
+                                source, refresh)
         return data.mapPartitions(run)
 
     def reprocess(self, dlq_df: Any, fn: Callable[[Any], Any], *, schema: Any = None,
@@ -386,8 +387,8 @@ class Job:
         _require("map_in_pandas: df", df)
         wrapper = self._wrapper(fn, name, stage, custom_stage)
         out_schema = struct(schema)
-        run = functools.partial(vector_partition, self._task_spec(), wrapper, fn, "pandas", record_id,
-                                source, refresh, out_schema)
+        run = functools.partial(vector_partition, self._task_spec(), wrapper, fn, "pandas",
+                                record_id, source, refresh, out_schema)
         return df.mapInPandas(run, out_schema)
 
     def map_in_arrow(self, df: Any, fn: Callable[[Any], Any], schema: Any, *,
@@ -400,8 +401,8 @@ class Job:
         _require("map_in_arrow: df", df)
         wrapper = self._wrapper(fn, name, stage, custom_stage)
         out_schema = struct(schema)
-        run = functools.partial(vector_partition, self._task_spec(), wrapper, fn, "arrow", record_id,
-                                source, refresh, out_schema)
+        run = functools.partial(vector_partition, self._task_spec(), wrapper, fn, "arrow",
+                                record_id, source, refresh, out_schema)
         return df.mapInArrow(run, out_schema)
 
     def deserialize(self, df: Any, *, key: Callable[[bytes | None], Any] | str | None = None,
