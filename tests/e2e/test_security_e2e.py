@@ -137,8 +137,8 @@ def test_sidecar_only_fields_from_a_non_peer_change_nothing(guarded):
     # the same fields from a peer (peer token, forwarding the run's job token) are honoured
     peer = [("spillway-peer-token", PEER)] + job_token
     out = stub.ReportFailures(pb.ReportFailuresRequest(
-        job="victim", run_id=RUN, task=TASK, records=_records("p", 1), decide_only=True), metadata=peer,
-        timeout=5)
+        job="victim", run_id=RUN, task=TASK, records=_records("p", 1), decide_only=True),
+        metadata=peer, timeout=5)
     assert len(out.verdicts) == 1
     assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
 

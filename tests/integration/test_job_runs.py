@@ -112,7 +112,7 @@ def test_close_ends_the_run_at_its_home_and_on_the_node_sidecar(spark, sidecar, 
         stop(0.5)
 
 
-# --- lifecycle bounds ------------------------------------------------------------------------------
+# --- lifecycle bounds -------------------------------------------------------------------------
 
 
 def test_an_abandoned_run_ends_on_its_idle_timeout(tmp_path, caplog):

@@ -94,7 +94,8 @@ def test_a_home_that_does_not_take_this_sidecar_for_a_peer_is_a_clear_error(tmp_
                                 "auth.token.file": token}) for _ in range(2))
     try:
         md = [("spillway-node-token", "n0de")]
-        reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job="j", run_id=RUN), metadata=md, timeout=10)
+        reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job="j", run_id=RUN), metadata=md,
+                                      timeout=10)
         code, details = _refused(lambda: _stub(node).RegisterJob(pb.RegisterJobRequest(
             job="j", run_id=RUN, home=reg.home, home_instance_id=reg.home_instance_id),
             metadata=md + _tok(reg), timeout=10))

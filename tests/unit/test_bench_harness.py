@@ -293,7 +293,8 @@ def test_spillway_frames_and_summary():
 
 
 def test_short_frame_cuts_paths_and_lines():
-    assert short_frame("run (/usr/lib/python3.11/threading.py:982)") == "run (python3.11/threading.py)"
+    assert (short_frame("run (/usr/lib/python3.11/threading.py:982)")
+            == "run (python3.11/threading.py)")
     assert short_frame("weird") == "weird"
 
 

@@ -7,7 +7,7 @@ import os
 import grpc
 import pytest
 
-from spillway.sidecar import security
+from spillway.sidecar import listeners, security
 from spillway.sidecar.errors import ConfigError
 from spillway.v1 import sidecar_pb2 as pb
 from support.tls import write_token
@@ -151,12 +151,12 @@ def test_sidecar_only_fields_need_a_peer():
 ])
 def test_home_allow_list(address, patterns, allowed):
     cfg = security.load_config({"home.allowed.addresses": patterns})
-    assert security.home_allowed(address, cfg) is allowed
+    assert listeners.home_allowed(address, cfg) is allowed
 
 
 def test_own_address_is_always_allowed_and_bad_patterns_stop_start_up():
     cfg = security.load_config({"home.allowed.addresses": "10.0.0.0/8"})
-    assert security.home_allowed("node-a:50051", cfg, own=["node-a:50051"])
+    assert listeners.home_allowed("node-a:50051", cfg, own=["node-a:50051"])
     with pytest.raises(ConfigError, match="home.allowed.addresses"):
         security.load_config({"home.allowed.addresses": "10.0.0.0/33"})
     with pytest.raises(ConfigError, match="home.allowed.addresses"):
@@ -165,12 +165,12 @@ def test_own_address_is_always_allowed_and_bad_patterns_stop_start_up():
 
 def test_plaintext_on_a_routable_address_is_refused_unless_allowed():
     cfg = security.load_config({})
-    security.check_plaintext_listen("127.0.0.1:50051", cfg)
-    security.check_plaintext_listen("localhost:50051", cfg)
+    listeners.check_plaintext_listen("127.0.0.1:50051", cfg)
+    listeners.check_plaintext_listen("localhost:50051", cfg)
     with pytest.raises(ConfigError, match="refusing to serve plaintext on 0.0.0.0:50051.*"
                                           "tls.cert.file"):
-        security.check_plaintext_listen("0.0.0.0:50051", cfg)
-    security.check_plaintext_listen(
+        listeners.check_plaintext_listen("0.0.0.0:50051", cfg)
+    listeners.check_plaintext_listen(
         "0.0.0.0:50051", security.load_config({"listen.plaintext.allow": True}))
 
 
@@ -198,7 +198,7 @@ def test_only_a_stale_socket_is_cleared(tmp_path):
 
     stale = tmp_path / "stale.sock"
     _bound_socket(stale).close()  # bound, nobody listening: a crashed run's leftover
-    security.clear_stale_socket(str(stale))
+    listeners.clear_stale_socket(str(stale))
     assert not stale.exists()
 
     live = tmp_path / "live.sock"
@@ -206,7 +206,7 @@ def test_only_a_stale_socket_is_cleared(tmp_path):
     s.listen(1)
     try:
         with pytest.raises(ConfigError, match="another process is serving"):
-            security.clear_stale_socket(str(live))
+            listeners.clear_stale_socket(str(live))
         assert st.S_ISSOCK(os.lstat(live).st_mode)
     finally:
         s.close()
@@ -218,20 +218,20 @@ def test_only_a_stale_socket_is_cleared(tmp_path):
     for name, kind in (("dir", "a directory"), ("link", "a symbolic link"),
                        ("precious", "a regular file")):
         with pytest.raises(ConfigError, match=f"listen.unix.socket: .* is {kind}"):
-            security.clear_stale_socket(str(tmp_path / name))
+            listeners.clear_stale_socket(str(tmp_path / name))
     assert target.read_text() == "keep"
     with pytest.raises(ConfigError, match="directory .* does not exist"):
-        security.clear_stale_socket(str(tmp_path / "no" / "such.sock"))
+        listeners.clear_stale_socket(str(tmp_path / "no" / "such.sock"))
 
 
 def test_socket_mode_and_group_are_applied(tmp_path):
     path = tmp_path / "s.sock"
     s = _bound_socket(path)
     try:
-        security.secure_socket(str(path), 0o640, group=str(os.getgid()))
+        listeners.secure_socket(str(path), 0o640, group=str(os.getgid()))
         info = os.stat(path)
         assert info.st_mode & 0o777 == 0o640 and info.st_gid == os.getgid()
         with pytest.raises(ConfigError, match="listen.unix.socket.owner: no such user"):
-            security.secure_socket(str(path), 0o600, owner="no-such-user-spillway")
+            listeners.secure_socket(str(path), 0o600, owner="no-such-user-spillway")
     finally:
         s.close()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from .names import MAX_SHOWN, prefix_fragment_error, shown
 
 ENV_PREFIX = "SPILLWAY_"
 
@@ -41,12 +42,6 @@ DAY_MS = 24 * HOUR_MS
 WEEK_MS = 7 * DAY_MS
 MAX_COUNT = 10**12       # record counts, thresholds
 MAX_RETRIES = 1_000_000  # per-record retry and hold counts, task counts
-MAX_SHOWN = 64           # characters of a bad value a message repeats
-
-
-def shown(raw: str) -> str:
-    """A bad value as a message may repeat it: short, escaped."""
-    return repr(raw if len(raw) <= MAX_SHOWN else raw[:MAX_SHOWN] + "...")
 
 
 def _num(text: str) -> str:
@@ -138,8 +133,6 @@ def p_listen(name: str, raw: str) -> str:
 
 def p_topic_prefix(name: str, raw: str) -> str:
     """A DLQ topic-name prefix: '' or a legal topic-name fragment (KIP-1191)."""
-    from .guardrails import prefix_fragment_error
-
     v = raw.strip()
     why = prefix_fragment_error(v)
     if why is not None:
@@ -151,7 +144,8 @@ def p_octal_mode(name: str, raw: str) -> int:
     try:
         v = int(raw.strip(), 8)
     except ValueError:
-        raise ConfigError(name, f"must be an octal file mode such as 0660, got {shown(raw)}") from None
+        raise ConfigError(name,
+                          f"must be an octal file mode such as 0660, got {shown(raw)}") from None
     if not 0 <= v <= 0o777:
         raise ConfigError(name, f"must be an octal file mode in [0000, 0777], got {shown(raw)}")
     return v
@@ -257,8 +251,8 @@ _PROPS: list[Prop] = [
     # KIP-1033 handler and KIP-1050 classification
     Prop("errors.handler.class", p_str, "",
          "KIP-1033 handler (alias processing.exception.handler) for records whose retries "
-         "are exhausted: LogAndContinue, LogAndFail, or a user class as package.module:Class (unset: follows errors.tolerance, "
-         "none -> LogAndFail, all -> LogAndContinue)"),
+         "are exhausted: LogAndContinue, LogAndFail, or a user class as package.module:Class "
+         "(unset: follows errors.tolerance, none -> LogAndFail, all -> LogAndContinue)"),
     Prop("errors.classification.default", p_choice(*CATEGORY_NAMES), "data",
          "category of exceptions no rule matches (KIP-298 tolerates any exception in a stage)"),
     Prop("errors.classification.rules", p_str, "",
