@@ -34,7 +34,7 @@ from test_kubernetes import BASE, K8S_VERSION, TEMPLATES, _load_all, build
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
-OVERLAY = BASE / "per-node-certs"
+OVERLAY = ROOT / "deploy" / "kubernetes-per-node-certs"
 SPARK_APP = BASE / "spark" / "spark-application.yaml"
 DEPLOY_DOC = ROOT / "docs" / "DEPLOY.md"
 NODE = {"HOST_IP": "10.1.2.3", "NODE_NAME": "node-a"}
@@ -169,6 +169,8 @@ def strip_nulls(value):
 
 
 def build_overlay(overlay: Path = OVERLAY) -> list[dict]:
+    # kustomize refuses a base that contains the overlay ("cycle detected")
+    assert BASE.resolve() not in overlay.resolve().parents, f"{overlay} is inside the base"
     kust = yaml.safe_load((overlay / "kustomization.yaml").read_text())
     unknown = set(kust) - {"apiVersion", "kind", "namespace", "resources", "patches"}
     assert not unknown, f"{overlay}/kustomization.yaml uses {unknown}: teach this test"
