@@ -20,6 +20,8 @@ import copy
 import ipaddress
 import json
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path, PurePosixPath
 
@@ -134,9 +136,9 @@ def test_the_policy_check_sees_an_opened_port(policy):
 
 
 def strategic_merge(target, patch):
-    """Kubernetes' strategic merge for what the overlay's patch uses: maps merge, `null`
-    deletes a key, lists of named items merge by name (new names appended), other lists are
-    replaced."""
+    """Kubernetes' strategic merge for what the overlay's patch uses, ordered as kustomize
+    (kyaml) orders it: maps merge, `null` deletes a key, lists of named items merge by name
+    (the patch's items first, in its order, then the others), other lists are replaced."""
     if isinstance(target, dict) and isinstance(patch, dict):
         out = dict(target)
         for key, value in patch.items():
@@ -149,14 +151,11 @@ def strategic_merge(target, patch):
         return out
     if (isinstance(target, list) and isinstance(patch, list)
             and all(isinstance(x, dict) and "name" in x for x in target + patch)):
-        out = list(target)
-        index = {x["name"]: i for i, x in enumerate(out)}
-        for item in patch:
-            if item["name"] in index:
-                out[index[item["name"]]] = strategic_merge(out[index[item["name"]]], item)
-            else:
-                out.append(strip_nulls(item))
-        return out
+        by_name = {x["name"]: x for x in target}
+        out = [strategic_merge(by_name[x["name"]], x) if x["name"] in by_name
+               else strip_nulls(x) for x in patch]
+        patched = {x["name"] for x in patch}
+        return out + [x for x in target if x["name"] not in patched]
     return strip_nulls(patch)
 
 
@@ -219,7 +218,21 @@ def test_strategic_merge_follows_kubernetes_rules():
     patch = {"volumes": [{"name": "a", "secret": None, "emptyDir": {}}, {"name": "c"}],
              "args": ["y"]}
     assert strategic_merge(base, patch) == {
-        "volumes": [{"name": "a", "emptyDir": {}}, {"name": "b"}, {"name": "c"}], "args": ["y"]}
+        "volumes": [{"name": "a", "emptyDir": {}}, {"name": "c"}, {"name": "b"}], "args": ["y"]}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
+@pytest.mark.parametrize("root", [BASE, OVERLAY], ids=["base", "per-node-certs"])
+def test_the_composition_is_what_kubectl_kustomize_builds(root):
+    """Where kubectl is installed, its kustomize builds exactly what these tests check."""
+    out = subprocess.run(["kubectl", "kustomize", str(root)], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    real = sorted((d for d in yaml.safe_load_all(out.stdout) if d),
+                  key=lambda d: (d["kind"], d["metadata"]["name"]))
+    ours = sorted(build() if root == BASE else build_overlay(),
+                  key=lambda d: (d["kind"], d["metadata"]["name"]))
+    assert real == ours
 
 
 def test_the_overlay_validates_against_kubernetes_and_cert_manager_schemas(overlay):
