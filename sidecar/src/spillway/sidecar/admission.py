@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from .errors import BackpressureError, ReportTooLargeError
 
@@ -57,7 +58,8 @@ class Admission:
         return s.depth() + s.rejected_count(), s.bytes()
 
     def refusing(self) -> bool:
-        """True while reports are refused; clears once below the low-water mark."""
+        """True while reports are refused (health NOT_SERVING); clears once the spool is below
+        the low-water mark and the report whose refusal started it would fit."""
         with self._lock:
             return self._refusing_locked()
 
@@ -81,7 +83,8 @@ class Admission:
 
     def admit(self, n: int, estimate_bytes: int) -> tuple[int, int]:
         """Reserve room for ``n`` records of at most ``estimate_bytes`` (plus the per-record
-        overhead); raise BackpressureError (nothing reserved) when they may not fit. Returns the
+        overhead); raise BackpressureError (nothing reserved) when they may not fit now, and
+        ReportTooLargeError when they could not fit even an empty spool. Returns the
         reservation to hand to `release`."""
         size = estimate_bytes + n * PER_RECORD_OVERHEAD_BYTES
         s = self.store
@@ -90,10 +93,12 @@ class Admission:
         with self._lock:
             held, held_bytes = self._held()
             if self._refusing_locked():
+                need_n, need_bytes = self._need
                 reason = (f"the sidecar is refusing reports until its DLQ spool falls below "
                           f"{self.low_water_percent}% of spool.max.records={s.max_records} and "
-                          f"spool.max.bytes={s.max_bytes} (spool.low.water.percent); it holds "
-                          f"{held} records / {held_bytes} bytes")
+                          f"spool.max.bytes={s.max_bytes} (spool.low.water.percent) with room "
+                          f"for the refused report ({need_n} records, up to {need_bytes} "
+                          f"bytes); it holds {held} records / {held_bytes} bytes")
             elif (held + self._reserved_records + n > s.max_records
                   or held_bytes + self._reserved_bytes + size > s.max_bytes):
                 self._start_refusing(n, size)
@@ -109,7 +114,7 @@ class Admission:
             self.refusals += 1
         raise BackpressureError(f"{reason}; retry later (Kafka is behind or unreachable)")
 
-    def _too_large(self, n: int, size: int) -> None:
+    def _too_large(self, n: int, size: int) -> NoReturn:
         s = self.store
         if n > s.max_records:
             what = f"{n} records, more than spool.max.records={s.max_records}"
