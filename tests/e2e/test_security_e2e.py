@@ -295,6 +295,7 @@ def test_node_sidecar_forwards_to_its_home_over_mtls(pki, tmp_path):
                                "--tls-key", str(certs[n].key), "--tls-ca", str(ca.path),
                                "--token-file", str(token),
                                "--set", "auth.peer.identities=sidecar-a,sidecar-b",
+                               "--set", "home.allowed.addresses=127.0.0.0/8",
                                "--set", f"sidecar.id=node-{n}"])
         a, b = procs["a"][1], procs["b"][1]
         ca_, cb = (_tls_client(x, pki, token_file=str(token)) for x in (a, b))

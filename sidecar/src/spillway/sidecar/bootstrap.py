@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import listeners, prometheus, security, telemetry
+from . import listeners, localcred, prometheus, security, telemetry
 from .adapters import rpc
 from .adapters.servicer import SERVICE_NAME, ErrorSidecarServicer
 from .admission import Admission
@@ -105,6 +105,12 @@ class RunningSidecar:
                 last_kafka = k
 
 
+def _local_only(props: Mapping[str, object]) -> bool:
+    """Nobody off this host can connect: no TCP listener, or a loopback one."""
+    tcp = str(props.get("listen.address") or "")
+    return not tcp or listeners.is_loopback_host(listeners.split_host_port(tcp)[0])
+
+
 def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
     """Parse sidecar properties (already layered) and construct the engine and pipeline."""
     props = config.parse(raw)
@@ -142,11 +148,14 @@ def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
             on_ack=engine.note_dead_letter_acked,
             spool_group=props["spool.group"],
         )
+    sec = security.load_config(props)
+    if localcred.applies(sec, _local_only(props)):
+        sec = localcred.apply(sec, props["auth.local.token.file"] or localcred.default_path())
     return Sidecar(
         props=props, engine=engine, pipeline=pipeline,
         sidecar_id=props["sidecar.id"] or socket.gethostname(),
         flush_timeout_s=props["flush.timeout.ms"] / 1000,
-        security=security.load_config(props),
+        security=sec,
         registry=Registry(max_live=props["jobs.max.live"],
                           idle_timeout_s=props["job.idle.timeout.ms"] / 1000),
     )
@@ -168,7 +177,7 @@ def start_server(
         listeners.check_plaintext_listen(tcp, sec)
     if sidecar.props["listen.unix.socket"]:  # before anything starts: a refusal leaves no thread
         listeners.clear_stale_socket(sidecar.props["listen.unix.socket"])
-    local_only = not tcp or listeners.is_loopback_host(listeners.split_host_port(tcp)[0])
+    local_only = _local_only(sidecar.props)
     spans = None
     if sidecar.props["telemetry.enable"]:
         tel = telemetry.setup(sidecar_id=sidecar.sidecar_id,

@@ -264,12 +264,15 @@ def parse_home_pattern(entry: str) -> tuple[str, str]:
     return host.lower(), port
 
 
-DEFAULT_HOME_ALLOWED = ("127.0.0.0/8", "[::1]", "localhost")
+# Nothing but this sidecar's own addresses unless the operator lists more: a made-up home must
+# never make the sidecar dial (and present its peer credential to) a port of someone's choosing,
+# loopback included.
+DEFAULT_HOME_ALLOWED: tuple[str, ...] = ()
 
 
 def home_allowed(address: str, cfg: SecurityConfig, own: Iterable[str] = ()) -> bool:
     """Whether `address` may be dialled as a job's home: matched against the configured
-    patterns (default: loopback only) or one of this sidecar's own addresses. Pure string and
+    patterns (default: none) or one of this sidecar's own addresses. Pure string and
     IP-literal matching: nothing is resolved before the decision."""
     if address in set(own):
         return True

@@ -51,7 +51,7 @@ def check_allowed(me: LocalSidecar, address: str, what: str = "home") -> None:
     """PERMISSION_DENIED unless `address` may be dialled (string match, nothing resolved)."""
     cfg = me.security or security.load_config({})
     if not listeners.home_allowed(address, cfg, me.addresses):
-        allowed = ", ".join(cfg.home_allowed) or "loopback only (the default)"
+        allowed = ", ".join(cfg.home_allowed) or "none but its own addresses (the default)"
         raise HomeError(grpc.StatusCode.PERMISSION_DENIED,
                         f"{what} address {address!r} is not in this sidecar's "
                         f"home.allowed.addresses ({allowed}); an operator adds the cluster's "

@@ -13,9 +13,11 @@ Credentials (docs/SECURITY.md):
   ``auth.peer.identities``: another sidecar. Only peers may set the sidecar-only request fields.
 - ``spillway-admin-token`` (``auth.admin.token.file``): the operator (`spillway status`, `job`).
 
-With no credential configured at all and only loopback / Unix-socket listeners (the dev
-default), every caller is local and trusted: peer and admin. A wrong token is UNAUTHENTICATED;
-an authenticated caller asking for what it may not do is PERMISSION_DENIED.
+With no credential configured at all and only loopback / Unix-socket listeners (the default),
+the sidecar makes its own admin and peer token, the local credential (`localcred`): a file
+only its OS user can read. Callers without a credential are anonymous: they act only on the
+runs whose job token they hold. A wrong token is UNAUTHENTICATED; an authenticated caller
+asking for what it may not do is PERMISSION_DENIED.
 
 Token files hold one token per line: the first is the one clients send, every line is accepted
 (so a token is rotated by adding the new one, rolling clients, then removing the old one). They
@@ -201,6 +203,8 @@ class SecurityConfig:
     plaintext_allowed: bool
     advertised_address: str
     home_allowed: tuple[str, ...]
+    # the default configuration's own admin and peer token (`localcred.apply`)
+    local_token: TokenFile | None = None
 
     @property
     def any_auth(self) -> bool:
@@ -267,8 +271,12 @@ def load_config(props: Mapping[str, object]) -> SecurityConfig:
 
 def describe(cfg: SecurityConfig, *, local_only: bool) -> str:
     """One log line of the security posture (names of settings, never secrets)."""
-    if local_only and not cfg.any_auth:
-        who = "no credentials configured: local callers are trusted (loopback / Unix socket)"
+    if cfg.local_token is not None:
+        who = (f"no credentials configured: the local credential ({cfg.local_token.path}, "
+               "this OS user only) is the admin and peer token; other local callers act only "
+               "on the runs whose job token they hold")
+    elif local_only and not cfg.any_auth:
+        who = "no credentials: every caller is anonymous (job tokens only, no admin, no peer)"
     else:
         parts = [name for name, on in (("node token", cfg.node_token),
                                        ("peer token", cfg.peer_token),
@@ -282,7 +290,7 @@ def describe(cfg: SecurityConfig, *, local_only: bool) -> str:
         tls = "TLS on, client certificates required"
     else:
         tls = "TLS on, client certificates not requested"
-    homes = ", ".join(cfg.home_allowed) or "loopback only"
+    homes = ", ".join(cfg.home_allowed) or "this sidecar's own addresses only"
     return f"{tls}; {who}; homes dialled: {homes}"
 
 
@@ -331,27 +339,24 @@ class Authenticator:
     """Decides a call's `Caller` from its metadata and connection; raises `Refused`."""
 
     def __init__(self, cfg: SecurityConfig, *, local_only: bool) -> None:
+        # local_only is kept for callers; nobody is trusted for where they call from: the
+        # default's admin and peer credential is the local one (`localcred`)
         self.cfg = cfg
-        # no credential configured and nobody off this host can connect: everyone is trusted
-        self.trust_local = local_only and not cfg.any_auth
+        self.local_only = local_only
 
     def authenticate(self, method: str, metadata: Mapping[str, str],
                      identities: Sequence[str], peer_addr: str) -> Caller:
-        if self.trust_local:
-            return Caller(authenticated=False, peer=True, admin=True,
-                          identity=f"local:{peer_addr}")
         cfg = self.cfg
         peer = admin = node = False
         names = []
-        for key, tf, what in ((PEER_TOKEN_KEY, cfg.peer_token, "auth.peer.token.file"),
-                              (ADMIN_TOKEN_KEY, cfg.admin_token, "auth.admin.token.file"),
-                              (NODE_TOKEN_KEY, cfg.node_token, "auth.token.file")):
+        for key, tf in ((PEER_TOKEN_KEY, cfg.peer_token), (ADMIN_TOKEN_KEY, cfg.admin_token),
+                        (NODE_TOKEN_KEY, cfg.node_token)):
             presented = metadata.get(key)
             if presented is None or tf is None:
                 continue  # a credential this sidecar does not use is ignored
             if not tf.matches(presented):
                 raise Refused(grpc.StatusCode.UNAUTHENTICATED,
-                              f"metadata {key} does not match this sidecar's {what}")
+                              f"metadata {key} does not match this sidecar's {tf.prop}")
             names.append(key.removeprefix("spillway-").removesuffix("-token"))
             peer |= key == PEER_TOKEN_KEY
             admin |= key == ADMIN_TOKEN_KEY

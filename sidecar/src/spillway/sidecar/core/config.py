@@ -375,6 +375,10 @@ _PROPS: list[Prop] = [
     Prop("auth.admin.token.file", p_str, "",
          "file holding the operator token (spillway-admin-token) for spillway status and job "
          "commands", job=False),
+    Prop("auth.local.token.file", p_str, "",
+         "where the default configuration (no credential set, loopback / Unix socket only) "
+         "keeps its own admin and peer token, made at first start and readable by this OS "
+         "user only ('': $XDG_STATE_HOME/spillway/local.token)", job=False),
     Prop("auth.peer.identities", p_str, "",
          "comma-separated mTLS identities (certificate SAN DNS/URI or CN) accepted as peer "
          "sidecars; needs tls.ca.file", job=False),
@@ -397,8 +401,8 @@ _PROPS: list[Prop] = [
          "single host)", job=False),
     Prop("home.allowed.addresses", p_str, "",
          "comma-separated addresses this sidecar may dial as a job's home: host, host:port, "
-         "CIDR[:port], *.domain[:port] or * ('': loopback only; its own address is always "
-         "allowed). Matched before any DNS lookup", job=False),
+         "CIDR[:port], *.domain[:port] or * ('': none; its own addresses are always "
+         "allowed). Matched before any DNS lookup and before any dial", job=False),
     Prop("jobs.max.live", p_int(1, 1_000_000), "1000",
          "live job runs this sidecar keeps at once; past it RegisterJob of a new run answers "
          "RESOURCE_EXHAUSTED", job=False),
