@@ -541,7 +541,9 @@ def test_a_node_certificate_from_the_template_carries_home_forwarding(overlay, t
             "tls.cert.file": str(cert_dir / "tls.crt"), "tls.key.file": str(cert_dir / "tls.key"),
             "tls.ca.file": str(ca.path), "tls.client.auth": props["tls.client.auth"],
             "auth.token.file": str(token),
-            "auth.peer.identities": props["auth.peer.identities"]})
+            "auth.peer.identities": props["auth.peer.identities"],
+            # the ConfigMap admits the nodes' network (10.0.0.0/8:50051); here, loopback
+            "home.allowed.addresses": "127.0.0.1"})
 
     executor = ca.issue(tmp_path / "executor", "executor-1", dns=("executor-1",), ips=())
     running = []
