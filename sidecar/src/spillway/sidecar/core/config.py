@@ -337,7 +337,8 @@ _PROPS: list[Prop] = [
          "spool high-water mark in records: backpressure past it", job=False),
     Prop("spool.low.water.percent", p_int(0, 100), "80",
          "after a refusal for backpressure, reports are refused (health NOT_SERVING) until the "
-         "spool holds less than this percentage of both spool.max.records and spool.max.bytes",
+         "spool holds less than this percentage of both spool.max.records and spool.max.bytes "
+         "and the refused report would fit",
          job=False),
     Prop("kafka.check.interval.ms", p_int(1000, DAY_MS), "30000",
          "how often the sidecar checks that its Kafka answers (health service spillway.kafka, "
@@ -361,7 +362,8 @@ _PROPS: list[Prop] = [
          "label per-job metrics with the Spark task too (stage.partition): one series per "
          "partition, for debugging only", job=False),
     Prop("shutdown.grace.ms", p_int(0, HOUR_MS), "10000",
-         "graceful stop: time for in-flight calls, ms",
+         "graceful stop: `spillway serve` ends within it, whatever Kafka does (in-flight calls, "
+         "then the DLQ's last flush; what Kafka has not acknowledged stays in the spool), ms",
          job=False),
     # security (docs/SECURITY.md)
     Prop("auth.token.file", p_str, "",
