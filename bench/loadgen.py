@@ -8,8 +8,8 @@ The harness drives each process over stdin/stdout, one JSON object per line:
     -> {"op": "go"}                            <- {"records": ..., "t0": ..., "t1": ..., ...}
     -> {"op": "quit"}
 
-`prepare` connects (health check), registers the job when given its properties and builds the
-record template, so that `go` only reports: the harness sends `go` to every process at once and
+`prepare` connects (health check), registers the job when given its properties (first at the
+run's home when given ``home``: a node sidecar that forwards) and builds the record template, so that `go` only reports: the harness sends `go` to every process at once and
 takes the aggregate window from the earliest t0 to the latest t1 (CLOCK_MONOTONIC is shared by
 all processes of the machine).
 """
@@ -56,8 +56,20 @@ class Run:
             # token they all present (the first registration adopts it)
             from spillway.client.runs import JobRun, JobToken
 
-            self.job = self.client.register_job(
-                JobRun(self.job, "bench", JobToken(f"bench-token-{self.job}")), cmd["props"])
+            run = JobRun(self.job, "bench", JobToken(f"bench-token-{self.job}"))
+            if cmd.get("home"):
+                # a cluster: the run is registered at its home first (as the driver does), then
+                # at this executor's node sidecar naming that home, which forwards each report
+                # to it (decide_only) and dead-letters locally
+                home = SidecarClient(cmd["home"], timeout_s=float(cmd.get("timeout_s", 60)))
+                try:
+                    reg = home.register_job(run, cmd["props"])
+                finally:
+                    home.close()
+                self.job = self.client.register_job(reg.run(), cmd["props"], home=reg.home,
+                                                    home_instance_id=reg.home_instance_id)
+            else:
+                self.job = self.client.register_job(run, cmd["props"])
         run_no = int(cmd.get("run_no", 1))
         self.task = pb.TaskIdentity(stage_id=run_no, partition_id=self.index, attempt_number=0,
                                     task_attempt_id=run_no * 100_000 + self.index,
