@@ -8,10 +8,11 @@ import uuid
 import pytest
 
 from spillway.client import RetriableError
-from spillway.spark import _runtime, _tracing, job as job_module
+from spillway.spark import _runtime, _tracing, _udf as udf_module
 from spillway.spark._engine import StageRef
 from spillway.spark._runtime import WrapperSpec
-from spillway.spark.job import Job, _udf_function
+from spillway.spark._udf import udf_function as _udf_function
+from spillway.spark.job import Job
 
 
 class FakeTaskContext:
@@ -54,8 +55,8 @@ def sidecar(tmp_path_factory):
 def executor_like(monkeypatch):
     monkeypatch.setattr(_runtime, "_worker", None)
     monkeypatch.setattr(_tracing, "ensure_provider", lambda: None)
-    monkeypatch.setattr(job_module, "_udf_states", {})
-    monkeypatch.setattr(job_module, "TaskContext", FakeTaskContext)
+    monkeypatch.setattr(udf_module, "_udf_states", {})
+    monkeypatch.setattr(udf_module, "TaskContext", FakeTaskContext)
     monkeypatch.setattr(_runtime, "_task_context", FakeTaskContext.get)
     FakeTaskContext._taskContext = FakeTaskContext(tid=1)
 
@@ -83,10 +84,10 @@ def _to_int(s):
 
 
 def test_one_argument_functions_take_the_fast_path_and_others_pack_args():
-    assert job_module._single_argument(_to_int)
-    assert not job_module._single_argument(int)  # no signature: generic path
-    assert not job_module._single_argument(lambda a, b=1: a)
-    assert not job_module._single_argument(lambda *a: a)
+    assert udf_module.single_argument(_to_int)
+    assert not udf_module.single_argument(int)  # no signature: generic path
+    assert not udf_module.single_argument(lambda a, b=1: a)
+    assert not udf_module.single_argument(lambda *a: a)
 
 
 @pytest.mark.parametrize("fn", [int, _to_int], ids=["generic", "one-argument"])

@@ -315,6 +315,16 @@ def batch_scope(session: Any, batch_id: int) -> Iterator[None]:
         session.removeTag(tag)
 
 
+def ratio_limited(effective: Mapping[str, str]) -> bool:
+    """Whether a run's effective policy has a ratio tolerance (its counts are then sent before
+    reports, so the ratio's denominator is current)."""
+    try:
+        return (effective.get("errors.tolerance") == "all"
+                and float(effective.get("errors.tolerance.max.ratio", "-1")) >= 0)
+    except ValueError:
+        return False
+
+
 # --- the session ----------------------------------------------------------------------------
 
 
@@ -423,7 +433,7 @@ class TaskSession:
     def report(self, records: list[pb.FailedRecord]) -> list[pb.Verdict]:
         self.reports += 1
         effective = self.register()
-        if self._ratio_limited(effective):
+        if ratio_limited(effective):
             with self._counts_lock:
                 if self._counts_grew():
                     self.flush()
@@ -461,14 +471,6 @@ class TaskSession:
             w.registered[key] = reg
         self.run = reg.run()
         return reg
-
-    @staticmethod
-    def _ratio_limited(effective: Mapping[str, str]) -> bool:
-        try:
-            return (effective.get("errors.tolerance") == "all"
-                    and float(effective.get("errors.tolerance.max.ratio", "-1")) >= 0)
-        except ValueError:
-            return False
 
     def _totals(self) -> Counter:
         """Own counts plus the parked counts of the same stages, adopted into this session.

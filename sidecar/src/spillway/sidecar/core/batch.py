@@ -29,7 +29,8 @@ class Batch:
     what it would per record.
     Also remembers the last record's description, which a batch failing the same way shares."""
 
-    __slots__ = ("task", "tid", "now", "wall", "amounts", "last_stage", "last_amounts", "last_ref", "by_stage", "by_class",
+    __slots__ = ("task", "tid", "now", "wall", "amounts", "last_stage", "last_amounts",
+                 "last_ref", "by_stage", "by_class",
                  "by_category", "reports", "last_exc", "last_cls", "last_what", "reasons",
                  "last_info", "cls_exc", "cls", "new_errors", "collisions")
 

@@ -41,8 +41,8 @@ _COMPACT_SLACK = 1024
 class IdTable(Generic[V]):
     """A bounded map of int keys in [0, 2**60), least recently used entry evicted first."""
 
-    __slots__ = ("limit", "evicted", "_keys", "_tags", "_vals", "_index", "_mask", "_grow_at", "_off",
-                 "_head", "_live", "_dead", "_mk", "_ms", "_ek", "_en")
+    __slots__ = ("limit", "evicted", "_keys", "_tags", "_vals", "_index", "_mask", "_grow_at",
+                 "_off", "_head", "_live", "_dead", "_mk", "_ms", "_ek", "_en")
 
     def __init__(self, limit: int) -> None:
         self.limit = max(1, limit)

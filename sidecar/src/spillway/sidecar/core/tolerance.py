@@ -22,10 +22,10 @@ Counting is idempotent by record id: a re-attempted Spark task re-reporting a re
 already counted does not count it again (``MAX_COUNTED_IDS`` ids are remembered per job, least
 recently seen evicted first). Ids are remembered as 60-bit digests (`record_key`) in an
 `IdTable`, not as strings; the policy engine keeps its skipped-record answers in the same table
-(`ToleranceTracker.ids`), so a job holds one id table, not two. Processed counts are per Spark task (stage, partition): the same
-attempt reporting twice, or a new attempt of the task, replaces the earlier count
-(``MAX_TASK_SLOTS`` tasks remembered; an evicted task's counts stay but can no longer be
-replaced).
+(`ToleranceTracker.ids`), so a job holds one id table, not two. Processed counts are per Spark
+task (stage, partition): the same attempt reporting twice, or a new attempt of the task,
+replaces the earlier count (``MAX_TASK_SLOTS`` tasks remembered; an evicted task's counts stay
+but can no longer be replaced).
 """
 
 from __future__ import annotations
