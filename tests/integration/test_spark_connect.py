@@ -331,3 +331,30 @@ def test_streaming_job_dead_letters_every_failure_it_reports(connect_spark, side
                     job=job.name).collect()
     assert sorted(r.record_id for r in back) == sorted(ids)
     assert {r.stage for r in back} == {"TRANSFORMATION", "TASK_PUT"}
+
+
+def test_a_stream_into_a_spark_sink_carries_the_micro_batch_in_its_ids(connect_spark, sidecar,
+                                                                        broker, topic_name):
+    """Without foreachBatch the micro-batch runs on the server's stream thread: Spark's own
+    ``streaming.sql.batchId`` names it, over Connect as on classic Spark."""
+    job = _job(sidecar, topic_name)
+    source = (connect_spark.readStream.format("rate").option("rowsPerSecond", 20)
+              .option("numPartitions", 2).load())
+    enriched = job.map_in_pandas(source, flaky_enrich, "value long, twice long")
+    query = start_stream(enriched.writeStream.format("memory")
+                         .queryName(f"enriched_{uuid.uuid4().hex[:8]}")
+                         .trigger(processingTime="1 second"))
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and not (
+                (query.lastProgress or {}).get("batchId", 0) >= 3
+                and job.summary().dlq_records_written >= 6):
+            assert query.exception() is None, query.exception()
+            time.sleep(0.5)
+    finally:
+        query.stop()
+    assert job.summary().record_id_collisions == 0
+    ids = [_headers(m)["spillway.record.id"].decode()
+           for m in read_all(broker.bootstrap_servers, topic_name)]
+    assert len(ids) >= 6 and all(":b" in i for i in ids)
+    assert len({i.split(":b")[1].split(":")[0] for i in ids}) >= 2
