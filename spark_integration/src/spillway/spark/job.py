@@ -10,8 +10,9 @@
         print(job.summary())
     print(job.report)       # the final counts; the run's state is released on every sidecar
 
-Each `Job` is one run of the job (the Spark application id, or ``run_id=``): a run starts with
-fresh counts, retry state and remembered record ids, whatever earlier runs of the same name did.
+Each `Job` is one run of the job (the Spark application id, on Spark Connect the session's, or
+``run_id=``): a run starts with fresh counts, retry state and remembered record ids, whatever
+earlier runs of the same name did.
 Everything executors need (job name, policy, sidecar address and its env variable's name, the
 run's id, job token and home sidecar) travels inside the wrapped closures; executors register
 the run with their node's sidecar themselves, once per Python worker process.
@@ -142,11 +143,12 @@ class Job:
     full batch beyond that waits for the oldest report's verdicts); verdicts are followed in
     the order the reports were sent.
 
-    A `Job` is one run (``run_id``: default the active Spark application's id, else a random
-    one): registered with the driver's sidecar (its home) on ``with Job(...)``, `register()` or
-    the first wrapper, ended by `close()` (or leaving the ``with`` block), which releases the
-    run's state on every sidecar and keeps the final counts in ``report``. A run never closed
-    ends on its own after the sidecars' ``job.idle.timeout.ms``.
+    A `Job` is one run (``run_id``: default the active Spark application's id, on Spark Connect
+    ``connect-<session id>``, else a random one): registered with the driver's sidecar (its
+    home) on ``with Job(...)``, `register()` or the first wrapper, ended by `close()` (or
+    leaving the ``with`` block), which releases the run's state on every sidecar and keeps the
+    final counts in ``report``. A run never closed ends on its own after the sidecars'
+    ``job.idle.timeout.ms``.
     """
 
     def __init__(self, name: str, properties: Mapping[str, str] | None = None, *,
