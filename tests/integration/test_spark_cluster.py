@@ -71,8 +71,9 @@ def cluster(broker, tmp_path_factory):
         "spool.dir": str(tmp / f"spool-{n}"), "producer.linger.ms": "5", "sidecar.id": n,
         **secure[n]}) for n in names}
     port, webui = free_port(), free_port()
+    # executors inherit the worker's environment: TLS and token
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1",
-           **spark_env}  # executors inherit the worker's environment: TLS and token
+           "SPARK_LOCAL_IP": "127.0.0.1", **spark_env}
     procs = [subprocess.Popen(
         [_spark_class(), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
          "--port", str(port), "--webui-port", str(webui)],
@@ -85,7 +86,8 @@ def cluster(broker, tmp_path_factory):
              "--memory", "1g", "--webui-port", str(free_port()),
              "--work-dir", str(tmp / f"work-{name}")],
             stdout=open(tmp / f"worker-{name}.log", "wb"), stderr=subprocess.STDOUT,
-            env={**env, "SPILLWAY_SIDECAR_ADDRESS": sc.address}))  # this node's sidecar
+            env={**env, "SPILLWAY_SIDECAR_ADDRESS": sc.address,  # this node's sidecar
+                 "SPARK_LOCAL_IP": host}))  # the worker and its executors on its loopback
     deadline = time.monotonic() + 90
     while _alive_workers(webui) < 2:
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -113,6 +115,8 @@ DRIVER = textwrap.dedent("""
 
     master, home, topic, name, props = sys.argv[1:6]
     spark = (SparkSession.builder.master(master).appName(name)
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.ui.enabled", "false").config("spark.executor.memory", "512m")
              .config("spark.executor.cores", "1").config("spark.cores.max", "2")
              .config("spark.task.maxFailures", "1").getOrCreate())
@@ -139,7 +143,8 @@ def _run_driver(tmp_path, master, home, topic, name, props, spark_env):
     script.write_text(DRIVER)
     proc = subprocess.run([sys.executable, str(script), master, home, topic, name,
                            json.dumps(props)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYSPARK_PYTHON": sys.executable, **spark_env})
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+                               "SPARK_LOCAL_IP": "127.0.0.1", **spark_env})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT "):])
@@ -208,6 +213,8 @@ SPECULATIVE_DRIVER = textwrap.dedent("""
 
     master, home, topic, name, props = sys.argv[1:6]
     spark = (SparkSession.builder.master(master).appName(name)
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.ui.enabled", "false").config("spark.executor.memory", "512m")
              .config("spark.executor.cores", "1").config("spark.cores.max", "2")
              .config("spark.task.maxFailures", "4")
@@ -248,7 +255,8 @@ def test_retried_and_speculative_tasks_leave_one_dead_letter_per_record(
     proc = subprocess.run([sys.executable, str(script), master, sidecars["node-a"].address,
                            topic_name, "cluster-once", json.dumps(_props(topic_name))],
                           capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYSPARK_PYTHON": sys.executable, **spark_env})
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+                               "SPARK_LOCAL_IP": "127.0.0.1", **spark_env})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     parts = json.loads(lines[-1][len("RESULT "):])["parts"]

@@ -1,9 +1,20 @@
-"""A small local Spark session for tests: 2 cores, few shuffle partitions, no UI."""
+"""A small local Spark session for tests: 2 cores, few shuffle partitions, no UI, loopback only."""
 
 from __future__ import annotations
 
 import os
 import sys
+
+LOOPBACK = "127.0.0.1"
+
+
+def pin_loopback(env: dict | None = None) -> dict:
+    """Spark on loopback only: with a host name that resolves to 127.0.0.1 Spark picks the
+    machine's interface address for its driver ("using 192.0.2.2 instead"). ``env`` (default:
+    this process's environment, which Spark's JVMs and executors inherit) gets SPARK_LOCAL_IP."""
+    target = os.environ if env is None else env
+    target["SPARK_LOCAL_IP"] = LOOPBACK
+    return target
 
 
 def local_spark(app: str = "spillway-tests", cores: int = 2):
@@ -12,9 +23,12 @@ def local_spark(app: str = "spillway-tests", cores: int = 2):
     # Executors must run the same interpreter (and so see the same installed packages).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    pin_loopback()
     return (
         SparkSession.builder.master(f"local[{cores}]")
         .appName(app)
+        .config("spark.driver.host", LOOPBACK)
+        .config("spark.driver.bindAddress", LOOPBACK)
         .config("spark.ui.enabled", "false")
         # started before pytest captures output (conftest): no progress bars in the test log
         .config("spark.ui.showConsoleProgress", "false")
