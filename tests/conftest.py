@@ -29,9 +29,10 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from support import xdist_plan  # noqa: E402
-from support.spark import pin_loopback  # noqa: E402
+from support.spark import pin_loopback, quick_jvms  # noqa: E402
 
 pin_loopback()  # before any Spark, here or in a subprocess: the driver binds to 127.0.0.1
+quick_jvms()    # short-lived test JVMs: client JIT, serial GC (support/spark.py)
 
 
 def _in_ci() -> bool:
