@@ -92,6 +92,7 @@ def _runs_spark_here(session) -> bool:
     return workerinput.get("workerid") == xdist_plan.SPARK_WORKER
 
 
+@pytest.hookimpl(trylast=True)  # after xdist reports the collection: the others start now
 def pytest_collection_finish(session):
     """Start the session's Spark (if this process runs a test that needs it) before any test
     installs an OpenTelemetry SDK provider in this process: pyspark launches its JVM with a
