@@ -80,6 +80,21 @@ def pytest_xdist_make_scheduler(config, log):
     return None
 
 
+_lanes = xdist_plan.Lanes()
+
+
+def pytest_runtest_logreport(report):
+    _lanes.add(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = _lanes.lines()
+    if lines:
+        terminalreporter.write_sep("=", "time in tests per worker (tests/support/xdist_plan.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 def _runs_spark_here(session) -> bool:
     """Whether this process will run the tests that use ``spark``: the worker the plan gives
     the Spark group to, or (without xdist, or with another distribution) any process that

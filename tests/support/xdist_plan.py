@@ -93,3 +93,31 @@ def make_scheduler(config, log):
             self._assign_work_unit(node)
 
     return PlannedScheduling(config, log)
+
+
+class Lanes:
+    """Per worker, the time its groups took (the sum of their tests' setup, call and teardown),
+    printed at the end of a parallel run: where the wall time goes, and which worker is the
+    long pole (Spark's start-up on its worker, before the first test, is not counted)."""
+
+    def __init__(self) -> None:
+        self.busy: dict[str, dict[str, float]] = {}
+
+    def add(self, report) -> None:
+        node = getattr(report, "node", None)
+        gateway = getattr(node, "gateway", None)
+        if gateway is None:
+            return  # not a worker's report (no xdist)
+        nodeid = report.nodeid
+        group = nodeid.rsplit("@", 1)[1] if "@" in nodeid else nodeid.split("::", 1)[0]
+        lane = self.busy.setdefault(gateway.id, {})
+        lane[group] = lane.get(group, 0.0) + report.duration
+
+    def lines(self, top: int = 4) -> list[str]:
+        out = []
+        for worker, groups in sorted(self.busy.items()):
+            total = sum(groups.values())
+            biggest = sorted(groups.items(), key=lambda kv: -kv[1])[:top]
+            shown = ", ".join(f"{g.rsplit('/', 1)[-1]} {t:.0f}s" for g, t in biggest)
+            out.append(f"{worker}: {total:.0f}s in {len(groups)} groups ({shown}, ...)")
+        return out
