@@ -12,9 +12,10 @@ Grouping (a worker runs a whole group; decided per test module in tests/conftest
 
 Scheduling (`PlannedScheduling`): the longest units first (`RANK`: the standalone cluster
 tier, the Spark group, the compat tier, then the end-to-end modules and groups a module named
-itself, then the integration, fuzz and unit modules), the ``spark`` group always on `SPARK_WORKER`, and a worker is handed its next group
-only when it reaches the last test of its current one, so no group waits behind a long one on
-a busy worker while another worker is idle.
+itself, then the integration, fuzz and unit modules), the ``spark`` group always on
+`SPARK_WORKER`, and a worker is handed its next group only when it reaches the last test of
+its current one, so no group waits behind a long one on a busy worker while another worker
+is idle.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ import uuid
 from concurrent import futures
 
 import grpc
-import pyarrow as pa
 import pytest
 from pyspark.sql import Row
 from pyspark.sql.types import (
