@@ -155,14 +155,15 @@ class SidecarProcess:
 
 def start_sidecar(bootstrap: str | None, workdir: str, props: Mapping[str, str] | None = None,
                   *, env: Mapping[str, str] | None = None, name: str = "sidecar",
-                  log_level: str = "WARNING") -> SidecarProcess:
-    """Run ``python -m spillway.sidecar.cli serve --listen 127.0.0.1:0`` and wait for its
+                  log_level: str = "WARNING", listen: str = "127.0.0.1:0") -> SidecarProcess:
+    """Run ``python -m spillway.sidecar.cli serve --listen 127.0.0.1:0`` (or ``listen``, e.g.
+    another loopback address for a cluster on one host) and wait for its
     ``spillway sidecar listening on ADDR`` line."""
     os.makedirs(workdir, exist_ok=True)
     props = dict(props or {})
     props.setdefault("spool.dir", os.path.join(workdir, f"{name}-spool"))
     cmd = [sys.executable, "-m", "spillway.sidecar.cli", "--log-level", log_level, "serve",
-           "--listen", "127.0.0.1:0"]
+           "--listen", listen]
     if bootstrap:
         cmd += ["--bootstrap-servers", bootstrap]
     for k, v in props.items():
@@ -261,9 +262,10 @@ class Infra:
     # --- sidecars -----------------------------------------------------------------------------
 
     def sidecar(self, props: Mapping[str, str] | None = None, *, name: str = "sidecar",
-                kafka: bool = True, env: Mapping[str, str] | None = None) -> SidecarProcess:
+                kafka: bool = True, env: Mapping[str, str] | None = None,
+                listen: str = "127.0.0.1:0") -> SidecarProcess:
         s = start_sidecar(self.bootstrap if kafka else None, self.workdir, props, env=env,
-                          name=f"{name}-{uuid.uuid4().hex[:6]}")
+                          name=f"{name}-{uuid.uuid4().hex[:6]}", listen=listen)
         self._sidecars.append(s)
         return s
 

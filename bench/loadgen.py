@@ -8,10 +8,12 @@ The harness drives each process over stdin/stdout, one JSON object per line:
     -> {"op": "go"}                            <- {"records": ..., "t0": ..., "t1": ..., ...}
     -> {"op": "quit"}
 
-`prepare` connects (health check), registers the job when given its properties and builds the
-record template, so that `go` only reports: the harness sends `go` to every process at once and
-takes the aggregate window from the earliest t0 to the latest t1 (CLOCK_MONOTONIC is shared by
-all processes of the machine).
+`prepare` connects (health check), registers the job when given its properties (first at the
+run's home when given ``home``: a node sidecar that forwards) and builds the record template,
+so that `go` only reports: the harness sends `go` to every process at once and takes the
+aggregate window from the earliest t0 to the latest t1 (CLOCK_MONOTONIC is shared by all
+processes of the machine). With ``peer_token_file`` a process stands in for a node sidecar:
+its reports go straight to the home with decide_only, as a node forwards them.
 """
 
 from __future__ import annotations
@@ -56,13 +58,49 @@ class Run:
             # token they all present (the first registration adopts it)
             from spillway.client.runs import JobRun, JobToken
 
-            self.job = self.client.register_job(
-                JobRun(self.job, "bench", JobToken(f"bench-token-{self.job}")), cmd["props"])
+            run = JobRun(self.job, "bench", JobToken(f"bench-token-{self.job}"))
+            if cmd.get("home"):
+                # a cluster: the run is registered at its home first (as the driver does), then
+                # at this executor's node sidecar naming that home, which forwards each report
+                # to it (decide_only) and dead-letters locally
+                home = SidecarClient(cmd["home"], timeout_s=float(cmd.get("timeout_s", 60)))
+                try:
+                    reg = home.register_job(run, cmd["props"])
+                finally:
+                    home.close()
+                self.job = self.client.register_job(reg.run(), cmd["props"], home=reg.home,
+                                                    home_instance_id=reg.home_instance_id)
+            else:
+                self.job = self.client.register_job(run, cmd["props"])
         run_no = int(cmd.get("run_no", 1))
         self.task = pb.TaskIdentity(stage_id=run_no, partition_id=self.index, attempt_number=0,
                                     task_attempt_id=run_no * 100_000 + self.index,
                                     executor_id=str(self.index), host=socket.gethostname())
         self.tpl = _template(int(cmd.get("value_size", 200)))
+        self.decide = None
+        if cmd.get("peer_token_file"):
+            self.decide = self._decide_only(cmd["target"], cmd["peer_token_file"])
+
+    def _decide_only(self, target: str, token_file: str):
+        """Stand in for node sidecars: each report goes straight to the home as a node forwards
+        it (decide_only, the peer token), so the home is loaded without a node's own work."""
+        import grpc
+
+        from spillway.v1 import sidecar_pb2_grpc
+
+        with open(token_file, encoding="utf-8") as fh:
+            peer = fh.read().split()[0]
+        mb = 64 * 1024 * 1024
+        stub = sidecar_pb2_grpc.ErrorSidecarStub(grpc.insecure_channel(target, options=[
+            ("grpc.max_send_message_length", mb), ("grpc.max_receive_message_length", mb)]))
+        metadata = [("spillway-peer-token", peer), *self.job.metadata()]
+        timeout = float(self.cmd.get("timeout_s", 60))
+
+        def decide(recs: list) -> list:
+            req = self.pb.ReportFailuresRequest(job=self.job.job, run_id=self.job.run_id,
+                                                task=self.task, records=recs, decide_only=True)
+            return list(stub.ReportFailures(req, timeout=timeout, metadata=metadata).verdicts)
+        return decide
 
     def _batch(self, start: int, n: int) -> list:
         pb, tpl, prefix = self.pb, self.tpl, self.prefix
@@ -92,7 +130,8 @@ class Run:
             recs = self._batch(sent, n)
             s = time.perf_counter()
             try:
-                verdicts = self.client.report_failures(self.job, self.task, recs)
+                verdicts = (self.decide(recs) if self.decide is not None
+                            else self.client.report_failures(self.job, self.task, recs))
             except Exception as exc:  # noqa: BLE001 - counted and reported, never hidden
                 errors += 1
                 if len(error_samples) < 3:
@@ -104,7 +143,7 @@ class Run:
             for v in verdicts:
                 name = pb.Action.Name(v.action)
                 actions[name] = actions.get(name, 0) + 1
-                dead_lettered += v.dead_lettered
+                dead_lettered += v.dead_lettered or v.dead_letter  # the latter: decide_only
             sent += n
         t_reported = time.monotonic()
         if self.flush:

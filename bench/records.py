@@ -32,7 +32,8 @@ def poison_exception(i: int = 0) -> Exception:
     raise AssertionError("value_bytes() must not be valid JSON")
 
 
-def spillway_like_headers(job: str, record_id: str, sidecar_id: str = "") -> list[tuple[str, bytes]]:
+def spillway_like_headers(job: str, record_id: str,
+                          sidecar_id: str = "") -> list[tuple[str, bytes]]:
     """Headers of the same names and sizes the sidecar adds to every DLQ record
     (`spillway.sidecar.core.dlq_record`), for the plain-producer baseline."""
     host = sidecar_id or socket.gethostname()

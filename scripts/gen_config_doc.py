@@ -141,7 +141,8 @@ def _bounds() -> list[str]:
 def render() -> str:
     out = [HEADER]
     for title, job in (("Job properties", True), ("Sidecar properties", False)):
-        out.append(f"\n## {title}\n\n| property | default | environment | meaning |\n|---|---|---|---|")
+        out.append(f"\n## {title}\n\n| property | default | environment | meaning |\n"
+                   "|---|---|---|---|")
         for p in config.PROPERTIES.values():
             if p.job is job:
                 default = f"`{p.default}`" if p.default != "" else "(unset)"

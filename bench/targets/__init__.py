@@ -1,10 +1,10 @@
-"""The benchmark targets (issue 7; 9 from issue 12; 10 and the peers from issue 14), in the
-order the report lists them."""
+"""The benchmark targets (issue 7; 9 from issue 12; 10 and the peers from issue 14; 11 from
+issue 24), in the order the report lists them."""
 
 from __future__ import annotations
 
 from ..runner import TargetSpec
-from . import deser, dlq, memory, rpc, spark_jobs
+from . import cluster, deser, dlq, memory, rpc, spark_jobs
 
 SPARK = ("pyspark", "spillway.spark:Job")
 
@@ -39,4 +39,8 @@ TARGETS: tuple[TargetSpec, ...] = (
     TargetSpec("native-deser", 10, "Native deserialization vs Spark's PERMISSIVE parse",
                deser.run_native_deser,
                requires=(*SPARK, "spillway.spark:Job.deserialize", "confluent_kafka")),
+    TargetSpec("cluster", 11, "Cluster scale: N node sidecars forwarding to one home",
+               cluster.run_cluster,
+               requires=("spillway.client:SidecarClient",
+                         "spillway.sidecar.dlq.pipeline:DlqPipeline")),
 )

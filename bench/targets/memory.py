@@ -205,7 +205,8 @@ def _measure_jobs(ctx: Context, result: TargetResult, sidecar, n: int) -> None:
         per * JOBS_THREADS / elapsed)
     result.notes.append(
         f"Live jobs afterwards: {status.get('jobs', -1):,.0f}; records still tracked: "
-        f"{status.get('records-tracked', -1):,.0f}; spool depth {status.get('spool-depth', -1):,.0f}.")
+        f"{status.get('records-tracked', -1):,.0f}; "
+        f"spool depth {status.get('spool-depth', -1):,.0f}.")
     ctx.log(f"    {per * JOBS_THREADS:,} jobs in {elapsed:.1f} s; RSS {before:.1f} -> "
             f"{after:.1f} MB (peak {during.peak_kib / MB:.1f})")
     result.checks.append(absolute_check(

@@ -155,7 +155,8 @@ def test_status_piped_into_a_closed_reader_ends_quietly(tmp_path):
     try:
         status = subprocess.Popen(
             [sys.executable, "-m", "spillway.sidecar.cli", "status", "--sidecar", address],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, "XDG_STATE_HOME": str(tmp_path)})  # the sidecar's credential
         status.stdout.close()  # like `| head -0`: the reader is gone before the first line
         err = status.stderr.read().decode()
         assert status.wait(timeout=30) == 0, err

@@ -114,7 +114,8 @@ def _untouched(sidecar, stub, victim, n=[0]):
     out = stub.ReportFailures(pb.ReportFailuresRequest(run_id=RUN,
         job="victim", task=TASK, records=_records(f"v{n[0]}", 2)), metadata=victim, timeout=10)
     assert [v.action for v in out.verdicts] == [pb.ACTION_SKIP] * 2
-    after = stub.GetJobSummary(pb.GetJobSummaryRequest(run_id=RUN, job="victim"), metadata=victim, timeout=5)
+    after = stub.GetJobSummary(pb.GetJobSummaryRequest(run_id=RUN, job="victim"), metadata=victim,
+                               timeout=5)
     assert not after.failed
     assert after.total_record_errors == before.total_record_errors + 2
     stub.GetStatus(pb.GetStatusRequest(), timeout=5)
@@ -221,10 +222,11 @@ def test_a_job_name_with_surrounding_spaces_is_refused_everywhere(sidecar, stub,
             job="victim ", task=TASK, records=_records("s", 1)), metadata=victim, timeout=5),
         lambda: stub.FlushTask(pb.FlushTaskRequest(run_id=RUN, job=" victim", task=TASK),
                                metadata=victim, timeout=5),
-        lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(run_id=RUN, job=" victim"), metadata=victim,
-                                   timeout=5),
+        lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(run_id=RUN, job=" victim"),
+                                   metadata=victim, timeout=5),
         lambda: stub.GetStatus(pb.GetStatusRequest(job="victim\n"), timeout=5),
-        lambda: stub.EndJob(pb.EndJobRequest(run_id=RUN, job=" victim"), metadata=victim, timeout=5),
+        lambda: stub.EndJob(pb.EndJobRequest(run_id=RUN, job=" victim"), metadata=victim,
+                            timeout=5),
     ):
         assert _refused(call).startswith("job:")
     _untouched(sidecar, stub, victim)
@@ -247,5 +249,6 @@ def test_a_job_cannot_loosen_the_dlq_prefix(sidecar, stub, victim, props, field)
         job="loose-dlq", properties={"errors.tolerance": "all", **props}), timeout=20))
     assert details.startswith(field)
     _untouched(sidecar, stub, victim)
-    _refused(lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(run_id=RUN, job="loose-dlq"), timeout=5),
+    _refused(lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(run_id=RUN, job="loose-dlq"),
+                                        timeout=5),
              grpc.StatusCode.NOT_FOUND)

@@ -137,8 +137,8 @@ def test_sidecar_only_fields_from_a_non_peer_change_nothing(guarded):
     # the same fields from a peer (peer token, forwarding the run's job token) are honoured
     peer = [("spillway-peer-token", PEER)] + job_token
     out = stub.ReportFailures(pb.ReportFailuresRequest(
-        job="victim", run_id=RUN, task=TASK, records=_records("p", 1), decide_only=True), metadata=peer,
-        timeout=5)
+        job="victim", run_id=RUN, task=TASK, records=_records("p", 1), decide_only=True),
+        metadata=peer, timeout=5)
     assert len(out.verdicts) == 1
     assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
 
@@ -295,6 +295,7 @@ def test_node_sidecar_forwards_to_its_home_over_mtls(pki, tmp_path):
                                "--tls-key", str(certs[n].key), "--tls-ca", str(ca.path),
                                "--token-file", str(token),
                                "--set", "auth.peer.identities=sidecar-a,sidecar-b",
+                               "--set", "home.allowed.addresses=127.0.0.0/8",
                                "--set", f"sidecar.id=node-{n}"])
         a, b = procs["a"][1], procs["b"][1]
         ca_, cb = (_tls_client(x, pki, token_file=str(token)) for x in (a, b))

@@ -17,6 +17,7 @@ from spillway.client import JobLimitError, SidecarClient
 from spillway.spark import Job
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.creds import admin_client, admin_md
 
 pytestmark = pytest.mark.integration
 
@@ -27,10 +28,17 @@ PROPS = {"errors.tolerance": "all", "errors.retry.timeout": "30000",
 TASK = pb.TaskIdentity(stage_id=1, partition_id=0, task_attempt_id=1)
 
 
+
+@pytest.fixture(scope="module")
+def sidecar_props():
+    # the home (this module's `sidecar`) ends runs on node sidecars of this host: it may dial them
+    return {"home.allowed.addresses": "127.0.0.0/8"}
+
 def _start(tmp_path, **props):
     from spillway.sidecar.server import start_server
 
     return start_server({"listen.address": "127.0.0.1:0", "telemetry.enable": "false",
+                         "home.allowed.addresses": "127.0.0.0/8",
                          "spool.dir": str(tmp_path / f"spool-{uuid.uuid4().hex[:6]}"),
                          **{k.replace("_", "."): v for k, v in props.items()}})
 
@@ -112,13 +120,13 @@ def test_close_ends_the_run_at_its_home_and_on_the_node_sidecar(spark, sidecar, 
         stop(0.5)
 
 
-# --- lifecycle bounds ------------------------------------------------------------------------------
+# --- lifecycle bounds -------------------------------------------------------------------------
 
 
 def test_an_abandoned_run_ends_on_its_idle_timeout(tmp_path, caplog):
     running = _start(tmp_path, job_idle_timeout_ms="1000")
     try:
-        client = SidecarClient(running.address)
+        client = admin_client(running.address)   # status of every run: the operator
         run = client.register_job("abandoned", PROPS, run_id="gone-driver")
         client.report_failures(run, TASK, [pb.FailedRecord(
             record_id="r1", stage=pb.STAGE_TRANSFORMATION,
@@ -158,7 +166,7 @@ def test_the_live_run_bound_answers_resource_exhausted_naming_the_property(tmp_p
 def test_status_pages_through_every_run_and_each_page_fits_a_default_client(tmp_path):
     running = _start(tmp_path)
     try:
-        client = SidecarClient(running.address)
+        client = admin_client(running.address)   # status of every run: the operator
         long_class = "x" * 900
         n = 640  # ~5.5 KB each in a status page even bounded: more than 3 MiB in all
         for i in range(n):
@@ -174,7 +182,7 @@ def test_status_pages_through_every_run_and_each_page_fits_a_default_client(tmp_
             seen, token, pages = [], "", 0
             while True:
                 page = stub.GetStatus(pb.GetStatusRequest(page_size=1000, page_token=token),
-                                      timeout=30)
+                                      timeout=30, metadata=admin_md())
                 assert page.ByteSize() < 4 * 1024 * 1024 and page.jobs_total == n
                 assert all(len(j.by_exception_class) <= 21 for j in page.jobs)
                 seen += [(j.job, j.run_id) for j in page.jobs]

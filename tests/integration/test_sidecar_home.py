@@ -8,6 +8,7 @@ import pytest
 
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.creds import admin_md, peer_md
 from support.kafka import read_all
 
 pytestmark = pytest.mark.integration
@@ -20,7 +21,9 @@ def two_nodes(broker, tmp_path_factory):
     nodes = [start_server({
         "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
         "spool.dir": str(tmp_path_factory.mktemp(f"spool-{n}")), "producer.linger.ms": "5",
-        "sidecar.id": f"node-{n}"}) for n in "ab"]
+        "sidecar.id": f"node-{n}",
+        # several sidecars on one host: the default dials no address but a sidecar's own
+        "home.allowed.addresses": "127.0.0.0/8"}) for n in "ab"]
     yield nodes
     for n in nodes:
         n.stop(1.0)
@@ -142,7 +145,7 @@ def test_naming_itself_as_home_is_local(two_nodes):
     sa = _stub(a)
     sa.RegisterJob(pb.RegisterJobRequest(job="self", run_id=RUN, home=a.address), timeout=10,
                    metadata=[("spillway-job-token", "executor-held-token")])
-    status = sa.GetStatus(pb.GetStatusRequest(job="self"), timeout=5)
+    status = sa.GetStatus(pb.GetStatusRequest(job="self"), timeout=5, metadata=admin_md())
     assert status.instance_id and [j.job for j in status.jobs] == ["self"]
 
 
@@ -193,7 +196,7 @@ def test_records_a_full_spool_refused_are_dead_lettered_on_their_next_report(
     full = start_server({
         "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
         "spool.dir": str(tmp_path / "spool"), "spool.max.records": "1",
-        "sidecar.id": "node-full"})
+        "sidecar.id": "node-full", "home.allowed.addresses": "127.0.0.0/8"})
     try:
         props = _dlq_props(topic_name)
         sa, sf = _stub(a), _stub(full)
@@ -238,7 +241,7 @@ def test_a_home_that_lost_the_run_hears_of_it_again_when_the_executor_registers_
                                           home=reg.home, home_instance_id=reg.home_instance_id)
     sb.RegisterJob(register_on_b, timeout=20, metadata=_md(reg))
     sa.EndJob(pb.EndJobRequest(job="lost-home", run_id=RUN, local_only=True), timeout=20,
-              metadata=_md(reg))  # only the home forgets it
+              metadata=_md(reg) + peer_md())  # only the home forgets it
     report = pb.ReportFailuresRequest(job="lost-home", run_id=RUN, records=_records("l", 1),
                                       task=pb.TaskIdentity(stage_id=1, task_attempt_id=3))
     with pytest.raises(grpc.RpcError) as lost:

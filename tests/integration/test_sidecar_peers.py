@@ -17,7 +17,8 @@ def nodes():
     from spillway.sidecar.server import start_server
 
     started = [start_server({"listen.address": "127.0.0.1:0", "telemetry.enable": "false",
-                             "sidecar.id": f"node-{n}"}) for n in "ab"]
+                             "sidecar.id": f"node-{n}", "home.allowed.addresses": "127.0.0.0/8"})
+               for n in "ab"]
     yield started
     for s in started:
         s.stop(0.5)
@@ -91,10 +92,12 @@ def test_a_home_that_does_not_take_this_sidecar_for_a_peer_is_a_clear_error(tmp_
 
     token = str(write_token(tmp_path / "node", "n0de"))
     home, node = (start_server({"listen.address": "127.0.0.1:0", "telemetry.enable": "false",
-                                "auth.token.file": token}) for _ in range(2))
+                                "auth.token.file": token,
+                                "home.allowed.addresses": "127.0.0.0/8"}) for _ in range(2))
     try:
         md = [("spillway-node-token", "n0de")]
-        reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job="j", run_id=RUN), metadata=md, timeout=10)
+        reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job="j", run_id=RUN), metadata=md,
+                                      timeout=10)
         code, details = _refused(lambda: _stub(node).RegisterJob(pb.RegisterJobRequest(
             job="j", run_id=RUN, home=reg.home, home_instance_id=reg.home_instance_id),
             metadata=md + _tok(reg), timeout=10))

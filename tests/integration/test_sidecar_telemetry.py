@@ -1,4 +1,5 @@
-"""Sidecar telemetry: decision/spool/batch-produce spans and the KIP metric set, scraped over HTTP."""
+"""Sidecar telemetry: decision/spool/batch-produce spans and the KIP metric set, scraped over
+HTTP."""
 
 from __future__ import annotations
 

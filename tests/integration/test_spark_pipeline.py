@@ -126,7 +126,8 @@ def test_rdd_in_rdd_out_with_positional_ids(spark, sidecar, topic_name, broker):
     assert len(out.take(2)) == 2  # Spark stops reading early: no flush needed, no error
     assert sorted(out.collect()) == sorted(100 // (x - 6) for x in range(10) if x != 6)
     [msg] = read_all(broker.bootstrap_servers, topic_name)
-    assert _headers(msg)["spillway.record.id"] == f"TRANSFORMATION:{job.name}/divide:p1:r1".encode()
+    assert (_headers(msg)["spillway.record.id"]
+            == f"TRANSFORMATION:{job.name}/divide#1:p1:r1".encode())
     assert msg.value() == b"6"  # a record without Kafka bytes is dead-lettered as JSON
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spillway.sidecar.admission import PER_RECORD_OVERHEAD_BYTES, Admission
-from spillway.sidecar.errors import BackpressureError
+from spillway.sidecar.errors import BackpressureError, ReportTooLargeError
 
 
 class Store:
@@ -53,6 +53,42 @@ def test_refusing_until_below_the_low_water_mark():
 
 def test_bytes_bound_uses_the_upper_estimate():
     store = Store(max_bytes=10 * PER_RECORD_OVERHEAD_BYTES)
+    store.size = PER_RECORD_OVERHEAD_BYTES  # 9 records of 1 byte would fit; their overhead not
     gate = Admission(store)
     with pytest.raises(BackpressureError, match="spool.max.bytes"):
-        gate.admit(10, 1)
+        gate.admit(9, 1)
+
+
+def test_refused_below_the_low_water_mark_keeps_refusing_until_the_report_fits():
+    """A large report refused while the spool already holds less than the low-water mark: the
+    state (health NOT_SERVING) holds until that report would be admitted."""
+    unit = 1000 + PER_RECORD_OVERHEAD_BYTES
+    store = Store(max_bytes=10 * unit)
+    gate = Admission(store, low_water_percent=80)
+    store.size = 6 * unit      # 60 %: below the low-water mark already
+    with pytest.raises(BackpressureError, match="high-water"):
+        gate.admit(5, 5 * 1000)
+    assert gate.refusing()     # was: cleared at once, health SERVING while refusing
+    with pytest.raises(BackpressureError, match="spool.low.water.percent"):
+        gate.admit(1, 10)
+    store.size = 5 * unit + 1  # below 80 %, but the 5-record report would still not fit
+    assert gate.refusing()
+    store.size = 5 * unit
+    assert not gate.refusing()
+    gate.release(gate.admit(5, 5 * 1000))
+
+
+def test_a_report_larger_than_the_whole_spool_is_not_backpressure():
+    store = Store(max_records=100, max_bytes=10 * PER_RECORD_OVERHEAD_BYTES)
+    gate = Admission(store)
+    with pytest.raises(ReportTooLargeError) as err:
+        gate.admit(2, 9 * PER_RECORD_OVERHEAD_BYTES)   # past spool.max.bytes even when empty
+    assert not isinstance(err.value, BackpressureError)
+    assert "spool.max.bytes=10240" in str(err.value) and "Split it" in str(err.value)
+    with pytest.raises(ReportTooLargeError, match="101 records, more than spool.max.records"):
+        gate.admit(101, 0)
+    # neither refused nor refusing: health stays SERVING, the halves are admitted
+    assert not gate.refusing() and (gate.refused_records, gate.refusals) == (0, 0)
+    assert gate.oversized_reports == 2
+    gate.release(gate.admit(1, 4 * PER_RECORD_OVERHEAD_BYTES))
+

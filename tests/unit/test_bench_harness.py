@@ -293,7 +293,8 @@ def test_spillway_frames_and_summary():
 
 
 def test_short_frame_cuts_paths_and_lines():
-    assert short_frame("run (/usr/lib/python3.11/threading.py:982)") == "run (python3.11/threading.py)"
+    assert (short_frame("run (/usr/lib/python3.11/threading.py:982)")
+            == "run (python3.11/threading.py)")
     assert short_frame("weird") == "weird"
 
 
@@ -469,5 +470,93 @@ def test_native_probe_says_why_the_fast_path_is_absent():
 def test_target_10_is_listed_after_the_others():
     from bench.targets import TARGETS
 
-    assert [t.number for t in TARGETS] == list(range(1, 11))
+    assert [t.number for t in TARGETS] == list(range(1, 12))
     assert select(TARGETS, "native-deser")[0].number == 10
+
+
+# --- CPU per record (target 11) ----------------------------------------------------------------
+
+# /proc/<pid>/stat of a process whose command name holds a space and a parenthesis
+STAT = ("4242 (spillway (serve) x) S 1 4242 4242 0 -1 4194560 2000 0 0 0 "
+        "250 75 0 0 20 0 33 0 123456 1000000 5000 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0")
+
+
+def test_parse_stat_cpu_counts_fields_after_the_command_name():
+    from bench.cpu import parse_stat_cpu
+
+    assert parse_stat_cpu(STAT, 100) == pytest.approx(3.25)  # (250 + 75) ticks / 100
+    assert parse_stat_cpu(STAT, 250) == pytest.approx(1.3)
+
+
+@pytest.mark.parametrize("text", ["", "4242 spillway S 1 2", "4242 (x) S 1 2 3",
+                                  STAT.replace(" 250 75 ", " 250 ab ")])
+def test_parse_stat_cpu_refuses_what_is_not_a_stat_line(text):
+    from bench.cpu import parse_stat_cpu
+
+    with pytest.raises(ValueError, match="stat"):
+        parse_stat_cpu(text, 100)
+
+
+def test_cpu_seconds_reads_this_process_own_counters():
+    from bench.cpu import cpu_seconds, snapshot
+
+    before = snapshot([os.getpid()])[os.getpid()]
+    sum(i * i for i in range(200_000))  # burn a little CPU: the counter cannot go back
+    assert cpu_seconds(os.getpid()) >= before >= 0.0
+
+
+def test_cpu_used_sums_the_chosen_processes_and_refuses_gaps():
+    from bench.cpu import cpu_used
+
+    before, after = {1: 1.0, 2: 2.0, 3: 0.5}, {1: 1.5, 2: 2.25, 3: 0.5}
+    assert cpu_used(before, after) == pytest.approx(0.75)
+    assert cpu_used(before, after, [2]) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="process 4"):
+        cpu_used(before, after, [4])
+    with pytest.raises(ValueError, match="went back"):
+        cpu_used({1: 2.0}, {1: 1.0})
+
+
+def test_us_per_record_and_the_one_core_ceiling():
+    from bench.cpu import per_core_ceiling, us_per_record
+
+    assert us_per_record(0.5, 25_000) == pytest.approx(20.0)
+    assert per_core_ceiling(20.0) == pytest.approx(50_000.0)
+    assert per_core_ceiling(2.0) == pytest.approx(500_000.0)  # issue 24's home target
+    with pytest.raises(ValueError, match="records"):
+        us_per_record(1.0, 0)
+    with pytest.raises(ValueError, match="us"):
+        per_core_ceiling(0.0)
+
+
+def test_cluster_nodes_listen_on_their_own_loopback_address():
+    from bench.targets.cluster import node_listen
+
+    assert [node_listen(i) for i in range(3)] == ["127.0.0.2:0", "127.0.0.3:0", "127.0.0.4:0"]
+    with pytest.raises(ValueError, match="index"):
+        node_listen(253)
+
+
+def test_cluster_clients_spread_round_robin_over_the_nodes():
+    from bench.targets.cluster import node_of_client
+
+    assert [node_of_client(c, 2) for c in range(4)] == [0, 1, 0, 1]
+    assert [node_of_client(c, 1) for c in range(4)] == [0, 0, 0, 0]
+    assert [node_of_client(c, 4) for c in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="nodes"):
+        node_of_client(0, 0)
+
+
+def test_cluster_run_figures_per_record_and_home_busy_share():
+    from bench.targets.cluster import ClusterRun
+
+    run = ClusterRun(records=50_000, report_s=5.0, home_cpu_s=1.25, node_cpu_s=4.0,
+                     client_cpu_s=1.0, broker_cpu_s=0.25)
+    m = run.per_record()
+    assert m["home_us"] == pytest.approx(25.0) and m["node_us"] == pytest.approx(80.0)
+    assert m["client_us"] == pytest.approx(20.0) and m["broker_us"] == pytest.approx(5.0)
+    assert m["home_rate"] == pytest.approx(10_000.0)
+    assert m["home_busy"] == pytest.approx(0.25)  # a quarter of one core while deciding
+    with pytest.raises(ValueError, match="report_s"):
+        ClusterRun(records=1, report_s=0.0, home_cpu_s=0, node_cpu_s=0,
+                   client_cpu_s=0).per_record()

@@ -286,8 +286,10 @@ def _caught(fn, message="m"):
 
 @pytest.fixture
 def cache(monkeypatch):
+    from spillway.client import _stack
+
     fresh = report.StackCache(maxsize=8)
-    monkeypatch.setattr(report, "stack_cache", fresh)
+    monkeypatch.setattr(_stack, "stack_cache", fresh)   # where format_stack_trace reads it
     return fresh
 
 

@@ -62,7 +62,8 @@ def test_defaults_are_kip298_fail_fast_no_retry():
      "qualified.ExceptionClass=category"),
     ({"errors.classification.default": "retry"}, "errors.classification.default",
      "invalid-configuration"),
-    ({"errors.circuit.failure.threshold": "0"}, "errors.circuit.failure.threshold", "[1, 1000000000000]"),
+    ({"errors.circuit.failure.threshold": "0"}, "errors.circuit.failure.threshold",
+     "[1, 1000000000000]"),
     ({"errors.retry.budget.ratio": "2"}, "errors.retry.budget.ratio", "[0.0, 1.0]"),
     ({"errors.log.enable": "yes"}, "errors.log.enable", "true or false"),
     ({"errors.tolerence": "all"}, "errors.tolerence", "did you mean errors.tolerance?"),
@@ -258,8 +259,8 @@ def test_listen_address_must_be_host_and_port():
 def test_unknown_environment_variables_get_a_did_you_mean():
     from spillway.sidecar.core.config import unknown_environment
 
-    msgs = unknown_environment({"SPILLWAY_ERRORS_TOLERENCE": "all", "SPILLWAY_ERRORS_TOLERANCE": "x",
-                                "SPILLWAY_SIDECAR_ADDRESS": "a", "SPILLWAY_PRODUCER_KAFKA_ACKS": "1",
-                                "HOME": "/root"})
+    msgs = unknown_environment({"SPILLWAY_ERRORS_TOLERENCE": "all",
+                                "SPILLWAY_ERRORS_TOLERANCE": "x", "SPILLWAY_SIDECAR_ADDRESS": "a",
+                                "SPILLWAY_PRODUCER_KAFKA_ACKS": "1", "HOME": "/root"})
     assert msgs == ["SPILLWAY_ERRORS_TOLERENCE: unknown environment variable, ignored (did you "
                     "mean SPILLWAY_ERRORS_TOLERANCE?)"]

@@ -282,37 +282,6 @@ def _wait_for(cond, timeout_s: float = 5.0) -> None:
         time.sleep(0.02)
 
 
-def test_a_spool_left_by_the_previous_version_is_drained(fake, tmp_path):
-    import sqlite3
-
-    from spillway.sidecar.dlq.spool import encode_headers
-
-    con = sqlite3.connect(str(tmp_path / "dlq-spool.sqlite3"))
-    con.executescript("""
-        CREATE TABLE spool (seq INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL,
-            record_id TEXT NOT NULL, task_key TEXT NOT NULL, topic TEXT NOT NULL, key BLOB,
-            value BLOB, headers BLOB NOT NULL, traceparent TEXT NOT NULL, size INTEGER NOT NULL,
-            UNIQUE (job, record_id));
-        CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-    """)
-    for rid in ("o1", "o2", "o3"):
-        con.execute("INSERT INTO spool (job, record_id, task_key, topic, key, value, headers, "
-                    "traceparent, size) VALUES ('job', ?, 'dead', 'dlq.t', NULL, ?, ?, '', 9)",
-                    (rid, rid.encode(), encode_headers((("h", b"v"),))))
-    con.commit()
-    con.close()
-    p = DlqPipeline("fake:9092", spool_dir=str(tmp_path), producer_factory=fake).start()
-    try:
-        assert p.store.recovered == 3   # (the drain may already be sending them)
-        p.submit([rec("new", "t1")])
-        assert p.wait_task("t1", 5) == 1
-        assert p.force_flush(5)
-        assert fake.made[0].delivered == [b"o1", b"o2", b"o3", b"new"]  # old rows first
-        _wait_for(lambda: p.stats()["spool-depth"] == 0)
-    finally:
-        p.shutdown(1.0)
-
-
 def test_a_reject_inside_a_batch_settles_only_that_record(fake, pipeline):
     p = pipeline()
     p.submit([rec("warm", "t0")])

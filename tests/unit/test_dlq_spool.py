@@ -11,14 +11,10 @@ from array import array
 
 import pytest
 from spillway.sidecar.core.model import DlqRecord
-from spillway.sidecar.dlq.spool import (
-    MemoryQueue,
-    Placed,
-    Spool,
-    decode_headers,
-    encode_headers,
-    seq_ranges,
-)
+from spillway.sidecar.dlq.codec import decode_headers, encode_headers, seq_ranges
+from spillway.sidecar.dlq.memqueue import MemoryQueue
+from spillway.sidecar.dlq.spool import Spool
+from spillway.sidecar.dlq.store import Placed
 from spillway.sidecar.errors import BackpressureError, DlqError
 
 
@@ -318,14 +314,6 @@ def test_a_repeat_inside_a_whole_row_span_never_settles_the_record_it_skips(spoo
     assert spool.depth() == 1
 
 
-def test_header_blobs_written_by_the_earlier_codec_are_still_read():
-    import struct
-
-    legacy = (struct.pack(">I", 2) + struct.pack(">H", 1) + b"a" + struct.pack(">i", 2) + b"xy"
-              + struct.pack(">H", 1) + b"b" + struct.pack(">i", -1))
-    assert decode_headers(legacy) == (("a", b"xy"), ("b", None))
-
-
 def test_rejecting_one_record_of_a_batch_keeps_the_others_and_survives_a_restart(tmp_path):
     s = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
     seqs = s.append([rec(i) for i in range(3)])
@@ -386,28 +374,6 @@ def _write_v1_spool(directory, records, rejected=()) -> None:
     con.close()
 
 
-def test_a_spool_of_the_previous_per_record_format_is_converted_and_nothing_is_lost(tmp_path):
-    _write_v1_spool(str(tmp_path), [rec(i) for i in range(5)], rejected=[(70_000, rec(99))])
-    s = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
-    try:
-        assert s.recovered == 4 and s.depth() == 4 and s.rejected_count() == 1
-        rows = s.read_batch(0, 100)
-        assert [r.record for r in rows] == [rec(i) for i in range(1, 5)]
-        assert min(r.seq for r in rows) > 70_000  # above every seq the old spool used
-        assert s.rejected()[0].record == rec(99)
-        assert s.append([rec(3)]) == [rows[2].seq]  # still pending: stored once
-        assert s.delete([r.seq for r in rows]) == 4 and s.depth() == 0
-    finally:
-        s.close()
-    con = sqlite3.connect(os.path.join(str(tmp_path), "dlq-spool.sqlite3"))
-    try:
-        names = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert "spool" not in names
-        assert con.execute("SELECT value FROM meta WHERE name='schema'").fetchone() == ("3",)
-    finally:
-        con.close()
-
-
 def _write_v2_spool(directory, rows, settled=()) -> list[int]:
     """A spool as schema 2 wrote it (up to this session): batch rows without the `segs` column,
     each record marshalled on its own; `settled`: (row index, lo, hi) acknowledged ranges.
@@ -434,42 +400,24 @@ def _write_v2_spool(directory, rows, settled=()) -> list[int]:
     return ids
 
 
-def test_a_spool_of_schema_2_is_read_as_it_is_and_nothing_is_lost(tmp_path):
-    """A sidecar upgraded in place over a non-empty spool: its per-record rows are read, settled
-    and rejected as before, next to the new rows (one marshalled segment per report)."""
-    ids = _write_v2_spool(str(tmp_path), [[rec(i) for i in range(4)], [rec(4), rec(5)]],
-                          settled=[(0, 0, 1)])  # r0, r1 were acknowledged before the upgrade
-    s = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
-    try:
-        assert s.recovered == 4 and s.depth() == 4
-        old = s.read_batch(0, 100)
-        assert [r.record for r in old] == [rec(i) for i in range(2, 6)]
-        assert [r.seq >> 16 for r in old] == [ids[0], ids[0], ids[1], ids[1]]
-        new = s.append([rec(i) for i in range(6, 9)])
-        assert min(new) > max(r.seq for r in old)
-        assert [r.record for r in s.read_batch(0, 100)] == [rec(i) for i in range(2, 9)]
-        assert s.reject([(old[2].seq, "INVALID_RECORD: bad"), (new[1], "INVALID_RECORD: bad")],
-                        now_ms=1) == 2
-        assert sorted(r.record.record_id for r in s.rejected()) == ["r4", "r7"]
-        assert s.delete([old[0].seq]) == 1
-    finally:
-        s.close()
-    again = Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
-    try:
-        assert again.depth() == 4 and again.rejected_count() == 2
-        rest = again.read_batch(0, 100)
-        assert [r.record for r in rest] == [rec(3), rec(5), rec(6), rec(8)]
-        assert again.delete([r.seq for r in rest]) == 4
-        assert again.depth() == 0
-        assert again.purge_rejected() == 2 and again.bytes() == 0
-    finally:
-        again.close()
-    con = sqlite3.connect(os.path.join(str(tmp_path), "dlq-spool.sqlite3"))
-    try:
-        assert con.execute("SELECT value FROM meta WHERE name='schema'").fetchone() == ("3",)
-        assert con.execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 0
-    finally:
-        con.close()
+@pytest.mark.parametrize("write", [_write_v1_spool, _write_v2_spool], ids=["schema1", "schema2"])
+def test_a_spool_of_an_unreleased_schema_is_refused_naming_it(tmp_path, write):
+    """Schemas 1 and 2 were development formats no release wrote: opening one is a clear error
+    (nothing is read, converted or dropped), and the directory's lock is released."""
+    write(str(tmp_path), [[rec(0)]] if write is _write_v2_spool else [rec(0)])
+
+    def tables() -> set[str]:
+        con = sqlite3.connect(os.path.join(str(tmp_path), "dlq-spool.sqlite3"))
+        try:
+            return {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            con.close()
+
+    before = tables()
+    for _ in range(2):  # the second attempt is refused the same way: the lock was released
+        with pytest.raises(DlqError, match=r"is of schema [12], which this version does not read"):
+            Spool(str(tmp_path), max_bytes=10_000_000, max_records=1_000)
+    assert tables() == before  # nothing was created or converted
 
 
 def test_a_report_is_stored_as_one_segment_and_read_back_record_by_record(spool):

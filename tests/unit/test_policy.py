@@ -381,9 +381,9 @@ def test_recovered_records_leave_the_schedule(engine, clock):
 
 
 def test_schedule_state_is_bounded(engine, monkeypatch):
-    from spillway.sidecar.core import policy
+    from spillway.sidecar.core import jobstate
 
-    monkeypatch.setattr(policy, "MAX_TRACKED_RECORDS", 10)
+    monkeypatch.setattr(jobstate, "MAX_TRACKED_RECORDS", 10)
     engine.register_job("j", {"errors.retry.max.retries": "3",
                               "errors.retry.budget.ratio": "-1", "errors.circuit.enable": "false"})
     for i in range(25):

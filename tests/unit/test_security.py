@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import stat
 
 import grpc
 import pytest
 
-from spillway.sidecar import security
+from spillway.sidecar import listeners, localcred, security
 from spillway.sidecar.errors import ConfigError
 from spillway.v1 import sidecar_pb2 as pb
 from support.tls import write_token
@@ -68,12 +69,56 @@ def _auth(cfg, md=(), ids=(), method="/spillway.v1.ErrorSidecar/GetStatus", loca
         method, dict(md), list(ids), "ipv4:10.0.0.9:4242")
 
 
-def test_no_credential_configured_on_loopback_trusts_local_callers(tmp_path):
+def test_no_credential_configured_trusts_nobody_for_calling_from_loopback(tmp_path):
     cfg = security.load_config({})
-    c = _auth(cfg, local=True)
-    assert c.peer and c.admin and not c.authenticated
-    remote = _auth(cfg, local=False)  # listen.plaintext.allow on a routable address
-    assert not remote.peer and not remote.admin
+    for local in (True, False):       # loopback, or listen.plaintext.allow on a routable one
+        c = _auth(cfg, local=local)
+        assert not c.peer and not c.admin and not c.authenticated
+
+
+def test_the_local_credential_is_the_defaults_admin_and_peer_token(tmp_path):
+    path = tmp_path / "state" / "spillway" / "local.token"
+    cfg = localcred.apply(security.load_config({}), str(path))
+    token = path.read_text().strip()
+    assert len(token) >= 40 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    admin = _auth(cfg, {"spillway-admin-token": token}, local=True)
+    assert admin.admin and admin.peer is False and admin.authenticated
+    peer = _auth(cfg, {"spillway-peer-token": token}, local=True)
+    assert peer.peer and not peer.admin
+    anonymous = _auth(cfg, local=True)       # another local process: job tokens only
+    assert not anonymous.admin and not anonymous.peer and not anonymous.authenticated
+    with pytest.raises(security.Refused) as wrong:
+        _auth(cfg, {"spillway-admin-token": token[:-1] + "x"}, local=True)
+    assert wrong.value.code == grpc.StatusCode.UNAUTHENTICATED
+    # a second start (or another sidecar of this user) reuses it
+    again = localcred.apply(security.load_config({}), str(path))
+    assert again.admin_token.current().reveal() == token
+    assert "local credential" in security.describe(again, local_only=True)
+
+
+def test_a_local_credential_others_could_read_stops_start_up(tmp_path):
+    path = tmp_path / "local.token"
+    path.write_text("x" * 43 + "\n")
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="auth.local.token.file: .* chmod 600"):
+        localcred.apply(security.load_config({}), str(path))
+    path.chmod(0o600)
+    link = tmp_path / "link.token"
+    link.symlink_to(path)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        localcred.apply(security.load_config({}), str(link))
+
+
+def test_the_cli_sends_the_local_credential_only_to_a_sidecar_on_this_host(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert localcred.for_client("127.0.0.1:50051") == ""      # none made yet
+    localcred.ensure(localcred.default_path())
+    for target in ("127.0.0.1:50051", "localhost:1", "[::1]:5", "unix:///tmp/s.sock"):
+        assert localcred.for_client(target) == localcred.default_path()
+    for target in ("10.0.0.5:50051", "sidecar.example.com:50051"):
+        assert localcred.for_client(target) == ""
 
 
 def test_node_token_required_when_configured(tmp_path):
@@ -132,9 +177,13 @@ def test_sidecar_only_fields_need_a_peer():
 
 
 @pytest.mark.parametrize("address,patterns,allowed", [
-    ("127.0.0.1:50051", "", True),
-    ("localhost:1", "", True),
-    ("[::1]:50051", "", True),
+    # the default: no address but the sidecar's own, loopback included (a made-up home must
+    # not make it dial a local port of someone's choosing)
+    ("127.0.0.1:50051", "", False),
+    ("localhost:1", "", False),
+    ("[::1]:50051", "", False),
+    ("127.0.0.2:50051", "127.0.0.0/8", True),
+    ("[::1]:50051", "[::1]", True),
     ("10.0.0.5:50051", "", False),
     ("metadata.google.internal:80", "", False),
     ("10.0.0.5:50051", "10.0.0.0/8", True),
@@ -151,12 +200,12 @@ def test_sidecar_only_fields_need_a_peer():
 ])
 def test_home_allow_list(address, patterns, allowed):
     cfg = security.load_config({"home.allowed.addresses": patterns})
-    assert security.home_allowed(address, cfg) is allowed
+    assert listeners.home_allowed(address, cfg) is allowed
 
 
 def test_own_address_is_always_allowed_and_bad_patterns_stop_start_up():
     cfg = security.load_config({"home.allowed.addresses": "10.0.0.0/8"})
-    assert security.home_allowed("node-a:50051", cfg, own=["node-a:50051"])
+    assert listeners.home_allowed("node-a:50051", cfg, own=["node-a:50051"])
     with pytest.raises(ConfigError, match="home.allowed.addresses"):
         security.load_config({"home.allowed.addresses": "10.0.0.0/33"})
     with pytest.raises(ConfigError, match="home.allowed.addresses"):
@@ -165,12 +214,12 @@ def test_own_address_is_always_allowed_and_bad_patterns_stop_start_up():
 
 def test_plaintext_on_a_routable_address_is_refused_unless_allowed():
     cfg = security.load_config({})
-    security.check_plaintext_listen("127.0.0.1:50051", cfg)
-    security.check_plaintext_listen("localhost:50051", cfg)
+    listeners.check_plaintext_listen("127.0.0.1:50051", cfg)
+    listeners.check_plaintext_listen("localhost:50051", cfg)
     with pytest.raises(ConfigError, match="refusing to serve plaintext on 0.0.0.0:50051.*"
                                           "tls.cert.file"):
-        security.check_plaintext_listen("0.0.0.0:50051", cfg)
-    security.check_plaintext_listen(
+        listeners.check_plaintext_listen("0.0.0.0:50051", cfg)
+    listeners.check_plaintext_listen(
         "0.0.0.0:50051", security.load_config({"listen.plaintext.allow": True}))
 
 
@@ -198,7 +247,7 @@ def test_only_a_stale_socket_is_cleared(tmp_path):
 
     stale = tmp_path / "stale.sock"
     _bound_socket(stale).close()  # bound, nobody listening: a crashed run's leftover
-    security.clear_stale_socket(str(stale))
+    listeners.clear_stale_socket(str(stale))
     assert not stale.exists()
 
     live = tmp_path / "live.sock"
@@ -206,7 +255,7 @@ def test_only_a_stale_socket_is_cleared(tmp_path):
     s.listen(1)
     try:
         with pytest.raises(ConfigError, match="another process is serving"):
-            security.clear_stale_socket(str(live))
+            listeners.clear_stale_socket(str(live))
         assert st.S_ISSOCK(os.lstat(live).st_mode)
     finally:
         s.close()
@@ -218,20 +267,20 @@ def test_only_a_stale_socket_is_cleared(tmp_path):
     for name, kind in (("dir", "a directory"), ("link", "a symbolic link"),
                        ("precious", "a regular file")):
         with pytest.raises(ConfigError, match=f"listen.unix.socket: .* is {kind}"):
-            security.clear_stale_socket(str(tmp_path / name))
+            listeners.clear_stale_socket(str(tmp_path / name))
     assert target.read_text() == "keep"
     with pytest.raises(ConfigError, match="directory .* does not exist"):
-        security.clear_stale_socket(str(tmp_path / "no" / "such.sock"))
+        listeners.clear_stale_socket(str(tmp_path / "no" / "such.sock"))
 
 
 def test_socket_mode_and_group_are_applied(tmp_path):
     path = tmp_path / "s.sock"
     s = _bound_socket(path)
     try:
-        security.secure_socket(str(path), 0o640, group=str(os.getgid()))
+        listeners.secure_socket(str(path), 0o640, group=str(os.getgid()))
         info = os.stat(path)
         assert info.st_mode & 0o777 == 0o640 and info.st_gid == os.getgid()
         with pytest.raises(ConfigError, match="listen.unix.socket.owner: no such user"):
-            security.secure_socket(str(path), 0o600, owner="no-such-user-spillway")
+            listeners.secure_socket(str(path), 0o600, owner="no-such-user-spillway")
     finally:
         s.close()

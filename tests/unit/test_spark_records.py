@@ -68,6 +68,8 @@ def test_positional_ids_are_stable_and_carry_the_micro_batch():
         "TRANSFORMATION:orders/app.parse:p3:r17"
     assert positional_record_id("TASK_PUT", "orders", "w", 0, 1, batch_id="12") == \
         "TASK_PUT:orders/w:b12:p0:r1"
+    assert positional_record_id("TASK_PUT", "orders", "w", 0, 1, batch_id="12", use="2") == \
+        "TASK_PUT:orders/w#2:b12:p0:r1"
 
 
 def test_timestamps():

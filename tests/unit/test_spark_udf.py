@@ -8,10 +8,11 @@ import uuid
 import pytest
 
 from spillway.client import RetriableError
-from spillway.spark import _runtime, _tracing, job as job_module
+from spillway.spark import _runtime, _tracing, _udf as udf_module
 from spillway.spark._engine import StageRef
 from spillway.spark._runtime import WrapperSpec
-from spillway.spark.job import Job, _udf_function
+from spillway.spark._udf import udf_function as _udf_function
+from spillway.spark.job import Job
 
 
 class FakeTaskContext:
@@ -54,8 +55,8 @@ def sidecar(tmp_path_factory):
 def executor_like(monkeypatch):
     monkeypatch.setattr(_runtime, "_worker", None)
     monkeypatch.setattr(_tracing, "ensure_provider", lambda: None)
-    monkeypatch.setattr(job_module, "_udf_states", {})
-    monkeypatch.setattr(job_module, "TaskContext", FakeTaskContext)
+    monkeypatch.setattr(udf_module, "_udf_states", {})
+    monkeypatch.setattr(udf_module, "TaskContext", FakeTaskContext)
     monkeypatch.setattr(_runtime, "_task_context", FakeTaskContext.get)
     FakeTaskContext._taskContext = FakeTaskContext(tid=1)
 
@@ -74,8 +75,8 @@ def _spec(sidecar, **kw):
     return _job(sidecar, **kw).spec
 
 
-def _wrapper(name="to_int"):
-    return WrapperSpec(name, StageRef.of("TRANSFORMATION"), f"app.{name}")
+def _wrapper(name="to_int", use="1"):
+    return WrapperSpec(name, StageRef.of("TRANSFORMATION"), f"app.{name}", use=use)
 
 
 def _to_int(s):
@@ -83,10 +84,10 @@ def _to_int(s):
 
 
 def test_one_argument_functions_take_the_fast_path_and_others_pack_args():
-    assert job_module._single_argument(_to_int)
-    assert not job_module._single_argument(int)  # no signature: generic path
-    assert not job_module._single_argument(lambda a, b=1: a)
-    assert not job_module._single_argument(lambda *a: a)
+    assert udf_module.single_argument(_to_int)
+    assert not udf_module.single_argument(int)  # no signature: generic path
+    assert not udf_module.single_argument(lambda a, b=1: a)
+    assert not udf_module.single_argument(lambda *a: a)
 
 
 @pytest.mark.parametrize("fn", [int, _to_int], ids=["generic", "one-argument"])
@@ -100,7 +101,8 @@ def test_failures_become_null_or_an_error_struct_and_are_reported(sidecar, fn):
     value, error = with_error("y")
     assert value is None
     record_id, stage, exc_class, message, reason, dead_lettered = error
-    assert record_id == f"TRANSFORMATION:{spec.name}/to_int_err:p0:r1"
+    # the use: the wrapper call's number and the Spark stage the UDF runs in
+    assert record_id == f"TRANSFORMATION:{spec.name}/to_int_err#1s1:p0:r1"
     assert (stage, exc_class, dead_lettered) == ("TRANSFORMATION", "builtins.ValueError", False)
     assert "invalid literal" in message and reason.startswith("skipped")
     summary = job.summary()
@@ -139,8 +141,8 @@ def test_the_same_udf_twice_in_a_task_shares_one_row_count(sidecar):
     a = _udf_function(spec, _wrapper(), int, True, None, None)
     b = _udf_function(spec, _wrapper(), int, True, None, None)
     ids = [a("x")[1][0], b("y")[1][0]]
-    assert ids == [f"TRANSFORMATION:{spec.name}/to_int:p0:r0",
-                   f"TRANSFORMATION:{spec.name}/to_int:p0:r1"]
+    assert ids == [f"TRANSFORMATION:{spec.name}/to_int#1s1:p0:r0",
+                   f"TRANSFORMATION:{spec.name}/to_int#1s1:p0:r1"]
 
 
 def test_a_udf_called_outside_a_spark_task_raises_instead_of_a_silent_none(sidecar):

@@ -106,13 +106,6 @@ def get_channel(target: str, security: ChannelSecurity | None = None) -> grpc.Ch
     return pair[1]
 
 
-def base_channel(target: str, security: ChannelSecurity | None = None) -> grpc.Channel | None:
-    """The underlying channel (the one `get_channel` wraps with credentials), if open."""
-    with _lock:
-        pair = _channels.get(_key(target, security)) if _pid == os.getpid() else None
-    return pair[0] if pair else None
-
-
 def connectivity(target: str, security: ChannelSecurity | None = None
                  ) -> grpc.ChannelConnectivity | None:
     """The last known state of this process's channel to ``target`` (None: no channel)."""
@@ -127,8 +120,3 @@ def close_channel(target: str, security: ChannelSecurity | None = None) -> None:
         _states.pop(key, None)
     if pair is not None:
         pair[0].close()
-
-
-def cached_targets() -> list[str]:
-    with _lock:
-        return [k[0] for k in _channels] if _pid == os.getpid() else []

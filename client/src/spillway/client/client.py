@@ -26,7 +26,7 @@ import grpc
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
-from . import _auth, _channel, _health, _otel
+from . import _auth, _channel, _health, _otel, _split
 from .errors import ADDRESS_ENV, SidecarProtocolError, map_rpc_error
 from .report import stage_value
 from .runs import JobRun, JobToken, Registration, as_run, new_run_id
@@ -154,8 +154,19 @@ class SidecarClient:
     def report_failures(self, job: str | JobRun, task: pb.TaskIdentity,
                         records: Sequence[pb.FailedRecord],
                         recovered: Iterable[str] = ()) -> list[pb.Verdict]:
-        """One verdict per record, in the records' order. ``job``: the run (`Registration`)."""
+        """One verdict per record, in the records' order. ``job``: the run (`Registration`).
+
+        A report larger than the sidecar's whole DLQ spool (FAILED_PRECONDITION naming
+        ``spool.max.bytes``) is sent again in halves (`_split`); ReportTooLargeError only for a
+        single record that does not fit."""
         run = as_run(job)
+        return _split.send_splitting(
+            lambda recs, rec_ids: self._report_once(run, task, recs, rec_ids),
+            records, list(recovered))
+
+    def _report_once(self, run: JobRun, task: pb.TaskIdentity,
+                     records: Sequence[pb.FailedRecord],
+                     recovered: Sequence[str]) -> list[pb.Verdict]:
         req = pb.ReportFailuresRequest(job=run.job, run_id=run.run_id, task=task,
                                        records=list(records),
                                        recovered_record_ids=list(recovered))

@@ -10,6 +10,8 @@ code on ``.code``.
     ├── SidecarTimeoutError             a call's deadline passed (DEADLINE_EXCEEDED)
     │   └── FlushTimeoutError           ... on FlushTask: DLQ records not acknowledged
     ├── SidecarBackpressureError        the sidecar's spool is full (RESOURCE_EXHAUSTED)
+    ├── ReportTooLargeError             a report larger than the sidecar's whole spool: split
+    │                                   it, never retry it (FAILED_PRECONDITION)
     ├── JobNotRegisteredError           the job is unknown to this sidecar (NOT_FOUND)
     ├── InvalidPolicyError              RegisterJob refused a property (INVALID_ARGUMENT)
     ├── JobConflictError                a live job re-registered with other properties
@@ -90,6 +92,12 @@ class FlushTimeoutError(SidecarTimeoutError):
 
 class SidecarBackpressureError(SpillwayClientError):
     pass
+
+
+class ReportTooLargeError(SpillwayClientError):
+    """The report can never fit in the sidecar's DLQ spool (``spool.max.bytes`` /
+    ``spool.max.records``); `SidecarClient.report_failures` splits it and raises this only for
+    a single record that does not fit."""
 
 
 class JobNotRegisteredError(SpillwayClientError, LookupError):
@@ -186,6 +194,8 @@ _BY_CODE: dict[grpc.StatusCode, type[SpillwayClientError]] = {
 # The sidecar's wording for a Kafka it cannot reach (sidecar errors.KafkaUnreachableError) or a
 # DLQ topic check that failed on the Kafka side.
 _KAFKA = re.compile(r"sidecar's Kafka at |DLQ topic check failed")
+# The sidecar's wording for a report that cannot fit even an empty spool (sidecar admission.py).
+_TOO_LARGE = re.compile(r"can never fit in the sidecar's DLQ spool")
 # What gRPC reports when the handshake fails on the client side (certificate problems).
 _TLS_FAILURE = re.compile(r"SSL_ERROR|handshake fail|CERTIFICATE_VERIFY|TSI_|certificate",
                           re.IGNORECASE)
@@ -237,6 +247,8 @@ def map_rpc_error(exc: grpc.RpcError, *, method: str, target: str, job: str = ""
         return SidecarKafkaError(
             f"{method} on {target}: the sidecar answered, but its Kafka is the problem: "
             f"{details}", code=code)
+    if code is grpc.StatusCode.FAILED_PRECONDITION and _TOO_LARGE.search(details or ""):
+        return ReportTooLargeError(f"{method} on {target}: {details}", code=code)
     cls = _BY_CODE.get(code) if code is not None else None
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED and method == "RegisterJob":
         cls = JobLimitError  # the live-run bound, not backpressure: waiting does not help

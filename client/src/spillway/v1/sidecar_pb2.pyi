@@ -301,7 +301,7 @@ class CountEntry(_message.Message):
     def __init__(self, key: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class JobSummary(_message.Message):
-    __slots__ = ["job", "failed", "failure_reason", "records_processed", "total_record_failures", "total_record_errors", "total_records_skipped", "total_retries", "total_errors_logged", "dlq_records_written", "last_error_timestamp_ms", "by_stage", "by_category", "by_exception_class", "sidecar_id", "dropped_records", "run_id", "records_refused", "retry_budget_exhausted"]
+    __slots__ = ["job", "failed", "failure_reason", "records_processed", "total_record_failures", "total_record_errors", "total_records_skipped", "total_retries", "total_errors_logged", "dlq_records_written", "last_error_timestamp_ms", "by_stage", "by_category", "by_exception_class", "sidecar_id", "dropped_records", "run_id", "records_refused", "retry_budget_exhausted", "record_id_collisions"]
     JOB_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +321,7 @@ class JobSummary(_message.Message):
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RECORDS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     RETRY_BUDGET_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ID_COLLISIONS_FIELD_NUMBER: _ClassVar[int]
     job: str
     failed: bool
     failure_reason: str
@@ -340,7 +341,8 @@ class JobSummary(_message.Message):
     run_id: str
     records_refused: int
     retry_budget_exhausted: int
-    def __init__(self, job: _Optional[str] = ..., failed: bool = ..., failure_reason: _Optional[str] = ..., records_processed: _Optional[int] = ..., total_record_failures: _Optional[int] = ..., total_record_errors: _Optional[int] = ..., total_records_skipped: _Optional[int] = ..., total_retries: _Optional[int] = ..., total_errors_logged: _Optional[int] = ..., dlq_records_written: _Optional[int] = ..., last_error_timestamp_ms: _Optional[int] = ..., by_stage: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_category: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_exception_class: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., sidecar_id: _Optional[str] = ..., dropped_records: _Optional[int] = ..., run_id: _Optional[str] = ..., records_refused: _Optional[int] = ..., retry_budget_exhausted: _Optional[int] = ...) -> None: ...
+    record_id_collisions: int
+    def __init__(self, job: _Optional[str] = ..., failed: bool = ..., failure_reason: _Optional[str] = ..., records_processed: _Optional[int] = ..., total_record_failures: _Optional[int] = ..., total_record_errors: _Optional[int] = ..., total_records_skipped: _Optional[int] = ..., total_retries: _Optional[int] = ..., total_errors_logged: _Optional[int] = ..., dlq_records_written: _Optional[int] = ..., last_error_timestamp_ms: _Optional[int] = ..., by_stage: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_category: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., by_exception_class: _Optional[_Iterable[_Union[CountEntry, _Mapping]]] = ..., sidecar_id: _Optional[str] = ..., dropped_records: _Optional[int] = ..., run_id: _Optional[str] = ..., records_refused: _Optional[int] = ..., retry_budget_exhausted: _Optional[int] = ..., record_id_collisions: _Optional[int] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ["job", "page_size", "page_token"]

@@ -69,6 +69,16 @@ def operator_client(args: argparse.Namespace):
     from spillway.client import _auth
 
     admin = args.admin_token_file or os.environ.get(_auth.ADMIN_TOKEN_FILE_ENV, "")
+    if not admin and not (args.token_file or os.environ.get(_auth.TOKEN_FILE_ENV)):
+        # the default configuration's local credential, for a sidecar on this host only
+        from spillway.client.client import resolve_target
+
+        from .localcred import for_client
+
+        try:
+            admin = for_client(resolve_target(args.sidecar))
+        except ValueError:
+            admin = ""   # a malformed address: SidecarClient names it below
     security = _auth.ChannelSecurity.resolve(
         ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
         token_file=admin or args.token_file,
@@ -111,7 +121,7 @@ def _check_free(prop: str, host: str, port: int) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from . import gctune, memtune
+    from . import gctune, memtune, shutdown
     from .server import start_server
 
     if getattr(args, "own_command_line", False):
@@ -151,7 +161,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Python's handlers) is still handled within the period; an untimed wait may never wake
     while not done.wait(0.5):
         pass
-    running.stop()
+    running.stop(shutdown.stop_budget_s(running.sidecar.props["shutdown.grace.ms"]))
+    if getattr(args, "own_command_line", False):  # the process is ours to end (shutdown.py)
+        shutdown.exit_watchdog()
     return 0
 
 

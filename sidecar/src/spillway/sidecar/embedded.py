@@ -66,8 +66,8 @@ class EmbeddedBroker:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise EmbeddedBrokerError(
-                    f"Tansu exited with code {self._proc.returncode} at start-up on port {self.port}"
-                )
+                    f"Tansu exited with code {self._proc.returncode} at start-up on port "
+                    f"{self.port}")
             if _port_open(self.port):
                 return self
             time.sleep(0.05)

@@ -11,6 +11,7 @@
     │   ├── TopicGuardrailError     a DLQ topic name or auto-create rule was refused
     │   ├── KafkaUnreachableError   the sidecar's Kafka did not answer a check (names it)
     │   ├── BackpressureError       the spool is at its high-water mark: retry later
+    │   ├── ReportTooLargeError     a report larger than the whole spool: split it, never retry
     │   └── FlushTimeoutError       a flush barrier's deadline passed before Kafka acknowledged
     └── HandlerError                a user handler raised (KIP-1033: fails the job)
 """
@@ -79,6 +80,11 @@ class TopicGuardrailError(DlqError, ConfigError):
 
 class BackpressureError(DlqError):
     pass
+
+
+class ReportTooLargeError(DlqError):
+    """A report that could not be admitted even into an empty spool (FAILED_PRECONDITION: no
+    retry of the same report can succeed; smaller reports can)."""
 
 
 class FlushTimeoutError(DlqError, TimeoutError):

@@ -12,8 +12,8 @@ The allocator is chosen when the interpreter starts, so `spillway serve` re-exec
 once with PYTHONMALLOC=malloc. An operator's own PYTHONMALLOC (``pymalloc`` to keep CPython's
 allocator) is left alone, as is every platform but glibc's, where malloc_trim does not exist.
 
-Freed heap goes back with `release_memory()`: when a drained spool empties (dlq/spool.py), when
-the drain goes idle after a backlog (dlq/pipeline.py), and once job runs have ended and the
+Freed heap goes back with `release_memory()`: when a drained spool empties (dlq/settle.py), when
+the drain goes idle after a backlog (dlq/drain.py), and once job runs have ended and the
 sidecar has been quiet for a moment (`Trimmer`: a run's state is many small objects, and an idle
 process allocates nothing that would reuse their pages).
 """

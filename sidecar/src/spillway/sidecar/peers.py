@@ -15,20 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import grpc
 
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
-from . import security
+from . import listeners, security
 from .adapters import convert
 from .core.model import Decision
 from .errors import SpillwayError
-
-if TYPE_CHECKING:
-    from .server import Sidecar
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -42,16 +38,20 @@ class HomeError(SpillwayError):
         super().__init__(message)
 
 
-def _own_addresses(sidecar: Sidecar) -> set[str]:
-    return {a for a in (getattr(sidecar, "advertised_address", ""),
-                        getattr(sidecar, "listen_address", "")) if a}
+@dataclass(frozen=True)
+class LocalSidecar:
+    """What dialling another sidecar needs of this one (`service.Sidecar.local` builds it)."""
+
+    instance_id: str
+    addresses: frozenset[str]  # its advertised and listen addresses (those set)
+    security: security.SecurityConfig | None = None
 
 
-def check_allowed(sidecar: Sidecar, address: str, what: str = "home") -> None:
+def check_allowed(me: LocalSidecar, address: str, what: str = "home") -> None:
     """PERMISSION_DENIED unless `address` may be dialled (string match, nothing resolved)."""
-    cfg = sidecar.security or security.load_config({})
-    if not security.home_allowed(address, cfg, _own_addresses(sidecar)):
-        allowed = ", ".join(cfg.home_allowed) or "loopback only (the default)"
+    cfg = me.security or security.load_config({})
+    if not listeners.home_allowed(address, cfg, me.addresses):
+        allowed = ", ".join(cfg.home_allowed) or "none but its own addresses (the default)"
         raise HomeError(grpc.StatusCode.PERMISSION_DENIED,
                         f"{what} address {address!r} is not in this sidecar's "
                         f"home.allowed.addresses ({allowed}); an operator adds the cluster's "
@@ -71,13 +71,13 @@ class Home:
     role: str = "the job's home sidecar"
 
     @classmethod
-    def connect(cls, address: str, sidecar: Sidecar | None = None) -> Home:
-        cfg = sidecar.security if sidecar is not None else None
+    def connect(cls, address: str, me: LocalSidecar | None = None) -> Home:
+        cfg = me.security if me is not None else None
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         if cfg is not None and cfg.tls is not None:
             try:
-                creds = security.client_channel_credentials(cfg.tls)
+                creds = listeners.client_channel_credentials(cfg.tls)
             except SpillwayError as exc:
                 raise HomeError(grpc.StatusCode.UNAVAILABLE,
                                 f"cannot dial {address} over TLS: {exc}") from exc
@@ -134,7 +134,8 @@ class Home:
 
     def undo_dead_letters(self, request: pb.ReportFailuresRequest, record_ids: list[str],
                           timeout_s: float, *, token: str | None = None) -> None:
-        """Tell the home these ids' DLQ records were not spooled here (see server.report)."""
+        """Tell the home these ids' DLQ records were not spooled here (see
+        `service.Sidecar.report`)."""
         fwd = pb.ReportFailuresRequest(job=request.job, run_id=request.run_id,
                                        decide_only=True,
                                        undo_dead_letter_record_ids=record_ids)
@@ -166,28 +167,28 @@ def _not_me(home: str, home_instance_id: str, me: str) -> HomeError:
         "per-node ones)")
 
 
-def resolve_home(sidecar: Sidecar, home: str, home_instance_id: str,
+def resolve_home(me: LocalSidecar, home: str, home_instance_id: str,
                  timeout_s: float) -> Home | None:
     """The job's home at `home` (None: this sidecar is the home). Refused: an address not
     allowed (PERMISSION_DENIED), a home that is another instance than `home_instance_id` or
     this sidecar for a job homed elsewhere (FAILED_PRECONDITION), an unreachable one
     (UNAVAILABLE)."""
-    me = sidecar.instance_id
-    if home in _own_addresses(sidecar):
-        if home_instance_id and home_instance_id != me:
-            raise _not_me(home, home_instance_id, me)
+    mine = me.instance_id
+    if home in me.addresses:
+        if home_instance_id and home_instance_id != mine:
+            raise _not_me(home, home_instance_id, mine)
         return None
-    check_allowed(sidecar, home)
-    remote = Home.connect(home, sidecar)
+    check_allowed(me, home)
+    remote = Home.connect(home, me)
     try:
         found = remote.instance_id(timeout_s)
     except BaseException:
         remote.close()
         raise
-    if found == me:
+    if found == mine:
         remote.close()
-        if home_instance_id and home_instance_id != me:
-            raise _not_me(home, home_instance_id, me)
+        if home_instance_id and home_instance_id != mine:
+            raise _not_me(home, home_instance_id, mine)
         return None
     if home_instance_id and found != home_instance_id:
         remote.close()
@@ -201,11 +202,11 @@ def resolve_home(sidecar: Sidecar, home: str, home_instance_id: str,
     return remote
 
 
-def end_on_node(sidecar: Sidecar, node: str, job: str, run_id: str, *, token: str | None,
+def end_on_node(me: LocalSidecar, node: str, job: str, run_id: str, *, token: str | None,
                 timeout_s: float) -> pb.EndJobResponse:
     """EndJob(local_only) on a node sidecar that registered the run (from its home)."""
-    check_allowed(sidecar, node, "node sidecar")
-    remote = Home.connect(node, sidecar)
+    check_allowed(me, node, "node sidecar")
+    remote = Home.connect(node, me)
     remote.role = "the node sidecar"
     try:
         return remote.end(job, run_id, token=token, timeout_s=timeout_s, local_only=True)
@@ -213,4 +214,4 @@ def end_on_node(sidecar: Sidecar, node: str, job: str, run_id: str, *, token: st
         remote.close()
 
 
-__all__ = ["Home", "HomeError", "resolve_home", "end_on_node", "check_allowed"]
+__all__ = ["Home", "HomeError", "LocalSidecar", "resolve_home", "end_on_node", "check_allowed"]

@@ -151,11 +151,12 @@ class DurationHistogram:
 class Telemetry:
     tracer_provider: object | None = None
     meter_provider: object | None = None
-    prometheus_port: int = 0
+    prometheus_port: int = 0  # the bound port of the Prometheus endpoint (0: none)
     tracer: trace.Tracer = field(default_factory=lambda: trace.NoOpTracer())
     verdict_duration: object | None = None  # OTel histogram, seconds (only with OTLP metrics)
     durations: DurationHistogram = field(default_factory=DurationHistogram)
-    _http_server: object | None = field(default=None, repr=False)
+    # the Prometheus endpoint (prometheus.py), started by bootstrap; stopped by shutdown()
+    http_server: object | None = field(default=None, repr=False)
     _sources: list[RowSource] = field(default_factory=list)
     _snap_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _snap: tuple[float, dict[str, list[tuple[Mapping[str, str], float]]]] | None = \
@@ -203,8 +204,8 @@ class Telemetry:
                     provider.shutdown()
                 except Exception:
                     log.exception("telemetry shutdown failed")
-        if self._http_server is not None:
-            self._http_server.shutdown()
+        if self.http_server is not None:
+            self.http_server.shutdown()
 
 
 # The gRPC server span's attributes (as opentelemetry-instrumentation-grpc records them).
@@ -310,10 +311,10 @@ def _peer_attributes(peer: str, metadata: Mapping[str, object]) -> dict[str, str
     return out
 
 
-def setup(*, service_name: str = SERVICE_NAME, prometheus_port: int = 0,
-          prometheus_host: str = "127.0.0.1", sidecar_id: str = "",
+def setup(*, service_name: str = SERVICE_NAME, sidecar_id: str = "",
           max_links: int = 1024, install_global: bool = False) -> Telemetry:
-    """Build SDK tracer and meter providers for one sidecar and return their handle.
+    """Build SDK tracer and meter providers for one sidecar and return their handle (the
+    Prometheus endpoint, which reads this handle, is started by `bootstrap.start_server`).
 
     The providers are passed explicitly to what uses them (several sidecars may share a test
     process); `install_global` also makes them the process-wide defaults (the CLI does).
@@ -338,13 +339,7 @@ def setup(*, service_name: str = SERVICE_NAME, prometheus_port: int = 0,
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
-    tel = Telemetry(tracer_provider=tp, prometheus_port=prometheus_port)
-    if prometheus_port:
-        from .prometheus import serve
-
-        server = serve(tel, prometheus_host, prometheus_port)
-        tel._http_server = server
-        tel.prometheus_port = server.server_port
+    tel = Telemetry(tracer_provider=tp)
     mp = MeterProvider(resource=resource, metric_readers=readers)
     tel.meter_provider = mp
     if install_global:

@@ -241,8 +241,8 @@ def report_partition(spec: Any, wrapper: Any, steps: Sequence[NativeStep], batch
     partition without rows (the no-failure case, unless counting) returns at once."""
     import itertools
 
+    from ._partitions import drive, make_engine, record_ids
     from ._runtime import TaskSession
-    from .job import _drive, _engine, _ids
 
     it = iter(batches)
     first = next((b for b in it if b.num_rows), None)
@@ -250,11 +250,11 @@ def report_partition(spec: Any, wrapper: Any, steps: Sequence[NativeStep], batch
         return
     session = TaskSession(spec, wrapper)
     stages = [s.stage for s in steps]
-    engine = _engine(spec, session, NativeAdapter(_ids(spec, wrapper, session.task)), wrapper,
-                     None, count_stages=stages)
+    engine = make_engine(spec, session, NativeAdapter(record_ids(spec, wrapper, session.task)),
+                         wrapper, None, count_stages=stages)
     units = corrupt_units(itertools.chain([first], it), steps,
                           lambda n: session.processed(stages, n))
-    for _ in _drive(session, engine, engine.run(units)):
+    for _ in drive(session, engine, engine.run(units)):
         pass
     yield from ()
 

@@ -1,14 +1,22 @@
 """Record ids and record context (KIP-1033's ErrorHandlerContext) for failed rows. Pure.
 
 Record ids are stable across Spark task attempts, because the sidecar keeps each record's retry
-count, schedule and skip decision by id:
+count, schedule and skip decision by id (docs/POLICY.md, Record identity):
 
-- a row carrying the Kafka source columns (topic, partition, offset): ``topic/partition/offset``;
-- otherwise ``<STAGE>:<job>/<wrapper>[:b<micro-batch id>]:p<partition>:r<row index>``, the
-  row's position in its Spark partition. Spark's stage id and task attempt id are deliberately
-  left out (they change on every attempt); the streaming micro-batch id is kept (partition
-  numbers repeat in every micro-batch). Positions are stable when the partition's input order is
-  (a source scan, a sorted or non-shuffled plan); pass ``record_id=`` otherwise.
+- a row carrying the Kafka source columns (topic, partition, offset): ``topic/partition/offset``
+  (the source record: the same in every stage that sees it);
+- otherwise ``<STAGE>:<job>/<wrapper>#<use>[:b<micro-batch id>]:p<partition>:r<row index>``,
+  the row's position in its Spark partition within one *use* of the wrapper: ``use`` numbers
+  the wrapper calls made on the driver (`job.map_partitions(...)` twice, even with the same
+  function, are two uses), and for a UDF, which is decorated once and used in many queries,
+  adds the Spark stage it runs in (``<n>s<stage id>``). Task attempt ids are left out (they
+  change on every attempt); the streaming micro-batch id is kept (partition numbers repeat in
+  every micro-batch). Positions are stable when the partition's input order is (a source scan,
+  a sorted or non-shuffled plan); pass ``record_id=`` otherwise.
+
+An id is a claim, not a proof: the sidecar remembers a digest of each record's payload beside
+its id, and a record reported under a known id with another payload is decided as a record of
+its own (a collision, counted and logged), never dropped as a re-report.
 """
 
 from __future__ import annotations
@@ -29,14 +37,11 @@ KAFKA_SOURCE_COLUMNS = ("key", "value", "topic", "partition", "offset", "timesta
                         "timestampType", "headers")
 
 
-def kafka_record_id(topic: str, partition: int, offset: int) -> str:
-    return f"{topic}/{int(partition)}/{int(offset)}"
-
-
 def positional_record_id(stage: str, job: str, wrapper: str, partition_id: int, row_index: int,
-                         batch_id: int | str | None = None) -> str:
+                         batch_id: int | str | None = None, use: str = "") -> str:
     batch = f":b{batch_id}" if batch_id not in (None, "") else ""
-    return f"{stage}:{job}/{wrapper}{batch}:p{partition_id}:r{row_index}"
+    use = f"#{use}" if use else ""
+    return f"{stage}:{job}/{wrapper}{use}{batch}:p{partition_id}:r{row_index}"
 
 
 class RecordContext(NamedTuple):
@@ -214,7 +219,7 @@ def context_of(row: Any, fallback_id: Callable[[], str],
                                     _scalar(get("offset")))
         if topic is not None and partition is not None and offset is not None:
             coords = (str(topic), int(partition), int(offset))
-            rid = rid or f"{coords[0]}/{coords[1]}/{coords[2]}"  # kafka_record_id
+            rid = rid or f"{coords[0]}/{coords[1]}/{coords[2]}"
     rid = rid or fallback_id()
     if coords is None:
         return RecordContext(rid, None, None, row_json(row), (), None)

@@ -167,6 +167,9 @@ class WrapperSpec:
     function_name: str
     traceparent: str = ""
     tracestate: str = ""
+    # which call of the wrapper on the driver this is (`Job._wrapper`): part of record ids, so
+    # two calls never share ids while one call's DataFrame evaluated again keeps them
+    use: str = ""
 
 
 # --- per-process state ---------------------------------------------------------------------
@@ -270,6 +273,16 @@ def current_batch_id() -> str | None:
     """The Structured Streaming micro-batch id of the running task, if any."""
     tc = _task_context()
     return tc.getLocalProperty(BATCH_ID_PROPERTY) if tc is not None else None
+
+
+def ratio_limited(effective: Mapping[str, str]) -> bool:
+    """Whether a run's effective policy has a ratio tolerance (its counts are then sent before
+    reports, so the ratio's denominator is current)."""
+    try:
+        return (effective.get("errors.tolerance") == "all"
+                and float(effective.get("errors.tolerance.max.ratio", "-1")) >= 0)
+    except ValueError:
+        return False
 
 
 # --- the session ----------------------------------------------------------------------------
@@ -380,7 +393,7 @@ class TaskSession:
     def report(self, records: list[pb.FailedRecord]) -> list[pb.Verdict]:
         self.reports += 1
         effective = self.register()
-        if self._ratio_limited(effective):
+        if ratio_limited(effective):
             with self._counts_lock:
                 if self._counts_grew():
                     self.flush()
@@ -418,14 +431,6 @@ class TaskSession:
             w.registered[key] = reg
         self.run = reg.run()
         return reg
-
-    @staticmethod
-    def _ratio_limited(effective: Mapping[str, str]) -> bool:
-        try:
-            return (effective.get("errors.tolerance") == "all"
-                    and float(effective.get("errors.tolerance.max.ratio", "-1")) >= 0)
-        except ValueError:
-            return False
 
     def _totals(self) -> Counter:
         """Own counts plus the parked counts of the same stages, adopted into this session.

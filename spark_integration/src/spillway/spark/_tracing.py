@@ -33,7 +33,11 @@ TRACER_NAME = "spillway.spark"
 DEFAULT_SERVICE_NAME = "spillway-spark-executor"
 
 _lock = threading.Lock()
-_state: dict[str, object] = {"pid": None, "exporting": False}
+_state: dict[str, object] = {"pid": None, "exporting": False, "warned": False}
+
+# What to install when an endpoint is set but the exporter is missing (docs/OBSERVABILITY.md).
+_INSTALL = {"grpc": "pip install 'spillway-spark[otlp]'",
+            "http/protobuf": "pip install opentelemetry-exporter-otlp-proto-http"}
 
 
 def _env(name: str) -> str:
@@ -53,9 +57,15 @@ def _exporter():
             log.warning("spillway: OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported (grpc or "
                         "http/protobuf); executor spans are not exported", protocol)
             return None
-    except ImportError as exc:
-        log.warning("spillway: cannot export executor spans over OTLP/%s: %s; install "
-                    "opentelemetry-exporter-otlp", protocol, exc)
+    except ImportError:
+        # one clear line per process (and not again in its forks), not Python's
+        # "No module named 'opentelemetry.exporter'"
+        if not _state["warned"]:
+            _state["warned"] = True
+            var = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+            var = var if _env(var) else "OTEL_EXPORTER_OTLP_ENDPOINT"
+            log.warning("spillway: %s is set but this Python has no OTLP/%s span exporter, so "
+                        "executor spans are not exported: %s", var, protocol, _INSTALL[protocol])
         return None
     return OTLPSpanExporter()  # reads the endpoint, headers, timeout... from OTEL_* itself
 

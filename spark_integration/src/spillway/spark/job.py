@@ -16,6 +16,11 @@ Everything executors need (job name, policy, sidecar address and its env variabl
 run's id, job token and home sidecar) travels inside the wrapped closures; executors register
 the run with their node's sidecar themselves, once per Python worker process.
 
+This module is the driver's side. What runs on executors lives beside it: `_partitions` (one
+function per DataFrame / RDD wrapper, run per partition), `_udf` (the UDF's per-row function),
+`_native` (Spark-parsed deserialization); `_deserialize` plans `deserialize` and `_report`
+holds `JobReport` and `failure_message`.
+
 Every wrapper runs the user function inside the verdict loop (`_engine`): RETRY waits and runs
 the record again (records after it keep flowing), SKIP drops it (the sidecar dead-letters it),
 FAIL fails the Spark task with an exception naming the stage, the exception and the sidecar's
@@ -28,73 +33,35 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import logging
-import os
-import re
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pyspark import TaskContext
-
 from spillway.client import SidecarClient, report
+from spillway.client.errors import ADDRESS_ENV
 from spillway.client.runs import JobRun, Registration, new_run_id
-from spillway.client.errors import (
-    ADDRESS_ENV,
-    SidecarProtocolError,
-    SpillwayClientError,
-    error_for_verdict,
-)
-from spillway.v1 import sidecar_pb2 as pb
 
-from ._adapters import (
-    BatchAdapter,
-    DeserializeAdapter,
-    Deserializer,
-    RowAdapter,
-    SinkAdapter,
-    batch_units,
-    chunk_units,
+from . import _deserialize
+from ._engine import StageRef
+from ._partitions import (
+    deserialize_partition,
+    df_partition,
+    rdd_partition,
+    sink_partition,
+    vector_partition,
+    with_batch_id,
 )
-from ._compat import arrow_conversions, parse_ddl
-from ._engine import Engine, StageRef, Unit, trim_traceback
-from ._records import KAFKA_COORDINATES, context_of, payload_for, positional_record_id
-from ._schema import arrow_conformer, pandas_checker, row_checker, value_checker
-from ._runtime import (
-    JobSpec,
-    TaskSession,
-    WrapperSpec,
-    current_batch_id,
-    current_task,
-    worker,
-)
+from ._report import JobReport, failure_message
+from ._runtime import JobSpec, WrapperSpec, ratio_limited
+from ._schema import value_checker
+from ._types import datatype, struct
+from ._udf import udf_function
+
+__all__ = ["Job", "JobReport"]
 
 _log = logging.getLogger("spillway.spark")
-
-#: Rows per Arrow batch the DataFrame wrappers emit.
-OUTPUT_BATCH_ROWS = 4096
-
-_SPILLWAY_ERROR = re.compile(r"spillway\.client\.errors\.(\w+Error): ([^\n]+)")
-_TRACEBACK = "Traceback (most recent call last):"
-_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Invalid|Exit|Interrupt|Warning|"
-                     r"Failure|Fault|Timeout)\b[^:\n]*)(?::\s*(.*))?$")
-
-
-def _traceback_exception(text: str) -> str:
-    """``Type: message`` of the exception that ends the last Python traceback in ``text``."""
-    at = text.rfind(_TRACEBACK)
-    if at < 0:
-        return ""
-    for line in text[at + len(_TRACEBACK):].splitlines():
-        if not line.strip() or line.startswith((" ", "\t")) or line.startswith("^"):
-            continue          # frames, source lines, carets
-        m = _RAISED.match(line.strip())
-        if m:
-            return f"{m.group(1)}: {m.group(2).strip()}" if m.group(2) else m.group(1)
-    return ""
 
 
 def _wrapper_name(fn: Callable, name: str | None) -> str:
@@ -105,35 +72,6 @@ def _wrapper_name(fn: Callable, name: str | None) -> str:
     if code is not None and "<lambda>" in qual:  # two lambdas of a module must not share ids
         qual = f"{qual}@L{code.co_firstlineno}"
     return qual
-
-
-def _struct(schema: Any):
-    from pyspark.sql.types import StructType
-
-    if isinstance(schema, StructType):
-        return schema
-    if isinstance(schema, str):
-        parsed = parse_ddl(schema)
-        if isinstance(parsed, StructType):
-            return parsed
-    raise TypeError(f"schema: expected a StructType or a DDL string like 'id int, name string', "
-                    f"got {schema!r}")
-
-
-def _datatype(dt: Any):
-    from pyspark.sql.types import DataType
-
-    if isinstance(dt, DataType):
-        return dt
-    if isinstance(dt, str):
-        return parse_ddl(dt)
-    raise TypeError(f"expected a pyspark DataType or a DDL type string, got {dt!r}")
-
-
-def _native_corrupt_field() -> str:
-    from ._native import CORRUPT_FIELD
-
-    return CORRUPT_FIELD
 
 
 def _is_dataframe(obj: Any) -> bool:
@@ -165,440 +103,6 @@ def _require(what: str, data: Any, *, rdd: bool = False) -> None:
                     f"spark.createDataFrame(...) or sc.parallelize(...))")
 
 
-# --- executor side: one function per wrapper kind (module-level: pickled by reference) -------
-
-
-def _ids(spec: JobSpec, wrapper: WrapperSpec, task: pb.TaskIdentity, batch_id: Any = None):
-    batch = batch_id if batch_id is not None else current_batch_id()
-    return functools.partial(positional_record_id, wrapper.stage.name, spec.name, wrapper.name,
-                             task.partition_id, batch_id=batch)
-
-
-def _engine(spec: JobSpec, session: TaskSession, adapter: Any, wrapper: WrapperSpec,
-            refresh: Callable[[], None] | None, count_stages: Sequence[StageRef] | None = None,
-            ) -> Engine:
-    return Engine(session, adapter, stage=wrapper.stage, function_name=wrapper.function_name,
-                  count_stages=count_stages, batch_size=spec.report_batch_size,
-                  linger_s=spec.report_linger_s, refresh=refresh, submit=worker().submit,
-                  max_inflight=spec.report_max_inflight)
-
-
-def _drive(session: TaskSession, engine: Engine, outputs: Iterator[Any]) -> Iterator[Any]:
-    """Run the loop over a partition (``outputs``: engine.run or engine.run_rows); close the
-    session (flush barrier) when it ends."""
-    ok, error = False, None
-    try:
-        yield from outputs
-        ok = True
-    except GeneratorExit:
-        ok = True  # Spark stopped reading early (e.g. a limit): what was emitted stands
-        left = engine.unfinished()
-        if left:
-            _log.info("spillway: Spark stopped reading partition %d early; %d failed record(s) "
-                      "it did not ask for were left unreported", session.task.partition_id, left)
-        raise
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        session.close(ok, error)
-
-
-def _rdd_partition(spec, wrapper, fn, flat, record_id, source, refresh, iterator):
-    session = TaskSession(spec, wrapper)
-    ids = _ids(spec, wrapper, session.task)
-    adapter = RowAdapter(fn, ids=ids, flat=flat, record_id=record_id, source=source)
-    engine = _engine(spec, session, adapter, wrapper, refresh)
-    return _drive(session, engine, engine.run_rows(iterator))
-
-
-def _large_types(batch: Any) -> bool:
-    import pyarrow as pa
-
-    return any(pa.types.is_large_string(f.type) or pa.types.is_large_binary(f.type)
-               for f in batch.schema)
-
-
-def _rows_to_batches(rows: Iterator[Any], schema: Any, large: Callable[[], bool]):
-    _, to_arrow = arrow_conversions()
-
-    buf: list = []
-    try:
-        for row in rows:
-            buf.append(row)
-            if len(buf) >= OUTPUT_BATCH_ROWS:
-                yield from to_arrow(buf, schema, large()).to_batches()
-                buf = []
-        if buf:
-            yield from to_arrow(buf, schema, large()).to_batches()
-    finally:
-        close = getattr(rows, "close", None)
-        if close is not None:
-            close()
-
-
-def _df_partition(spec, wrapper, fn, flat, record_id, source, refresh, in_schema, out_schema,
-                  batches):
-    import pyarrow as pa
-    ArrowTableToRowsConversion, _ = arrow_conversions()
-
-    seen = {"large": False}
-
-    def rows():
-        for b in batches:
-            seen["large"] = seen["large"] or _large_types(b)
-            yield from ArrowTableToRowsConversion.convert(pa.Table.from_batches([b]), in_schema)
-
-    session = TaskSession(spec, wrapper)
-    adapter = RowAdapter(_checked(fn, out_schema, flat, wrapper.stage.name),
-                         ids=_ids(spec, wrapper, session.task), flat=flat, record_id=record_id,
-                         source=source)
-    engine = _engine(spec, session, adapter, wrapper, refresh)
-    outputs = _drive(session, engine, engine.run_rows(rows()))
-    return _rows_to_batches(outputs, out_schema, lambda: seen["large"])
-
-
-def _checked(fn, schema, flat, stage):
-    """``fn`` whose outputs are checked against ``schema`` (a Row by field name, a dict, or a
-    tuple in schema order), so a bad output is that record's failure, not the task's."""
-    normalize = row_checker(schema, stage)
-
-    def run(row):
-        out = fn(row)
-        return [normalize(o) for o in out] if flat else normalize(out)
-
-    return run
-
-
-def _vector_partition(spec, wrapper, fn, kind, record_id, source, refresh, out_schema, batches):
-    session = TaskSession(spec, wrapper)
-    conform = (arrow_conformer if kind == "arrow" else pandas_checker)(out_schema,
-                                                                       wrapper.stage.name)
-    adapter = BatchAdapter(fn, kind, ids=_ids(spec, wrapper, session.task), record_id=record_id,
-                           source=source, conform=conform)
-    engine = _engine(spec, session, adapter, wrapper, refresh)
-    return _drive(session, engine, engine.run(batch_units(batches)))
-
-
-def _deserialize_partition(spec, wrapper, steps, in_schema, new_schema, refresh, batches):
-    import pyarrow as pa
-    ArrowTableToRowsConversion, to_arrow = arrow_conversions()
-
-    parts = {s.part for s in steps}
-    cache: dict[str, Any] = {"batch": None, "rows": None}
-    seen = {"large": False}
-
-    def to_row(batch, i):
-        if cache["batch"] is not batch:
-            cache["rows"] = ArrowTableToRowsConversion.convert(pa.Table.from_batches([batch]),
-                                                               in_schema)
-            cache["batch"] = batch
-        return cache["rows"][i]
-
-    def units():
-        offset = 0
-        for b in batches:
-            seen["large"] = seen["large"] or _large_types(b)
-            cols = {p: b.column(p).to_pylist() for p in ("key", "value") if p in parts}
-            for i in range(b.num_rows):
-                yield Unit((b, i, {p: c[i] for p, c in cols.items()}), 1, offset + i)
-            offset += b.num_rows
-
-    def emit(buf):
-        groups: dict[int, tuple[Any, list, list]] = {}
-        for batch, i, parsed in buf:
-            g = groups.setdefault(id(batch), (batch, [], []))
-            g[1].append(i)
-            g[2].append(parsed)
-        for batch, idx, parsed in groups.values():
-            taken = batch.take(pa.array(idx, type=pa.int64()))
-            new = to_arrow(parsed, new_schema, seen["large"])
-            arrays = list(taken.columns) + [c.combine_chunks() for c in new.columns]
-            yield pa.RecordBatch.from_arrays(arrays, names=taken.schema.names + new.schema.names)
-
-    session = TaskSession(spec, wrapper)
-    adapter = DeserializeAdapter(steps, ids=_ids(spec, wrapper, session.task), to_row=to_row)
-    engine = _engine(spec, session, adapter, wrapper, refresh,
-                     count_stages=[s.stage for s in steps])
-    outputs = _drive(session, engine, engine.run(units()))
-    buf: list = []
-    try:
-        for out in outputs:
-            buf.append(out)
-            if len(buf) >= OUTPUT_BATCH_ROWS:
-                yield from emit(buf)
-                buf = []
-        if buf:
-            yield from emit(buf)
-    finally:
-        outputs.close()
-
-
-def _sink_partition(spec, wrapper, write_fn, chunk, record_id, source, refresh, batch_id, rows):
-    session = TaskSession(spec, wrapper)
-    adapter = SinkAdapter(write_fn, ids=_ids(spec, wrapper, session.task, batch_id),
-                          record_id=record_id, source=source)
-    engine = _engine(spec, session, adapter, wrapper, refresh)
-    for _ in _drive(session, engine, engine.run(chunk_units(rows, chunk))):
-        pass
-
-
-def _with_batch_id(write_fn, batch_id, rows):
-    return write_fn(rows, batch_id)
-
-
-# --- UDFs -------------------------------------------------------------------------------------
-
-
-class _UdfState:
-    """A UDF's state in the current task attempt of this worker (UDFs see no partition end):
-    the rows it was called on (row index and processed count) and, once needed, a session."""
-
-    __slots__ = ("pid", "tid", "tc", "task", "rows", "_session", "spec", "wrapper")
-
-    def __init__(self, spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None) -> None:
-        self.pid = os.getpid()
-        self.tid = tid
-        self.tc = tc  # Spark's TaskContext object of the attempt (held: its id is not reused)
-        self.task = current_task()  # once per task attempt: later it names another task
-        self.rows = 0
-        self._session: TaskSession | None = None
-        self.spec, self.wrapper = spec, wrapper
-
-    @property
-    def session(self) -> TaskSession:
-        if self._session is None:
-            self._session = TaskSession(self.spec, self.wrapper, task=self.task,
-                                        open_span=False)
-        self._session.own[self.wrapper.stage.key] = self.rows
-        return self._session
-
-    def retire(self) -> None:
-        """The task attempt is over: park (or send, once due) its unsent counts."""
-        if self.pid == os.getpid() and self.rows:
-            self.session.park_counts()
-
-
-_udf_states: dict[tuple[str, str], _UdfState] = {}
-
-
-def _udf_state(spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None) -> _UdfState:
-    """The UDF's state for task attempt ``tid`` in this process; a state of an earlier attempt
-    is retired (one inherited through a fork is dropped as it is)."""
-    key = (spec.name, wrapper.name)
-    old = _udf_states.get(key)
-    if old is not None and old.tid == tid and old.pid == os.getpid():
-        old.tc = tc
-        return old  # the same UDF applied twice in one task: one row count, distinct ids
-    if old is not None:
-        old.retire()
-    st = _udf_states[key] = _UdfState(spec, wrapper, tid, tc)
-    return st
-
-
-@dataclass(frozen=True)
-class _Skipped:
-    record: pb.FailedRecord
-    verdict: pb.Verdict
-
-
-def _udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column: bool,
-                  record_id: Callable[..., str] | None,
-                  refresh: Callable[[], None] | None,
-                  check: Callable[[Any], None] | None = None) -> Callable:
-    """The per-row function Spark calls. Per row it only checks that the task attempt is the
-    same (Spark sets a new TaskContext object for each task it runs in a worker: an identity
-    check, the attempt id being read only when it changes) and counts the row before calling
-    ``fn``; everything else happens on a failure. ``check(result)`` raises when a result does
-    not fit the declared return type (Spark would turn it into a silent null): that row fails
-    like one whose ``fn`` raised."""
-    holder: list[_UdfState | None] = [None]  # unpickled afresh with the UDF on the executor
-    tc_class = TaskContext
-    if check is not None:
-        user_fn = fn
-
-        def checked(*args):
-            out = user_fn(*args)
-            check(out)
-            return out
-    else:
-        checked = fn
-
-    def enter() -> _UdfState:
-        tc = tc_class.get()
-        if tc is None:
-            raise RuntimeError(
-                f"spillway UDF {wrapper.function_name} was called outside a Spark task: apply "
-                f"it to a column in a DataFrame (df.select(udf(df.col))); called directly it "
-                f"has no task to report failures for")
-        tid = tc.taskAttemptId()
-        st = holder[0]
-        if st is None or st.tid != tid or st.pid != os.getpid():
-            st = _udf_state(spec, wrapper, tid, tc)
-        st.tc = tc
-        holder[0] = st
-        return st
-
-    def failed(st, args, index, exc):
-        return _udf_failed(spec, wrapper, st, checked, args, index, exc, error_column, record_id,
-                           refresh)
-
-    # The per-row cost is what the happy path pays: read the class attribute that
-    # TaskContext.get() returns (a method call costs more than the rest of the check), and
-    # call a one-argument function without packing *args (half of the remaining overhead).
-    direct = hasattr(tc_class, "_taskContext")  # pyspark's layout; else the public accessor
-    current = (lambda: tc_class._taskContext) if direct else tc_class.get
-    if direct and _single_argument(fn):
-        def call(arg):
-            st = holder[0]
-            if st is None or st.tc is not tc_class._taskContext:
-                st = enter()
-            index = st.rows
-            st.rows = index + 1
-            try:
-                out = fn(arg)
-                if check is not None:
-                    check(out)
-            except Exception as exc:  # noqa: BLE001 - user code
-                return failed(st, (arg,), index, exc)
-            return (out, None) if error_column else out
-    else:
-        def call(*args):
-            st = holder[0]
-            if st is None or st.tc is not current():
-                st = enter()
-            index = st.rows
-            st.rows = index + 1
-            try:
-                out = fn(*args)
-                if check is not None:
-                    check(out)
-            except Exception as exc:  # noqa: BLE001 - user code
-                return failed(st, args, index, exc)
-            return (out, None) if error_column else out
-
-    return call
-
-
-def _single_argument(fn: Callable) -> bool:
-    """Whether Spark can only ever call ``fn`` with exactly one column."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):  # builtins without a signature
-        return False
-    return (len(params) == 1 and params[0].default is inspect.Parameter.empty
-            and params[0].kind in (inspect.Parameter.POSITIONAL_ONLY,
-                                   inspect.Parameter.POSITIONAL_OR_KEYWORD))
-
-
-def _udf_failed(spec, wrapper, st, fn, args, index, exc, error_column, record_id, refresh):
-    outcome = _udf_failure(spec, wrapper, st, fn, args, index, exc, record_id, refresh)
-    if not isinstance(outcome, _Skipped):
-        return (outcome, None) if error_column else outcome
-    if not error_column:
-        return None
-    info = outcome.record.exception
-    return (None, (outcome.record.record_id, wrapper.stage.name, info.class_name, info.message,
-                   outcome.verdict.reason, outcome.verdict.dead_lettered))
-
-
-def _udf_failure(spec, wrapper, st, fn, args, index, exc, record_id, refresh):
-    import time
-
-    session = st.session
-    trim_traceback(exc)
-    subject = args[0] if len(args) == 1 else list(args)
-    ctx = context_of(subject, lambda: positional_record_id(
-        wrapper.stage.name, spec.name, wrapper.name, session.task.partition_id, index,
-        batch_id=current_batch_id()),
-        (lambda _row: record_id(*args)) if record_id is not None else None)
-    session.begin_span()
-    attempt, error = 1, None
-    try:
-        while True:
-            record = report.failed_record(
-                ctx.record_id, wrapper.stage.stage, exc, custom_stage=wrapper.stage.custom,
-                function_name=wrapper.function_name, source=ctx.source, key=ctx.key,
-                value=ctx.value, headers=ctx.headers, timestamp_ms=ctx.timestamp_ms,
-                attempt=attempt, context=session.trace_context,
-                payload=payload_for(wrapper.stage.stage, ctx))
-            session.failed(exc, record)
-            verdict = session.report([record])[0]
-            if verdict.action == pb.ACTION_FAIL:
-                raise error_for_verdict(spec.name, record, verdict) from exc
-            if verdict.action == pb.ACTION_SKIP:
-                session.skipped(record, verdict)
-                session.flush()  # the flush barrier: no later hook in a UDF
-                return _Skipped(record, verdict)
-            if verdict.action != pb.ACTION_RETRY:
-                raise SidecarProtocolError(
-                    f"ReportFailures: verdict for record {verdict.record_id!r} has no action "
-                    f"({pb.Action.Name(verdict.action)})") from exc
-            time.sleep(verdict.retry_delay_ms / 1000.0)
-            if verdict.category == pb.CATEGORY_REFRESH_RETRIABLE and refresh is not None:
-                refresh()
-            attempt += 1
-            try:
-                value = fn(*args)
-            except Exception as again:  # noqa: BLE001 - user code
-                exc = trim_traceback(again)
-                continue
-            session.recovered(record.record_id)
-            session.flush()
-            return value
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        session.end_span(error)
-
-
-# --- summaries --------------------------------------------------------------------------------
-
-
-@dataclass
-class JobReport:
-    """A job's counts summed over sidecars (KIP-298 task-error-metrics names, snake_case)."""
-
-    job: str
-    run_id: str = ""
-    failed: bool = False
-    failure_reasons: list[str] = field(default_factory=list)
-    records_processed: int = 0
-    total_record_failures: int = 0
-    total_record_errors: int = 0
-    total_records_skipped: int = 0
-    total_retries: int = 0
-    total_errors_logged: int = 0
-    dlq_records_written: int = 0
-    dropped_records: int = 0
-    retry_budget_exhausted: int = 0   # retries the job's retry budget deferred or refused
-    last_error_timestamp_ms: int = 0
-    by_stage: dict[str, int] = field(default_factory=dict)
-    by_category: dict[str, int] = field(default_factory=dict)
-    by_exception_class: dict[str, int] = field(default_factory=dict)
-    per_sidecar: dict[str, pb.JobSummary] = field(default_factory=dict, repr=False)
-    #: Node sidecars `Job.close()` could not reach (they end the run on their idle timeout).
-    unreachable: list[str] = field(default_factory=list)
-
-    _SUMS = ("records_processed", "total_record_failures", "total_record_errors",
-             "total_records_skipped", "total_retries", "total_errors_logged",
-             "dlq_records_written", "dropped_records", "retry_budget_exhausted")
-
-    def add(self, target: str, s: pb.JobSummary) -> None:
-        self.per_sidecar[target] = s
-        self.failed = self.failed or s.failed
-        if s.failure_reason and s.failure_reason not in self.failure_reasons:
-            self.failure_reasons.append(s.failure_reason)
-        for name in self._SUMS:
-            setattr(self, name, getattr(self, name) + getattr(s, name))
-        self.last_error_timestamp_ms = max(self.last_error_timestamp_ms, s.last_error_timestamp_ms)
-        for table, entries in ((self.by_stage, s.by_stage), (self.by_category, s.by_category),
-                               (self.by_exception_class, s.by_exception_class)):
-            for e in entries:
-                table[e.key] = table.get(e.key, 0) + e.count
-
-
 # --- the driver-side handle -------------------------------------------------------------------
 
 
@@ -606,6 +110,16 @@ class JobReport:
 # the same run (e.g. a notebook cell run again) presents the same job token.
 _driver_runs: dict[tuple[str, str, str], Registration] = {}
 _driver_lock = threading.Lock()
+# Wrapper calls made so far per (job, run id, wrapper name) in this driver process: the `use` in
+# record ids. Counted per process, not per `Job` object, so that two `Job` objects of one run
+# (a notebook cell run again) never hand out the same use; forgotten when the run is closed.
+_uses: dict[tuple[str, str, str], int] = {}
+
+
+def _next_use(job: str, run_id: str, wrapper: str) -> str:
+    with _driver_lock:
+        n = _uses[(job, run_id, wrapper)] = _uses.get((job, run_id, wrapper), 0) + 1
+    return str(n)
 
 
 def _spark_run_id() -> str | None:
@@ -655,7 +169,8 @@ class Job:
             sidecar=sidecar, address_env=address_env,
             on_sidecar_unavailable=on_sidecar_unavailable, sidecar_wait_s=sidecar_wait_s,
             report_batch_size=report_batch_size, report_linger_s=report_linger_s,
-            report_max_inflight=report_max_inflight, counts_interval_s=counts_interval_s, flush_timeout_s=flush_timeout_s,
+            report_max_inflight=report_max_inflight, counts_interval_s=counts_interval_s,
+            flush_timeout_s=flush_timeout_s,
             rpc_timeout_s=rpc_timeout_s)
         if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
             raise ValueError(f"run_id: expected a non-empty string, got {run_id!r}")
@@ -771,6 +286,8 @@ class Job:
         out.unreachable = list(answer.unreachable)
         with _driver_lock:
             _driver_runs.pop((self.spec.driver_target(), self.name, run.run_id), None)
+            for k in [k for k in _uses if k[0] == self.name and k[1] == run.run_id]:
+                del _uses[k]
         self.registration = None
         self.report = out
         return out
@@ -786,24 +303,7 @@ class Job:
         Python traceback in it, e.g. ``pyarrow.lib.ArrowInvalid: Could not convert ...``; else
         the exception's first line.
         """
-        if isinstance(exc, SpillwayClientError):
-            return f"{type(exc).__name__}: {exc}"
-        texts, seen = [], set()
-        cur: BaseException | None = exc
-        while cur is not None and id(cur) not in seen:   # Spark's wrappers chain the cause
-            seen.add(id(cur))
-            texts.append(str(cur))
-            cur = cur.__cause__ or cur.__context__
-        text = "\n".join(texts)
-        found = _SPILLWAY_ERROR.findall(text)
-        if found:
-            name, message = found[-1]
-            return f"{name}: {message.strip()}"
-        raised = _traceback_exception(text)
-        if raised:
-            return raised
-        lines = [ln.strip() for ln in texts[0].splitlines() if ln.strip()]
-        return lines[0] if lines else type(exc).__name__
+        return failure_message(exc)
 
     # --- wrappers ---------------------------------------------------------------------------
 
@@ -811,10 +311,15 @@ class Job:
                  custom_stage: str = "") -> WrapperSpec:
         if not callable(fn):
             raise TypeError(f"expected a function, got {type(fn).__name__}")
+        stage_ref = StageRef.of(stage, custom_stage)
         tp, ts = report.trace_context()  # executors' spans join the driver's trace, if any
-        return WrapperSpec(name=_wrapper_name(fn, name), stage=StageRef.of(stage, custom_stage),
-                           function_name=report.qualified_name(fn), traceparent=tp,
-                           tracestate=ts)
+        wname = _wrapper_name(fn, name)
+        return WrapperSpec(name=wname, stage=stage_ref, function_name=report.qualified_name(fn),
+                           traceparent=tp, tracestate=ts, use=self._use(wname))
+
+    def _use(self, wrapper_name: str) -> str:
+        """This call's use of the wrapper (registers the run first: uses count per run)."""
+        return _next_use(self.name, self._task_spec().run_id, wrapper_name)
 
     def map_partitions(self, data: Any, fn: Callable[[Any], Any], *, schema: Any = None,
                        stage: str | int = "TRANSFORMATION", custom_stage: str = "",
@@ -836,14 +341,14 @@ class Job:
         wrapper = self._wrapper(fn, name, stage, custom_stage)
         if _is_dataframe(data):
             in_schema = data.schema
-            out_schema = _struct(schema) if schema is not None else in_schema
-            run = functools.partial(_df_partition, self._task_spec(), wrapper, fn, flat, record_id,
+            out_schema = struct(schema) if schema is not None else in_schema
+            run = functools.partial(df_partition, self._task_spec(), wrapper, fn, flat, record_id,
                                     source, refresh, in_schema, out_schema)
             return data.mapInArrow(run, out_schema)
         if schema is not None:
             raise ValueError("schema: only for DataFrames (an RDD's records have no schema)")
-        run = functools.partial(_rdd_partition, self._task_spec(), wrapper, fn, flat, record_id, source,
-                                refresh)
+        run = functools.partial(rdd_partition, self._task_spec(), wrapper, fn, flat, record_id,
+                                source, refresh)
         return data.mapPartitions(run)
 
     def reprocess(self, dlq_df: Any, fn: Callable[[Any], Any], *, schema: Any = None,
@@ -883,9 +388,9 @@ class Job:
         """
         _require("map_in_pandas: df", df)
         wrapper = self._wrapper(fn, name, stage, custom_stage)
-        out_schema = _struct(schema)
-        run = functools.partial(_vector_partition, self._task_spec(), wrapper, fn, "pandas", record_id,
-                                source, refresh, out_schema)
+        out_schema = struct(schema)
+        run = functools.partial(vector_partition, self._task_spec(), wrapper, fn, "pandas",
+                                record_id, source, refresh, out_schema)
         return df.mapInPandas(run, out_schema)
 
     def map_in_arrow(self, df: Any, fn: Callable[[Any], Any], schema: Any, *,
@@ -897,9 +402,9 @@ class Job:
         failures isolated by bisection, as in `map_in_pandas`."""
         _require("map_in_arrow: df", df)
         wrapper = self._wrapper(fn, name, stage, custom_stage)
-        out_schema = _struct(schema)
-        run = functools.partial(_vector_partition, self._task_spec(), wrapper, fn, "arrow", record_id,
-                                source, refresh, out_schema)
+        out_schema = struct(schema)
+        run = functools.partial(vector_partition, self._task_spec(), wrapper, fn, "arrow",
+                                record_id, source, refresh, out_schema)
         return df.mapInArrow(run, out_schema)
 
     def deserialize(self, df: Any, *, key: Callable[[bytes | None], Any] | str | None = None,
@@ -934,105 +439,41 @@ class Job:
         Python ``key`` / ``record`` as well, Spark's parse runs first and the Python steps run
         on the rows it parsed.
         """
-        from pyspark.sql.types import StructField, StructType
+        from pyspark.sql.types import StructType
 
         _require("deserialize: df", df)
-        steps: list[Deserializer] = []
-        fields: list = []
-        native, native_types = self._native_steps(
+        native, native_types = _deserialize.native_steps(
             (("key", key, key_type, key_column, "KEY_CONVERTER", key_options),
              ("value", value, value_type, value_column, "VALUE_CONVERTER", value_options)))
-        for part, fn, dtype, column, stage in (
-                ("key", key, key_type, key_column, "KEY_CONVERTER"),
-                ("value", value, value_type, value_column, "VALUE_CONVERTER"),
-                ("record", record, record_type, record_column, "DESERIALIZATION")):
-            if fn is None or isinstance(fn, str):
-                continue
-            if not callable(fn):
-                raise TypeError(f"{part}: expected a function, got {type(fn).__name__}")
-            if dtype is None:
-                raise ValueError(f"{part}_type: required with {part}=")
-            spark_type = _datatype(dtype)
-            steps.append(Deserializer(part, fn, StageRef.of(stage), report.qualified_name(fn),
-                                      check=value_checker(spark_type, column, stage)))
-            fields.append(StructField(column, spark_type, True))
-        if not steps and not native:
-            raise ValueError("deserialize: give at least one of key=, value=, record=")
-        missing = [c for c in ("key", "value", *KAFKA_COORDINATES) if c not in df.columns]
-        if missing:
-            raise ValueError(f"deserialize: the DataFrame lacks the Kafka source columns "
-                             f"{missing}; expected Spark's Kafka source schema (key, value, "
-                             f"topic, partition, offset, timestamp, timestampType, headers)")
-        names = [f.name for f in fields] + [n.column for n in native]
-        clash = [n for n in names if n in df.columns]
-        if clash or len(set(names)) < len(names):
-            raise ValueError(f"deserialize: output column(s) {clash or names} already exist or "
-                             f"repeat; choose other key_column / value_column / record_column "
-                             f"names")
+        steps, fields = _deserialize.python_steps(
+            (("key", key, key_type, key_column, "KEY_CONVERTER"),
+             ("value", value, value_type, value_column, "VALUE_CONVERTER"),
+             ("record", record, record_type, record_column, "DESERIALIZATION")))
+        _deserialize.check_frame(df, fields, native, steps)
         if native:
             df = self._native_deserialize(df, native, native_types, name)
             if not steps:
                 return df
-        first = steps[0]
-        wrapper = self._wrapper(first.fn, name or "deserialize:" + "+".join(
-            f"{s.part}={s.function_name}" for s in steps), "DESERIALIZATION")
-        wrapper = WrapperSpec(wrapper.name, StageRef.of("DESERIALIZATION"),
-                              ",".join(s.function_name for s in steps), wrapper.traceparent,
-                              wrapper.tracestate)
+        wrapper = self._wrapper(steps[0].fn, _deserialize.wrapper_name(steps, name),
+                                "DESERIALIZATION")
+        wrapper = dataclasses.replace(wrapper, stage=StageRef.of("DESERIALIZATION"),
+                                      function_name=",".join(s.function_name for s in steps))
         new_schema = StructType(fields)
         out_schema = StructType(list(df.schema.fields) + fields)
-        run = functools.partial(_deserialize_partition, self._task_spec(), wrapper, steps, df.schema,
-                                new_schema, refresh)
+        run = functools.partial(deserialize_partition, self._task_spec(), wrapper, steps,
+                                df.schema, new_schema, refresh)
         return df.mapInArrow(run, out_schema)
-
-    def _native_steps(self, parts):
-        """The key / value steps given as a format name (see `_native`), with their types."""
-        from ._native import FORMATS, NativeStep, options_of
-
-        steps, types = [], []
-        for part, fn, dtype, column, stage, options in parts:
-            if not isinstance(fn, str):
-                if options is not None:
-                    raise ValueError(f"{part}_options: only with a native format "
-                                     f"({part}={' / '.join(map(repr, FORMATS))})")
-                continue
-            fmt = fn.strip().lower()
-            if fmt not in FORMATS:
-                raise ValueError(f"{part}: unknown format {fn!r}; a function, or one of "
-                                 f"{', '.join(map(repr, FORMATS))} (parsed by Spark)")
-            opts = options_of(part, options)
-            if fmt == "avro":
-                import json
-
-                try:
-                    json.loads(dtype if isinstance(dtype, str) else "")
-                except ValueError:
-                    raise ValueError(f"{part}_type: with {part}='avro', the Avro schema as a "
-                                     f"JSON string, got {dtype!r}") from None
-                spark_type, text = None, dtype
-            else:
-                if dtype is None:
-                    raise ValueError(f"{part}_type: required with {part}={fmt!r}")
-                spark_type = _datatype(dtype)
-                text = spark_type.simpleString()
-                names = [f.name for f in getattr(spark_type, "fields", [])]
-                if _native_corrupt_field() in names:
-                    raise ValueError(f"{part}_type: the field name {_native_corrupt_field()} "
-                                     f"is spillway's corrupt-record field; rename yours")
-            steps.append(NativeStep(part, fmt, StageRef.of(stage), column, text, opts))
-            types.append(spark_type)
-        return steps, types
 
     def _native_deserialize(self, df, steps, types, name):
         from ._native import native_deserialize, report_partition
-        from ._runtime import TaskSession
 
         spec = self._task_spec()
         tp, ts = report.trace_context()
-        wrapper = WrapperSpec(
-            name or "deserialize:" + "+".join(f"{s.part}={s.function_name}" for s in steps),
-            StageRef.of("DESERIALIZATION"), ",".join(s.function_name for s in steps), tp, ts)
-        counting = TaskSession._ratio_limited(self.effective_properties or {})
+        wname = _deserialize.wrapper_name(steps, name)
+        wrapper = WrapperSpec(wname, StageRef.of("DESERIALIZATION"),
+                              ",".join(s.function_name for s in steps), tp, ts,
+                              use=self._use(wname))
+        counting = ratio_limited(self.effective_properties or {})
         run = functools.partial(report_partition, spec, wrapper, tuple(steps))
         return native_deserialize(df, steps, types, run, counting)
 
@@ -1053,7 +494,7 @@ class Job:
         from pyspark.sql.functions import udf as spark_udf
         from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
-        dtype = _datatype(returnType)
+        dtype = datatype(returnType)
         if error_column:
             error_type = StructType([StructField(n, StringType(), True) for n in (
                 "record_id", "stage", "exception_class", "message", "reason")]
@@ -1061,12 +502,12 @@ class Job:
             dtype = StructType([StructField("value", dtype, True),
                                 StructField("error", error_type, True)])
 
-        check = value_checker(_datatype(returnType), "value", StageRef.of(
+        check = value_checker(datatype(returnType), "value", StageRef.of(
             stage, custom_stage).name, exact=False)
 
         def decorate(fn: Callable) -> Any:
             wrapper = self._wrapper(fn, name, stage, custom_stage)
-            call = _udf_function(self._task_spec(), wrapper, fn, error_column, record_id, refresh,
+            call = udf_function(self._task_spec(), wrapper, fn, error_column, record_id, refresh,
                                  check=check)
             functools.update_wrapper(call, fn)
             return spark_udf(call, dtype)
@@ -1086,6 +527,7 @@ class Job:
         may be written more than once (a chunk that failed half-way is re-written in halves),
         so ``write_fn`` must be idempotent, as Kafka Connect asks of sink tasks.
         """
+        _require("foreach_partition: data", data, rdd=True)
         wrapper = self._wrapper(write_fn, name, stage, custom_stage)
         self._foreach(data, write_fn, wrapper, batch_size, record_id, source, refresh, batch_id)
 
@@ -1093,7 +535,7 @@ class Job:
         _require("foreach_partition: data", data, rdd=True)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
-        run = functools.partial(_sink_partition, self._task_spec(), wrapper, write, batch_size,
+        run = functools.partial(sink_partition, self._task_spec(), wrapper, write, batch_size,
                                 record_id, source, refresh, batch_id)
         data.foreachPartition(run)
 
@@ -1110,13 +552,13 @@ class Job:
         the DLQ records of the batch are acknowledged by Kafka, so Structured Streaming commits
         the batch only then. Record ids carry the micro-batch id.
         """
-        self._wrapper(write_fn, name, stage, custom_stage)  # check the arguments now
+        # one use for the whole query: a micro-batch replayed after a restart keeps its ids
+        wrapper = self._wrapper(write_fn, name, stage, custom_stage)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
 
         def for_each_batch(batch_df: Any, batch_id: int) -> None:
-            wrapper = self._wrapper(write_fn, name, stage, custom_stage)
-            self._foreach(batch_df, functools.partial(_with_batch_id, write_fn, batch_id),
+            self._foreach(batch_df, functools.partial(with_batch_id, write_fn, batch_id),
                           wrapper, batch_size, record_id, source, refresh, batch_id)
 
         return for_each_batch

@@ -278,4 +278,5 @@ def summary_to_pb(s: m.JobSummary, sidecar_id: str) -> pb.JobSummary:
         dropped_records=_u64(c.dropped_records),
         retry_budget_exhausted=_u64(s.retry_budget_exhausted),
         records_refused=_u64(s.records_refused),
+        record_id_collisions=_u64(s.record_id_collisions),
     )

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from .names import MAX_SHOWN, prefix_fragment_error, shown
 
 ENV_PREFIX = "SPILLWAY_"
 
@@ -41,12 +42,6 @@ DAY_MS = 24 * HOUR_MS
 WEEK_MS = 7 * DAY_MS
 MAX_COUNT = 10**12       # record counts, thresholds
 MAX_RETRIES = 1_000_000  # per-record retry and hold counts, task counts
-MAX_SHOWN = 64           # characters of a bad value a message repeats
-
-
-def shown(raw: str) -> str:
-    """A bad value as a message may repeat it: short, escaped."""
-    return repr(raw if len(raw) <= MAX_SHOWN else raw[:MAX_SHOWN] + "...")
 
 
 def _num(text: str) -> str:
@@ -138,8 +133,6 @@ def p_listen(name: str, raw: str) -> str:
 
 def p_topic_prefix(name: str, raw: str) -> str:
     """A DLQ topic-name prefix: '' or a legal topic-name fragment (KIP-1191)."""
-    from .guardrails import prefix_fragment_error
-
     v = raw.strip()
     why = prefix_fragment_error(v)
     if why is not None:
@@ -151,7 +144,8 @@ def p_octal_mode(name: str, raw: str) -> int:
     try:
         v = int(raw.strip(), 8)
     except ValueError:
-        raise ConfigError(name, f"must be an octal file mode such as 0660, got {shown(raw)}") from None
+        raise ConfigError(name,
+                          f"must be an octal file mode such as 0660, got {shown(raw)}") from None
     if not 0 <= v <= 0o777:
         raise ConfigError(name, f"must be an octal file mode in [0000, 0777], got {shown(raw)}")
     return v
@@ -257,8 +251,8 @@ _PROPS: list[Prop] = [
     # KIP-1033 handler and KIP-1050 classification
     Prop("errors.handler.class", p_str, "",
          "KIP-1033 handler (alias processing.exception.handler) for records whose retries "
-         "are exhausted: LogAndContinue, LogAndFail, or a user class as package.module:Class (unset: follows errors.tolerance, "
-         "none -> LogAndFail, all -> LogAndContinue)"),
+         "are exhausted: LogAndContinue, LogAndFail, or a user class as package.module:Class "
+         "(unset: follows errors.tolerance, none -> LogAndFail, all -> LogAndContinue)"),
     Prop("errors.classification.default", p_choice(*CATEGORY_NAMES), "data",
          "category of exceptions no rule matches (KIP-298 tolerates any exception in a stage)"),
     Prop("errors.classification.rules", p_str, "",
@@ -343,7 +337,8 @@ _PROPS: list[Prop] = [
          "spool high-water mark in records: backpressure past it", job=False),
     Prop("spool.low.water.percent", p_int(0, 100), "80",
          "after a refusal for backpressure, reports are refused (health NOT_SERVING) until the "
-         "spool holds less than this percentage of both spool.max.records and spool.max.bytes",
+         "spool holds less than this percentage of both spool.max.records and spool.max.bytes "
+         "and the refused report would fit",
          job=False),
     Prop("kafka.check.interval.ms", p_int(1000, DAY_MS), "30000",
          "how often the sidecar checks that its Kafka answers (health service spillway.kafka, "
@@ -367,7 +362,8 @@ _PROPS: list[Prop] = [
          "label per-job metrics with the Spark task too (stage.partition): one series per "
          "partition, for debugging only", job=False),
     Prop("shutdown.grace.ms", p_int(0, HOUR_MS), "10000",
-         "graceful stop: time for in-flight calls, ms",
+         "graceful stop: `spillway serve` ends within it, whatever Kafka does (in-flight calls, "
+         "then the DLQ's last flush; what Kafka has not acknowledged stays in the spool), ms",
          job=False),
     # security (docs/SECURITY.md)
     Prop("auth.token.file", p_str, "",
@@ -381,6 +377,10 @@ _PROPS: list[Prop] = [
     Prop("auth.admin.token.file", p_str, "",
          "file holding the operator token (spillway-admin-token) for spillway status and job "
          "commands", job=False),
+    Prop("auth.local.token.file", p_str, "",
+         "where the default configuration (no credential set, loopback / Unix socket only) "
+         "keeps its own admin and peer token, made at first start and readable by this OS "
+         "user only ('': $XDG_STATE_HOME/spillway/local.token)", job=False),
     Prop("auth.peer.identities", p_str, "",
          "comma-separated mTLS identities (certificate SAN DNS/URI or CN) accepted as peer "
          "sidecars; needs tls.ca.file", job=False),
@@ -403,8 +403,8 @@ _PROPS: list[Prop] = [
          "single host)", job=False),
     Prop("home.allowed.addresses", p_str, "",
          "comma-separated addresses this sidecar may dial as a job's home: host, host:port, "
-         "CIDR[:port], *.domain[:port] or * ('': loopback only; its own address is always "
-         "allowed). Matched before any DNS lookup", job=False),
+         "CIDR[:port], *.domain[:port] or * ('': none; its own addresses are always "
+         "allowed). Matched before any DNS lookup and before any dial", job=False),
     Prop("jobs.max.live", p_int(1, 1_000_000), "1000",
          "live job runs this sidecar keeps at once; past it RegisterJob of a new run answers "
          "RESOURCE_EXHAUSTED", job=False),

@@ -92,17 +92,9 @@ class ScopedCounts:
             self.tasks.move_to_end(task)
         return self.job, s, t, p
 
-    def bump(self, stage: str, task: str, name: str, n: int = 1) -> None:
-        for c in self.scopes(stage, task):
-            setattr(c, name, getattr(c, name) + n)
-
-    def error_at(self, stage: str, task: str, wall_ms: int) -> None:
-        for c in self.scopes(stage, task):
-            c.last_error_timestamp_ms = max(c.last_error_timestamp_ms, wall_ms)
-
     def add_batch(self, stage: str, task: str, amounts: list[int], wall_ms: int) -> None:
         """One report's failures of one stage at once: ``amounts`` in ``BATCH_FIELDS`` order,
-        and the errors' wall-clock time (the same as ``bump`` and ``error_at`` per record)."""
+        and the errors' wall-clock time (the latest wins)."""
         failures, errors, skipped, retries, logged, dropped = amounts
         for c in self.scopes(stage, task):
             c.total_record_failures += failures

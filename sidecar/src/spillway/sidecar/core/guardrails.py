@@ -17,9 +17,8 @@ problem. An empty name means "no DLQ" and passes.
 
 from __future__ import annotations
 
-import re
-
 from ..errors import TopicGuardrailError
+from .names import invalid_topic_message, valid_topic_name
 from .settings import DlqSettings
 
 TOPIC_PROP = "errors.deadletterqueue.topic.name"
@@ -28,13 +27,6 @@ REQUIRED_PREFIX_PROP = "dlq.topic.required.prefix"
 AUTO_CREATE_PROP = "errors.deadletterqueue.auto.create.topics.enable"
 AUTO_CREATE_ALLOW_PROP = "dlq.topic.auto.create.allow"
 DEFAULT_REQUIRED_PREFIX = "dlq."
-MAX_TOPIC_LENGTH = 249
-_LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
-
-
-def invalid_name_message(name: str) -> str:
-    return (f"{_shown(name)} is not a valid Kafka topic name: use 1 to {MAX_TOPIC_LENGTH} "
-            f"characters from [a-zA-Z0-9._-], other than '.' and '..'")
 
 
 def internal_name_message(name: str) -> str:
@@ -45,27 +37,6 @@ def internal_name_message(name: str) -> str:
 def prefix_message(name: str, prefix: str) -> str:
     return (f"{name!r} does not start with the DLQ prefix {prefix!r} ({PREFIX_PROP}, within "
             f"the operator's {REQUIRED_PREFIX_PROP}); rename the topic")
-
-
-def _shown(text: str) -> str:
-    return repr(text if len(text) <= 300 else text[:300] + "...")
-
-
-def valid_topic_name(name: str) -> bool:
-    return (0 < len(name) <= MAX_TOPIC_LENGTH and name not in (".", "..")
-            and _LEGAL.fullmatch(name) is not None)
-
-
-def prefix_fragment_error(prefix: str) -> str | None:
-    """Why `prefix` cannot start a DLQ topic name, or None when it can ('' can)."""
-    if not prefix:
-        return None
-    if len(prefix) >= MAX_TOPIC_LENGTH or _LEGAL.fullmatch(prefix) is None:
-        return (f"{_shown(prefix)} is not a legal topic-name fragment: use at most "
-                f"{MAX_TOPIC_LENGTH - 1} characters from [a-zA-Z0-9._-]")
-    if prefix.startswith("__"):
-        return (f"{prefix!r} starts with '__', which is reserved for Kafka's internal topics")
-    return None
 
 
 def effective_prefix(settings: DlqSettings, required: str) -> str:
@@ -88,7 +59,7 @@ def check_topic_name(settings: DlqSettings, required_prefix: str = DEFAULT_REQUI
     if not name:
         return
     if not valid_topic_name(name):
-        raise TopicGuardrailError(TOPIC_PROP, invalid_name_message(name))
+        raise TopicGuardrailError(TOPIC_PROP, invalid_topic_message(name))
     if name.startswith("__"):
         raise TopicGuardrailError(TOPIC_PROP, internal_name_message(name))
     prefix = effective_prefix(settings, required_prefix)

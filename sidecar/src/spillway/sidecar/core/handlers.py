@@ -235,11 +235,6 @@ def is_builtin(spec: str) -> bool:
     return spec.strip().lower() in _BUILTINS
 
 
-def builtin_kind(spec: str) -> str | None:
-    cls = _BUILTINS.get(spec.strip().lower())
-    return cls.name if cls else None
-
-
 def split_spec(spec: str) -> tuple[str, str]:
     """'pkg.mod:Cls' or 'pkg.mod.Cls' -> ('pkg.mod', 'Cls'); ConfigError when malformed."""
     spec = spec.strip()

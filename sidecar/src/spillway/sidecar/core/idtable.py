@@ -9,9 +9,11 @@ back to the OS only once every object in it is gone, so a few thousand remembere
 over a burst's arenas keep all of them resident after the burst (bench target 7: RSS after a
 1M-record outage drained). Here the ids live in flat arrays (large buffers, from malloc):
 
-- entries, in use order: ``_keys`` (array of unsigned 64-bit) and ``_vals`` (a list: values
-  are shared objects such as None or a skipped record's answer, so the list adds a reference,
-  not an object). A touched entry is appended again and its earlier place marked dead
+- entries, in use order: ``_keys`` (array of unsigned 64-bit), ``_tags`` (array of unsigned
+  64-bit: a second digest per entry, e.g. of the record's payload, so that a record reported
+  under a remembered id can be told apart from the remembered one) and ``_vals`` (a list:
+  values are shared objects such as None or a skipped record's answer, so the list adds a
+  reference, not an object). A touched entry is appended again and its earlier place marked dead
   (``_DEAD``); eviction takes the first live entry from ``_head``; dead prefixes are cut off
   and dead entries in the middle compacted away (amortised O(1)), as a dict's own entries are.
 - an open-addressing index (``_index``, array of unsigned 32-bit, linear probing, at most half
@@ -39,13 +41,14 @@ _COMPACT_SLACK = 1024
 class IdTable(Generic[V]):
     """A bounded map of int keys in [0, 2**60), least recently used entry evicted first."""
 
-    __slots__ = ("limit", "evicted", "_keys", "_vals", "_index", "_mask", "_grow_at", "_off",
-                 "_head", "_live", "_dead", "_mk", "_ms", "_ek", "_en")
+    __slots__ = ("limit", "evicted", "_keys", "_tags", "_vals", "_index", "_mask", "_grow_at",
+                 "_off", "_head", "_live", "_dead", "_mk", "_ms", "_ek", "_en")
 
     def __init__(self, limit: int) -> None:
         self.limit = max(1, limit)
         self.evicted = 0
         self._keys = array("Q")
+        self._tags = array("Q")
         self._vals: list[V | None] = []
         self._index = array("I", bytes(4 * _MIN_SLOTS))
         self._mask = _MIN_SLOTS - 1
@@ -108,8 +111,9 @@ class IdTable(Generic[V]):
         self._ms = i
         return default
 
-    def add(self, key: int, value: V) -> None:
-        """Set key's value and make it the most recently used; evict past the limit."""
+    def add(self, key: int, value: V, tag: int | None = None) -> None:
+        """Set key's value and make it the most recently used; evict past the limit. ``tag``
+        (an int in [0, 2**64)): the entry's tag; None keeps a present entry's (0 for a new one)."""
         index, keys, off = self._index, self._keys, self._off
         if key == self._mk:                  # just found absent: its slot is known
             i = self._ms
@@ -121,16 +125,17 @@ class IdTable(Generic[V]):
                 if not e:
                     break
                 if keys[e - off] == key:
-                    self._set_and_touch(i, e - off, value)
+                    self._set_and_touch(i, e - off, value, tag)
                     return
                 i = (i + 1) & mask
         n = len(keys) + off
         if n > _MAX_NUMBER:
             self._rebuild(len(index))
-            self.add(key, value)
+            self.add(key, value, tag)
             return
         index[i] = n
         keys.append(key)
+        self._tags.append(tag or 0)
         self._vals.append(value)
         self._mk = -1
         self._ek = key
@@ -167,6 +172,7 @@ class IdTable(Generic[V]):
         self.evicted += 1
         if head >= _COMPACT_SLACK and 2 * head >= len(keys):
             del keys[:head]
+            del self._tags[:head]
             del self._vals[:head]
             self._off = off + head
             head = 0
@@ -174,10 +180,13 @@ class IdTable(Generic[V]):
         if k == key:                         # (a limit of 1)
             self._ek = -1
 
-    def _set_and_touch(self, i: int, p: int, value: V) -> None:
-        keys, vals = self._keys, self._vals
+    def _set_and_touch(self, i: int, p: int, value: V, tag: int | None = None) -> None:
+        keys, vals, tags = self._keys, self._vals, self._tags
+        if tag is None:
+            tag = tags[p]
         if p == len(keys) - 1:               # already the most recently used
             vals[p] = value
+            tags[p] = tag
             self._ek = keys[p]
             self._en = p + self._off
             return
@@ -185,12 +194,13 @@ class IdTable(Generic[V]):
         if n > _MAX_NUMBER:
             key = keys[p]
             self._rebuild(len(self._index))
-            self.add(key, value)
+            self.add(key, value, tag)
             return
         key = keys[p]
         keys[p] = _DEAD
         vals[p] = None
         keys.append(key)
+        tags.append(tag)
         vals.append(value)
         self._index[i] = n
         self._ek = key
@@ -207,6 +217,27 @@ class IdTable(Generic[V]):
         i = self._slot(key)
         if i >= 0:
             self._vals[self._index[i] - self._off] = value
+
+    def tag(self, key: int) -> int:
+        """A present key's tag; -1 when the key is absent (remembered, as by `get`, so that
+        the get / add of the same key that follows asks the index no more)."""
+        if key == self._ek:
+            return self._tags[self._en - self._off]
+        if key == self._mk or not self._live:
+            return -1
+        index, mask, keys, off = self._index, self._mask, self._keys, self._off
+        i = key & mask
+        e = index[i]
+        while e:
+            if keys[e - off] == key:
+                self._ek = key
+                self._en = e
+                return self._tags[e - off]
+            i = (i + 1) & mask
+            e = index[i]
+        self._mk = key
+        self._ms = i
+        return -1
 
     def touch(self, key: int) -> None:
         """Make a present key the most recently used."""
@@ -227,6 +258,7 @@ class IdTable(Generic[V]):
         self._live -= 1
         if p == len(keys) - 1:     # the most recent entry: the common case (a record's
             keys.pop()             # schedule dropped right after it was made)
+            self._tags.pop()
             vals.pop()
         else:
             keys[p] = _DEAD
@@ -259,14 +291,15 @@ class IdTable(Generic[V]):
 
     def _rebuild(self, slots: int) -> None:
         """Entries copied without dead ones, numbered from 1 again, into a fresh index."""
-        keys, vals = self._keys, self._vals
+        keys, vals, tags = self._keys, self._vals, self._tags
         head = self._head
         if self._dead:
             live = [p for p in range(head, len(keys)) if keys[p] != _DEAD]
             new_keys = array("Q", [keys[p] for p in live])
+            new_tags = array("Q", [tags[p] for p in live])
             new_vals = [vals[p] for p in live]
         else:
-            new_keys, new_vals = keys[head:], vals[head:]
+            new_keys, new_tags, new_vals = keys[head:], tags[head:], vals[head:]
         while slots > _MIN_SLOTS and 4 * len(new_keys) < slots:   # shrink after mass pops
             slots >>= 1
         index = array("I", bytes(4 * slots))
@@ -276,7 +309,8 @@ class IdTable(Generic[V]):
             while index[i]:
                 i = (i + 1) & mask
             index[i] = n
-        self._keys, self._vals, self._index, self._mask = new_keys, new_vals, index, mask
+        self._keys, self._tags, self._vals = new_keys, new_tags, new_vals
+        self._index, self._mask = index, mask
         self._grow_at = slots // 2
         self._off, self._head, self._dead = 1, 0, 0
         self._mk = self._ek = -1

@@ -206,6 +206,9 @@ class JobSummary:
     by_exception_class: dict[str, int] = field(default_factory=dict)
     retry_budget_exhausted: int = 0   # retries the budget deferred or refused
     records_refused: int = 0          # records of reports refused for backpressure
+    # distinct records reported under an id already known with another payload (each decided
+    # on its own; see policy, record identity)
+    record_id_collisions: int = 0
 
 
 def task_key(job: str, task: TaskIdentity) -> str:

@@ -6,6 +6,10 @@ and UTF-8 bytes, so the name fits a Kafka header) and refuses control characters
 raises ValueError whose text starts with the field's name; the gRPC adapter answers
 INVALID_ARGUMENT with it. The same job-name rule is mirrored for the driver in
 ``spillway.client._names`` (a test checks that both agree).
+
+Kafka topic names (a DLQ topic, a topic-name prefix) are checked here too, so that `config`
+(which parses ``dlq.topic.required.prefix``) and `guardrails` (the operator's rules over a job's
+DLQ topic) share them without importing each other. This module imports nothing of the core.
 """
 
 from __future__ import annotations
@@ -20,10 +24,19 @@ MAX_RECORD_ID_BYTES = 1024
 MAX_CUSTOM_STAGE_CHARS = 128
 MAX_FUNCTION_NAME_CHARS = 512
 
+MAX_TOPIC_LENGTH = 249
+MAX_SHOWN = 64  # characters of a bad value a message repeats
+
 _RUN_ID = re.compile(r"[A-Za-z0-9._:@+=-]*")
 # Unicode categories never allowed in a name: control, format, surrogate, private-use,
 # unassigned, and line/paragraph separators (a name is one line in a log and a header).
 _BAD_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
+
+
+def shown(text: str, limit: int = MAX_SHOWN) -> str:
+    """A bad value as an error message may repeat it: at most `limit` characters, escaped."""
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
 
 
 def _bad_char(text: str) -> str | None:
@@ -35,11 +48,6 @@ def _bad_char(text: str) -> str | None:
             continue
         return ch
     return None
-
-
-def _shown(text: str, limit: int = 64) -> str:
-    """The value as an error message may show it: short, escaped."""
-    return repr(text[:limit] + ("..." if len(text) > limit else ""))
 
 
 def check_text(field: str, value: str, *, max_chars: int, max_bytes: int | None = None,
@@ -56,7 +64,7 @@ def check_text(field: str, value: str, *, max_chars: int, max_bytes: int | None 
     bad = _bad_char(value)
     if bad is not None:
         raise ValueError(f"{field}: contains a control or unprintable character "
-                         f"(U+{ord(bad):04X}) in {_shown(value)}")
+                         f"(U+{ord(bad):04X}) in {shown(value)}")
     return value
 
 
@@ -66,7 +74,7 @@ def check_job_name(value: str, field: str = "job") -> str:
     if not value or not value.strip():
         raise ValueError(f"{field}: a job name is required")
     if value != value.strip():
-        raise ValueError(f"{field}: {_shown(value)} has leading or trailing whitespace; "
+        raise ValueError(f"{field}: {shown(value)} has leading or trailing whitespace; "
                          f"a job name is used exactly as given, so remove it")
     return check_text(field, value, max_chars=MAX_JOB_NAME_CHARS,
                       max_bytes=MAX_JOB_NAME_BYTES, required=True)
@@ -77,7 +85,7 @@ def check_run_id(value: str, field: str = "run_id") -> str:
     if len(value) > MAX_RUN_ID_CHARS:
         raise ValueError(f"{field}: at most {MAX_RUN_ID_CHARS} characters (got {len(value)})")
     if _RUN_ID.fullmatch(value) is None:
-        raise ValueError(f"{field}: use only [A-Za-z0-9._:@+=-]; got {_shown(value)}")
+        raise ValueError(f"{field}: use only [A-Za-z0-9._:@+=-]; got {shown(value)}")
     return value
 
 
@@ -97,3 +105,26 @@ def check_custom_stage(value: str, field: str = "custom_stage") -> str:
 
 def check_function_name(value: str, field: str = "function_name") -> str:
     return check_text(field, value, max_chars=MAX_FUNCTION_NAME_CHARS)
+
+
+def valid_topic_name(name: str) -> bool:
+    return (0 < len(name) <= MAX_TOPIC_LENGTH and name not in (".", "..")
+            and _LEGAL_TOPIC.fullmatch(name) is not None)
+
+
+def invalid_topic_message(name: str) -> str:
+    # a topic name is legal up to 249 characters: show a bad one nearly whole
+    return (f"{shown(name, 300)} is not a valid Kafka topic name: use 1 to {MAX_TOPIC_LENGTH} "
+            f"characters from [a-zA-Z0-9._-], other than '.' and '..'")
+
+
+def prefix_fragment_error(prefix: str) -> str | None:
+    """Why `prefix` cannot start a DLQ topic name, or None when it can ('' can)."""
+    if not prefix:
+        return None
+    if len(prefix) >= MAX_TOPIC_LENGTH or _LEGAL_TOPIC.fullmatch(prefix) is None:
+        return (f"{shown(prefix, 300)} is not a legal topic-name fragment: use at most "
+                f"{MAX_TOPIC_LENGTH - 1} characters from [a-zA-Z0-9._-]")
+    if prefix.startswith("__"):
+        return (f"{prefix!r} starts with '__', which is reserved for Kafka's internal topics")
+    return None

@@ -215,7 +215,8 @@ def _check_tolerance(t: ToleranceSettings, handler_class: str, explicit: Collect
                     f"is set to {value:g} but errors.tolerance=none fails the job on the first "
                     f"error; set errors.tolerance=all to tolerate errors within this limit"))
         name = handler_class.strip().lower()
-        if "errors.handler.class" in explicit and name in ("logandcontinue", "logandcontinueexceptionhandler", "log-and-continue"):
+        if "errors.handler.class" in explicit and name in (
+                "logandcontinue", "logandcontinueexceptionhandler", "log-and-continue"):
             raise ConfigError("errors.handler.class", (
                 f"{handler_class.strip()} cannot continue under errors.tolerance=none (the first "
                 f"error fails the job); set errors.tolerance=all"))

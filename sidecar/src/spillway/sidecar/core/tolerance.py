@@ -22,10 +22,10 @@ Counting is idempotent by record id: a re-attempted Spark task re-reporting a re
 already counted does not count it again (``MAX_COUNTED_IDS`` ids are remembered per job, least
 recently seen evicted first). Ids are remembered as 60-bit digests (`record_key`) in an
 `IdTable`, not as strings; the policy engine keeps its skipped-record answers in the same table
-(`ToleranceTracker.ids`), so a job holds one id table, not two. Processed counts are per Spark task (stage, partition): the same
-attempt reporting twice, or a new attempt of the task, replaces the earlier count
-(``MAX_TASK_SLOTS`` tasks remembered; an evicted task's counts stay but can no longer be
-replaced).
+(`ToleranceTracker.ids`), so a job holds one id table, not two. Processed counts are per Spark
+task (stage, partition): the same attempt reporting twice, or a new attempt of the task,
+replaces the earlier count (``MAX_TASK_SLOTS`` tasks remembered; an evicted task's counts stay
+but can no longer be replaced).
 """
 
 from __future__ import annotations
@@ -58,6 +58,16 @@ KEY_MASK = (1 << KEY_BITS) - 1
 def record_key(record_id: str) -> int:
     """The digest under which a record id is remembered (see KEY_BITS)."""
     return hash(record_id) & KEY_MASK
+
+
+TAG_MASK = (1 << 64) - 1
+
+
+def payload_tag(key: bytes | None, value: bytes | None) -> int:
+    """A digest of a record's payload (its key and value: the source record's bytes, or the
+    failing stage's input), kept beside its remembered id: the same id with another payload is
+    another record (`policy`: record identity). Process-local, like `record_key`."""
+    return hash((key, value)) & TAG_MASK
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,16 +129,18 @@ class ToleranceTracker:
     # --- errors ---------------------------------------------------------------------------
 
     def admit(self, record_id: str, stage: str, now_ms: float,
-              task: TaskKey = (0, 0), key: int | None = None) -> ToleranceResult:
-        """Count one error (once per record id) and check the limits. `key`: the id's
-        `record_key`, when the caller already has it."""
+              task: TaskKey = (0, 0), key: int | None = None,
+              tag: int = 0) -> ToleranceResult:
+        """Count one error (once per record key) and check the limits. `key`: the record's key
+        (`record_key` of its id, or the policy's key for a distinct record under a known id),
+        when the caller already has it; `tag`: its payload digest (`payload_tag`)."""
         ids = self.ids
         if key is None:
-            key = hash(record_id) & KEY_MASK
+            key = record_key(record_id)
         if key in ids:
             ids.touch(key)
             return _ALREADY_COUNTED
-        ids.add(key, None)
+        ids.add(key, None, tag)
         self.errors_total += 1
         self._job.errors.add(now_ms)
         pair = self._stages.get(stage)

@@ -2,16 +2,21 @@
 
 - `DlqPipeline` (pipeline.py): the DeadLetterSink port; submit / wait_task / force_flush /
   shutdown / stats.
-- `Spool` (spool.py): the SQLite spool; `MemoryQueue` for ``spool.enable=false``.
+- `Spool` (spool.py): the SQLite spool, with its record codec (codec.py) and on-disk schema
+  (schema.py); `MemoryQueue` (memqueue.py) for ``spool.enable=false``; the interface both
+  offer the drain (store.py).
 - `KafkaDlqProducer`, `classify` (producer.py): the Kafka adapter and its error table.
 - `ensure_topic` (admin.py): guardrails, existence check, auto-create.
 - tools.py: ``spillway dlq tail`` and ``spillway dlq redrive``.
 """
 
 from .admin import ensure_topic
-from .pipeline import DlqPipeline, default_spool_dir
+from .memqueue import MemoryQueue
+from .pipeline import DlqPipeline
 from .producer import DeliveryFailure, KafkaDlqProducer, Outcome, classify, producer_config
-from .spool import MemoryQueue, RejectedRecord, Spool, SpooledRecord
+from .schema import default_spool_dir
+from .spool import Spool
+from .store import RejectedRecord, SpooledRecord
 
 __all__ = [
     "DeliveryFailure",

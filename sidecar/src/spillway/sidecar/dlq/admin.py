@@ -25,7 +25,6 @@ from ..errors import DlqError, TopicGuardrailError
 
 AUTO_CREATE_PROP = "errors.deadletterqueue.auto.create.topics.enable"
 RF_PROP = "errors.deadletterqueue.topic.replication.factor"
-PARTITIONS_PROP = "errors.deadletterqueue.topic.partitions"
 
 
 def _kafka_error(exc: KafkaException) -> str:

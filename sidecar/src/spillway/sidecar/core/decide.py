@@ -1,0 +1,390 @@
+"""The decision algorithm: the sidecar's answer for every failed record of a report
+(`Decider`), over a run's state (`jobstate.JobState`) and the report's bookkeeping
+(`batch.Batch`). Pure: randomness is injected; nothing here imports grpc, confluent_kafka or
+pyspark. `policy.PolicyEngine` is the facade that takes the run's lock and calls it.
+
+For each reported record, in order (docs/POLICY.md has the user-facing version):
+
+1. The job has failed → FAIL (job_failed) with the job's failure reason.
+2. The record was already skipped by an earlier report (a task retry, a speculative attempt, a
+   re-run action, from any node) → SKIP again, counted once, and NOT dead-lettered again: the
+   verdict says it is already in the DLQ (`dead_lettered`). Only if the earlier DLQ write was
+   undone (`undo_dead_letters`: its spool refused it) is it dead-lettered now. "The record" is
+   its id and its payload (`JobState.identity`).
+3. Classify (`classify.py`, KIP-1050) and act on the category:
+   - invalid-configuration → the job fails at once;
+   - abortable → FAIL this task attempt only; Spark re-runs the task;
+   - application-recoverable → FAIL this task attempt only: Spark restarts the task with fresh
+     clients and state, which is the recovery KIP-1050 asks the application for;
+   - retriable / refresh-retriable → RETRY while the schedule allows (`backoff.py`), deferred
+     if need be by the job's retry budget (`budget.py`, a bound on the retry rate) and, if its
+     circuit is open, with the circuit's shared wait (`breaker.py`); otherwise the record's
+     retries are exhausted;
+   - data → never retried.
+4. An exhausted or data record goes to the KIP-1033 handler (`handlers.py`): FAIL fails the
+   job; CONTINUE is subject to the tolerance limits (`tolerance.py`): within them → SKIP
+   (dead-lettered when the job has a DLQ topic), past them → the job fails.
+
+The sidecar owns each record's schedule, keyed by (job, record), so a re-attempted Spark task
+(new attempt number, same record ids) continues the record's retry count, retry clock and
+budget instead of restarting them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import HandlerError
+from .backoff import RetryState
+from .batch import DROPPED, ERRORS, FAILURES, LOGGED, RETRIES, SKIPPED, Batch
+from .classify import Classification
+from .handlers import ErrorHandlerContext, HandlerResponse, invoke
+from .jobstate import JobState, RecordState, describe
+from .model import Action, Category, Decision, ExceptionInfo, FailedRecord, Verdict
+from .ports import RandomSource
+from .tolerance import _WITHIN, payload_tag, record_key
+
+
+class BudgetRefusal(str):
+    """Why a record's retries ended: the retry budget had no slot before its deadline."""
+
+    __slots__ = ()
+
+
+# One record's answer, plus what to log after the lock is released: (decision, log, rule).
+Outcome = tuple[Decision, bool, str]
+
+_RETRIABLE = frozenset(c for c in Category if c.retriable)
+_DATA = Category.DATA
+_DATA_WHY = "data error: never retried"
+_CONTINUE = HandlerResponse.CONTINUE
+
+
+class Decider:
+    """The decision algorithm over one run's state (`JobState`) and one report's bookkeeping
+    (`Batch`), called with the run's lock held. Its only state is the injected randomness."""
+
+    def __init__(self, rng: RandomSource) -> None:
+        self._rng = rng
+
+    def decide_all(self, j: JobState, b: Batch,
+                   records: Sequence[FailedRecord]) -> list[Outcome]:
+        """`decide_one` for each record, except along a run of records failing the same way
+        for the first time: once a record (first seen, a data error, the built-in CONTINUE
+        handler, tolerance without limits) was skipped, the records after it with the same
+        exception value and stage get the same answer, so they take a short path (their id
+        remembered, their verdict made) and are counted together when the run ends. Answers and
+        counts are exactly `decide_one`'s; any other record ends the run."""
+        out: list[Outcome] = []
+        append = out.append
+        if not (j.tolerance.unlimited and j.handler.fixed is _CONTINUE):
+            for r in records:
+                append(self.decide_one(j, b, r))
+            return out
+        ids, tracked = j.ids, j.records
+        logged = j.settings.log_enable
+        dead_letter = j.settings.dlq.enabled
+        run_exc = run_ref = reason = info = rule = None
+        category = _DATA
+        pending = 0
+        skip = Action.SKIP
+        for r in records:
+            if r.exception is run_exc and r.stage is run_ref:
+                key = record_key(r.record_id)
+                if key not in ids and tracked.get(key) is None:
+                    ids.add(key, info, payload_tag(r.key, r.value))
+                    append((Decision(Verdict(r.record_id, skip, category, reason, 1),
+                                     dead_letter), logged, rule))
+                    pending += 1
+                    continue
+            if pending:
+                count_run(b, run_exc, pending, dead_letter, logged)
+                pending = 0
+            o = self.decide_one(j, b, r)
+            append(o)
+            v = o[0].verdict
+            run_exc = None
+            if (v.action is skip and v.category is _DATA and v.attempt == 1
+                    and not v.dead_lettered and not j.failure_reason):
+                reason = b.reasons.get((b.last_what, _DATA_WHY))
+                info = b.last_info
+                # the record went `handle`'s first-seen data path: the run shares its answer
+                if (reason is not None and v.reason is reason and info is not None
+                        and info[0] is _DATA and info[1] == reason and info[2] == 1):
+                    run_exc, run_ref, rule = r.exception, r.stage, o[2]
+        if pending:
+            count_run(b, run_exc, pending, dead_letter, logged)
+        return out
+
+    def decide_one(self, j: JobState, b: Batch, record: FailedRecord) -> Outcome:
+        s = j.settings
+        rid, exc, ref = record.record_id, record.exception, record.stage
+        if ref is b.last_ref:
+            stage = b.last_stage        # StageRef.name, once per batch (refs are shared)
+        else:
+            stage = ref.name
+            b.last_ref = ref
+        amounts = b.stage_amounts(stage)
+        amounts[FAILURES] += 1           # and the batch's wall time as the last error's
+        counted = b.by_stage
+        counted[stage] = counted.get(stage, 0) + 1
+        key = exc.class_name or "<unknown>"
+        counted = b.by_class
+        counted[key] = counted.get(key, 0) + 1
+        if exc is b.cls_exc:
+            cls = b.cls                   # records of a batch share their exception value
+        else:
+            cls = b.cls = j.classifier.classify(exc)
+            b.cls_exc = exc
+        category = cls.category
+        counted = b.by_category       # by Category: its value is taken once, in apply()
+        counted[category] = counted.get(category, 0) + 1
+        key, tag = j.identity(record, b.collisions)
+        skipped = j.ids.get(key)
+        if skipped is not None and not j.failure_reason:
+            # a re-attempted task met a record an earlier report already skipped: same answer,
+            # counted once; its DLQ record was written then, so not again (one per record id)
+            again = skipped[3]
+            skipped = j.skip_info(skipped[0], skipped[1], skipped[2] + 1, s.dlq.enabled)
+            j.ids.add(key, skipped)       # and now the most recently seen
+            if again:
+                return (Decision(Verdict(
+                    rid, Action.SKIP, skipped[0],
+                    f"already skipped by an earlier report and already in the DLQ topic "
+                    f"{s.dlq.topic} (not written again): {skipped[1]}",
+                    skipped[2], dead_lettered=True)), False, "")
+            return (Decision(Verdict(
+                rid, Action.SKIP, skipped[0],
+                f"already skipped by an earlier task attempt: {skipped[1]}",
+                skipped[2]), s.dlq.enabled), False, "")
+
+        state = j.records.get(key)
+        if state is None:
+            b.reports += 1                # a first failure: a budget deposit, before any retry
+        if state is None and category is _DATA and not j.failure_reason:
+            # a data error never seen before: it is never retried, so it needs no schedule
+            # (`handle` makes one only if the record is not skipped, as it would be kept)
+            if exc is b.last_exc and cls is b.last_cls:
+                what = b.last_what
+            else:
+                what = f"{describe(record)} [{cls.describe()}]"
+                b.last_exc, b.last_cls, b.last_what = exc, cls, what
+            return self.handle(j, b, record, key, tag, None, cls, _DATA_WHY, what)
+        if state is None:
+            state = RecordState(first_ms=b.now)
+            j.records.add(key, state, tag)
+        else:
+            j.records.touch(key)
+        state.attempts += 1
+        state.last_class = exc.class_name
+
+        if j.failure_reason:
+            return (Decision(Verdict(
+                rid, Action.FAIL, category, f"job {s.job!r} has failed: {j.failure_reason}",
+                state.attempts, job_failed=True)), False, "")
+
+        if exc is b.last_exc and cls is b.last_cls:
+            what = b.last_what            # a batch failing the same way: one description
+        else:
+            what = f"{describe(record)} [{cls.describe()}]"
+            b.last_exc, b.last_cls, b.last_what = exc, cls, what
+        if category is Category.INVALID_CONFIGURATION:
+            reason = j.fail((
+                f"job {s.job!r} failed on an invalid-configuration error in stage {stage} "
+                f"(record {rid!r}): {what}; fix the configuration and re-run"))
+            return error(j, amounts, Verdict(rid, Action.FAIL, category, reason,
+                                             state.attempts, job_failed=True), cls)
+        if category is Category.ABORTABLE:
+            return error(j, amounts, Verdict(rid, Action.FAIL, category, (
+                f"abortable error in stage {stage}: {what}; failing this task attempt only, "
+                f"Spark will re-run the task"), state.attempts), cls)
+        if category is Category.APPLICATION_RECOVERABLE:
+            return error(j, amounts, Verdict(rid, Action.FAIL, category, (
+                f"application-recoverable error in stage {stage}: {what}; failing this task "
+                f"attempt only, Spark will restart the task with fresh clients and state"),
+                state.attempts), cls)
+
+        if category in _RETRIABLE:
+            b.charge_reports(j, b.now)
+            retry = self.try_retry(j, b, record, state, cls)
+            if isinstance(retry, Verdict):
+                amounts[RETRIES] += 1
+                return (Decision(retry), False, "")
+            if isinstance(retry, BudgetRefusal):
+                # the budget had no slot before the record's deadline: handled as exhausted,
+                # and the final verdict says the budget was why
+                out = self.handle(j, b, record, key, tag, state, cls,
+                                  f"retries exhausted: {retry}", what)
+                out[0].verdict.retry_budget_exhausted = True
+                return out
+            why = f"retries exhausted: {retry}"
+        else:
+            why = _DATA_WHY
+        return self.handle(j, b, record, key, tag, state, cls, why, what)
+
+    def try_retry(self, j: JobState, b: Batch, record: FailedRecord, state: RecordState,
+                  cls: Classification) -> Verdict | str:
+        """A RETRY verdict (possibly deferred by the retry budget), or the reason the record's
+        retries are exhausted (a `BudgetRefusal` when the budget had no slot before the
+        record's deadline)."""
+        s, task, now = j.settings, b.task, b.now
+        rs = RetryState(retries=state.retries, elapsed_ms=now - state.first_ms,
+                        last_delay_ms=state.last_delay_ms)
+        if not j.schedule.enabled:
+            return j.schedule.stop(rs) or "retries are disabled"
+        hold = None
+        if s.circuit.enable and record.exception.class_name:
+            cb = j.breakers.get(record.exception.class_name, now)
+            hold = cb.on_failure(now, task.task_id, self._rng)
+        charged = hold is None or state.holds >= s.circuit.max_holds
+        if charged:
+            stop = j.schedule.stop(rs)
+            if stop is not None:
+                return stop
+        decision = (j.schedule.next(rs, self._rng) if hold is None
+                    else j.schedule.hold(rs, hold.wait_ms))
+        if decision.delay_ms is None:
+            return decision.reason
+        delay, budget_note = decision.delay_ms, ""
+        if charged:
+            timeout = j.schedule.deadline.timeout_ms
+            grant = j.budget.acquire(now, delay, None if timeout is None
+                                     else timeout - rs.elapsed_ms)
+            if grant.delay_ms is None:
+                return BudgetRefusal(grant.reason)
+            delay, budget_note = grant.delay_ms, grant.reason
+            state.retries += 1
+        else:
+            state.holds += 1
+        state.last_delay_ms = decision.delay_ms
+        limit = s.retry.max_retries
+        of = f" of {limit}" if limit is not None else ""
+        refresh = ("run the stage's refresh hook, then " if cls.category
+                   is Category.REFRESH_RETRIABLE else "")
+        note = f" ({decision.reason})" if decision.reason else ""
+        if budget_note:
+            note += f" ({budget_note})"
+        what = f"{cls.category.value} {describe(record)} [{cls.rule}]"
+        if hold is None:
+            reason = f"{what}: {refresh}retry {state.retries}{of} in {delay} ms{note}"
+        elif charged:
+            reason = (f"{what}: {hold.reason}; {refresh}retry {state.retries}{of} in "
+                      f"{delay} ms (charged: errors.circuit.max.holds="
+                      f"{s.circuit.max_holds} reached){note}")
+        else:
+            reason = (f"{what}: {hold.reason}; {refresh}retry in {decision.delay_ms} ms "
+                      f"(hold {state.holds}, not charged to the record's retries){note}")
+        return Verdict(record_id=record.record_id, action=Action.RETRY, category=cls.category,
+                       reason=reason, attempt=state.attempts, retry_delay_ms=delay,
+                       retry_budget_exhausted=bool(budget_note))
+
+    def handle(self, j: JobState, b: Batch, record: FailedRecord, key: int, tag: int,
+               state: RecordState | None, cls: Classification, why: str,
+               what: str) -> Outcome:
+        """KIP-1033 handler, then tolerance, for a record that will not be retried. `state`
+        None: a data error seen for the first time (attempt 1), whose schedule is made only if
+        the record is not skipped (a skipped record's schedule is dropped at once). The
+        record's stage and its counts are the batch's last (`Batch.stage_amounts`)."""
+        s, task, now, wall = j.settings, b.task, b.now, b.wall
+        stage, amounts = b.last_stage, b.last_amounts
+        rid, category = record.record_id, cls.category
+        attempts = state.attempts if state is not None else 1
+
+        response = j.handler.fixed  # a built-in's answer does not depend on the context
+        if state is None and response is not _CONTINUE:
+            state = j.new_state(key, tag, now, record)   # kept unless the record is skipped
+        if response is None:
+            src = record.source
+            context = ErrorHandlerContext(
+                job=s.job, record_id=rid, topic=src.topic if src else None,
+                partition=src.partition if src else -1, offset=src.offset if src else -1,
+                headers=record.headers, processor_node_id=record.function_name, task_id=b.tid,
+                timestamp=record.timestamp_ms if record.timestamp_ms is not None else wall,
+                stage=stage, exception=record.exception, category=category,
+                attempt=attempts, reason=why, record=record)
+            try:
+                response = invoke(j.handler, context)
+            except HandlerError as exc:
+                j.handler_failures += 1
+                reason = j.fail(f"job {s.job!r} failed: {exc} (stage {stage})")
+                return error(j, amounts, Verdict(rid, Action.FAIL, category, reason,
+                                                 attempts, job_failed=True), cls)
+
+        if response is HandlerResponse.FAIL:
+            if j.handler.derived:
+                reason = (f"job {s.job!r} failed on its first error: errors.tolerance=none "
+                          f"(stage {stage}, record {rid!r}): {what}; {why}")
+            else:
+                reason = (f"job {s.job!r} failed: errors.handler.class={j.handler.name} returned "
+                          f"FAIL for record {rid!r} (stage {stage}): {what}; {why}")
+            return error(j, amounts, Verdict(rid, Action.FAIL, category, j.fail(reason),
+                                             attempts, job_failed=True), cls)
+
+        tolerance = j.tolerance
+        if tolerance.unlimited:           # no limit to check: counted per stage at the end
+            ids = j.ids
+            if key in ids:
+                ids.touch(key)            # already counted by an earlier attempt
+            else:
+                ids.add(key, None, tag)
+                new = b.new_errors
+                new[stage] = new.get(stage, 0) + 1
+            tol = _WITHIN
+        else:
+            tol = tolerance.admit(rid, stage, now, (task.stage_id, task.partition_id), key,
+                                  tag)
+        if tol.exceeded:
+            if state is None:
+                state = j.new_state(key, tag, now, record)
+            reason = j.fail(f"{tol.reason}; last error: {what} (record {rid!r})")
+            return error(j, amounts, Verdict(rid, Action.FAIL, category, reason,
+                                             attempts, job_failed=True), cls)
+
+        dead_letter = s.dlq.enabled
+        reason = b.reasons.get((what, why))
+        if reason is None:
+            where = (f"dead-lettered to {s.dlq.topic}" if dead_letter
+                     else "dropped (no errors.deadletterqueue.topic.name)")
+            reason = b.reasons[(what, why)] = f"skipped, {where}: {what}; {why}"
+        info = b.last_info
+        if (info is None or info[1] is not reason or info[0] is not category
+                or info[2] != attempts):
+            info = b.last_info = j.skip_info(category, reason, attempts, dead_letter)
+        if state is not None:
+            j.records.pop(key)
+        j.ids.replace(key, info)          # tolerance.admit added the key
+        amounts[SKIPPED] += 1
+        if not dead_letter:
+            amounts[DROPPED] += 1
+        return error(j, amounts, Verdict(rid, Action.SKIP, category, reason,
+                                         attempts), cls, dead_letter=dead_letter)
+
+
+def count_run(b: Batch, exc: ExceptionInfo, n: int, dead_letter: bool, logged: bool) -> None:
+    """The counts `Decider.decide_one` would have made for ``n`` records of a run (its stage is
+    the batch's last one: no other record came between)."""
+    a = b.last_amounts
+    a[FAILURES] += n
+    a[ERRORS] += n
+    a[SKIPPED] += n
+    if not dead_letter:
+        a[DROPPED] += n
+    if logged or dead_letter:
+        a[LOGGED] += n
+    stage = b.last_stage
+    b.by_stage[stage] += n
+    cls_key = exc.class_name or "<unknown>"
+    b.by_class[cls_key] += n
+    b.by_category[_DATA] += n
+    b.reports += n
+    b.new_errors[stage] = b.new_errors.get(stage, 0) + n
+
+
+def error(j: JobState, amounts: list[int], v: Verdict, cls: Classification, *,
+          dead_letter: bool = False) -> Outcome:
+    """Count one KIP-298 error (and its log / DLQ hand-off)."""
+    amounts[ERRORS] += 1
+    logged = j.settings.log_enable
+    if logged or dead_letter:
+        amounts[LOGGED] += 1
+    return (Decision(v, dead_letter), logged, cls.rule)

@@ -1,0 +1,154 @@
+"""How the spool stores DLQ records: the header codec, segments and batch rows (pure, no I/O).
+
+A report's records are serialized once, as one segment: one `marshal` call over a list of their
+field tuples (cut at SEG_RECORDS records or ROW_BYTES). A batch row holds segments while they fit
+in ROW_BYTES and ROW_RECORDS records; a record's seq is virtual, ``row_id * 2**ROW_BITS + index``,
+so that seqs keep arrival order. The rejected table keeps a record's headers as a marshalled
+tuple (`encode_headers`).
+"""
+
+from __future__ import annotations
+
+import marshal
+from array import array
+from collections.abc import Iterator, Sequence
+
+from ..core.model import DlqRecord, Header
+from ..errors import DlqError
+from .store import SpooledRecord
+
+ROW_BITS = 16  # seq = row id * 2**16 + index in the row
+IDX_MASK = (1 << ROW_BITS) - 1
+ROW_RECORDS = 1 << ROW_BITS  # records per batch row at most
+ROW_BYTES = 1024 * 1024  # a batch row is closed once it holds this much
+SEG_RECORDS = 4096  # records per segment (one marshal call) at most
+_MARSHAL_VERSION = 4
+
+
+def encode_headers(headers: Sequence[Header]) -> bytes:
+    """A record's headers as the rejected table stores them: one marshal call (format 4)."""
+    if type(headers) is not tuple:
+        headers = tuple(headers)
+    return marshal.dumps(headers, _MARSHAL_VERSION)
+
+
+def decode_headers(blob: bytes) -> tuple[Header, ...]:
+    out = marshal.loads(blob)
+    if type(out) is not tuple:
+        raise DlqError(f"corrupt DLQ spool row: headers decode to {type(out).__name__}")
+    return out
+
+
+def record_size(rec: DlqRecord, headers_blob: bytes) -> int:
+    """The bytes a record accounts for against ``spool.max.bytes``."""
+    return (len(rec.key or b"") + len(rec.value or b"") + len(headers_blob) + len(rec.topic)
+            + len(rec.record_id) + len(rec.job) + len(rec.task_key) + len(rec.traceparent))
+
+
+def encode_segments(records: Sequence[DlqRecord]) -> list[tuple[bytes, int]]:
+    """A report's records as stored: one marshal call per segment (a list of their field
+    tuples), with its record count. One call per report instead of one per record: marshal's
+    per-call set-up and its reference table (the header names repeat in every record) are paid
+    once. A segment holds at most SEG_RECORDS records and, unless it is one record, at most
+    ROW_BYTES (a larger one is cut and encoded again: rare, reports are small)."""
+    fields = [(r.topic, r.key, r.value, r.headers if type(r.headers) is tuple else tuple(r.headers),
+               r.record_id, r.job, r.task_key, r.traceparent) for r in records]
+    out: list[tuple[bytes, int]] = []
+    for i in range(0, len(fields), SEG_RECORDS):
+        _encode_into(fields[i:i + SEG_RECORDS], out)
+    return out
+
+
+def _encode_into(fields: list[tuple], out: list[tuple[bytes, int]]) -> None:
+    blob = marshal.dumps(fields, _MARSHAL_VERSION)
+    if len(blob) <= ROW_BYTES or len(fields) == 1:
+        out.append((blob, len(fields)))
+        return
+    parts = -(-len(blob) // ROW_BYTES)  # a part that is still too large is cut again
+    step = -(-len(fields) // parts)
+    for i in range(0, len(fields), step):
+        _encode_into(fields[i:i + step], out)
+
+
+def seg_sizes(nbytes: int, count: int) -> list[int]:
+    """The bytes each record of a segment accounts for: the segment's bytes split evenly (the
+    remainder on its last record), so that a row's per-record ends fall on segment bounds."""
+    q, r = divmod(nbytes, count)
+    sizes = [q] * count
+    sizes[-1] += r
+    return sizes
+
+
+def record_from_row(row: Sequence) -> DlqRecord:
+    """A record from the rejected table's columns (job .. traceparent)."""
+    job, record_id, task_key, topic, key, value, blob, traceparent = row
+    return DlqRecord(topic=topic, key=key, value=value, headers=decode_headers(blob),
+                     record_id=record_id, job=job, task_key=task_key, traceparent=traceparent)
+
+
+def seq_ranges(seqs: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted, de-duplicated runs of consecutive seqs as (first, last) pairs."""
+    ordered = sorted(set(seqs))
+    out: list[tuple[int, int]] = []
+    lo = hi = ordered[0]
+    for s in ordered[1:]:
+        if s == hi + 1:
+            hi = s
+        else:
+            out.append((lo, hi))
+            lo = hi = s
+    out.append((lo, hi))
+    return out
+
+
+def row_ends(data_ends: bytes) -> array:
+    """A batch row's per-record end offsets (``ends``) or segment counts (``segs``)."""
+    a = array("I")
+    a.frombytes(data_ends)
+    return a
+
+
+def decode_row(rid: int, ends: bytes, segs: bytes, data: bytes, start: int,
+               done: bytes | bytearray | None) -> Iterator[tuple[int, SpooledRecord]]:
+    """The records of batch row `rid` from index `start` on, in order, but those `done` marks
+    settled: `segs` holds the record count of each segment (one marshalled list of records)."""
+    e = row_ends(ends)
+    base = rid << ROW_BITS
+    first = 0
+    for count in row_ends(segs):
+        last = first + count
+        lo = max(first, start)
+        if last > lo and (done is None or not all(done[lo:last])):
+            seg_start = e[first - 1] if first else 0
+            items = marshal.loads(memoryview(data)[seg_start:e[last - 1]])
+            if type(items) is not list or len(items) != count:
+                raise DlqError("corrupt DLQ spool row: a segment does not decode to its records")
+            prev = e[lo - 1] if lo else 0
+            for i in range(lo, last):
+                end = e[i]
+                if done is None or not done[i]:
+                    fields = items[i - first]
+                    if type(fields) is not tuple or len(fields) != 8:
+                        raise DlqError("corrupt DLQ spool row: a record does not decode to its "
+                                       "8 fields")
+                    yield i, SpooledRecord(base | i, DlqRecord(*fields), end - prev)
+                prev = end
+        first = last
+
+
+def split_segments(segments: list[tuple[bytes, int]]) -> list[list[tuple[bytes, int]]]:
+    """Cut segments into batch rows, in order: a row takes segments while they fit in ROW_BYTES
+    (a larger segment gets a row of its own) and ROW_RECORDS records."""
+    rows: list[list[tuple[bytes, int]]] = []
+    cur: list[tuple[bytes, int]] = []
+    nbytes = nrecs = 0
+    for seg in segments:
+        if cur and (nbytes + len(seg[0]) > ROW_BYTES or nrecs + seg[1] > ROW_RECORDS):
+            rows.append(cur)
+            cur, nbytes, nrecs = [], 0, 0
+        cur.append(seg)
+        nbytes += len(seg[0])
+        nrecs += seg[1]
+    if cur:
+        rows.append(cur)
+    return rows

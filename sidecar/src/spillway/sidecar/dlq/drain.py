@@ -1,0 +1,403 @@
+"""The DLQ pipeline's drain worker: one thread's rounds of reading, producing and settling.
+
+Each round (`_step`) takes the records the spool's writer handed over in memory, or reads the
+spool when that hand-off overflowed or after a restart; hands up to ``max_inflight_records`` /
+``max_inflight_bytes`` of them to the producer; serves delivery reports (`_handle_reports`): an
+acknowledged record is settled in the spool in batches (`_commit_acks`), a failed one is
+retried, produced alone, rejected or makes the producer be rebuilt by its category
+(`_on_failure`, see `producer.classify`). `Drain` is that half of `pipeline.DlqPipeline` (a
+mixin: the state is the pipeline's, set up in its constructor; see pipeline.py's docstring).
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import time
+from dataclasses import dataclass
+
+from ..core.model import DlqRecord
+from ..errors import DlqError
+from ..memtune import release_memory
+from .producer import DeliveryFailure, Outcome, ProduceRefused
+from .tracing import record_batch_spans
+
+log = logging.getLogger("spillway.sidecar.dlq.pipeline")
+
+_TRIM_AFTER_RECORDS = 10_000  # records drained before an idle drain gives memory back
+# Acknowledged records are settled in the spool (one small transaction) at least this often:
+# what was acknowledged but not yet settled is produced again after a crash.
+SETTLE_AFTER_S = 0.05
+
+
+@dataclass(slots=True)
+class Entry:
+    """A spooled record the drain holds in memory: in flight, waiting to retry, or a suspect."""
+
+    seq: int
+    rec: DlqRecord
+    size: int
+    attempts: int = 0
+    solo: bool = False  # its last produce was alone in its batch
+    sent_ns: int = 0    # when it was last handed to the producer (for the batch span)
+
+    def __lt__(self, other: Entry) -> bool:  # heap tie-break
+        return self.seq < other.seq
+
+
+class Drain:
+    """The drain worker's rounds, over the state `pipeline.DlqPipeline` sets up."""
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._wake.clear()
+                idle_for = self._step()
+                if idle_for > 0:
+                    self._wake.wait(idle_for)
+            except Exception:
+                log.exception("DLQ drain worker error; continuing")
+                self._stop.wait(0.5)
+
+    def _step(self) -> float:
+        """One round; returns how long to sleep (0: go on at once)."""
+        assert self._store is not None
+        now = self._clock.monotonic()
+        if self._producer.fatal_error is not None:
+            self._rebuild(str(self._producer.fatal_error))
+        produced = False
+        if self._suspects:
+            produced = self._probe_next()
+        else:
+            while self._retry and self._retry[0][0] <= now:
+                _, e = heapq.heappop(self._retry)
+                if not self._produce(e):
+                    break
+                produced = True
+            produced = self._read_more() or produced
+        more_to_read = self._more_to_read()
+        self._producer.poll(0 if produced or more_to_read else
+                            (0.05 if self._inflight else 0))
+        self._handle_reports()
+        self._commit_acks(force=self._flush_waiters > 0 or self._stop.is_set())
+        if self._flush_waiters:
+            self._update_done_through()
+        if self._inflight or produced or more_to_read or self._suspects:
+            return 0.0  # (rows left over after a failed delete or reject wait for the next wake)
+        if self._more_to_read():
+            # the window was full when this round began and its reports came back during
+            # the poll above: go on reading at once instead of idling a second per window
+            return 0.0
+        if self._retry:
+            return max(0.0, min(1.0, self._retry[0][0] - self._clock.monotonic()))
+        self._trim_when_idle()
+        return 1.0
+
+    def _more_to_read(self) -> bool:
+        return self._room() > 0 and (
+            bool(self._handoff) or (self._overflow and self._read_commits != self._commits))
+
+    def _trim_when_idle(self) -> None:
+        """Once a large backlog has drained and the drain has been idle for a second, hand the
+        freed heap back to the OS (the spool already did when it emptied; this catches what
+        was freed after that: reports, librdkafka buffers)."""
+        assert self._store is not None
+        if self._written_since_trim < _TRIM_AFTER_RECORDS or self._acked_pending:
+            return
+        now = self._clock.monotonic()
+        if self._store.depth() or self._handoff:
+            self._trim_at = 0.0
+        elif not self._trim_at:
+            self._trim_at = now + 1.0
+        elif now >= self._trim_at:
+            self._trim_at = 0.0
+            self._written_since_trim = 0
+            release_memory()
+            log.debug("DLQ drain idle after a backlog: freed heap handed back to the OS")
+
+    def _room(self) -> int:
+        held = len(self._inflight) + len(self._retry) + len(self._suspects)
+        held += len(self._acked_pending)
+        if self._held_bytes >= self._max_inflight_bytes:
+            return 0
+        return self._max_inflight - held
+
+    def _read_more(self) -> bool:
+        """Take new rows: from the in-memory hand-off, else (after a restart, or once the
+        hand-off overflowed) from the spool."""
+        assert self._store is not None
+        room = self._room()
+        budget = self._max_inflight_bytes - self._held_bytes
+        if room <= 0 or budget <= 0:
+            return False
+        limit = min(self._chunk, room)
+        last = self._store.last_seq()  # every row up to it has been handed off or skipped
+        taken: list[Entry] = []
+        with self._hlock:
+            handoff = self._handoff
+            while handoff and len(taken) < limit and budget > 0:
+                e = handoff.popleft()
+                budget -= e.size
+                taken.append(e)
+            self._handoff_bytes -= sum(e.size for e in taken)
+            from_spool = not handoff and self._overflow
+            if not handoff and not self._overflow and not taken:
+                self._cursor = max(self._cursor, last)  # rows up to `last` all taken
+        if taken:
+            self._cursor = taken[-1].seq
+            return self._produce_new(taken)
+        if from_spool:
+            return self._read_spool(limit, budget)
+        return False
+
+    def _read_spool(self, limit: int, budget: int) -> bool:
+        assert self._store is not None
+        with self._lock:
+            commits = self._commits
+        if commits == self._read_commits:
+            return False
+        # as many rows as the byte budget allows (by the average size read so far); rather
+        # than many small reads, wait until a quarter of the window is free again
+        fit = self._max_inflight_bytes // self._avg_size + 1
+        limit = min(limit, budget // self._avg_size + 1)
+        if self._inflight and limit < min(self._chunk, self._max_inflight, fit) // 4:
+            return False
+        last = self._store.last_seq()  # committed before it was published
+        rows = self._store.read_batch(self._cursor, limit)
+        short = len(rows) < limit
+        if short:
+            self._read_commits = commits
+        entries = [Entry(row.seq, row.record, row.size) for row in rows]
+        self._c_spool_reads += len(entries)
+        if entries:
+            self._cursor = entries[-1].seq
+            self._avg_size = max(1, sum(e.size for e in entries) // len(entries))
+        if short:
+            # read to the end: a seq up to `last` that is not there never will be (an ignored
+            # duplicate can use one up), so the cursor may pass it
+            self._cursor = max(self._cursor, last)
+            with self._hlock:
+                if not self._handoff and self._skipped_upto <= self._cursor:
+                    self._overflow = False  # caught up: back to the in-memory hand-off
+                    self._floor = self._cursor
+        return self._produce_new(entries)
+
+    def _produce_new(self, entries: list[Entry]) -> bool:
+        """Hand new entries to librdkafka in one go; when its queue stays full, the rest is
+        kept for later, in order."""
+        if not entries:
+            return False
+        sent_ns = time.time_ns()
+        inflight = self._inflight
+        producer = self._producer
+        i, total = 0, len(entries)
+        while i < total:
+            batch = entries[i:] if i else entries
+            n, refused = producer.produce_many([(e.seq, e.rec) for e in batch], max_wait_s=0.5)
+            for e in batch[:n]:
+                e.sent_ns = sent_ns
+                inflight[e.seq] = e
+            self._held_bytes += sum(e.size for e in batch[:n])
+            self._c_requests += n
+            i += n
+            if refused is not None:  # refused synchronously (e.g. too large): filed alone
+                e = entries[i]
+                self._held_bytes += e.size
+                self._c_requests += 1
+                self._on_failure(e, refused.failure, refused_alone=True)
+                i += 1
+            elif i < total:  # librdkafka full
+                now = self._clock.monotonic()
+                for r in entries[i:]:
+                    self._held_bytes += r.size
+                    heapq.heappush(self._retry, (now, r))
+                return i > 0
+        return True
+
+    def _produce(self, e: Entry, *, solo: bool = False) -> bool:
+        """Hand one entry to librdkafka; False when its queue stays full (entry kept)."""
+        e.solo = solo
+        e.sent_ns = time.time_ns()
+        try:
+            self._producer.produce(e.rec, e.seq, max_wait_s=0.5, poll=False)
+        except BufferError:
+            heapq.heappush(self._retry, (self._clock.monotonic(), e))
+            return False
+        except ProduceRefused as refused:
+            self._c_requests += 1
+            if e.attempts:
+                self._c_retries += 1
+            self._on_failure(e, refused.failure, refused_alone=True)
+            return True
+        self._c_requests += 1
+        if e.attempts:
+            self._c_retries += 1
+        self._inflight[e.seq] = e
+        return True
+
+    def _probe_next(self) -> bool:
+        """Produce one suspect alone: nothing else queued in librdkafka, nothing else sent."""
+        if self._probe is not None or self._inflight or self._producer.outstanding():
+            return False
+        e = self._suspects.popleft()
+        self._probe = e.seq
+        if not self._produce(e, solo=True):
+            self._probe = None
+            return False
+        if e.seq not in self._inflight:  # refused synchronously: already re-filed
+            self._probe = None
+        else:
+            self._producer.flush(0)  # send it now, without waiting for linger.ms
+        return True
+
+    def _handle_reports(self) -> None:
+        acked_seqs, acked_partitions, failed = self._producer.take_reports()
+        if not acked_seqs and not failed:
+            return
+        inflight, probe = self._inflight, self._probe
+        for seq, failure in failed:
+            e = inflight.pop(seq, None)
+            if e is None:
+                continue
+            if seq == probe:
+                self._probe = probe = None
+            self._on_failure(e, failure, refused_alone=e.solo)
+        acked: list[Entry] = []
+        partitions: list[int] = []
+        for seq, partition in zip(acked_seqs, acked_partitions, strict=True):
+            e = inflight.pop(seq, None)
+            if e is None:
+                continue
+            if seq == probe:
+                self._probe = probe = None
+            acked.append(e)
+            partitions.append(partition)
+        if not acked:
+            return
+        if self.tracer is not None:
+            record_batch_spans(self.tracer, acked, partitions)
+        per_job: collections.Counter[str] = collections.Counter()
+        per_task: collections.Counter[str] = collections.Counter()
+        with self._cv:
+            self._acked_set.update(e.seq for e in acked)
+            followers, upto = self._followers, self._recovered_upto
+            for e in acked:
+                per_job[e.rec.job] += 1
+                if followers and e.seq in followers:
+                    self._settle(e, acked=True)
+                elif e.seq > upto:  # the owner's count, settled per task below
+                    per_task[e.rec.task_key] += 1
+            for tk, n in per_task.items():
+                t = self._task(tk)
+                t.pending -= n
+                t.acked += n
+            self._evict()
+            self._cv.notify_all()
+        for e in acked:
+            self._held_bytes -= e.size
+        if not self._acked_pending:
+            self._first_ack_t = self._clock.monotonic()
+        self._acked_pending.extend(e.seq for e in acked)
+        self._c_written += len(acked)
+        self._written_since_trim += len(acked)
+        if self._on_ack is not None:
+            for job, n in per_job.items():
+                try:
+                    self._on_ack(job, n)
+                except Exception:
+                    log.exception("DLQ on_ack hook failed")
+
+    def _on_failure(self, e: Entry, f: DeliveryFailure, *, refused_alone: bool) -> None:
+        """File a failed entry: retry heap, suspects, or the rejected table."""
+        self._c_failures += 1
+        self._last_error = str(f)
+        if f.possibly_persisted:
+            self._c_possible_dups += 1
+        now = self._clock.monotonic()
+        if f.outcome is Outcome.REJECT:
+            if refused_alone:
+                self._reject(e, f)
+            else:
+                self._suspects.append(e)
+            return
+        if f.outcome is Outcome.REBUILD:
+            self._producer.fatal_error = self._producer.fatal_error or f
+            heapq.heappush(self._retry, (now, e))
+        else:
+            e.attempts += 1
+            delay = min(self._backoff_max_s, self._backoff_s * (2 ** min(e.attempts - 1, 20)))
+            heapq.heappush(self._retry, (now + delay * (0.5 + self._random.random() / 2), e))
+        last = self._last_fail_log.get(f.code, 0.0)
+        if now - last >= 10.0:
+            self._last_fail_log[f.code] = now
+            log.warning("DLQ record %s of job %s not written (%s); retrying (attempt %d)",
+                        e.rec.record_id, e.rec.job, f, e.attempts)
+
+    def _reject(self, e: Entry, f: DeliveryFailure) -> None:
+        reason = f"{f.name}: {f.message}"
+        with self._cv:
+            self._rejected_pending[e.seq] = reason
+            self._settle(e, acked=False, reason=reason)
+            self._cv.notify_all()
+        self._rejects.append((e.seq, reason))
+        self._held_bytes -= e.size
+        self._c_rejected += 1
+        log.error("DLQ record %s of job %s (topic %s) can never be written to Kafka (%s): moved to "
+                  "the spool's rejected table, not retried", e.rec.record_id, e.rec.job,
+                  e.rec.topic, f)
+
+    def _commit_acks(self, *, force: bool) -> None:
+        assert self._store is not None
+        if self._rejects:
+            rejects, self._rejects = self._rejects, []
+            try:
+                self._store.reject(rejects, self._clock.wall_ms())
+            except DlqError:
+                log.exception("moving rejected DLQ records failed; will try again")
+                self._rejects = rejects + self._rejects
+            else:
+                with self._lock:
+                    for seq, _ in rejects:
+                        self._rejected_pending.pop(seq, None)
+        if not self._acked_pending:
+            return
+        if not (force or len(self._acked_pending) >= self._delete_batch
+                or not self._inflight
+                or self._clock.monotonic() - self._first_ack_t >= SETTLE_AFTER_S):
+            return
+        seqs, self._acked_pending = self._acked_pending, []
+        try:
+            self._store.delete(seqs)
+        except DlqError:
+            log.exception("deleting acknowledged DLQ records from the spool failed; will retry")
+            self._acked_pending = seqs + self._acked_pending
+            return
+        with self._lock:
+            self._acked_set.difference_update(seqs)
+
+    def _update_done_through(self) -> None:
+        # Everything at or below the cursor that the drain no longer holds is acknowledged or
+        # rejected; rows past the cursor are not read yet.
+        low = self._cursor + 1
+        if self._inflight:
+            low = min(low, min(self._inflight))
+        if self._retry:
+            low = min(low, min(e.seq for _, e in self._retry))
+        if self._suspects:
+            low = min(low, min(e.seq for e in self._suspects))
+        with self._cv:
+            self._done_through = low - 1
+            self._cv.notify_all()
+
+    def _rebuild(self, reason: str) -> None:
+        log.warning("rebuilding the DLQ producer (%s); re-producing %d records in flight", reason,
+                    len(self._inflight))
+        self._handle_reports()
+        self._producer.rebuild()
+        self._c_rebuilds += 1
+        now = self._clock.monotonic()
+        for e in self._inflight.values():
+            heapq.heappush(self._retry, (now, e))
+        self._inflight.clear()
+        self._probe = None

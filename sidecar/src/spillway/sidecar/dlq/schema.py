@@ -1,0 +1,117 @@
+"""The spool on disk: where it lives, its SQLite schema and connection settings, its lock.
+
+Schema 3 is the only one: ``batches`` (one row per group commit: the concatenated segments, the
+per-record ``ends``, the per-segment record counts ``segs``, the pending count ``n`` and bytes
+``size``), ``settled`` (acknowledged index ranges of partly settled rows), ``rejected`` (one row
+per record Kafka can never accept) and ``meta``. Schemas 1 and 2 were development formats that
+no release wrote: a spool in either is refused at open with a message saying so.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import sqlite3
+from collections.abc import Mapping
+
+from ..errors import DlqError
+
+DB_NAME = "dlq-spool.sqlite3"
+LOCK_NAME = "dlq-spool.lock"
+SCHEMA_VERSION = "3"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS batches (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    n INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    ends BLOB NOT NULL,
+    data BLOB NOT NULL,
+    segs BLOB
+);
+CREATE TABLE IF NOT EXISTS rejected (
+    seq INTEGER PRIMARY KEY,
+    job TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    task_key TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    key BLOB,
+    value BLOB,
+    headers BLOB NOT NULL,
+    traceparent TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    error TEXT NOT NULL,
+    rejected_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS settled (
+    row INTEGER NOT NULL,
+    lo INTEGER NOT NULL,
+    hi INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS settled_row ON settled (row);
+"""
+COLUMNS = "job, record_id, task_key, topic, key, value, headers, traceparent, size"
+PAGE_SIZE = 16384  # bytes per SQLite page for a new spool
+CACHE_KIB = 2048  # SQLite page cache per connection (PRAGMA cache_size, negative = KiB)
+WAL_LIMIT = 64 * 1024 * 1024  # the WAL file is cut back to this after a checkpoint
+
+
+def default_spool_dir(props: Mapping[str, str] | None = None) -> str:
+    """Where a spool lives when ``spool.dir`` is unset: the per-user state directory
+    (``$XDG_STATE_HOME``, else ``~/.local/state``), one spool per listen address, so that two
+    sidecars on one host never share a spool."""
+    props = props or {}
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                            ".local", "state")
+    where = props.get("listen.address") or props.get("listen.unix.socket") or "default"
+    return os.path.join(base, "spillway", "spool-" + re.sub(r"[^A-Za-z0-9._-]", "_", where))
+
+
+def take_lock(directory: str) -> int:
+    """One process per spool directory: an exclusive flock on the lock file, which names the
+    holder's pid; DlqError naming it when another process holds it."""
+    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise DlqError(f"the DLQ spool in {directory} is in use by another process "
+                       f"(pid {holder}); use one spool.dir per sidecar") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    # Batch rows are large blobs: big pages mean fewer overflow pages to write, checksum
+    # and walk. Only takes effect when the database file is created.
+    conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+    conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
+    return conn
+
+
+def create(conn: sqlite3.Connection, path: str) -> None:
+    """Create the tables of a new spool, or check that an existing one is of schema 3."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    found = None
+    if "spool" in tables:
+        found = "1"
+    elif "batches" in tables and "segs" not in {
+            r[1] for r in conn.execute("PRAGMA table_info(batches)")}:
+        found = "2"
+    elif "meta" in tables:
+        row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+        found = row[0] if row and row[0] != SCHEMA_VERSION else None
+    if found is not None:
+        raise DlqError(f"the DLQ spool {path} is of schema {found}, which this version does not "
+                       f"read (it reads schema {SCHEMA_VERSION}; schemas 1 and 2 were never "
+                       f"released): drain it with the version that wrote it, or move it aside")
+    conn.executescript(SCHEMA)
+    conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))

@@ -1,0 +1,254 @@
+"""Settling spooled records: acknowledged by Kafka (`delete`), moved to the rejected table
+(`reject`), or removed from it by an operator (`purge_rejected`); and the per-row state that
+says which records of a batch row are settled (`Row`).
+
+`Settlement` is the settling half of `spool.Spool` (a mixin: the state is the spool's, opened
+and written by spool.py). A row is deleted once every record in it is settled; acknowledgements
+of part of a row go to the ``settled`` table as index ranges in the same transaction.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import sqlite3
+import threading
+from collections.abc import Sequence
+
+from ..errors import DlqError
+from ..memtune import release_memory
+from . import schema
+from .codec import IDX_MASK, ROW_BITS, decode_row, encode_headers, seq_ranges
+from .store import DedupKey
+
+log = logging.getLogger("spillway.sidecar.dlq.spool")
+
+_CHUNK = 500  # host parameters per IN (...) list
+# After a drain leaves the spool empty, memory is handed back to the OS once it held this much.
+_RELEASE_AFTER_BYTES = 16 * 1024 * 1024
+
+
+class Row:
+    """What the spool keeps in memory per batch row: its record count, the records not yet
+    settled (acknowledged or rejected), the bytes it holds, and, only once some but not all of
+    its records are settled, one byte per record saying which."""
+
+    __slots__ = ("total", "left", "size", "done")
+
+    def __init__(self, total: int, left: int, size: int) -> None:
+        self.total = total
+        self.left = left
+        self.size = size
+        self.done: bytearray | None = None
+
+    def pending(self, idx: int) -> bool:
+        return idx < self.total and (self.done is None or not self.done[idx])
+
+
+class Settlement:
+    """The spool's settling operations, over the state `spool.Spool` opens and keeps."""
+
+    path: str
+    _conn: sqlite3.Connection
+    _reader: sqlite3.Connection
+    _lock: threading.Lock   # counters and the per-row state
+    _wlock: threading.Lock  # one write transaction at a time
+    _rlock: threading.Lock  # the reader connection
+    _rows: dict[int, Row]
+    _recent: dict[DedupKey, tuple[int, str]]
+    _recent_old: dict[DedupKey, tuple[int, str]]
+    _depth: int
+    _bytes: int
+    _peak_bytes: int
+    _rejected: int
+
+    def _settle(self, seqs: Sequence[int]
+                ) -> tuple[list[tuple[int, Row, list[int]]], list[int]]:
+        """Which records of `seqs` are still pending, per row (row id, row, indexes); and which
+        rows that empties. Per row, not per record, when the seqs cover the whole row (the usual
+        case: the drain acknowledges rows in order)."""
+        ordered = sorted(seqs)
+        marks: list[tuple[int, Row, list[int]]] = []
+        emptied: list[int] = []
+        rows = self._rows
+        i, n = 0, len(ordered)
+        while i < n:
+            rid = ordered[i] >> ROW_BITS
+            j = bisect.bisect_left(ordered, (rid + 1) << ROW_BITS, i)
+            row = rows.get(rid)
+            if row is not None:
+                base = rid << ROW_BITS
+                if (row.done is None and j - i == row.total and ordered[i] == base
+                        and ordered[i:j] == list(range(base, base + row.total))):
+                    # every record of the row, each once (a repeat with a gap between the
+                    # same first and last seq must not stand in for the missing record)
+                    fresh = list(range(row.total))
+                else:
+                    done = row.done
+                    fresh = sorted({s & IDX_MASK for s in ordered[i:j]
+                                    if (s & IDX_MASK) < row.total
+                                    and (done is None or not done[s & IDX_MASK])})
+                if fresh:
+                    marks.append((rid, row, fresh))
+                    if len(fresh) == row.left:
+                        emptied.append(rid)
+            i = j
+        return marks, emptied
+
+    def _apply(self, marks: list[tuple[int, Row, list[int]]], emptied: list[int]
+               ) -> tuple[int, int]:
+        """Record settled records in memory (under both locks); returns (records, bytes freed)."""
+        n = freed = 0
+        for _, row, idxs in marks:
+            row.left -= len(idxs)
+            n += len(idxs)
+            if row.left:
+                if row.done is None:
+                    row.done = bytearray(row.total)
+                for i in idxs:
+                    row.done[i] = 1
+        for rid in emptied:
+            freed += self._rows.pop(rid).size
+        return n, freed
+
+    def delete(self, seqs: Sequence[int]) -> int:
+        """Settle records Kafka acknowledged; returns how many were pending.
+
+        One transaction: a batch row is deleted (one statement per run of consecutive row ids)
+        once all of its records are settled; the records settled in a row that still has
+        pending ones are written as index ranges to the ``settled`` table, so that a restart
+        does not produce them again. When this leaves the spool empty after it held a lot,
+        SQLite's caches and the process's freed heap are handed back to the OS.
+        """
+        if not seqs:
+            return 0
+        with self._wlock:
+            marks, emptied = self._settle(seqs)
+            if not marks:
+                return 0
+            conn = self._conn
+            # ranges settled in rows that keep pending records (emptied rows are deleted)
+            gone = set(emptied)
+            partial = [(rid, lo, hi) for rid, _, idxs in marks if rid not in gone
+                       for lo, hi in seq_ranges(idxs)]
+            try:
+                # settling loses nothing if a power cut undoes it (a record would be produced
+                # again): no fsync of its own; the next append's commit syncs the WAL anyway
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("BEGIN IMMEDIATE")
+                for lo, hi in seq_ranges(emptied) if emptied else ():
+                    conn.execute("DELETE FROM batches WHERE id BETWEEN ? AND ?", (lo, hi))
+                    conn.execute("DELETE FROM settled WHERE row BETWEEN ? AND ?", (lo, hi))
+                if partial:
+                    conn.executemany("INSERT INTO settled (row, lo, hi) VALUES (?, ?, ?)",
+                                     partial)
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise DlqError(f"DLQ spool delete failed ({self.path}): {exc}") from exc
+            finally:
+                conn.execute("PRAGMA synchronous=FULL")
+            with self._lock:
+                n, freed = self._apply(marks, emptied)
+                self._depth -= n
+                self._bytes -= freed
+                empty = self._depth == 0
+                release = empty and self._peak_bytes >= _RELEASE_AFTER_BYTES
+                if release:
+                    self._peak_bytes = self._bytes
+            if empty:  # nothing pending: the dedup window can match nothing (see _spooled)
+                self._recent, self._recent_old = {}, {}
+            if release:
+                self._release_memory()
+        return n
+
+    def _release_memory(self) -> None:
+        """The spool is empty after having been large: shrink SQLite's page caches and give
+        freed heap back to the OS (under the write lock)."""
+        try:
+            self._conn.execute("PRAGMA shrink_memory")
+            with self._rlock:
+                self._reader.execute("PRAGMA shrink_memory")
+        except sqlite3.Error as exc:
+            log.debug("DLQ spool: releasing memory failed: %s", exc)
+        release_memory()
+        log.info("DLQ spool %s drained: released SQLite caches and freed heap", self.path)
+
+    def reject(self, items: Sequence[tuple[int, str]], now_ms: int) -> int:
+        """Copy records Kafka can never accept to the rejected table, with the reason, and
+        settle them in their batch rows (the row's count and bytes columns drop accordingly)."""
+        if not items:
+            return 0
+        errors = dict(items)
+        with self._wlock:
+            marks, emptied = self._settle(list(errors))
+            if not marks:
+                return 0
+            shrink: list[tuple[Row, int]] = []  # applied once committed
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for rid, row, idxs in marks:
+                    ends, segs, data = conn.execute(
+                        "SELECT ends, segs, data FROM batches WHERE id = ?", (rid,)).fetchone()
+                    wanted = set(idxs)
+                    found = {i: sr for i, sr in decode_row(rid, ends, segs, data, 0, None)
+                             if i in wanted}
+                    moved_bytes = 0
+                    for i in idxs:
+                        r, size = found[i].record, found[i].size
+                        moved_bytes += size
+                        seq = (rid << ROW_BITS) | i
+                        conn.execute(
+                            f"INSERT OR REPLACE INTO rejected (seq, {schema.COLUMNS}, error, "
+                            f"rejected_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (seq, r.job, r.record_id, r.task_key, r.topic, r.key, r.value,
+                             encode_headers(r.headers), r.traceparent, size, errors[seq],
+                             now_ms))
+                    if rid in emptied:
+                        conn.execute("DELETE FROM batches WHERE id = ?", (rid,))
+                        conn.execute("DELETE FROM settled WHERE row = ?", (rid,))
+                    else:
+                        conn.execute("UPDATE batches SET n = n - ?, size = size - ? "
+                                     "WHERE id = ?", (len(idxs), moved_bytes, rid))
+                    shrink.append((row, moved_bytes))
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise DlqError(f"DLQ spool reject failed ({self.path}): {exc}") from exc
+            with self._lock:
+                for row, moved_bytes in shrink:
+                    row.size -= moved_bytes
+                n, freed = self._apply(marks, emptied)
+                self._depth -= n
+                self._rejected += n
+                self._bytes -= freed
+        return n
+
+    def purge_rejected(self, seqs: Sequence[int] | None = None) -> int:
+        """Drop rejected rows (all, or these seqs) once an operator has dealt with them."""
+        with self._wlock:
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                if seqs is None:
+                    rows = conn.execute("DELETE FROM rejected RETURNING size").fetchall()
+                else:
+                    rows = []
+                    for i in range(0, len(seqs), _CHUNK):
+                        part = list(seqs[i:i + _CHUNK])
+                        marks = ",".join("?" * len(part))
+                        rows += conn.execute(
+                            f"DELETE FROM rejected WHERE seq IN ({marks}) RETURNING size",
+                            part).fetchall()
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise DlqError(f"DLQ spool purge failed ({self.path}): {exc}") from exc
+            with self._lock:
+                self._rejected -= len(rows)
+                self._bytes -= sum(r[0] for r in rows)
+        return len(rows)

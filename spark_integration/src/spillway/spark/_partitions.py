@@ -1,0 +1,212 @@
+"""Executor side of the DataFrame and RDD wrappers: one function per wrapper kind, run by Spark
+once per partition (module-level, so pickled by reference), each driving the verdict loop
+(`_engine.Engine`) over its rows or batches inside a `TaskSession` (reports, counts, the flush
+barrier at the partition's end). `job.Job` builds them with `functools.partial`."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from spillway.v1 import sidecar_pb2 as pb
+
+from ._adapters import (
+    BatchAdapter,
+    DeserializeAdapter,
+    RowAdapter,
+    SinkAdapter,
+    batch_units,
+    chunk_units,
+)
+from ._compat import arrow_conversions
+from ._engine import Engine, StageRef, Unit
+from ._records import positional_record_id
+from ._runtime import JobSpec, TaskSession, WrapperSpec, current_batch_id, worker
+from ._schema import arrow_conformer, pandas_checker, row_checker
+
+_log = logging.getLogger("spillway.spark")
+
+#: Rows per Arrow batch the DataFrame wrappers emit.
+OUTPUT_BATCH_ROWS = 4096
+
+
+
+def record_ids(spec: JobSpec, wrapper: WrapperSpec, task: pb.TaskIdentity, batch_id: Any = None):
+    batch = batch_id if batch_id is not None else current_batch_id()
+    return functools.partial(positional_record_id, wrapper.stage.name, spec.name, wrapper.name,
+                             task.partition_id, batch_id=batch, use=wrapper.use)
+
+
+def make_engine(spec: JobSpec, session: TaskSession, adapter: Any, wrapper: WrapperSpec,
+            refresh: Callable[[], None] | None, count_stages: Sequence[StageRef] | None = None,
+            ) -> Engine:
+    return Engine(session, adapter, stage=wrapper.stage, function_name=wrapper.function_name,
+                  count_stages=count_stages, batch_size=spec.report_batch_size,
+                  linger_s=spec.report_linger_s, refresh=refresh, submit=worker().submit,
+                  max_inflight=spec.report_max_inflight)
+
+
+def drive(session: TaskSession, engine: Engine, outputs: Iterator[Any]) -> Iterator[Any]:
+    """Run the loop over a partition (``outputs``: engine.run or engine.run_rows); close the
+    session (flush barrier) when it ends."""
+    ok, error = False, None
+    try:
+        yield from outputs
+        ok = True
+    except GeneratorExit:
+        ok = True  # Spark stopped reading early (e.g. a limit): what was emitted stands
+        left = engine.unfinished()
+        if left:
+            _log.info("spillway: Spark stopped reading partition %d early; %d failed record(s) "
+                      "it did not ask for were left unreported", session.task.partition_id, left)
+        raise
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        session.close(ok, error)
+
+
+def rdd_partition(spec, wrapper, fn, flat, record_id, source, refresh, iterator):
+    session = TaskSession(spec, wrapper)
+    ids = record_ids(spec, wrapper, session.task)
+    adapter = RowAdapter(fn, ids=ids, flat=flat, record_id=record_id, source=source)
+    engine = make_engine(spec, session, adapter, wrapper, refresh)
+    return drive(session, engine, engine.run_rows(iterator))
+
+
+def _large_types(batch: Any) -> bool:
+    import pyarrow as pa
+
+    return any(pa.types.is_large_string(f.type) or pa.types.is_large_binary(f.type)
+               for f in batch.schema)
+
+
+def _rows_to_batches(rows: Iterator[Any], schema: Any, large: Callable[[], bool]):
+    _, to_arrow = arrow_conversions()
+
+    buf: list = []
+    try:
+        for row in rows:
+            buf.append(row)
+            if len(buf) >= OUTPUT_BATCH_ROWS:
+                yield from to_arrow(buf, schema, large()).to_batches()
+                buf = []
+        if buf:
+            yield from to_arrow(buf, schema, large()).to_batches()
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
+
+
+def df_partition(spec, wrapper, fn, flat, record_id, source, refresh, in_schema, out_schema,
+                  batches):
+    import pyarrow as pa
+    ArrowTableToRowsConversion, _ = arrow_conversions()
+
+    seen = {"large": False}
+
+    def rows():
+        for b in batches:
+            seen["large"] = seen["large"] or _large_types(b)
+            yield from ArrowTableToRowsConversion.convert(pa.Table.from_batches([b]), in_schema)
+
+    session = TaskSession(spec, wrapper)
+    adapter = RowAdapter(_checked(fn, out_schema, flat, wrapper.stage.name),
+                         ids=record_ids(spec, wrapper, session.task), flat=flat,
+                         record_id=record_id, source=source)
+    engine = make_engine(spec, session, adapter, wrapper, refresh)
+    outputs = drive(session, engine, engine.run_rows(rows()))
+    return _rows_to_batches(outputs, out_schema, lambda: seen["large"])
+
+
+def _checked(fn, schema, flat, stage):
+    """``fn`` whose outputs are checked against ``schema`` (a Row by field name, a dict, or a
+    tuple in schema order), so a bad output is that record's failure, not the task's."""
+    normalize = row_checker(schema, stage)
+
+    def run(row):
+        out = fn(row)
+        return [normalize(o) for o in out] if flat else normalize(out)
+
+    return run
+
+
+def vector_partition(spec, wrapper, fn, kind, record_id, source, refresh, out_schema, batches):
+    session = TaskSession(spec, wrapper)
+    conform = (arrow_conformer if kind == "arrow" else pandas_checker)(out_schema,
+                                                                       wrapper.stage.name)
+    adapter = BatchAdapter(fn, kind, ids=record_ids(spec, wrapper, session.task),
+                           record_id=record_id, source=source, conform=conform)
+    engine = make_engine(spec, session, adapter, wrapper, refresh)
+    return drive(session, engine, engine.run(batch_units(batches)))
+
+
+def deserialize_partition(spec, wrapper, steps, in_schema, new_schema, refresh, batches):
+    import pyarrow as pa
+    ArrowTableToRowsConversion, to_arrow = arrow_conversions()
+
+    parts = {s.part for s in steps}
+    cache: dict[str, Any] = {"batch": None, "rows": None}
+    seen = {"large": False}
+
+    def to_row(batch, i):
+        if cache["batch"] is not batch:
+            cache["rows"] = ArrowTableToRowsConversion.convert(pa.Table.from_batches([batch]),
+                                                               in_schema)
+            cache["batch"] = batch
+        return cache["rows"][i]
+
+    def units():
+        offset = 0
+        for b in batches:
+            seen["large"] = seen["large"] or _large_types(b)
+            cols = {p: b.column(p).to_pylist() for p in ("key", "value") if p in parts}
+            for i in range(b.num_rows):
+                yield Unit((b, i, {p: c[i] for p, c in cols.items()}), 1, offset + i)
+            offset += b.num_rows
+
+    def emit(buf):
+        groups: dict[int, tuple[Any, list, list]] = {}
+        for batch, i, parsed in buf:
+            g = groups.setdefault(id(batch), (batch, [], []))
+            g[1].append(i)
+            g[2].append(parsed)
+        for batch, idx, parsed in groups.values():
+            taken = batch.take(pa.array(idx, type=pa.int64()))
+            new = to_arrow(parsed, new_schema, seen["large"])
+            arrays = list(taken.columns) + [c.combine_chunks() for c in new.columns]
+            yield pa.RecordBatch.from_arrays(arrays, names=taken.schema.names + new.schema.names)
+
+    session = TaskSession(spec, wrapper)
+    adapter = DeserializeAdapter(steps, ids=record_ids(spec, wrapper, session.task), to_row=to_row)
+    engine = make_engine(spec, session, adapter, wrapper, refresh,
+                     count_stages=[s.stage for s in steps])
+    outputs = drive(session, engine, engine.run(units()))
+    buf: list = []
+    try:
+        for out in outputs:
+            buf.append(out)
+            if len(buf) >= OUTPUT_BATCH_ROWS:
+                yield from emit(buf)
+                buf = []
+        if buf:
+            yield from emit(buf)
+    finally:
+        outputs.close()
+
+
+def sink_partition(spec, wrapper, write_fn, chunk, record_id, source, refresh, batch_id, rows):
+    session = TaskSession(spec, wrapper)
+    adapter = SinkAdapter(write_fn, ids=record_ids(spec, wrapper, session.task, batch_id),
+                          record_id=record_id, source=source)
+    engine = make_engine(spec, session, adapter, wrapper, refresh)
+    for _ in drive(session, engine, engine.run(chunk_units(rows, chunk))):
+        pass
+
+
+def with_batch_id(write_fn, batch_id, rows):
+    return write_fn(rows, batch_id)

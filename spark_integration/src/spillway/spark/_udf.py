@@ -1,0 +1,227 @@
+"""Executor side of `Job.udf`: the per-row function Spark calls, its per-task-attempt state
+(a UDF sees no partition end: its row count and session live per attempt of each worker
+process), and the failure path of one row (report, verdict, retry in place, flush barrier)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import TaskContext
+
+from spillway.client import report
+from spillway.client.errors import SidecarProtocolError, error_for_verdict
+from spillway.v1 import sidecar_pb2 as pb
+
+from ._engine import trim_traceback
+from ._records import context_of, payload_for, positional_record_id
+from ._runtime import JobSpec, TaskSession, WrapperSpec, current_batch_id, current_task
+
+
+class _UdfState:
+    """A UDF's state in the current task attempt of this worker (UDFs see no partition end):
+    the rows it was called on (row index and processed count) and, once needed, a session."""
+
+    __slots__ = ("pid", "tid", "tc", "task", "rows", "_session", "spec", "wrapper")
+
+    def __init__(self, spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None) -> None:
+        self.pid = os.getpid()
+        self.tid = tid
+        self.tc = tc  # Spark's TaskContext object of the attempt (held: its id is not reused)
+        self.task = current_task()  # once per task attempt: later it names another task
+        self.rows = 0
+        self._session: TaskSession | None = None
+        self.spec, self.wrapper = spec, wrapper
+
+    @property
+    def session(self) -> TaskSession:
+        if self._session is None:
+            self._session = TaskSession(self.spec, self.wrapper, task=self.task,
+                                        open_span=False)
+        self._session.own[self.wrapper.stage.key] = self.rows
+        return self._session
+
+    def retire(self) -> None:
+        """The task attempt is over: park (or send, once due) its unsent counts."""
+        if self.pid == os.getpid() and self.rows:
+            self.session.park_counts()
+
+
+_udf_states: dict[tuple[str, str], _UdfState] = {}
+
+
+def _udf_state(spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None) -> _UdfState:
+    """The UDF's state for task attempt ``tid`` in this process; a state of an earlier attempt
+    is retired (one inherited through a fork is dropped as it is)."""
+    key = (spec.name, wrapper.name)
+    old = _udf_states.get(key)
+    if old is not None and old.tid == tid and old.pid == os.getpid():
+        old.tc = tc
+        return old  # the same UDF applied twice in one task: one row count, distinct ids
+    if old is not None:
+        old.retire()
+    st = _udf_states[key] = _UdfState(spec, wrapper, tid, tc)
+    return st
+
+
+@dataclass(frozen=True)
+class _Skipped:
+    record: pb.FailedRecord
+    verdict: pb.Verdict
+
+
+def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column: bool,
+                  record_id: Callable[..., str] | None,
+                  refresh: Callable[[], None] | None,
+                  check: Callable[[Any], None] | None = None) -> Callable:
+    """The per-row function Spark calls. Per row it only checks that the task attempt is the
+    same (Spark sets a new TaskContext object for each task it runs in a worker: an identity
+    check, the attempt id being read only when it changes) and counts the row before calling
+    ``fn``; everything else happens on a failure. ``check(result)`` raises when a result does
+    not fit the declared return type (Spark would turn it into a silent null): that row fails
+    like one whose ``fn`` raised."""
+    holder: list[_UdfState | None] = [None]  # unpickled afresh with the UDF on the executor
+    tc_class = TaskContext
+    if check is not None:
+        user_fn = fn
+
+        def checked(*args):
+            out = user_fn(*args)
+            check(out)
+            return out
+    else:
+        checked = fn
+
+    def enter() -> _UdfState:
+        tc = tc_class.get()
+        if tc is None:
+            raise RuntimeError(
+                f"spillway UDF {wrapper.function_name} was called outside a Spark task: apply "
+                f"it to a column in a DataFrame (df.select(udf(df.col))); called directly it "
+                f"has no task to report failures for")
+        tid = tc.taskAttemptId()
+        st = holder[0]
+        if st is None or st.tid != tid or st.pid != os.getpid():
+            st = _udf_state(spec, wrapper, tid, tc)
+        st.tc = tc
+        holder[0] = st
+        return st
+
+    def failed(st, args, index, exc):
+        return _udf_failed(spec, wrapper, st, checked, args, index, exc, error_column, record_id,
+                           refresh)
+
+    # The per-row cost is what the happy path pays: read the class attribute that
+    # TaskContext.get() returns (a method call costs more than the rest of the check), and
+    # call a one-argument function without packing *args (half of the remaining overhead).
+    direct = hasattr(tc_class, "_taskContext")  # pyspark's layout; else the public accessor
+    current = (lambda: tc_class._taskContext) if direct else tc_class.get
+    if direct and single_argument(fn):
+        def call(arg):
+            st = holder[0]
+            if st is None or st.tc is not tc_class._taskContext:
+                st = enter()
+            index = st.rows
+            st.rows = index + 1
+            try:
+                out = fn(arg)
+                if check is not None:
+                    check(out)
+            except Exception as exc:  # noqa: BLE001 - user code
+                return failed(st, (arg,), index, exc)
+            return (out, None) if error_column else out
+    else:
+        def call(*args):
+            st = holder[0]
+            if st is None or st.tc is not current():
+                st = enter()
+            index = st.rows
+            st.rows = index + 1
+            try:
+                out = fn(*args)
+                if check is not None:
+                    check(out)
+            except Exception as exc:  # noqa: BLE001 - user code
+                return failed(st, args, index, exc)
+            return (out, None) if error_column else out
+
+    return call
+
+
+def single_argument(fn: Callable) -> bool:
+    """Whether Spark can only ever call ``fn`` with exactly one column."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+    return (len(params) == 1 and params[0].default is inspect.Parameter.empty
+            and params[0].kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                   inspect.Parameter.POSITIONAL_OR_KEYWORD))
+
+
+def _udf_failed(spec, wrapper, st, fn, args, index, exc, error_column, record_id, refresh):
+    outcome = _udf_failure(spec, wrapper, st, fn, args, index, exc, record_id, refresh)
+    if not isinstance(outcome, _Skipped):
+        return (outcome, None) if error_column else outcome
+    if not error_column:
+        return None
+    info = outcome.record.exception
+    return (None, (outcome.record.record_id, wrapper.stage.name, info.class_name, info.message,
+                   outcome.verdict.reason, outcome.verdict.dead_lettered))
+
+
+def _udf_failure(spec, wrapper, st, fn, args, index, exc, record_id, refresh):
+    import time
+
+    session = st.session
+    trim_traceback(exc)
+    subject = args[0] if len(args) == 1 else list(args)
+    # a UDF is decorated once and used in many queries: the Spark stage it runs in tells the
+    # uses apart (the same for every attempt of a task; a second action re-running the query
+    # gets new ids: a duplicate DLQ record at worst, never a lost one)
+    ctx = context_of(subject, lambda: positional_record_id(
+        wrapper.stage.name, spec.name, wrapper.name, session.task.partition_id, index,
+        batch_id=current_batch_id(), use=f"{wrapper.use}s{session.task.stage_id}"),
+        (lambda _row: record_id(*args)) if record_id is not None else None)
+    session.begin_span()
+    attempt, error = 1, None
+    try:
+        while True:
+            record = report.failed_record(
+                ctx.record_id, wrapper.stage.stage, exc, custom_stage=wrapper.stage.custom,
+                function_name=wrapper.function_name, source=ctx.source, key=ctx.key,
+                value=ctx.value, headers=ctx.headers, timestamp_ms=ctx.timestamp_ms,
+                attempt=attempt, context=session.trace_context,
+                payload=payload_for(wrapper.stage.stage, ctx))
+            session.failed(exc, record)
+            verdict = session.report([record])[0]
+            if verdict.action == pb.ACTION_FAIL:
+                raise error_for_verdict(spec.name, record, verdict) from exc
+            if verdict.action == pb.ACTION_SKIP:
+                session.skipped(record, verdict)
+                session.flush()  # the flush barrier: no later hook in a UDF
+                return _Skipped(record, verdict)
+            if verdict.action != pb.ACTION_RETRY:
+                raise SidecarProtocolError(
+                    f"ReportFailures: verdict for record {verdict.record_id!r} has no action "
+                    f"({pb.Action.Name(verdict.action)})") from exc
+            time.sleep(verdict.retry_delay_ms / 1000.0)
+            if verdict.category == pb.CATEGORY_REFRESH_RETRIABLE and refresh is not None:
+                refresh()
+            attempt += 1
+            try:
+                value = fn(*args)
+            except Exception as again:  # noqa: BLE001 - user code
+                exc = trim_traceback(again)
+                continue
+            session.recovered(record.record_id)
+            session.flush()
+            return value
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        session.end_span(error)
