@@ -30,7 +30,7 @@ from pyspark.sql.types import (
 )
 
 from spillway.client import _channel
-from spillway.spark import FlushTimeoutError, Job, _runtime, _tracing
+from spillway.spark import FlushTimeoutError, Job, _runtime, _tracing, _udf
 from spillway.spark import job as job_module
 from spillway.spark._compat import arrow_conversions
 from spillway.v1 import sidecar_pb2 as pb
@@ -152,8 +152,8 @@ def sidecar(server, monkeypatch):
     monkeypatch.setattr(job_module, "_is_dataframe",
                         lambda o: isinstance(o, Captured) and not isinstance(o, CapturedRDD))
     monkeypatch.setattr(job_module, "_is_rdd", lambda o: isinstance(o, CapturedRDD))
-    monkeypatch.setattr(job_module, "_udf_states", {})
-    monkeypatch.setattr(job_module, "TaskContext", FakeTaskContext)
+    monkeypatch.setattr(_udf, "_udf_states", {})
+    monkeypatch.setattr(_udf, "TaskContext", FakeTaskContext)
     monkeypatch.setattr(_runtime, "_task_context", FakeTaskContext.get)
     FakeTaskContext._taskContext = FakeTaskContext(tid=int(uuid.uuid4().int % 10**6))
     server.flush_fails = True
