@@ -71,6 +71,8 @@ def cluster(broker, tmp_path_factory):
     sidecars = {n: start_server({
         "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
         "spool.dir": str(tmp / f"spool-{n}"), "producer.linger.ms": "5", "sidecar.id": n,
+        # homes are dialled only when allow-listed (the other node's sidecar is on loopback)
+        "home.allowed.addresses": "127.0.0.0/8",
         **secure[n]}) for n in names}
     port, webui = free_port(), free_port()
     # executors inherit the worker's environment: TLS and token
