@@ -6,8 +6,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 ARGS   ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers; groups and their order: tests/conftest.py, tests/support/xdist_plan.py
+WORKERS ?= 4
+XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
-.PHONY: run test test-fast bench bench-short protos venv clean
+.PHONY: run test test-fast test-unit test-integration test-e2e test-fuzz test-compat \
+	bench bench-short protos venv clean
 
 $(STAMP): requirements/dev.txt client/pyproject.toml sidecar/pyproject.toml spark_integration/pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -25,11 +29,14 @@ venv: $(STAMP)
 run: $(STAMP)  ## the main job on the embedded default (Tansu broker + sidecar + local Spark)
 	$(BIN)/python examples/demo_job.py $(ARGS)
 
-test: $(STAMP)  ## the whole suite: unit, integration and end-to-end tiers
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: $(STAMP)  ## the whole suite, every tier, on $(WORKERS) workers (WORKERS=0: one process)
+	$(BIN)/python -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+test-fast: $(STAMP)  ## the unit and integration tiers without the slow tests
+	$(BIN)/python -m pytest $(XDIST) -m "not slow" tests/unit tests/integration $(PYTEST_ARGS)
+
+test-unit test-integration test-e2e test-fuzz test-compat: $(STAMP)  ## one tier
+	$(BIN)/python -m pytest $(XDIST) tests/$(@:test-%=%) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)

@@ -285,11 +285,14 @@ class Infra:
             os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
             for k in [k for k in os.environ if k.startswith("SPILLWAY_")]:
                 del os.environ[k]  # executors use the job's own sidecar address
+            os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # loopback only, driver and executors
             self._spark = (
                 SparkSession.builder.master("local[2]")
                 .appName("spillway-bench")
                 .config("spark.ui.enabled", "false")
                 .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.driver.host", "127.0.0.1")
+                .config("spark.driver.bindAddress", "127.0.0.1")
                 .config("spark.driver.memory", "3g")
                 .config("spark.sql.shuffle.partitions", "4")
                 .config("spark.sql.execution.arrow.pyspark.enabled", "true")

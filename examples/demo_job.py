@@ -149,8 +149,15 @@ def main(argv: list[str] | None = None) -> int:
             # Local executors live on this node: its sidecar is theirs. On a cluster each
             # worker's own SPILLWAY_SIDECAR_ADDRESS (one sidecar per node) is left alone.
             os.environ["SPILLWAY_SIDECAR_ADDRESS"] = sidecar
+            # loopback only: Spark would otherwise pick the machine's interface address for
+            # its driver when the host name resolves to 127.0.0.1 ("using ... instead")
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         quiet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
-        spark = (SparkSession.builder.master(args.master).appName("spillway-demo")
+        builder = SparkSession.builder
+        if args.master.startswith("local"):
+            builder = (builder.config("spark.driver.host", "127.0.0.1")
+                       .config("spark.driver.bindAddress", "127.0.0.1"))
+        spark = (builder.master(args.master).appName("spillway-demo")
                  .config("spark.ui.enabled", "false")
                  .config("spark.ui.showConsoleProgress", "false")
                  .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={quiet}")

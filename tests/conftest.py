@@ -1,6 +1,21 @@
 """Shared fixtures: a real Tansu broker process and a real local Spark session.
 
-Both are started once per test session (as pyspark.testing does) and stopped at its end.
+Both are started once per test process (as pyspark.testing does) and stopped at its end; under
+pytest-xdist (`make test`: ``-n N --dist loadgroup``) that is once per worker, each worker with
+its own broker, ports (all picked free on loopback), temporary directories and processes.
+
+How tests are grouped on workers (tests/support/xdist_plan.py has the schedule):
+
+- a module whose tests use the ``spark`` fixture joins the group ``spark`` (one local Spark
+  session, on one worker, started right after collection);
+- any other module is a group of its own (its module-scoped fixtures are built once), unless
+  it names one itself with ``pytestmark = pytest.mark.xdist_group("name")``;
+so a new module needs nothing to run in parallel: a module that starts its own heavy process in
+a module- or session-scoped fixture (a Spark Connect server, a cluster) already runs on one
+worker.
+
+Everything runs on loopback: SPARK_LOCAL_IP is pinned here for every Spark this process or its
+children start. With CI set (.ci/run), a skipped test fails: CI never skips a tier silently.
 """
 
 from __future__ import annotations
@@ -12,6 +27,16 @@ import uuid
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+from support import xdist_plan  # noqa: E402
+from support.spark import pin_loopback, quick_jvms  # noqa: E402
+
+pin_loopback()  # before any Spark, here or in a subprocess: the driver binds to 127.0.0.1
+quick_jvms()    # short-lived test JVMs: client JIT, serial GC (support/spark.py)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 @pytest.fixture(scope="session")
@@ -30,12 +55,66 @@ def topic_name():
     return f"dlq.test-{uuid.uuid4().hex[:10]}"
 
 
+# --- grouping for pytest-xdist ----------------------------------------------------------------
+
+
+def _uses_spark(item) -> bool:
+    return "spark" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist turns the marks into node ids
+def pytest_collection_modifyitems(config, items):
+    spark_modules = {getattr(item, "module", None) for item in items if _uses_spark(item)}
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        group = (xdist_plan.SPARK_GROUP if getattr(item, "module", None) in spark_modules
+                 else item.nodeid.split("::", 1)[0])
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") == "loadgroup":
+        return xdist_plan.make_scheduler(config, log)
+    return None
+
+
+_lanes = xdist_plan.Lanes()
+
+
+def pytest_runtest_logreport(report):
+    _lanes.add(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = _lanes.lines()
+    if lines:
+        terminalreporter.write_sep("=", "time in tests per worker (tests/support/xdist_plan.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+def _runs_spark_here(session) -> bool:
+    """Whether this process will run the tests that use ``spark``: the worker the plan gives
+    the Spark group to, or (without xdist, or with another distribution) any process that
+    collected such a test."""
+    if session.config.option.collectonly or not any(_uses_spark(i) for i in session.items):
+        return False
+    workerinput = getattr(session.config, "workerinput", None)
+    if workerinput is None or session.config.getvalue("dist") != "loadgroup":
+        return True
+    return workerinput.get("workerid") == xdist_plan.SPARK_WORKER
+
+
+@pytest.hookimpl(trylast=True)  # after xdist reports the collection: the others start now
 def pytest_collection_finish(session):
-    """Start the session's Spark (if any test needs it) before any test installs an
-    OpenTelemetry SDK provider in this process: pyspark launches its JVM with a preexec_fn, so
-    the provider's at-fork handler runs in the forked child, where its thread pool can crash the
-    launcher in a process full of gRPC threads (seen as JAVA_GATEWAY_EXITED mid-suite)."""
-    if any("spark" in getattr(item, "fixturenames", ()) for item in session.items):
+    """Start the session's Spark (if this process runs a test that needs it) before any test
+    installs an OpenTelemetry SDK provider in this process: pyspark launches its JVM with a
+    preexec_fn, so the provider's at-fork handler runs in the forked child, where its thread
+    pool can crash the launcher in a process full of gRPC threads (seen as
+    JAVA_GATEWAY_EXITED mid-suite). Under xdist only the Spark group's worker starts one."""
+    if _runs_spark_here(session):
         from support.spark import local_spark
 
         local_spark()   # the `spark` fixture gets this session (getOrCreate) and stops it
@@ -48,6 +127,30 @@ def spark():
     session = local_spark()
     yield session
     session.stop()
+
+
+# --- CI: nothing skipped silently -----------------------------------------------------------
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if _in_ci() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = (f"skipped under CI={os.environ.get('CI')}, which runs every tier: "
+                           f"{reason}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if _in_ci() and report.skipped:  # a whole module skipped at import
+        report.outcome = "failed"
+        report.longrepr = (f"{collector.nodeid} skipped under CI={os.environ.get('CI')}, "
+                           f"which runs every tier: {report.longrepr}")
 
 
 @pytest.fixture(scope="module")

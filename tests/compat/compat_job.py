@@ -53,7 +53,10 @@ def main(address: str, prefix: str, work: str, out_path: str) -> None:
     from spillway.spark import KAFKA_SOURCE_SCHEMA, Job, RetriableError
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # loopback only (the driver and its executors)
     spark = (SparkSession.builder.master("local[2]").appName("spillway-compat")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.driver.memory", "768m")

@@ -3,7 +3,8 @@
 A venv is always new (what a user's `pip install` of our wheels gets); the third-party wheels
 come from a wheelhouse (``$SPILLWAY_COMPAT_WHEELHOUSE``, default
 ``~/.cache/spillway/compat-wheelhouse``) that is filled from PyPI only when an offline install
-from it fails. Only a missing network may turn into a skip, and never under ``CI=true``.
+from it fails. Only a missing network may turn into a skip, and never under ``CI=true`` (CI
+fails instead, as it does for a combination whose Python is missing).
 
 Unpacking PySpark, pandas and pyarrow is most of a venv's cost, so the third-party part is
 cached (``$SPILLWAY_COMPAT_VENV_CACHE``, default ``~/.cache/spillway/compat-venvs``): a template
@@ -64,8 +65,9 @@ def in_ci() -> bool:
 
 
 def find_python(versions: tuple[str, ...]) -> str:
-    """The first of ``versions`` found on PATH or under pyenv; else this interpreter (with a
-    warning: the combination then runs on a newer Python than it names)."""
+    """The first of ``versions`` found on PATH or under pyenv; else, outside CI, this
+    interpreter (with a warning: the combination then runs on a newer Python than it names).
+    Under ``CI=true`` a missing Python fails the combination: CI must test what it names."""
     pyenv = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
     for v in versions:
         if f"{sys.version_info[0]}.{sys.version_info[1]}" == v:
@@ -75,8 +77,12 @@ def find_python(versions: tuple[str, ...]) -> str:
         for found in filter(None, candidates):  # pyenv's shims exist but may refuse to run
             if _run([found, "-c", "import venv"]).returncode == 0:
                 return found
-    warnings.warn(f"compat: no Python {' / '.join(versions)} on this machine; running the "
-                  f"combination on {sys.version.split()[0]}", stacklevel=2)
+    missing = f"compat: no Python {' / '.join(versions)} on this machine"
+    if in_ci():
+        pytest.fail(f"{missing} (CI=true: a combination never runs on another interpreter; "
+                    f"install one, e.g. `pyenv install {versions[0]}`)")
+    warnings.warn(f"{missing}; running the combination on {sys.version.split()[0]}",
+                  stacklevel=2)
     return sys.executable
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -69,10 +71,13 @@ def cluster(broker, tmp_path_factory):
     sidecars = {n: start_server({
         "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
         "spool.dir": str(tmp / f"spool-{n}"), "producer.linger.ms": "5", "sidecar.id": n,
+        # homes are dialled only when allow-listed (the other node's sidecar is on loopback)
+        "home.allowed.addresses": "127.0.0.0/8",
         **secure[n]}) for n in names}
     port, webui = free_port(), free_port()
+    # executors inherit the worker's environment: TLS and token
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1",
-           **spark_env}  # executors inherit the worker's environment: TLS and token
+           "SPARK_LOCAL_IP": "127.0.0.1", **spark_env}
     procs = [subprocess.Popen(
         [_spark_class(), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
          "--port", str(port), "--webui-port", str(webui)],
@@ -85,7 +90,8 @@ def cluster(broker, tmp_path_factory):
              "--memory", "1g", "--webui-port", str(free_port()),
              "--work-dir", str(tmp / f"work-{name}")],
             stdout=open(tmp / f"worker-{name}.log", "wb"), stderr=subprocess.STDOUT,
-            env={**env, "SPILLWAY_SIDECAR_ADDRESS": sc.address}))  # this node's sidecar
+            env={**env, "SPILLWAY_SIDECAR_ADDRESS": sc.address,  # this node's sidecar
+                 "SPARK_LOCAL_IP": host}))  # the worker and its executors on its loopback
     deadline = time.monotonic() + 90
     while _alive_workers(webui) < 2:
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -111,38 +117,80 @@ DRIVER = textwrap.dedent("""
     from pyspark.sql import SparkSession
     from spillway.spark import Job
 
-    master, home, topic, name, props = sys.argv[1:6]
-    spark = (SparkSession.builder.master(master).appName(name)
+    # one application for the tests that share its settings: a job per line on stdin
+    spark = (SparkSession.builder.master(sys.argv[1]).appName("cluster-jobs")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.ui.enabled", "false").config("spark.executor.memory", "512m")
              .config("spark.executor.cores", "1").config("spark.cores.max", "2")
              .config("spark.task.maxFailures", "1").getOrCreate())
-    job = Job(name, json.loads(props), sidecar=home)
-    job.register()
 
     def parse(x):
         if x % 5 == 0:  # poison: name the sidecar this executor's node gave it
             raise ValueError("bad row %d via %s" % (x, os.environ["SPILLWAY_SIDECAR_ADDRESS"]))
         return x
 
-    rdd = spark.sparkContext.parallelize(range(60), 12)
-    try:
-        out = {"ok": True, "count": job.map_partitions(rdd, parse).count()}
-    except Exception as exc:
-        out = {"ok": False, "error": Job.failure_message(exc)}
-    print("RESULT " + json.dumps(out))
+    for line in sys.stdin:
+        home, topic, name, props = json.loads(line)
+        try:
+            job = Job(name, props, sidecar=home)
+            job.register()
+            rdd = spark.sparkContext.parallelize(range(60), 12)
+            out = {"ok": True, "count": job.map_partitions(rdd, parse).count()}
+        except Exception as exc:
+            out = {"ok": False, "error": Job.failure_message(exc)}
+        print("RESULT " + json.dumps(out), flush=True)
     spark.stop()
 """)
 
 
-def _run_driver(tmp_path, master, home, topic, name, props, spark_env):
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
-    proc = subprocess.run([sys.executable, str(script), master, home, topic, name,
-                           json.dumps(props)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYSPARK_PYTHON": sys.executable, **spark_env})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+class Driver:
+    """One driver process (one Spark application, its executors and their Python workers
+    started once) running the jobs of the tests that need no other Spark settings."""
+
+    def __init__(self, tmp: Path, master: str, spark_env: dict[str, str]) -> None:
+        script = tmp / "driver.py"
+        script.write_text(DRIVER)
+        self.log = tmp / "driver.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), master], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=open(self.log, "wb"), text=True,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+                 "SPARK_LOCAL_IP": "127.0.0.1", **spark_env})
+        self.results: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("RESULT "):
+                self.results.put(line[len("RESULT "):])
+        self.results.put(None)  # the driver ended
+
+    def run(self, home, topic, name, props, timeout_s: float = 300) -> dict:
+        self.proc.stdin.write(json.dumps([home, topic, name, props]) + "\n")
+        self.proc.stdin.flush()
+        try:
+            line = self.results.get(timeout=timeout_s)
+        except queue.Empty:
+            line = None
+        assert line is not None, self.log.read_text()[-4000:]
+        return json.loads(line)
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def driver(cluster, tmp_path_factory):
+    master, _, spark_env = cluster
+    d = Driver(tmp_path_factory.mktemp("driver"), master, spark_env)
+    yield d
+    d.stop()
 
 
 def _props(topic, **extra):
@@ -150,54 +198,6 @@ def _props(topic, **extra):
             "errors.deadletterqueue.context.headers.enable": "true",
             "errors.deadletterqueue.auto.create.topics.enable": "true",
             "errors.deadletterqueue.topic.replication.factor": "1", **extra}
-
-
-def test_each_executor_reports_to_its_own_nodes_sidecar(cluster, broker, tmp_path, topic_name):
-    master, sidecars, spark_env = cluster
-    out = _run_driver(tmp_path, master, sidecars["node-a"].address, topic_name,
-                      "cluster-nodes", _props(topic_name), spark_env)
-    assert out == {"ok": True, "count": 48}
-    records = read_all(broker.bootstrap_servers, topic_name)
-    assert len(records) == 12
-    by_sidecar = {n: 0 for n in sidecars}
-    for m in records:
-        h = dict(m.headers())
-        writer = h["spillway.sidecar"].decode()
-        # the executor's own environment named the sidecar that dead-lettered its record
-        assert h["__connect.errors.exception.message"].decode().endswith(
-            "via " + sidecars[writer].address)
-        by_sidecar[writer] += 1
-    assert all(by_sidecar.values()), by_sidecar  # both nodes' executors did work
-    runs = sidecars["node-b"].sidecar.registry.runs("cluster-nodes")
-    assert runs and all(r.home is not None for r in runs)  # node b deferred to the home
-
-
-def test_the_cluster_sidecars_refuse_plaintext_and_missing_tokens(cluster):
-    """What the job above went through: TLS only, and the node token on every call."""
-    import grpc
-
-    from spillway.client import SidecarAuthError, SidecarClient
-    from spillway.client.errors import SidecarUnavailableError
-
-    _, sidecars, spark_env = cluster
-    address = sidecars["node-b"].address
-    with pytest.raises(SidecarUnavailableError):
-        SidecarClient(address, timeout_s=5, tls_ca_file="", token_file="").status()
-    with pytest.raises(SidecarAuthError) as err:
-        SidecarClient(address, timeout_s=10, tls_ca_file=spark_env["SPILLWAY_TLS_CA_FILE"],
-                      tls_cert_file=spark_env["SPILLWAY_TLS_CERT_FILE"],
-                      tls_key_file=spark_env["SPILLWAY_TLS_KEY_FILE"], token_file="").status()
-    assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
-
-
-def test_job_wide_tolerance_limit_holds_across_both_nodes(cluster, tmp_path, topic_name):
-    master, sidecars, spark_env = cluster
-    # 12 poison rows over two nodes: neither node alone exceeds 8, the job as a whole does
-    out = _run_driver(tmp_path, master, sidecars["node-a"].address, topic_name,
-                      "cluster-limit", _props(topic_name, **{"errors.tolerance.max.errors": "8"}),
-                      spark_env)
-    assert not out["ok"]
-    assert "errors.tolerance.max.errors=8" in out["error"] and "9 errors" in out["error"], out
 
 
 SPECULATIVE_DRIVER = textwrap.dedent("""
@@ -208,6 +208,8 @@ SPECULATIVE_DRIVER = textwrap.dedent("""
 
     master, home, topic, name, props = sys.argv[1:6]
     spark = (SparkSession.builder.master(master).appName(name)
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
              .config("spark.ui.enabled", "false").config("spark.executor.memory", "512m")
              .config("spark.executor.cores", "1").config("spark.cores.max", "2")
              .config("spark.task.maxFailures", "4")
@@ -242,13 +244,16 @@ SPECULATIVE_DRIVER = textwrap.dedent("""
 
 def test_retried_and_speculative_tasks_leave_one_dead_letter_per_record(
         cluster, broker, tmp_path, topic_name):
+    """First in the module: its own application (speculation on, task retries) needs the
+    cluster's two cores, which the shared `driver` application holds once started."""
     master, sidecars, spark_env = cluster
     script = tmp_path / "driver.py"
     script.write_text(SPECULATIVE_DRIVER)
     proc = subprocess.run([sys.executable, str(script), master, sidecars["node-a"].address,
                            topic_name, "cluster-once", json.dumps(_props(topic_name))],
                           capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYSPARK_PYTHON": sys.executable, **spark_env})
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable,
+                               "SPARK_LOCAL_IP": "127.0.0.1", **spark_env})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     parts = json.loads(lines[-1][len("RESULT "):])["parts"]
@@ -263,20 +268,65 @@ def test_retried_and_speculative_tasks_leave_one_dead_letter_per_record(
     assert sorted(int(m.value()) for m in records) == list(range(0, 40, 5))
 
 
+def test_each_executor_reports_to_its_own_nodes_sidecar(cluster, driver, broker, topic_name):
+    _, sidecars, _ = cluster
+    out = driver.run(sidecars["node-a"].address, topic_name, "cluster-nodes", _props(topic_name))
+    assert out == {"ok": True, "count": 48}
+    records = read_all(broker.bootstrap_servers, topic_name)
+    assert len(records) == 12
+    by_sidecar = {n: 0 for n in sidecars}
+    for m in records:
+        h = dict(m.headers())
+        writer = h["spillway.sidecar"].decode()
+        # the executor's own environment named the sidecar that dead-lettered its record
+        assert h["__connect.errors.exception.message"].decode().endswith(
+            "via " + sidecars[writer].address)
+        by_sidecar[writer] += 1
+    assert all(by_sidecar.values()), by_sidecar  # both nodes' executors did work
+    runs = sidecars["node-b"].sidecar.registry.runs("cluster-nodes")
+    assert runs and all(r.home is not None for r in runs)  # node b deferred to the home
+
+
+def test_the_cluster_sidecars_refuse_plaintext_and_missing_tokens(cluster):
+    """What the job above went through: TLS only, and the node token on every call."""
+    import grpc
+
+    from spillway.client import SidecarAuthError, SidecarClient
+    from spillway.client.errors import SidecarUnavailableError
+
+    _, sidecars, spark_env = cluster
+    address = sidecars["node-b"].address
+    with pytest.raises(SidecarUnavailableError):
+        SidecarClient(address, timeout_s=5, tls_ca_file="", token_file="").status()
+    with pytest.raises(SidecarAuthError) as err:
+        SidecarClient(address, timeout_s=10, tls_ca_file=spark_env["SPILLWAY_TLS_CA_FILE"],
+                      tls_cert_file=spark_env["SPILLWAY_TLS_CERT_FILE"],
+                      tls_key_file=spark_env["SPILLWAY_TLS_KEY_FILE"], token_file="").status()
+    assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_job_wide_tolerance_limit_holds_across_both_nodes(cluster, driver, topic_name):
+    _, sidecars, _ = cluster
+    # 12 poison rows over two nodes: neither node alone exceeds 8, the job as a whole does
+    out = driver.run(sidecars["node-a"].address, topic_name, "cluster-limit",
+                     _props(topic_name, **{"errors.tolerance.max.errors": "8"}))
+    assert not out["ok"]
+    assert "errors.tolerance.max.errors=8" in out["error"] and "9 errors" in out["error"], out
+
+
 def test_a_home_address_that_reaches_another_sidecar_fails_the_job_naming_it(
-        cluster, tmp_path, topic_name):
+        cluster, driver, topic_name):
     """The loopback default on every node, on one host: node-a advertises an address that,
     dialled from node-b, reaches node-b itself (as 127.0.0.1:50051 would on a real cluster).
     Executors must not decide per node: their sidecars refuse the home, naming both instances
     and advertised.address, and the job fails with that message."""
-    master, sidecars, spark_env = cluster
+    _, sidecars, _ = cluster
     home = sidecars["node-a"].sidecar
     saved = home.advertised_address
     home.advertised_address = sidecars["node-b"].address
     try:
-        out = _run_driver(tmp_path, master, sidecars["node-a"].address, topic_name,
-                          "cluster-loopback",
-                          _props(topic_name, **{"errors.tolerance.max.errors": "8"}), spark_env)
+        out = driver.run(sidecars["node-a"].address, topic_name, "cluster-loopback",
+                         _props(topic_name, **{"errors.tolerance.max.errors": "8"}))
     finally:
         home.advertised_address = saved
     assert not out["ok"], out

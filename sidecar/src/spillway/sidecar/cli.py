@@ -146,17 +146,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     running = start_server(raw, install_global_telemetry=True)
     gctune.tune()  # after start-up: what it allocated is frozen, never walked again
     logging.getLogger("spillway.sidecar").info("allocator: %s", memtune.allocator())
-    # Tell whoever started us where we listen (port 0 picks a free one): one parseable line.
-    print(f"spillway sidecar listening on {running.address}", flush=True)
     done = threading.Event()
 
     def _stop(signum, _frame):
         logging.getLogger("spillway.sidecar").info("signal %s: stopping", signum)
         done.set()
 
+    # before the line below: whoever reads it may stop us at once
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    done.wait()
+    # Tell whoever started us where we listen (port 0 picks a free one): one parseable line.
+    print(f"spillway sidecar listening on {running.address}", flush=True)
+    # a timed wait: a signal taken by another thread than this one (the only one that runs
+    # Python's handlers) is still handled within the period; an untimed wait may never wake
+    while not done.wait(0.5):
+        pass
     running.stop(shutdown.stop_budget_s(running.sidecar.props["shutdown.grace.ms"]))
     if getattr(args, "own_command_line", False):  # the process is ours to end (shutdown.py)
         shutdown.exit_watchdog()

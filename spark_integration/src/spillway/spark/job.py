@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -80,11 +81,12 @@ def _is_dataframe(obj: Any) -> bool:
 
     if isinstance(obj, DataFrame):
         return True
-    try:  # a Spark Connect DataFrame is another class
-        from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
-    except ImportError:  # pragma: no cover - without the connect extras
-        return False
-    return isinstance(obj, ConnectDataFrame)
+    # A Spark Connect DataFrame is another class, from a module that is loaded once such a
+    # DataFrame exists. Not imported here: without the connect extras, importing it calls
+    # sys.exit(0) when __main__ has no __file__ (python -c, pytest-xdist workers), which ended
+    # the program with success on any RDD passed to map_partitions.
+    connect = sys.modules.get("pyspark.sql.connect.dataframe")
+    return connect is not None and isinstance(obj, connect.DataFrame)
 
 
 def _is_rdd(obj: Any) -> bool:
