@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from spillway.sidecar.core import config
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.creds import admin_md
 from support.kafka import create_topic
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.integration]
@@ -217,7 +218,8 @@ def test_status_survives_any_processed_counts(world, counts):
         _answered(world, stub.FlushTask, pb.FlushTaskRequest(
             job="fuzz-retry", run_id=RUN, task=TASK, processed=[pb.StageCount(
                 stage=pb.STAGE_TRANSFORMATION, records=c)]), TOKENS["fuzz-retry"])
-    status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+    # the run's own token shows it (an anonymous caller sees no run it holds no token for)
+    status = stub.GetStatus(pb.GetStatusRequest(), timeout=10, metadata=TOKENS["fuzz-retry"])
     assert any(j.job == "fuzz-retry" for j in status.jobs) or status.next_page_token
 
 
@@ -226,7 +228,7 @@ def test_the_tier_reaches_the_policy_engine(world):
     channel, stub, md, before = world
     decided = stub.GetJobSummary(pb.GetJobSummaryRequest(job="fuzz-dlq", run_id=RUN),
                                  metadata=TOKENS["fuzz-dlq"], timeout=5)
-    status = stub.GetStatus(pb.GetStatusRequest(), timeout=5)
+    status = stub.GetStatus(pb.GetStatusRequest(), timeout=5, metadata=admin_md())
     assert decided.total_record_failures > 0 or any(
         j.total_record_failures > 0 for j in status.jobs if j.job != "victim"), \
         "no fuzzed report ever reached a decision"

@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind
 from spillway.sidecar.embedded import free_port
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.creds import admin_md
 
 pytestmark = pytest.mark.integration
 
@@ -181,6 +182,6 @@ def test_series_of_a_released_job_disappear(observed, topic_name):
     assert 'job="job-gone"' in _scrape(port)
     with grpc.insecure_channel(running.address) as ch:  # the run ends: its state is released
         pb_grpc.ErrorSidecarStub(ch).EndJob(pb.EndJobRequest(job="job-gone", run_id="run-1"),
-                                            timeout=20)
+                                            timeout=20, metadata=admin_md())   # the operator
     body = _scrape(port)
     assert 'job="job-gone"' not in body and "spillway_jobs_ended_total 1" in body

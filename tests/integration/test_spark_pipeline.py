@@ -289,7 +289,9 @@ def test_executors_report_to_their_own_nodes_sidecar_which_defers_to_the_home(
     from spillway.sidecar.server import start_server
 
     other = start_server({"listen.address": "127.0.0.1:0",
-                          "spool.dir": str(tmp_path / "spool-b")})
+                          "spool.dir": str(tmp_path / "spool-b"),
+                          # it dials the driver's sidecar, on this host, as the job's home
+                          "home.allowed.addresses": "127.0.0.0/8"})
     env = spark.sparkContext.environment
     try:
         env["SPILLWAY_SIDECAR_ADDRESS"] = other.address
