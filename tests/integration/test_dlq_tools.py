@@ -137,7 +137,8 @@ def test_redrive_dry_run_changes_nothing(broker, dlq_topic, capsys):
     assert "skip " in out and "record c0: context-only" in out
     assert out.strip().splitlines()[-1] == (
         "scanned=8 matched=6 would redrive=5 skipped (loop protection)=0 "
-        "skipped (context-only)=1 skipped (stage input)=0 skipped (already redriven)=0 failed=0")
+        "skipped (context-only)=1 skipped (stage input)=0 skipped (already redriven)=0 "
+        "skipped (resolved)=0 failed=0")
     assert read_all(broker.bootstrap_servers, target, idle_s=0.5) == []
 
 
@@ -152,7 +153,8 @@ def test_redrive_republishes_originals_and_protects_against_loops(broker, dlq_to
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1] == (
         "scanned=8 matched=2 redriven=2 skipped (loop protection)=0 "
-        "skipped (context-only)=0 skipped (stage input)=0 skipped (already redriven)=0 failed=0")
+        "skipped (context-only)=0 skipped (stage input)=0 skipped (already redriven)=0 "
+        "skipped (resolved)=0 failed=0")
     msgs = read_all(broker.bootstrap_servers, target, idle_s=0.5)
     assert sorted(m.key() for m in msgs) == [b"o0", b"o1"]
     m = next(m for m in msgs if m.key() == b"o1")
@@ -172,7 +174,8 @@ def test_redrive_republishes_originals_and_protects_against_loops(broker, dlq_to
     assert "record o1-again: redriven 1 times already (--max-redrives 1)" in out
     assert out.strip().splitlines()[-1] == (
         "scanned=9 matched=1 redriven=0 skipped (loop protection)=1 "
-        "skipped (context-only)=0 skipped (stage input)=0 skipped (already redriven)=0 failed=0")
+        "skipped (context-only)=0 skipped (stage input)=0 skipped (already redriven)=0 "
+        "skipped (resolved)=0 failed=0")
     assert cli("dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
                dlq_topic, "--target", target, "--since", "2023-11-14T22:14:00",
                "--max-redrives", "2", "--idle-ms", "400") == 0
@@ -206,7 +209,8 @@ def test_redrive_sends_only_source_payloads_to_their_source_topic_and_each_id_on
     assert "record raw: already redriven in this run" in captured.out
     assert captured.out.strip().splitlines()[-1] == (
         "scanned=3 matched=3 redriven=1 skipped (loop protection)=0 skipped (context-only)=0 "
-        "skipped (stage input)=1 skipped (already redriven)=1 failed=0")
+        "skipped (stage input)=1 skipped (already redriven)=1 skipped (resolved)=0 "
+        "failed=0")
     assert "redrive done: scanned=3" in captured.err          # progress on stderr
     assert [m.key() for m in read_all(broker.bootstrap_servers, source, idle_s=0.5)] == [b"raw"]
     # told to, it sends the transformed row to the source topic too
@@ -257,3 +261,86 @@ def test_tail_follow_prints_new_records_as_they_arrive(broker, dlq_topic, tmp_pa
                  for i in range(2)])
     assert done.wait(10)
     assert "spillway.record.id: n1" in out.getvalue()
+
+
+TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_a_second_redrive_of_the_same_range_adds_nothing(broker, topic_name, tmp_path, capsys):
+    """The ledger: the first run records each acknowledged record, the second skips them all;
+    --no-ledger sends them again (and says nothing to the ledger)."""
+    from spillway.client.dlq_ledger import decode
+
+    create_topic(broker.bootstrap_servers, topic_name)
+    target = topic_name + ".target"
+    create_topic(broker.bootstrap_servers, target)
+    items = [("orders", failed(f"o{i}", Stage.TRANSFORMATION, "builtins.ValueError",
+                               value=f"v{i}".encode()), T0 + i, {}) for i in range(10)]
+    dead_letter(broker.bootstrap_servers, topic_name, tmp_path, items)
+    base = ["dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+            topic_name, "--target", target, "--idle-ms", "400", "--allow-stage-input"]
+    assert cli(*base) == 0
+    assert "redriven=10 " in capsys.readouterr().out
+    assert cli(*base) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1].startswith("scanned=10 matched=10 redriven=0 ")
+    assert "skipped (resolved)=10 " in out
+    assert "record o3: redriven to " in out and "(ledger)" in out
+    assert len(read_all(broker.bootstrap_servers, target, idle_s=0.5)) == 10
+    ledger = read_all(broker.bootstrap_servers, topic_name + ".ledger", idle_s=0.5)
+    got = [decode(m.value()) for m in ledger]
+    assert len(got) == 10 and {r.resolution for r in got} == {"redriven"}
+    assert {r.record_id for r in got} == {f"o{i}" for i in range(10)}
+    assert all(r.target == target and r.by == "spillway dlq redrive" for r in got)
+    # a dry run reads the ledger too
+    assert cli(*base, "--dry-run") == 0
+    assert "would redrive=0 " in capsys.readouterr().out
+    assert cli(*base, "--no-ledger") == 0
+    assert "redriven=10 " in capsys.readouterr().out
+    assert len(read_all(broker.bootstrap_servers, target, idle_s=0.5)) == 20
+    assert len(read_all(broker.bootstrap_servers, topic_name + ".ledger", idle_s=0.5)) == 10
+
+
+def test_a_redriven_record_starts_a_new_trace_linked_to_the_dead_letter(broker, topic_name,
+                                                                      tmp_path):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from spillway.sidecar.dlq.tools import redrive
+
+    create_topic(broker.bootstrap_servers, topic_name)
+    target = topic_name + ".target"
+    create_topic(broker.bootstrap_servers, target)
+    rec = failed("t0", Stage.TRANSFORMATION, "builtins.ValueError", value=b"v")
+    rec = FailedRecord(**{**{f: getattr(rec, f) for f in rec.__slots__}, "traceparent": TP})
+    dead_letter(broker.bootstrap_servers, topic_name, tmp_path, [("orders", rec, T0, {})])
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    summary = redrive(broker.bootstrap_servers, topic_name, target, idle_s=0.4,
+                      out=io.StringIO(), allow_stage_input=True,
+                      tracer=provider.get_tracer("test"))
+    assert summary.redriven == 1
+    (m,) = read_all(broker.bootstrap_servers, target, idle_s=0.5)
+    h = dict(m.headers())
+    (span,) = exporter.get_finished_spans()
+    assert span.name == f"redrive {target}" and span.parent is None
+    new = h["traceparent"].decode()
+    assert TP.split("-")[1] not in new                        # not the old trace
+    assert new.split("-")[1] == format(span.context.trace_id, "032x")
+    (link,) = span.links
+    assert format(link.context.trace_id, "032x") == TP.split("-")[1]
+    assert h["spillway.redrive.link"] == TP.encode()          # for the consumer to link too
+
+
+def test_redrive_with_an_uncreatable_ledger_is_a_clean_error(broker, dlq_topic, capsys):
+    target = dlq_topic + ".target"
+    create_topic(broker.bootstrap_servers, target)
+    base = ["dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+            dlq_topic, "--target", target, "--idle-ms", "400"]
+    assert cli(*base, "--ledger-topic", dlq_topic) == 2
+    assert "the ledger topic must be neither the DLQ topic nor the target" in \
+        capsys.readouterr().err
+    assert cli(*base, "--ledger-topic", "bad topic name!") == 2
+    err = capsys.readouterr().err
+    assert "ledger topic: " in err and "'bad topic name!'" in err and "--no-ledger" in err

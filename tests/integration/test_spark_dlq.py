@@ -173,10 +173,30 @@ def test_reprocess_sends_fixed_records_on_and_dead_letters_the_rest_again(spark,
         assert r.record_id == originals[r.source_offset] + "#redrive1"
         assert r.source_topic == "orders" and r.exception_class.endswith("JSONDecodeError")
 
-    # loop protection: with max_redrives=1 the records sent round once are left out; the
-    # originals run again under the same ids, so they are not dead-lettered a second time
+        assert r.payload == "stage-input"        # the kind the first dead letter had
+        assert r.resolution is None               # it carries the record on, unresolved
+        assert h["spillway.redrive.from"].decode() in {o.ledger_key for o in first}
+    # the ledger: the fixed records are reprocessed, the failed ones superseded by their
+    # new dead letters
+    by_key = {r.ledger_key: r.resolution for r in rows}
+    assert sorted(by_key[o.ledger_key] for o in first) == ["reprocessed"] * 3 + ["superseded"] * 3
+    hide = lambda: read_dlq(spark, topic, bootstrap_servers=broker.bootstrap_servers,  # noqa: E731
+                            resolved="hide")
+    assert sorted(r.record_id for r in hide().collect()) == sorted(r.record_id for r in again)
+    assert read_dlq(spark, topic, bootstrap_servers=broker.bootstrap_servers,
+                    resolved="only").count() == 6
+    with pytest.raises(ValueError, match="resolved"):
+        read_dlq(spark, topic, bootstrap_servers=broker.bootstrap_servers, resolved="all")
+
+    # a second reprocess leaves out what the ledger says is resolved, and (loop protection,
+    # max_redrives=1) the records sent round once
     out = job.reprocess(read(), parse_fixed, schema="id int, amount double",
                         max_redrives=1).collect()
+    assert out == [] and read().count() == 9
+    # told to include resolved records, the originals run again under the same ids, so the
+    # failing ones are not dead-lettered a second time
+    out = job.reprocess(read(), parse_fixed, schema="id int, amount double",
+                        max_redrives=1, include_resolved=True).collect()
     assert len(out) == 3 and read().count() == 9
     with pytest.raises(ValueError, match="max_redrives"):
         job.reprocess(read(), parse_fixed, max_redrives=0)

@@ -79,9 +79,10 @@ def test_time_window_uses_the_dead_letter_time_then_the_kafka_timestamp():
     assert not RedriveFilter(since_ms=1).matches(msg([], ts=None))
 
 
-def test_original_headers_drop_the_context_family_and_spillway_headers():
-    m = msg(CONNECT + [("spillway.redrive.count", b"2")])
-    assert original_headers(m) == [("app", b"1"), ("traceparent", b"00-abc")]
+def test_original_headers_drop_the_context_family_spillway_headers_and_trace_context():
+    m = msg(CONNECT + [("spillway.redrive.count", b"2"), ("tracestate", b"k=v")])
+    # the dead-letter's trace context is linked to, never continued
+    assert original_headers(m) == [("app", b"1")]
     assert redrive_count(m) == 2
     assert redrive_count(msg([])) == 0
     assert redrive_count(msg([("spillway.redrive.count", b"x")])) == 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .dlq import tools
+from .dlq import ledger, tools
 from .errors import DlqError
 
 
@@ -72,6 +72,14 @@ def add_dlq_commands(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         "topic (refused by default)")
     r.add_argument("--no-progress", action="store_true",
                    help="no running counts on stderr (every 2 s)")
+    r.add_argument("--ledger-topic", metavar="TOPIC",
+                   help="the DLQ ledger: records resolved there (redriven before, fixed or "
+                        "dead-lettered again by reprocess) are skipped, and each record Kafka "
+                        "acknowledges is recorded there (default <topic>.ledger, created "
+                        "compacted when missing)")
+    r.add_argument("--no-ledger", action="store_true",
+                   help="neither read nor write the ledger: every matching record is sent, "
+                        "even one resolved before")
     r.set_defaults(func=run_redrive)
     return dlq
 
@@ -91,6 +99,7 @@ def run_tail(args: argparse.Namespace) -> int:
 
 
 def run_redrive(args: argparse.Namespace) -> int:
+    ledger.setup_tracing()
     try:
         conf = tools.parse_properties(args.property)
         flt = tools.RedriveFilter(
@@ -103,11 +112,15 @@ def run_redrive(args: argparse.Namespace) -> int:
                                 max_redrives=args.max_redrives, idle_s=args.idle_ms / 1000.0,
                                 client_conf=conf, out=sys.stdout,
                                 allow_stage_input=args.allow_stage_input,
-                                progress=None if args.no_progress else sys.stderr)
+                                progress=None if args.no_progress else sys.stderr,
+                                ledger_topic=args.ledger_topic,
+                                use_ledger=not args.no_ledger)
     except (DlqError, ValueError) as exc:
         print(f"spillway dlq redrive: {exc}", file=sys.stderr)
         return 2
-    return 1 if summary.failed else 0
+    finally:
+        ledger.shutdown_tracing()
+    return 1 if summary.failed or summary.ledger_failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

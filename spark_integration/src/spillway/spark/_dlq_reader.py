@@ -20,6 +20,10 @@ typed columns (null when the record does not carry the header): ``job``, ``run_i
 ``dead_lettered_at``, ``task``, ``sidecar``, ``trace_id``, ``payload`` (``source`` or
 ``stage-input``), ``record_copied``, ``redrive_count``. Context headers are read from either
 family (``__connect.errors.*`` or ``__dlq.errors.*``), whichever the record was written with.
+Then the DLQ ledger's view of each record (`spillway.client.dlq_ledger`): ``ledger_key`` and
+``resolution`` (``redriven``, ``reprocessed``, ``superseded``; null while unresolved), read from
+the ledger topic (``<topic>.ledger``) beside the DLQ. ``resolved="hide"`` leaves resolved records
+out, ``"only"`` keeps only them.
 
 Filters (applied while reading, before rows reach Spark): ``job``, ``stage``,
 ``exception_class`` (qualified name, or the simple name), ``since`` (inclusive) and ``until``
@@ -41,6 +45,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from spillway.client import dlq_ledger
+
 from ._compat import arrow_conversions, is_connect, parse_ddl
 
 CONNECT = "__connect.errors."
@@ -54,7 +60,12 @@ DLQ_SCHEMA = (
     "source_partition int, source_offset long, function string, exception_class string, "
     "exception_message string, stacktrace string, category string, attempts int, "
     "dead_lettered_at timestamp, task string, sidecar string, trace_id string, "
-    "payload string, record_copied boolean, redrive_count int")
+    "payload string, record_copied boolean, redrive_count int, ledger_key string, "
+    "resolution string")
+
+#: The ledger topic's rows (latest resolution per key).
+LEDGER_SCHEMA = "ledger_key string, resolution string, ledger_partition int, ledger_offset long"
+RESOLVED_MODES = ("show", "hide", "only")
 
 _IDLE_S = 5.0  # a partition whose end offset is not reached after this long without news ends
 _ARROW_ROWS = 4096  # rows per Arrow batch on Spark Connect
@@ -122,6 +133,7 @@ class _Range:
     start: int
     end: int
     conf: tuple[tuple[str, str], ...]
+    kind: str = "dlq"   # or "ledger"
 
 
 def _text(v: bytes | None) -> str | None:
@@ -181,6 +193,9 @@ def to_row(topic: str, partition: int, offset: int, ts_ms: int | None, key: byte
         "payload": _text(h.get("spillway.payload")),
         "record_copied": None if copied is None else copied == "true",
         "redrive_count": _int(h.get("spillway.redrive.count")),
+        "ledger_key": dlq_ledger.ledger_key(job, _text(h.get("spillway.run.id")),
+                                            _text(h.get("spillway.record.id")), key, value,
+                                            topic=topic, partition=partition, offset=offset),
         "_when": when,
     }
 
@@ -189,7 +204,8 @@ _COLUMNS = ["topic", "partition", "offset", "timestamp", "key", "value", "header
             "run_id", "stage", "record_id", "source_topic", "source_partition", "source_offset",
             "function", "exception_class", "exception_message", "stacktrace", "category",
             "attempts", "dead_lettered_at", "task", "sidecar", "trace_id", "payload",
-            "record_copied", "redrive_count"]
+            "record_copied", "redrive_count", "ledger_key"]
+_ALL_COLUMNS = _COLUMNS + ["resolution"]
 
 
 def _consumer(bootstrap: str, conf: Mapping[str, str]):
@@ -233,11 +249,17 @@ def _read_range(r: _Range, flt: _Filter) -> Iterator[tuple]:
                 if off >= r.end:
                     return
                 nxt = off + 1
+                if r.kind == "ledger":
+                    res = dlq_ledger.decode(m.value())
+                    if res is not None and m.key() is not None:
+                        yield (m.key().decode("ascii", "replace"), res.resolution,
+                               m.partition(), off)
+                    continue
                 ts_type, ts = m.timestamp()
                 row = to_row(m.topic(), m.partition(), off, ts if ts_type != 0 else None,
                              m.key(), m.value(), list(m.headers() or ()))
                 if flt.keep(row):
-                    yield tuple(row[c] for c in _COLUMNS)
+                    yield tuple(row[c] for c in _COLUMNS) + (None,)
     finally:
         consumer.close()
 
@@ -318,13 +340,19 @@ def read_dlq(spark: Any, topic: str, *, bootstrap_servers: str,
              start: Any = "earliest", end: Any = "latest",
              job: str | None = None, stage: str | None = None,
              exception_class: str | None = None, since: Any = None, until: Any = None,
-             kafka_config: Mapping[str, str] | None = None, timeout_s: float = 30.0) -> Any:
+             kafka_config: Mapping[str, str] | None = None, timeout_s: float = 30.0,
+             resolved: str = "show", ledger_topic: str | None = None) -> Any:
     """The records of the DLQ `topic` as a DataFrame (`DLQ_SCHEMA`), one Spark partition per
     Kafka partition; see the module docstring for bounds, columns and filters.
 
     ``kafka_config``: extra consumer settings (SASL, TLS) for the driver and the executors.
-    Raises ValueError naming the bad argument, LookupError when the topic does not exist.
+    ``resolved``: ``"show"`` (every record, with its ``resolution``), ``"hide"`` (only what
+    the ledger does not say was resolved) or ``"only"``. ``ledger_topic``: default
+    ``<topic>.ledger``. Raises ValueError naming the bad argument, LookupError when the topic
+    does not exist.
     """
+    if resolved not in RESOLVED_MODES:
+        raise ValueError(f"resolved: expected one of {RESOLVED_MODES}, got {resolved!r}")
     if not isinstance(topic, str) or not topic:
         raise ValueError("topic: expected a topic name")
     if not bootstrap_servers:
@@ -347,23 +375,59 @@ def read_dlq(spark: Any, topic: str, *, bootstrap_servers: str,
             raise LookupError(f"DLQ topic {topic!r} does not exist on {bootstrap_servers}")
         partitions = sorted(meta.partitions)
         ranges = _resolve(consumer, topic, partitions, start, end, since_ms, timeout_s)
+        ledger = ledger_topic or dlq_ledger.ledger_topic(topic)
+        lmeta = consumer.list_topics(ledger, timeout=timeout_s).topics.get(ledger)
+        ledger_ranges = []
+        if lmeta is not None and lmeta.error is None and lmeta.partitions:
+            ledger_ranges = _resolve(consumer, ledger, sorted(lmeta.partitions), "earliest",
+                                     "latest", None, timeout_s)
     finally:
         consumer.close()
-    specs = [_Range(bootstrap_servers, topic, p, s, e, tuple(sorted(conf.items())))
-             for p, s, e in ranges]
+    frozen = tuple(sorted(conf.items()))
+    specs = [_Range(bootstrap_servers, topic, p, s, e, frozen) for p, s, e in ranges]
     flt = _Filter(job=job, stage=stage, exception_class=exception_class,
                   since_ms=since_ms, until_ms=until_ms)
+    _SOURCES[topic] = (bootstrap_servers, frozen, ledger)
+    dlq = _frame(spark, specs, flt, DLQ_SCHEMA)
+    if not ledger_ranges:  # no ledger yet: nothing was resolved
+        return dlq if resolved != "only" else dlq.limit(0)
+    from pyspark.sql import functions as F
+
+    lspecs = [_Range(bootstrap_servers, ledger, p, s, e, frozen, "ledger")
+              for p, s, e in ledger_ranges]
+    # a key's latest resolution (a key always lands in one partition: its latest offset)
+    latest = (_frame(spark, lspecs, flt, LEDGER_SCHEMA).groupBy("ledger_key")
+              .agg(F.max_by("resolution", "ledger_offset").alias("_resolution")))
+    joined = (dlq.join(F.broadcast(latest), "ledger_key", "left")
+              .withColumn("resolution", F.col("_resolution")).select(*_ALL_COLUMNS))
+    if resolved == "hide":
+        return joined.where(F.col("resolution").isNull())
+    if resolved == "only":
+        return joined.where(F.col("resolution").isNotNull())
+    return joined
+
+
+# DLQ topic -> (bootstrap servers, consumer settings, ledger topic) of this process's read_dlq
+# calls: where `Job.reprocess` records what it resolved (bounded: one entry per DLQ topic read).
+_SOURCES: dict[str, tuple[str, tuple[tuple[str, str], ...], str]] = {}
+
+
+def ledger_sources() -> dict[str, tuple[str, tuple[tuple[str, str], ...], str]]:
+    return dict(_SOURCES)
+
+
+def _frame(spark: Any, specs: list[_Range], flt: _Filter, ddl: str) -> Any:
     if is_connect(spark):  # no SparkContext over Spark Connect: a DataFrame of range indexes
-        return _connect_frame(spark, specs, flt)
+        return _connect_frame(spark, specs, flt, ddl)
     rdd = spark.sparkContext.parallelize(specs, len(specs)).flatMap(
         lambda r: _read_range(r, flt))
-    return spark.createDataFrame(rdd, DLQ_SCHEMA)
+    return spark.createDataFrame(rdd, ddl)
 
 
-def _connect_frame(spark: Any, specs: list[_Range], flt: _Filter) -> Any:
+def _connect_frame(spark: Any, specs: list[_Range], flt: _Filter, ddl: str) -> Any:
     """The same frame on Spark Connect: ``spark.range`` with one index per Spark partition,
     each mapped (``mapInArrow``) to the rows of its Kafka partition's range."""
-    schema = parse_ddl(DLQ_SCHEMA)  # on the client: executors have no session to parse with
+    schema = parse_ddl(ddl)  # on the client: executors have no session to parse with
     read = functools.partial(_read_ranges_arrow, tuple(specs), flt, schema)
     return spark.range(0, len(specs), 1, len(specs)).mapInArrow(read, schema)
 

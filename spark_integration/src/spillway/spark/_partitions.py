@@ -103,7 +103,7 @@ def _rows_to_batches(rows: Iterator[Any], schema: Any, large: Callable[[], bool]
 
 
 def df_partition(spec, wrapper, fn, flat, record_id, source, refresh, in_schema, out_schema,
-                  batches):
+                  batches, ledger=None):
     import pyarrow as pa
     ArrowTableToRowsConversion, _ = arrow_conversions()
 
@@ -114,9 +114,12 @@ def df_partition(spec, wrapper, fn, flat, record_id, source, refresh, in_schema,
             seen["large"] = seen["large"] or _large_types(b)
             yield from ArrowTableToRowsConversion.convert(pa.Table.from_batches([b]), in_schema)
 
-    session = TaskSession(spec, wrapper)
-    adapter = RowAdapter(_checked(fn, out_schema, flat, wrapper.stage.name),
-                         ids=record_ids(spec, wrapper, session.task), flat=flat,
+    checked = _checked(fn, out_schema, flat, wrapper.stage.name)
+    if ledger is not None:  # Job.reprocess: a session that records what it resolved
+        session, checked = ledger.bind(spec, wrapper, checked)
+    else:
+        session = TaskSession(spec, wrapper)
+    adapter = RowAdapter(checked, ids=record_ids(spec, wrapper, session.task), flat=flat,
                          record_id=record_id, source=source)
     engine = make_engine(spec, session, adapter, wrapper, refresh)
     outputs = drive(session, engine, engine.run_rows(rows()))

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from pyspark.sql.types import Row
+from spillway.client.dlq_ledger import H_REDRIVE_PAYLOAD
 from spillway.v1 import sidecar_pb2 as pb
 
 KAFKA_COORDINATES = ("topic", "partition", "offset")
@@ -67,8 +68,17 @@ _SOURCE_STAGES = frozenset((pb.STAGE_DESERIALIZATION, pb.STAGE_KEY_CONVERTER,
 
 def payload_for(stage: int, ctx: RecordContext) -> str:
     """What a dead letter's key/value are (`spillway.payload`): the source record only in a
-    deserialization stage whose row carried the Kafka columns; else the stage's input."""
-    return "source" if stage in _SOURCE_STAGES and ctx.payload == "source" else "stage-input"
+    deserialization stage whose row carried the Kafka columns; else the stage's input. A row of
+    `Job.reprocess` is a dead letter's key/value unchanged: it keeps that dead letter's kind."""
+    if ctx.payload != "source":
+        return "stage-input"
+    if stage in _SOURCE_STAGES:
+        return "source"
+    for name, value in ctx.headers:
+        if name == H_REDRIVE_PAYLOAD:
+            return "source" if value == b"source" else "stage-input"
+    return "stage-input"
+
 
 
 def as_mapping(row: Any) -> Mapping[str, Any] | None:

@@ -351,25 +351,32 @@ class Job:
     def reprocess(self, dlq_df: Any, fn: Callable[[Any], Any], *, schema: Any = None,
                   max_redrives: int = 3, stage: str | int = "TRANSFORMATION",
                   custom_stage: str = "", name: str | None = None, flat: bool = False,
-                  refresh: Callable[[], None] | None = None) -> Any:
+                  refresh: Callable[[], None] | None = None, ledger: bool = True,
+                  include_resolved: bool = False) -> Any:
         """Run a fixed ``fn`` over dead-lettered records (a `read_dlq` DataFrame) under this
         job's policy: what now succeeds is the returned DataFrame (``schema``, default Spark's
         Kafka source schema, which is what ``fn``'s rows have: the original key, value and
         headers); what still fails is dead-lettered again with its history
         (``spillway.redrive.count``, ``spillway.redrive.of``). Records already sent round
-        ``max_redrives`` times, and context-only ones, are left out (loop protection, as
-        `spillway dlq redrive` has it). See `spillway.spark._reprocess`."""
-        from ._reprocess import redrive_frame, redrive_record_id
+        ``max_redrives`` times, context-only ones and (unless ``include_resolved``) those the
+        DLQ ledger says were resolved are left out (loop protection, as `spillway dlq redrive`
+        has it). With ``ledger`` (default) each task records in the ledger what it resolved.
+        See `spillway.spark._reprocess`."""
+        from ._dlq_reader import ledger_sources
+        from ._reprocess import Ledger, redrive_frame, redrive_record_id
 
         if isinstance(max_redrives, bool) or not isinstance(max_redrives, int) \
                 or max_redrives < 1:
             raise ValueError(f"max_redrives: expected an int >= 1, got {max_redrives!r}")
         if not _is_dataframe(dlq_df):
             raise TypeError("dlq_df: expected a DataFrame from spillway.spark.read_dlq")
-        rows = redrive_frame(dlq_df, max_redrives)
-        return self.map_partitions(rows, fn, schema=schema, stage=stage,
-                                   custom_stage=custom_stage, name=name, flat=flat,
-                                   refresh=refresh, record_id=redrive_record_id)
+        rows = redrive_frame(dlq_df, max_redrives, include_resolved=bool(include_resolved))
+        wrapper = self._wrapper(fn, name, stage, custom_stage)
+        out_schema = struct(schema) if schema is not None else rows.schema
+        run = functools.partial(df_partition, self._task_spec(), wrapper, fn, flat,
+                                redrive_record_id, None, refresh, rows.schema, out_schema,
+                                ledger=Ledger(self.name, ledger_sources()) if ledger else None)
+        return rows.mapInArrow(run, out_schema)
 
     def map_in_pandas(self, df: Any, fn: Callable[[Any], Any], schema: Any, *,
                       stage: str | int = "TRANSFORMATION", custom_stage: str = "",

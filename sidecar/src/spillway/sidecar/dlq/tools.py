@@ -3,14 +3,20 @@
 Both read with ``assign()`` (no consumer group: nothing is committed, nothing joins) and read to
 the end by waiting until the topic is idle, since a broker's high watermark may lag (Tansu's does).
 
+Redrive keeps the DLQ ledger (`ledger`, ``<topic>.ledger``): it skips records the ledger says
+were resolved (redriven before, fixed or dead-lettered again by `Job.reprocess`) and records a
+``redriven`` resolution for each record Kafka acknowledged, so that a second redrive of the same
+range sends nothing. A redriven record starts a new trace linked to the DLQ record's (its
+``traceparent`` is never copied).
+
 Redrive re-publishes the original key, value and headers of matching DLQ records to a target
 topic, without the error-context headers and spillway's own headers, and with a
 ``spillway.redrive.count`` header added or incremented. A record whose count has reached
 ``--max-redrives`` is left where it is and counted (loop protection): a record that keeps failing
 comes back to the DLQ with its count (the DLQ copies original headers), so it cannot cycle for
 ever. Context-only DLQ records (``copy.record.enable=false``) carry no original record and are
-skipped. Kafka cannot delete single records: a redriven record stays in the DLQ topic, so scope
-repeated runs with ``--since``/``--until``.
+skipped. Kafka cannot delete single records: a redriven record stays in the DLQ topic, and the
+ledger is what tells a later run it was dealt with.
 
 The pure parts (rendering, filters, header rewriting) are separate functions; the Kafka parts
 are thin loops around them.
@@ -19,6 +25,7 @@ are thin loops around them.
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import sys
 import time
@@ -37,11 +44,18 @@ from ..core.dlq_record import (
     H_JOB,
     H_PAYLOAD,
     H_REDRIVE_COUNT,
+    H_RUN_ID,
     H_TIMESTAMP,
+    H_TRACEPARENT,
+    H_TRACESTATE,
     SPILLWAY_PREFIX,
 )
+from spillway.client import dlq_ledger
+
 from ..core.model import Header
+from ..core.names import invalid_topic_message, valid_topic_name
 from ..errors import DlqError
+from . import ledger
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +77,10 @@ class DlqMessage:
     def text(self, name: str) -> str | None:
         v = self.header(name)
         return v.decode("utf-8", "replace") if v is not None else None
+
+
+class TopicNotFoundError(DlqError):
+    """The topic to read does not exist."""
 
 
 # --- rendering (pure) ------------------------------------------------------------------------
@@ -138,7 +156,7 @@ def _partitions(consumer: Consumer, topic: str, timeout_s: float) -> list[int]:
         raise DlqError(f"cannot read the cluster's metadata: {exc}") from exc
     meta = md.topics.get(topic)
     if meta is None or meta.error is not None:
-        raise DlqError(f"topic {topic!r} does not exist")
+        raise TopicNotFoundError(f"topic {topic!r} does not exist")
     return sorted(meta.partitions)
 
 
@@ -277,14 +295,15 @@ def redrive_count(msg: DlqMessage) -> int:
 
 
 def original_headers(msg: DlqMessage) -> list[Header]:
-    """The DLQ record's headers without the error-context family it was written with and
-    without spillway's own headers (the redrive count is handled by the caller)."""
+    """The DLQ record's headers without the error-context family it was written with, without
+    spillway's own headers (the redrive count is handled by the caller) and without its trace
+    context (the dead-letter's, which a redriven record links to but never continues)."""
     prefix = _context_prefix(msg)
     out: list[Header] = []
     for name, value in msg.headers:
         if prefix is not None and name.startswith(prefix):
             continue
-        if name.startswith(SPILLWAY_PREFIX):
+        if name.startswith(SPILLWAY_PREFIX) or name in (H_TRACEPARENT, H_TRACESTATE):
             continue
         out.append((name, value))
     return out
@@ -325,8 +344,10 @@ class RedriveSummary:
     skipped_context_only: int = 0
     skipped_stage_input: int = 0
     skipped_repeat: int = 0
+    skipped_resolved: int = 0
     unremembered: int = 0   # redriven after MAX_REMEMBERED_IDS: repeats not detectable
     failed: int = 0
+    ledger_failed: int = 0  # redriven but not recorded in the ledger
     errors: list[str] = field(default_factory=list)
 
     def line(self, dry_run: bool) -> str:
@@ -335,7 +356,9 @@ class RedriveSummary:
                 f"skipped (loop protection)={self.skipped_loop} "
                 f"skipped (context-only)={self.skipped_context_only} "
                 f"skipped (stage input)={self.skipped_stage_input} "
-                f"skipped (already redriven)={self.skipped_repeat} failed={self.failed}")
+                f"skipped (already redriven)={self.skipped_repeat} "
+                f"skipped (resolved)={self.skipped_resolved} failed={self.failed}"
+                + (f" not in ledger={self.ledger_failed}" if self.ledger_failed else ""))
 
 
 def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | None = None,
@@ -343,14 +366,25 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
             out: TextIO = sys.stdout, idle_s: float = 2.0, flush_timeout_s: float = 30.0,
             client_conf: Mapping[str, Any] | None = None,
             sleep: Callable[[float], None] = time.sleep, allow_stage_input: bool = False,
-            progress: TextIO | None = None, progress_every_s: float = 2.0) -> RedriveSummary:
+            progress: TextIO | None = None, progress_every_s: float = 2.0,
+            ledger_topic: str | None = None, use_ledger: bool = True,
+            tracer: Any = None) -> RedriveSummary:
     """Re-publish matching records of the DLQ `topic` to `target`; see the module docstring.
 
     ``allow_stage_input``: also send records whose key/value are a stage's input (not the
     source record) to their source topic. ``progress``: where to print running counts (every
-    ``progress_every_s`` and at the end), e.g. stderr."""
+    ``progress_every_s`` and at the end), e.g. stderr. ``ledger_topic``: where resolutions
+    are (default ``<topic>.ledger``); ``use_ledger=False``: neither read nor write it.
+    ``tracer``: for the redriven records' new spans (default: the global provider's)."""
     if target == topic:
         raise DlqError(f"the redrive target must not be the DLQ topic itself ({topic!r})")
+    ledger_topic = ledger_topic or dlq_ledger.ledger_topic(topic)
+    if use_ledger and not valid_topic_name(ledger_topic):
+        raise DlqError(f"ledger topic: {invalid_topic_message(ledger_topic)} "
+                       f"(--ledger-topic, or run with --no-ledger)")
+    if use_ledger and ledger_topic in (topic, target):
+        raise DlqError(f"the ledger topic must be neither the DLQ topic nor the target "
+                       f"({ledger_topic!r})")
     if max_redrives < 0:
         raise ValueError("--max-redrives must be >= 0")
     flt = flt or RedriveFilter()
@@ -368,18 +402,39 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
             raise DlqError(f"cannot read the cluster's metadata: {exc}") from exc
         if target not in md.topics or md.topics[target].error is not None:
             raise DlqError(f"redrive target topic {target!r} does not exist")
+        if use_ledger and topic in md.topics:
+            ledger.ensure_ledger_topic(conf, ledger_topic,
+                                       len(md.topics[topic].partitions or {0: None}))
+    resolved: dict[str, dlq_ledger.Resolution] = {}
+    if use_ledger:
+        resolved = _read_ledger(bootstrap, ledger_topic, idle_s, client_conf)
+        if progress is not None:
+            print(f"redrive: the ledger {ledger_topic!r} holds {len(resolved)} resolution(s)",
+                  file=progress, flush=True)
 
-    def delivered(err: KafkaError | None, _msg: Any) -> None:
+    def delivered(resolution: bytes | None, key: str, err: KafkaError | None,
+                  _msg: Any) -> None:
         if err is None:
             summary.redriven += 1
+            if resolution is not None and producer is not None:
+                # only once Kafka has the redriven record: a crash in between redrives it
+                # again next time (at least once), never marks an unsent record resolved
+                producer.produce(ledger_topic, key=key.encode(), value=resolution,
+                                 on_delivery=ledger_written)
         else:
             summary.failed += 1
             if len(summary.errors) < 10:
                 summary.errors.append(str(err))
 
+    def ledger_written(err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            summary.ledger_failed += 1
+            if len(summary.errors) < 10:
+                summary.errors.append(f"ledger {ledger_topic!r}: {err}")
+
     started = time.monotonic()
     sent = 0
-    seen: set[tuple[str | None, str]] = set()
+    seen: set[str] = set()
     shown = started
 
     def show(final: bool = False) -> None:
@@ -404,8 +459,13 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
             print(f"skip {where} record {rid}: context-only (no original record to redrive)",
                   file=out)
             continue
-        ident = (msg.text(H_JOB), rid) if rid != "-" else None
-        if ident is not None and ident in seen:
+        ident = ledger.message_key(msg)
+        done = resolved.get(ident)
+        if done is not None:
+            summary.skipped_resolved += 1
+            print(f"skip {where} record {rid}: {dlq_ledger.describe(done)} (ledger)", file=out)
+            continue
+        if ident in seen:
             summary.skipped_repeat += 1
             print(f"skip {where} record {rid}: already redriven in this run", file=out)
             continue
@@ -422,11 +482,10 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
                   f"source record, and {target!r} is (or may be) its source topic "
                   f"(--allow-stage-input sends it anyway)", file=out)
             continue
-        if ident is not None:
-            if len(seen) < MAX_REMEMBERED_IDS:
-                seen.add(ident)
-            else:
-                summary.unremembered += 1
+        if len(seen) < MAX_REMEMBERED_IDS:
+            seen.add(ident)
+        else:
+            summary.unremembered += 1
         headers = original_headers(msg) + [(H_REDRIVE_COUNT, str(count + 1).encode())]
         if dry_run or producer is None:
             summary.redriven += 1
@@ -438,10 +497,19 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
             while (wait := due - time.monotonic()) > 0:
                 producer.poll(0)
                 sleep(min(wait, 0.1))
+        parent = msg.text(H_TRACEPARENT)
+        if parent:
+            headers.append((dlq_ledger.H_REDRIVE_LINK, parent.encode("ascii", "replace")))
+        headers += ledger.new_trace_headers(parent, target, tracer)
+        record = dlq_ledger.encode(dlq_ledger.Resolution(
+            "redriven", int(time.time() * 1000), "spillway dlq redrive", job=msg.text(H_JOB) or "",
+            run_id=msg.text(H_RUN_ID) or "", record_id=rid if rid != "-" else "",
+            dlq=where, target=target)) if use_ledger else None
+        on_delivery = functools.partial(delivered, record, ident)
         while True:
             try:
                 producer.produce(target, value=msg.value, key=msg.key, headers=headers,
-                                 on_delivery=delivered)
+                                 on_delivery=on_delivery)
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -456,12 +524,25 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
             producer.flush(1.0)
     for err in summary.errors:
         print(f"error: {err}", file=out)
+    if summary.ledger_failed:
+        print(f"warning: {summary.ledger_failed} redriven record(s) are not in the ledger "
+              f"{ledger_topic!r}: a later redrive would send them again", file=out)
     if summary.unremembered:
         print(f"note: {summary.unremembered} record(s) redriven after {MAX_REMEMBERED_IDS} ids "
               f"were remembered: repeats among them were not detected", file=out)
     show(final=True)
     print(summary.line(dry_run), file=out, flush=True)
     return summary
+
+
+def _read_ledger(bootstrap: str, ledger_topic: str, idle_s: float,
+                 conf: Mapping[str, Any] | None) -> dict[str, dlq_ledger.Resolution]:
+    """The ledger's resolutions; none when the ledger topic does not exist (yet)."""
+    try:
+        return ledger.read_resolutions(read_topic(bootstrap, ledger_topic, idle_s=idle_s,
+                                                  consumer_conf=conf))
+    except TopicNotFoundError:
+        return {}
 
 
 def parse_rate(text: str) -> float:
