@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
 LEDGER_SUFFIX = ".ledger"
 FORMAT_VERSION = 1
@@ -114,12 +115,14 @@ class LedgerError(Exception):
     """The ledger topic cannot be used (created, read or written)."""
 
 
-def ensure_topic(conf: dict, topic: str, partitions: int, timeout_s: float = 10.0) -> bool:
+def ensure_topic(kafka: Any, conf: dict, topic: str, partitions: int,
+                 timeout_s: float = 10.0) -> bool:
     """Create the ledger topic (compacted: the latest resolution per key is all it needs) when
-    it does not exist; True when this call created it. Needs confluent-kafka (the sidecar has
-    it; spillway-spark's ``kafka`` extra). LedgerError when it cannot."""
-    from confluent_kafka import KafkaError, KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+    it does not exist; True when this call created it. `kafka` is the caller's
+    ``confluent_kafka`` module (with ``confluent_kafka.admin`` imported): this package does not
+    depend on it. LedgerError when it cannot."""
+    AdminClient, NewTopic = kafka.admin.AdminClient, kafka.admin.NewTopic
+    KafkaError, KafkaException = kafka.KafkaError, kafka.KafkaException
 
     admin = AdminClient({k: v for k, v in conf.items() if k not in ("logger", "log_level")})
     try:

@@ -202,6 +202,8 @@ class ReprocessSession(TaskSession):
 def write_resolutions(ledger: Ledger, notes: Mapping[tuple[str, str], tuple], run: str) -> int:
     """Produce the notes to their ledgers and wait for Kafka's acknowledgement; LedgerError
     (naming the ledger) when a DLQ topic's ledger is unknown or a write fails."""
+    import confluent_kafka
+    import confluent_kafka.admin
     from confluent_kafka import Producer
 
     by_dlq: dict[str, list] = {}
@@ -218,7 +220,8 @@ def write_resolutions(ledger: Ledger, notes: Mapping[tuple[str, str], tuple], ru
                 f"read_dlq, or pass ledger=False to Job.reprocess)")
         bootstrap, conf, topic = source
         if topic not in _ENSURED:
-            dlq_ledger.ensure_topic({"bootstrap.servers": bootstrap, **dict(conf)}, topic, 1)
+            dlq_ledger.ensure_topic(confluent_kafka, {"bootstrap.servers": bootstrap, **dict(conf)},
+                                    topic, 1)
             _ENSURED.add(topic)
         errors: list[str] = []
         producer = Producer({"bootstrap.servers": bootstrap, **dict(conf), "acks": "all",

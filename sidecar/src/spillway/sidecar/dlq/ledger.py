@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import confluent_kafka
+import confluent_kafka.admin
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link
@@ -58,7 +60,7 @@ def ensure_ledger_topic(conf: Mapping[str, Any], topic: str, partitions: int,
                         timeout_s: float = 10.0) -> bool:
     """`dlq_ledger.ensure_topic`, its errors as DlqError (naming --no-ledger)."""
     try:
-        return dlq_ledger.ensure_topic(dict(conf), topic, partitions, timeout_s)
+        return dlq_ledger.ensure_topic(confluent_kafka, dict(conf), topic, partitions, timeout_s)
     except dlq_ledger.LedgerError as exc:
         raise DlqError(f"{exc}; or run with --no-ledger") from exc
 
