@@ -253,6 +253,14 @@ def test_read_dlq_and_reprocess_over_connect(connect_spark, sidecar, broker):
     originals = {r.source_offset: r.record_id for r in first}
     for r in again:
         assert r.value == b"{oops" and r.record_id == originals[r.source_offset] + "#redrive1"
+    # the ledger, written from the Connect server's executors: what is left is the new letters
+    assert sorted(r.resolution or "-" for r in rows) == \
+        ["-"] * 3 + ["reprocessed"] * 3 + ["superseded"] * 3
+    left = read_dlq(connect_spark, topic, bootstrap_servers=broker.bootstrap_servers,
+                    resolved="hide").collect()
+    assert sorted(r.record_id for r in left) == sorted(r.record_id for r in again)
+    assert job.reprocess(read(), parse_fixed, schema="id int, amount double",
+                         max_redrives=1).count() == 0
     job.close()
 
 
