@@ -291,15 +291,9 @@ class Job:
 
     @staticmethod
     def failure_message(exc: BaseException) -> str:
-        """The real cause inside a failed Spark action's exception.
-
-        Spark wraps the executor's Python exception (with its traceback) in its own ("An
-        exception was thrown from the Python worker", a Py4J error, a SparkException ...). This
-        finds the last spillway error in it, e.g. ``ToleranceExceededError: spillway job
-        'orders' failed in stage TRANSFORMATION: ...``; else the exception that ended the last
-        Python traceback in it, e.g. ``pyarrow.lib.ArrowInvalid: Could not convert ...``; else
-        the exception's first line.
-        """
+        """The real cause inside a failed Spark action's exception (the last spillway error in
+        it, else the exception that ended its last Python traceback): see
+        `spillway.spark._report.failure_message`."""
         return failure_message(exc)
 
     # --- wrappers ---------------------------------------------------------------------------
