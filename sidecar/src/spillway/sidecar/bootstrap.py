@@ -79,6 +79,8 @@ class RunningSidecar:
         self.sidecar.trimmer.stop()
         if self.sidecar.pipeline is not None:
             self.sidecar.pipeline.shutdown(timeout=max(0.0, deadline - time.monotonic()))
+        if self.sidecar.runstate is not None:
+            self.sidecar.runstate.close()
         self.sidecar.telemetry.shutdown()  # flush spans and metrics
         log.info("spillway sidecar %s stopped", self.sidecar.sidecar_id)
 
@@ -148,11 +150,17 @@ def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
             on_ack=engine.note_dead_letter_acked,
             spool_group=props["spool.group"],
         )
+    runstate = None
+    if pipeline is not None and props["spool.enable"] and props["run.state.durable"]:
+        from .runstate import RunStore
+
+        runstate = RunStore(props["spool.dir"] or default_spool_dir(raw),
+                            max_idle_s=props["job.idle.timeout.ms"] / 1000)
     sec = security.load_config(props)
     if localcred.applies(sec, _local_only(props)):
         sec = localcred.apply(sec, props["auth.local.token.file"] or localcred.default_path())
     return Sidecar(
-        props=props, engine=engine, pipeline=pipeline,
+        props=props, engine=engine, pipeline=pipeline, runstate=runstate,
         sidecar_id=props["sidecar.id"] or socket.gethostname(),
         flush_timeout_s=props["flush.timeout.ms"] / 1000,
         security=sec,

@@ -134,6 +134,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logging.getLogger("spillway.sidecar").warning("%s", warning)
     raw = serve_properties(args, env)
     props = config.parse(raw)
+    if getattr(args, "own_command_line", False) and props["bootstrap.servers"] \
+            and props["spool.enable"] and props["run.state.durable"]:
+        from .dlq import default_spool_dir
+        from .runstate import pin_hash_seed
+
+        # run states are kept as hash() digests: the same seed after a restart (runstate.py)
+        pin_hash_seed(props["spool.dir"] or default_spool_dir(raw))
     if props.get("listen.address"):
         host, _, port = props["listen.address"].rpartition(":")
         _check_free("listen.address", host, int(port))

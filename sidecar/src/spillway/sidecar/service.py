@@ -55,6 +55,7 @@ from .registry import (
     new_token,
     token_digest,
 )
+from .runstate import COMPACT_BYTES, RunStore
 from .status_page import status_page
 from .telemetry import Telemetry
 
@@ -90,6 +91,7 @@ class Sidecar:
     registry: Registry = field(default_factory=lambda: Registry(max_live=1000,
                                                                 idle_timeout_s=3600.0))
     admission: Admission | None = None  # backpressure gate, with a DLQ pipeline
+    runstate: RunStore | None = None    # runs' durable state, beside the spool (runstate.py)
     kafka: KafkaWatch | None = None     # the Kafka check, with bootstrap.servers
     security: security.SecurityConfig | None = None
     # hands the heap of ended runs back to the OS after a burst of EndJobs (memtune.py)
@@ -197,6 +199,7 @@ class Sidecar:
     def _create(self, job: str, run_id: str, properties, token: str,
                 home: Home | None = None, home_instance_id: str = "") -> tuple[JobSettings, Run]:
         reg = self.registry
+        key = run_key(job, run_id)
         with reg.create_lock:
             run = reg.get(job, run_id)
             if run is not None:  # created meanwhile by another caller
@@ -204,13 +207,37 @@ class Sidecar:
                     raise access_error(job, run_id, token)
                 return self.engine.register_job(job, properties, run_id=run_id), run
             reg.check_room()
+            kept = self.runstate.load(key) if self.runstate is not None and home is None \
+                else None
+            if kept is not None and not may_use(kept[0], token):
+                # a run this sidecar was deciding before it restarted: its token only
+                raise access_error(job, run_id, token)
             settings = self.engine.register_job(job, properties, run_id=run_id)
-            run = reg.add(Run(job=job, run_id=run_id, key=run_key(job, run_id),
+            if self.runstate is not None and home is None:
+                self.engine.enable_journal(key)
+                if kept is not None:
+                    self.engine.restore(key, kept[1])
+                else:
+                    self.runstate.open_run(key, job, run_id, token_digest(token))
+            run = reg.add(Run(job=job, run_id=run_id, key=key,
                               digest=token_digest(token), home=home,
                               home_instance_id=home_instance_id))
-        log.info("job %r run %r registered%s", job, run_id,
+        log.info("job %r run %r %s%s", job, run_id,
+                 "resumed from its kept state" if kept is not None else "registered",
                  f" (homed at {home.address})" if home is not None else "")
         return settings, run
+
+    def _persist(self, key: str, slices: list | None) -> None:
+        """Write a run's journal slices (`runstate`); compact it once it has grown."""
+        store = self.runstate
+        if store is None or not slices:
+            return
+        if store.append(key, slices) > COMPACT_BYTES:
+            try:
+                gen, snap = self.engine.snapshot(key)
+            except UnknownJobError:
+                return  # ended meanwhile
+            store.compact(key, gen, snap)
 
     def _register_new(self, job: str, run_id: str, properties, token: str | None,
                       timeout_s: float) -> _Registered:
@@ -310,7 +337,10 @@ class Sidecar:
             self.engine.record_recovered(key, task, list(request.recovered_record_ids))
         if request.undo_dead_letter_record_ids:
             if home is None:
-                self.engine.undo_dead_letters(key, list(request.undo_dead_letter_record_ids))
+                undone: list = []
+                self.engine.undo_dead_letters(key, list(request.undo_dead_letter_record_ids),
+                                              journal=undone)
+                self._persist(key, undone)
         if not records:
             if home is not None and request.recovered_record_ids:
                 home.report(request, timeout_s, token=token)
@@ -324,13 +354,18 @@ class Sidecar:
                                                "spillway.records": len(records),
                                                "spillway.home": home.address if home else ""}
         ) as span:
+            # this report's slice of the run's durable state: written once its dead letters
+            # are spooled (a refused report leaves none behind), or at once for a peer's
+            # decide_only report (the peer spools, and says so if it could not)
+            journal: list | None = [] if self.runstate is not None else None
             if home is not None:  # the job's home decides; durability stays on this node
                 self.engine.settings(key)
                 decisions = home.report(request, timeout_s, token=token)
             else:
-                decisions = self.engine.decide(key, task, records)
+                decisions = self.engine.decide(key, task, records, journal=journal)
             verdicts = [d.verdict for d in decisions]
             if request.decide_only:
+                self._persist(key, journal)
                 return [(v, d.dead_letter) for v, d in zip(verdicts, decisions, strict=True)]
             if span.is_recording():
                 _annotate(span, verdicts)
@@ -356,13 +391,16 @@ class Sidecar:
                         raise
                 for i in to_dlq:  # fresh values from this call's decisions: marked in place
                     verdicts[i].dead_lettered = True
+            self._persist(key, journal)
         self.telemetry.record_verdict_duration(time.perf_counter() - started)
         return [(v, False) for v in verdicts]
 
     def _undo_dead_letters(self, run: Run, request: pb.ReportFailuresRequest,
                            record_ids: list[str], token: str | None) -> None:
         if run.home is None:
-            self.engine.undo_dead_letters(run.key, record_ids)
+            undone: list = []
+            self.engine.undo_dead_letters(run.key, record_ids, journal=undone)
+            self._persist(run.key, undone)
             return
         try:
             run.home.undo_dead_letters(request, record_ids, 5.0, token=token)
@@ -386,7 +424,9 @@ class Sidecar:
             if request.recovered_record_ids:
                 self.engine.record_recovered(key, task, list(request.recovered_record_ids))
             if processed:
-                self.engine.record_progress(key, task, processed)
+                progress: list = []
+                self.engine.record_progress(key, task, processed, journal=progress)
+                self._persist(key, progress)
         if self.pipeline is None or request.progress_only:
             return 0
         return self.pipeline.wait_task(task_key(key, task), timeout_s)
@@ -471,6 +511,8 @@ class Sidecar:
             if not self.registry.remove(run, expired=expired):
                 return None  # released meanwhile by another EndJob or the reaper
             final = self.engine.end_job(run.key)
+            if self.runstate is not None and run.home is None:
+                self.runstate.drop(run.key)
         if run.home is not None:
             run.home.close()
         self.trimmer.freed()

@@ -328,6 +328,9 @@ _PROPS: list[Prop] = [
          "state directory)", job=False),
     Prop("spool.enable", p_bool, "true", "spool DLQ records to disk before acknowledging",
          job=False),
+    Prop("run.state.durable", p_bool, "true",
+         "keep each run's job-wide state (counted errors and ids, progress, failure) beside "
+         "the spool, so that a restarted sidecar resumes its runs (needs the spool)", job=False),
     Prop("spool.group", p_str, "",
          "group given read access to the spool (directory 0750, files 0640); '': directory "
          "0700, files 0600, the sidecar's user alone", job=False),

@@ -41,12 +41,14 @@ _COMPACT_SLACK = 1024
 class IdTable(Generic[V]):
     """A bounded map of int keys in [0, 2**60), least recently used entry evicted first."""
 
-    __slots__ = ("limit", "evicted", "_keys", "_tags", "_vals", "_index", "_mask", "_grow_at",
-                 "_off", "_head", "_live", "_dead", "_mk", "_ms", "_ek", "_en")
+    __slots__ = ("limit", "evicted", "journal", "_keys", "_tags", "_vals", "_index", "_mask",
+                 "_grow_at", "_off", "_head", "_live", "_dead", "_mk", "_ms", "_ek", "_en")
 
     def __init__(self, limit: int) -> None:
         self.limit = max(1, limit)
         self.evicted = 0
+        # a list: every add and replace is appended to it (a run's durable state, `runstate`)
+        self.journal: list | None = None
         self._keys = array("Q")
         self._tags = array("Q")
         self._vals: list[V | None] = []
@@ -114,6 +116,8 @@ class IdTable(Generic[V]):
     def add(self, key: int, value: V, tag: int | None = None) -> None:
         """Set key's value and make it the most recently used; evict past the limit. ``tag``
         (an int in [0, 2**64)): the entry's tag; None keeps a present entry's (0 for a new one)."""
+        if self.journal is not None:
+            self.journal.append(("i", key, value, tag))
         index, keys, off = self._index, self._keys, self._off
         if key == self._mk:                  # just found absent: its slot is known
             i = self._ms
@@ -211,6 +215,8 @@ class IdTable(Generic[V]):
 
     def replace(self, key: int, value: V) -> None:
         """Change a present key's value without touching it (absent: nothing)."""
+        if self.journal is not None:
+            self.journal.append(("r", key, value))
         if key == self._ek:
             self._vals[self._en - self._off] = value
             return

@@ -103,6 +103,79 @@ class JobState:
         self.log_failures = 0
         self.collisions = 0     # distinct records reported under an id known with another payload
         self.other_keys: dict[int, list[int]] = {}   # id key -> its other records' keys
+        # durable state (`enable_journal`): what changed the run's job-wide state, in order
+        self.journal: list | None = None
+        self.generation = 0     # journal slices taken (`take_journal`)
+
+    # --- durable state ---------------------------------------------------------------------
+    # What a restart must not lose (docs/POLICY.md, "Across a restart"): counted ids with their
+    # skip answers (one dead letter per record), counted errors and processed records (the
+    # tolerance limits), the failure, and the summary's counts. Every change to those is
+    # journaled; the sidecar writes each slice beside the spool (`runstate`) and a restarted
+    # sidecar replays them. Retry schedules, the retry budget and circuit breakers are not kept.
+
+    _SUMMARY = ("counts", "by_stage", "by_category", "by_class", "recovered", "collisions",
+                "refused", "handler_failures", "log_failures")
+
+    def enable_journal(self) -> None:
+        self.journal = []
+        self.tolerance.journal = self.journal
+        self.ids.journal = self.journal
+
+    def take_journal(self) -> tuple[int, list]:
+        """The changes since the last call, numbered (replayed in that order), with the
+        summary's counts as they are now; (gen, []) when nothing changed."""
+        entries = self.journal
+        if not entries:
+            return self.generation, []
+        self.journal = []
+        self.tolerance.journal = self.ids.journal = self.journal
+        entries.append(("s", {n: getattr(self, n) for n in self._SUMMARY}))
+        self.generation += 1
+        return self.generation, entries
+
+    def replay(self, entries: Sequence) -> None:
+        """Redo journaled changes (from `take_journal` or `snapshot`), in order."""
+        journal = self.journal
+        self.tolerance.journal = self.ids.journal = None
+        try:
+            ids, tol = self.ids, self.tolerance
+            for e in entries:
+                kind = e[0]
+                if kind == "i":
+                    ids.add(e[1], e[2], e[3])
+                elif kind == "r":
+                    ids.replace(e[1], e[2])
+                elif kind == "e":
+                    tol.count_errors(e[1], tuple(e[2]), e[4], e[3])
+                elif kind == "g":
+                    tol.record_progress(tuple(e[1]), e[2], e[3])
+                elif kind == "f":
+                    self.failure_reason = self.failure_reason or e[1]
+                elif kind == "s":
+                    for name, value in e[1].items():
+                        setattr(self, name, value)
+                elif kind == "T":
+                    tol.set_state(e[1])
+        finally:
+            self.tolerance.journal = self.ids.journal = journal
+
+    def snapshot(self) -> tuple[int, list]:
+        """The whole durable state as entries (a compaction of the journal so far): the
+        tolerance counters, every counted id least recently used first, the failure and the
+        summary's counts. Numbered like `take_journal`; the journal is left empty."""
+        gen, pending = self.take_journal()
+        ids = self.ids
+        out: list = [("T", self.tolerance.state())]
+        for key in ids.keys():
+            out.append(("i", key, ids.get(key), ids.tag(key)))
+        if self.failure_reason:
+            out.append(("f", self.failure_reason))
+        out.append(("s", {n: getattr(self, n) for n in self._SUMMARY}))
+        if not pending:
+            self.generation += 1
+            gen = self.generation
+        return gen, out
 
     @property
     def records_evicted(self) -> int:
@@ -131,6 +204,8 @@ class JobState:
         """The run fails with ``reason`` unless it already failed; returns the reason it has."""
         if not self.failure_reason:
             self.failure_reason = reason
+            if self.journal is not None:
+                self.journal.append(("f", reason))
         return self.failure_reason
 
     def identity(self, record: FailedRecord,

@@ -15,6 +15,7 @@ thread-safe) and released before error log lines are written.
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections.abc import Mapping, Sequence
 from itertools import repeat
@@ -33,6 +34,16 @@ from .settings import JobSettings, job_settings
 from .tolerance import record_key
 
 __all__ = ["MAX_TRACKED_RECORDS", "PolicyEngine", "run_key"]
+
+
+def _take(j: JobState, out: list | None) -> None:
+    """Move a durable run's journal slice into `out` as (generation, pickled entries); under
+    the run's lock, so that the entries are pickled as they are."""
+    if out is None or j.journal is None:
+        return
+    gen, entries = j.take_journal()
+    if entries:
+        out.append((gen, pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)))
 
 # metric_rows reads a Counts' fields in one C call (a scrape reads every live job's counts)
 _KIP_ORDER = tuple(KIP_NAMES.values())
@@ -113,8 +124,11 @@ class PolicyEngine:
 
     # --- decisions ------------------------------------------------------------------------
 
-    def decide(self, job: str, task: TaskIdentity,
-               records: Sequence[FailedRecord]) -> list[Decision]:
+    def decide(self, job: str, task: TaskIdentity, records: Sequence[FailedRecord],
+               journal: list | None = None) -> list[Decision]:
+        """Verdicts for `records`. ``journal``: receives this call's slice of a durable run's
+        journal (`JobState.take_journal`, pickled), for the caller to write once the report's
+        dead letters are spooled."""
         j = self._job(job)
         batch = Batch(task, self._clock.monotonic() * 1000.0, self._clock.wall_ms())
         with j.lock:
@@ -122,6 +136,7 @@ class PolicyEngine:
                 outcomes = self._decider.decide_all(j, batch, records)
             finally:
                 batch.apply(j)
+                _take(j, journal)
         if batch.collisions:
             warn_collisions(j, batch.collisions)
         if j.settings.log_enable:
@@ -161,7 +176,7 @@ class PolicyEngine:
                     cb.on_success(now)
 
     def record_progress(self, job: str, task: TaskIdentity,
-                        processed: Mapping[StageRef, int]) -> None:
+                        processed: Mapping[StageRef, int], journal: list | None = None) -> None:
         j = self._job(job)
         now = self._clock.monotonic() * 1000.0
         counts: dict[str, int] = {}
@@ -176,6 +191,7 @@ class PolicyEngine:
                 result = j.tolerance.check(now)
                 if result.exceeded:
                     j.fail(result.reason)
+            _take(j, journal)
 
     def note_refused(self, job: str, n: int) -> None:
         """``n`` records of a report refused for backpressure: counted, nothing decided."""
@@ -185,7 +201,8 @@ class PolicyEngine:
             with j.lock:
                 j.refused += int(n)
 
-    def undo_dead_letters(self, job: str, record_ids: Sequence[str]) -> int:
+    def undo_dead_letters(self, job: str, record_ids: Sequence[str],
+                          journal: list | None = None) -> int:
         """The DLQ records of these skipped ids were not spooled after all (the spool refused
         the report): a re-report of them is dead-lettered again. Returns how many were marked."""
         j = self._job(job)
@@ -202,7 +219,30 @@ class PolicyEngine:
                     if info is not None and info[3]:
                         ids.replace(k, j.skip_info(info[0], info[1], info[2], False))
                         undone += 1
+            _take(j, journal)
         return undone
+
+    # --- durable state (runstate.py keeps it; JobState says what it is) ---------------------
+
+    def enable_journal(self, job: str) -> None:
+        j = self._job(job)
+        with j.lock:
+            if j.journal is None:
+                j.enable_journal()
+
+    def restore(self, job: str, slices: Sequence[bytes]) -> None:
+        """Replay a run's journal slices (and snapshot), oldest first, into its fresh state."""
+        j = self._job(job)
+        with j.lock:
+            for blob in slices:
+                j.replay(pickle.loads(blob))  # noqa: S301 - the sidecar's own state file
+
+    def snapshot(self, job: str) -> tuple[int, bytes]:
+        """The run's whole durable state as one slice (compaction), numbered."""
+        j = self._job(job)
+        with j.lock:
+            gen, entries = j.snapshot()
+            return gen, pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
 
     def note_dead_letter_acked(self, job: str, n: int) -> None:
         with self._lock:

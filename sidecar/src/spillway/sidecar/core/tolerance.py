@@ -121,6 +121,8 @@ class ToleranceTracker:
         self.records_processed = 0       # whole-job total, for the summary
         self.errors_total = 0
         self.slots_evicted = 0
+        # a list: counted errors and progress are appended to it (`JobState.replay` redoes them)
+        self.journal: list | None = None
 
     @property
     def ids_evicted(self) -> int:
@@ -141,6 +143,8 @@ class ToleranceTracker:
             ids.touch(key)
             return _ALREADY_COUNTED
         ids.add(key, None, tag)
+        if self.journal is not None:
+            self.journal.append(("e", stage, task, now_ms, 1))
         self.errors_total += 1
         self._job.errors.add(now_ms)
         pair = self._stages.get(stage)
@@ -159,6 +163,8 @@ class ToleranceTracker:
         """What ``n`` calls of `admit` counting new ids of one stage and task at ``now_ms`` do
         besides remembering the ids, for a tracker with no limits (`unlimited`: every check
         passes, so counting a report's errors at its end is the same as one by one)."""
+        if self.journal is not None:
+            self.journal.append(("e", stage, task, now_ms, n))
         self.errors_total += n
         self._job.errors.add(now_ms, n)
         pair = self._stages.get(stage)
@@ -174,6 +180,8 @@ class ToleranceTracker:
         """A task's processed records for the stages it names. Each replaces that stage's
         earlier report for the task (a re-attempt, or a running total); stages not named keep
         theirs, so two wrappers in one Spark task (deserialize, then transform) both count."""
+        if self.journal is not None:
+            self.journal.append(("g", task, dict(counts), now_ms))
         slot = self._slot(task)
         for stage, n in counts.items():
             old = slot.processed.pop(stage, 0)
@@ -197,6 +205,19 @@ class ToleranceTracker:
                 for pair in (self._job, self._stage(stage)):
                     pair.settled.add(now_ms, new)
                 slot.settled[stage] = n
+
+    # --- durable state (`JobState.snapshot`) ---------------------------------------------
+
+    _STATE = ("_job", "_stages", "_slots", "records_processed", "errors_total",
+              "slots_evicted")
+
+    def state(self) -> dict:
+        """What a snapshot keeps besides the ids (plain objects: picklable)."""
+        return {name: getattr(self, name) for name in self._STATE}
+
+    def set_state(self, state: dict) -> None:
+        for name in self._STATE:
+            setattr(self, name, state[name])
 
     # --- limits ---------------------------------------------------------------------------
 

@@ -1,0 +1,212 @@
+"""A run's job-wide state, durable beside the spool: a sidecar killed and restarted mid-run
+resumes each run where it was (docs/POLICY.md, "Across a restart").
+
+The policy core journals what changes a run's durable state (`core.jobstate.JobState`); the
+service writes each slice here, numbered, once the report it belongs to is answered for (its
+dead letters spooled), and a sidecar that registers a run it finds here replays the slices in
+their order. SQLite in WAL mode with ``synchronous=NORMAL`` in the spool's directory (0700): a
+committed slice survives the process being killed (kill -9); what the machine's power loses is
+the last slices, as for any WAL database so configured.
+
+Record ids and payloads are remembered as digests from Python's ``hash()`` (fast, and keyed
+by the process's hash seed, so nobody outside can craft colliding ids): a kept state is only
+usable by a process with the same seed. `spillway serve` therefore pins the seed per spool
+(`pin_hash_seed`: a random seed kept 0600 in the spool's directory, the process re-executed
+with ``PYTHONHASHSEED`` set to it); kept states written under another seed (a sidecar embedded
+without it) are dropped at start, with a warning, rather than misread.
+
+Bounds: a run's slices are compacted into one snapshot once they pass `COMPACT_BYTES`; a run's
+rows go when it ends (EndJob, idle expiry). A slice numbered at or below the run's snapshot is
+already in it and is not written again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger("spillway.sidecar.runstate")
+
+FILE_NAME = "runs.sqlite"
+SEED_FILE = "hashseed"
+_SEED_PROBE = "spillway.runstate.seed-probe"
+COMPACT_BYTES = 8 * 1024 * 1024
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    key TEXT PRIMARY KEY, job TEXT NOT NULL, run_id TEXT NOT NULL, digest BLOB NOT NULL,
+    snapshot_gen INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL DEFAULT 0,
+    updated REAL NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS slices (
+    key TEXT NOT NULL, gen INTEGER NOT NULL, blob BLOB NOT NULL, PRIMARY KEY (key, gen));
+"""
+
+
+class RunStore:
+    """One sidecar's durable run states. Thread-safe (one connection, one lock)."""
+
+    def __init__(self, directory: str | os.PathLike, max_idle_s: float | None = None) -> None:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = d / FILE_NAME
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # never readable by others
+        os.close(fd)
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+        self.write_failures = 0
+        self._check_seed()
+        if max_idle_s is not None:
+            self.prune(max_idle_s)
+
+    def _check_seed(self) -> None:
+        """Drop kept states whose digests this process cannot reproduce (another hash seed)."""
+        mine = str(hash(_SEED_PROBE))
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            row = self._conn.execute("SELECT value FROM meta WHERE name = 'seed'").fetchone()
+            if row is not None and row[0] != mine:
+                n = self._conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+                self._conn.execute("DELETE FROM slices")
+                self._conn.execute("DELETE FROM runs")
+                if n:
+                    log.warning("dropped the kept state of %d run(s) in %s: it was written by a "
+                                "process with another hash seed (start the sidecar with "
+                                "`spillway serve`, which pins it per spool)", n, self.path)
+            self._conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('seed', ?)",
+                               (mine,))
+
+    def prune(self, max_idle_s: float) -> int:
+        """Drop the runs nobody wrote for `max_idle_s` (job.idle.timeout.ms): had the sidecar
+        lived, they would have expired. Returns how many."""
+        cutoff = time.time() - max_idle_s
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            old = [k for (k,) in self._conn.execute("SELECT key FROM runs WHERE updated < ?",
+                                                     (cutoff,))]
+            for k in old:
+                self._conn.execute("DELETE FROM slices WHERE key = ?", (k,))
+                self._conn.execute("DELETE FROM runs WHERE key = ?", (k,))
+        if old:
+            log.info("dropped the kept state of %d run(s) idle for over %.0f s", len(old),
+                     max_idle_s)
+        return len(old)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def load(self, key: str) -> tuple[bytes, list[bytes]] | None:
+        """The run's token digest and its slices, oldest first; None when not kept here."""
+        with self._lock:
+            row = self._conn.execute("SELECT digest FROM runs WHERE key = ?", (key,)).fetchone()
+            if row is None:
+                return None
+            blobs = [b for (b,) in self._conn.execute(
+                "SELECT blob FROM slices WHERE key = ? ORDER BY gen", (key,))]
+        return bytes(row[0]), blobs
+
+    def open_run(self, key: str, job: str, run_id: str, digest: bytes) -> None:
+        """Keep a new run (any earlier one of this key is dropped: its state ended with it)."""
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("DELETE FROM slices WHERE key = ?", (key,))
+            self._conn.execute("INSERT OR REPLACE INTO runs (key, job, run_id, digest, updated) "
+                               "VALUES (?, ?, ?, ?, ?)", (key, job, run_id, digest,
+                                                          time.time()))
+
+    def append(self, key: str, slices: list[tuple[int, bytes]]) -> int:
+        """Write journal slices; returns the run's bytes kept since its snapshot (0: the run is
+        not kept here). A write that fails is logged and counted: the run goes on in memory."""
+        if not slices:
+            return 0
+        try:
+            with self._lock, self._conn:
+                self._conn.execute("BEGIN IMMEDIATE")
+                row = self._conn.execute("SELECT snapshot_gen, bytes FROM runs WHERE key = ?",
+                                         (key,)).fetchone()
+                if row is None:
+                    return 0
+                fresh = [(key, g, b) for g, b in slices if g > row[0]]
+                self._conn.executemany("INSERT OR REPLACE INTO slices (key, gen, blob) "
+                                       "VALUES (?, ?, ?)", fresh)
+                total = row[1] + sum(len(b) for _, _, b in fresh)
+                self._conn.execute("UPDATE runs SET bytes = ?, updated = ? WHERE key = ?",
+                                   (total, time.time(), key))
+                return total
+        except sqlite3.Error as exc:
+            self.write_failures += 1
+            log.error("run %r: its state could not be written to %s (%s); a restart would "
+                      "forget this part of it", key, self.path, exc)
+            return 0
+
+    def compact(self, key: str, gen: int, snapshot: bytes) -> None:
+        """Replace the run's slices up to `gen` with `snapshot` (numbered `gen`)."""
+        try:
+            with self._lock, self._conn:
+                self._conn.execute("BEGIN IMMEDIATE")
+                self._conn.execute("DELETE FROM slices WHERE key = ? AND gen <= ?", (key, gen))
+                self._conn.execute("INSERT OR REPLACE INTO slices (key, gen, blob) "
+                                   "VALUES (?, ?, ?)", (key, gen, snapshot))
+                left = self._conn.execute(
+                    "SELECT COALESCE(SUM(LENGTH(blob)), 0) FROM slices WHERE key = ?",
+                    (key,)).fetchone()[0]
+                self._conn.execute("UPDATE runs SET snapshot_gen = ?, bytes = ? WHERE key = ?",
+                                   (gen, left, key))
+        except sqlite3.Error as exc:
+            self.write_failures += 1
+            log.error("run %r: compacting its state in %s failed: %s", key, self.path, exc)
+
+    def drop(self, key: str) -> None:
+        with self._lock, self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("DELETE FROM slices WHERE key = ?", (key,))
+            self._conn.execute("DELETE FROM runs WHERE key = ?", (key,))
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return [k for (k,) in self._conn.execute("SELECT key FROM runs ORDER BY key")]
+
+
+def pin_hash_seed(directory: str | os.PathLike) -> None:
+    """Re-execute this process (the `spillway serve` command) with ``PYTHONHASHSEED`` set to
+    the seed kept in `directory` (created, random, 0600, on first use), unless it already runs
+    with it; returns when it does, or when the seed cannot be kept (then a warning)."""
+    import secrets
+    import sys
+
+    d = Path(directory)
+    path = d / SEED_FILE
+    try:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            seed = path.read_text().strip()
+        except FileNotFoundError:
+            seed = str(secrets.randbelow(2**32 - 1) + 1)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(seed + "\n")
+        if not seed.isdigit() or not 0 < int(seed) < 2**32:
+            raise ValueError(f"{path} holds no hash seed")
+    except (OSError, ValueError) as exc:
+        log.warning("cannot keep the hash seed in %s (%s): a restart will not resume runs",
+                    directory, exc)
+        return
+    if os.environ.get("PYTHONHASHSEED") == seed:
+        return
+    orig = list(getattr(sys, "orig_argv", []) or [])
+    if not orig or not sys.executable:
+        log.warning("the command line is unknown: cannot pin the hash seed; a restart will not "
+                    "resume runs")
+        return
+    os.environ["PYTHONHASHSEED"] = seed
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *orig[1:]])
