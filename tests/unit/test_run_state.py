@@ -182,3 +182,25 @@ def test_kept_states_written_under_another_hash_seed_are_dropped_not_misread(tmp
     store.close()
     again = RunStore(tmp_path)
     assert again.load("j@r") is None and again.keys() == []
+
+
+def test_a_run_past_the_compaction_size_is_kept_as_one_snapshot(tmp_path, monkeypatch):
+    from spillway.sidecar import runstate
+
+    monkeypatch.setattr(runstate, "COMPACT_BYTES", 100)
+    clock = FakeClock()
+    store = RunStore(tmp_path)
+    e = engine(clock)
+    e.register_job("j", {"errors.tolerance": "all"})
+    store.attach(e, "j", "j", "", b"d", None)
+    for i in range(5):
+        slices: list = []
+        e.decide("j", TASK, [rec(f"r{i}")], journal=slices)
+        store.persist(e, "j", slices)
+    digest, blobs = store.load("j")
+    assert len(blobs) == 1                                  # compacted at every write past 100 B
+    again = engine(clock)
+    again.register_job("j", {"errors.tolerance": "all"})
+    store.attach(again, "j", "j", "", b"d", (digest, blobs))
+    assert again.summary("j").counts.total_record_errors == 5
+    assert not again.decide("j", TASK, [rec("r3")])[0].dead_letter

@@ -164,6 +164,28 @@ class RunStore:
             self.write_failures += 1
             log.error("run %r: compacting its state in %s failed: %s", key, self.path, exc)
 
+    # --- with the policy engine (`core.policy.PolicyEngine`) --------------------------------
+
+    def attach(self, engine, key: str, job: str, run_id: str, digest: bytes,
+               kept: tuple[bytes, list[bytes]] | None) -> None:
+        """Journal a run just registered in `engine`: resume it from `kept` (`load`, its token
+        already checked), or keep it as a new run."""
+        engine.enable_journal(key)
+        if kept is not None:
+            engine.restore(key, kept[1])
+        else:
+            self.open_run(key, job, run_id, digest)
+
+    def persist(self, engine, key: str, slices: list[tuple[int, bytes]]) -> None:
+        """Write a run's journal slices; compact the run once it has grown past COMPACT_BYTES."""
+        if self.append(key, slices) <= COMPACT_BYTES:
+            return
+        try:
+            gen, snap = engine.snapshot(key)
+        except LookupError:  # the run ended meanwhile (UnknownJobError)
+            return
+        self.compact(key, gen, snap)
+
     def drop(self, key: str) -> None:
         with self._lock, self._conn:
             self._conn.execute("BEGIN IMMEDIATE")

@@ -55,7 +55,7 @@ from .registry import (
     new_token,
     token_digest,
 )
-from .runstate import COMPACT_BYTES, RunStore
+from .runstate import RunStore
 from .status_page import status_page
 from .telemetry import Telemetry
 
@@ -214,11 +214,7 @@ class Sidecar:
                 raise access_error(job, run_id, token)
             settings = self.engine.register_job(job, properties, run_id=run_id)
             if self.runstate is not None and home is None:
-                self.engine.enable_journal(key)
-                if kept is not None:
-                    self.engine.restore(key, kept[1])
-                else:
-                    self.runstate.open_run(key, job, run_id, token_digest(token))
+                self.runstate.attach(self.engine, key, job, run_id, token_digest(token), kept)
             run = reg.add(Run(job=job, run_id=run_id, key=key,
                               digest=token_digest(token), home=home,
                               home_instance_id=home_instance_id))
@@ -228,16 +224,8 @@ class Sidecar:
         return settings, run
 
     def _persist(self, key: str, slices: list | None) -> None:
-        """Write a run's journal slices (`runstate`); compact it once it has grown."""
-        store = self.runstate
-        if store is None or not slices:
-            return
-        if store.append(key, slices) > COMPACT_BYTES:
-            try:
-                gen, snap = self.engine.snapshot(key)
-            except UnknownJobError:
-                return  # ended meanwhile
-            store.compact(key, gen, snap)
+        if self.runstate is not None and slices:
+            self.runstate.persist(self.engine, key, slices)
 
     def _register_new(self, job: str, run_id: str, properties, token: str | None,
                       timeout_s: float) -> _Registered:
