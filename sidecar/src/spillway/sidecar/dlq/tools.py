@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import functools
+from collections import deque
 import logging
 import sys
 import time
@@ -416,11 +417,11 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
                   _msg: Any) -> None:
         if err is None:
             summary.redriven += 1
-            if resolution is not None and producer is not None:
+            if resolution is not None:
                 # only once Kafka has the redriven record: a crash in between redrives it
-                # again next time (at least once), never marks an unsent record resolved
-                producer.produce(ledger_topic, key=key.encode(), value=resolution,
-                                 on_delivery=ledger_written)
+                # again next time (at least once), never marks an unsent record resolved.
+                # Produced by the main loop: a callback must not meet a full queue.
+                to_record.append((key.encode(), resolution))
         else:
             summary.failed += 1
             if len(summary.errors) < 10:
@@ -431,6 +432,20 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
             summary.ledger_failed += 1
             if len(summary.errors) < 10:
                 summary.errors.append(f"ledger {ledger_topic!r}: {err}")
+
+    to_record: deque[tuple[bytes, bytes]] = deque()
+
+    def record_resolutions(wait: bool) -> None:
+        while to_record and producer is not None:
+            key, value = to_record[0]
+            try:
+                producer.produce(ledger_topic, key=key, value=value, on_delivery=ledger_written)
+            except BufferError:
+                if not wait:
+                    return
+                producer.poll(0.1)
+                continue
+            to_record.popleft()
 
     started = time.monotonic()
     sent = 0
@@ -514,14 +529,23 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
             except BufferError:
                 producer.poll(0.1)
         producer.poll(0)
+        record_resolutions(wait=False)
         sent += 1
     if producer is not None:
-        left = producer.flush(flush_timeout_s)
+        deadline = time.monotonic() + flush_timeout_s
+        while True:  # a flush delivers records whose resolutions are then to be written
+            record_resolutions(wait=True)
+            left = producer.flush(max(0.0, deadline - time.monotonic()))
+            if left or not to_record or time.monotonic() >= deadline:
+                break
         if left:  # give up on them: their purge is reported (and counted) as a failure
             summary.errors.append(f"{left} record(s) not acknowledged within "
                                   f"{flush_timeout_s:g}s")
             producer.purge()
             producer.flush(1.0)
+        if to_record:
+            summary.ledger_failed += len(to_record)
+            to_record.clear()
     for err in summary.errors:
         print(f"error: {err}", file=out)
     if summary.ledger_failed:
