@@ -242,12 +242,19 @@ def test_fatal_flag_wins_over_the_code():
 def test_committed_records_reach_the_producer_from_memory_without_reading_the_spool(
         fake, pipeline):
     p = pipeline()
+    # at start the drain reads the spool (recovered rows) until it has caught up once: a
+    # record committed before that first read comes from the spool, rightly; so warm up first
+    p.submit([rec("warm", "t0")])
+    assert p.wait_task("t0", 5) == 1
+    _wait_for(lambda: not p._overflow)
+    before = p.stats()["spool-reads"]
     for i in range(0, 300, 50):
         p.submit([rec(f"r{j}", "t1") for j in range(i, i + 50)])
     assert p.wait_task("t1", 5) == 300
-    assert fake.made[0].delivered == [f"r{j}".encode() for j in range(300)]
+    assert [v for v in fake.made[0].delivered if v != b"warm"] == [
+        f"r{j}".encode() for j in range(300)]
     stats = p.stats()
-    assert stats["spool-reads"] == 0 and stats["handoff-overflows"] == 0
+    assert stats["spool-reads"] == before and stats["handoff-overflows"] == 0
     _wait_for(lambda: p.stats()["spool-depth"] == 0)  # acknowledged rows are deleted
 
 
