@@ -162,7 +162,9 @@ class ReprocessSession(TaskSession):
     def __init__(self, spec: JobSpec, wrapper: WrapperSpec, ledger: Ledger) -> None:
         super().__init__(spec, wrapper)
         self.ledger = ledger
-        self.notes: dict[tuple[str, str], tuple[str, dict[str, bytes], str]] = {}
+        # (DLQ topic, ledger key) -> (resolution, first record id, new record id): one entry per
+        # row of the task until it ends (about 150 bytes each)
+        self.notes: dict[tuple[str, str], tuple[str, bytes, str]] = {}
         self._links: set[bytes] = set()
 
     def link(self, traceparent: bytes | None) -> None:
@@ -185,7 +187,7 @@ class ReprocessSession(TaskSession):
         k = (dlq.decode("utf-8", "replace"), key.decode("ascii", "replace"))
         if self.notes.get(k, ("",))[0] == "superseded":
             return  # dead-lettered again: that stands
-        self.notes[k] = (resolution, dict(hist), new_record_id)
+        self.notes[k] = (resolution, hist.get(REDRIVE_OF, b""), new_record_id)
 
     def skipped(self, record: Any, verdict: Any) -> None:
         super().skipped(record, verdict)
@@ -232,10 +234,10 @@ def write_resolutions(ledger: Ledger, notes: Mapping[tuple[str, str], tuple], ru
             if err is not None:
                 errors.append(str(err))
 
-        for key, (resolution, hist, new_id) in items:
+        for key, (resolution, first_id, new_id) in items:
             value = dlq_ledger.encode(dlq_ledger.Resolution(
                 resolution, now, f"reprocess {ledger.job}",
-                record_id=hist.get(REDRIVE_OF, b"").decode("utf-8", "replace"),
+                record_id=first_id.decode("utf-8", "replace"),
                 new_record_id=new_id, run=run))
             while True:
                 try:
