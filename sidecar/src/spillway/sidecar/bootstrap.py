@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import listeners, localcred, prometheus, security, telemetry
+from . import listeners, localcred, prometheus, runstate, security, telemetry
 from .adapters import rpc
 from .adapters.servicer import SERVICE_NAME, ErrorSidecarServicer
 from .admission import Admission
@@ -150,17 +150,15 @@ def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
             on_ack=engine.note_dead_letter_acked,
             spool_group=props["spool.group"],
         )
-    runstate = None
-    if pipeline is not None and props["spool.enable"] and props["run.state.durable"]:
-        from .runstate import RunStore
-
-        runstate = RunStore(props["spool.dir"] or default_spool_dir(raw),
-                            max_idle_s=props["job.idle.timeout.ms"] / 1000)
+    store = None
+    if pipeline is not None and runstate.wanted(props):
+        store = runstate.RunStore(props["spool.dir"] or default_spool_dir(raw),
+                                  max_idle_s=props["job.idle.timeout.ms"] / 1000)
     sec = security.load_config(props)
     if localcred.applies(sec, _local_only(props)):
         sec = localcred.apply(sec, props["auth.local.token.file"] or localcred.default_path())
     return Sidecar(
-        props=props, engine=engine, pipeline=pipeline, runstate=runstate,
+        props=props, engine=engine, pipeline=pipeline, runstate=store,
         sidecar_id=props["sidecar.id"] or socket.gethostname(),
         flush_timeout_s=props["flush.timeout.ms"] / 1000,
         security=sec,

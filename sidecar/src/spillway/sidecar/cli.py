@@ -134,10 +134,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logging.getLogger("spillway.sidecar").warning("%s", warning)
     raw = serve_properties(args, env)
     props = config.parse(raw)
-    if getattr(args, "own_command_line", False) and props["bootstrap.servers"] \
-            and props["spool.enable"] and props["run.state.durable"]:
+    from .runstate import pin_hash_seed, wanted
+
+    if getattr(args, "own_command_line", False) and wanted(props):
         from .dlq import default_spool_dir
-        from .runstate import pin_hash_seed
 
         # run states are kept as hash() digests: the same seed after a restart (runstate.py)
         pin_hash_seed(props["spool.dir"] or default_spool_dir(raw))

@@ -197,6 +197,12 @@ class RunStore:
             return [k for (k,) in self._conn.execute("SELECT key FROM runs ORDER BY key")]
 
 
+def wanted(props: dict) -> bool:
+    """Whether a sidecar with these (parsed) properties keeps run states: it has a spool."""
+    return bool(props["bootstrap.servers"]) and props["spool.enable"] \
+        and props["run.state.durable"]
+
+
 def pin_hash_seed(directory: str | os.PathLike) -> None:
     """Re-execute this process (the `spillway serve` command) with ``PYTHONHASHSEED`` set to
     the seed kept in `directory` (created, random, 0600, on first use), unless it already runs

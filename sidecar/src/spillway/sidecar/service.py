@@ -207,16 +207,16 @@ class Sidecar:
                     raise access_error(job, run_id, token)
                 return self.engine.register_job(job, properties, run_id=run_id), run
             reg.check_room()
-            kept = self.runstate.load(key) if self.runstate is not None and home is None \
-                else None
+            store = self.runstate if home is None else None  # kept where the run is decided
+            kept = store.load(key) if store is not None else None
             if kept is not None and not may_use(kept[0], token):
                 # a run this sidecar was deciding before it restarted: its token only
                 raise access_error(job, run_id, token)
             settings = self.engine.register_job(job, properties, run_id=run_id)
-            if self.runstate is not None and home is None:
-                self.runstate.attach(self.engine, key, job, run_id, token_digest(token), kept)
-            run = reg.add(Run(job=job, run_id=run_id, key=key,
-                              digest=token_digest(token), home=home,
+            digest = token_digest(token)
+            if store is not None:
+                store.attach(self.engine, key, job, run_id, digest, kept)
+            run = reg.add(Run(job=job, run_id=run_id, key=key, digest=digest, home=home,
                               home_instance_id=home_instance_id))
         log.info("job %r run %r %s%s", job, run_id,
                  "resumed from its kept state" if kept is not None else "registered",

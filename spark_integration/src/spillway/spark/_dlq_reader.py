@@ -171,14 +171,15 @@ def to_row(topic: str, partition: int, offset: int, ts_ms: int | None, key: byte
     dead_ms = _int(h.get("spillway.timestamp"))
     when = dead_ms if dead_ms is not None else ts_ms
     copied = _text(h.get("spillway.record.copied"))
+    run_id, record_id = _text(h.get("spillway.run.id")), _text(h.get("spillway.record.id"))
     return {
         "topic": topic, "partition": partition, "offset": offset,
         "timestamp": (datetime.fromtimestamp(ts_ms / 1000, timezone.utc)
                       if ts_ms is not None else None),
         "key": key, "value": value,
         "headers": [(n, v) for n, v in headers],
-        "job": job, "run_id": _text(h.get("spillway.run.id")),
-        "stage": _text(ctx("stage")), "record_id": _text(h.get("spillway.record.id")),
+        "job": job, "run_id": run_id,
+        "stage": _text(ctx("stage")), "record_id": record_id,
         "source_topic": _text(ctx("topic")), "source_partition": _int(ctx("partition")),
         "source_offset": _int(ctx("offset")), "function": _text(ctx("class.name")),
         "exception_class": _text(ctx("exception.class.name")),
@@ -193,9 +194,8 @@ def to_row(topic: str, partition: int, offset: int, ts_ms: int | None, key: byte
         "payload": _text(h.get("spillway.payload")),
         "record_copied": None if copied is None else copied == "true",
         "redrive_count": _int(h.get("spillway.redrive.count")),
-        "ledger_key": dlq_ledger.ledger_key(job, _text(h.get("spillway.run.id")),
-                                            _text(h.get("spillway.record.id")), key, value,
-                                            topic=topic, partition=partition, offset=offset),
+        "ledger_key": dlq_ledger.ledger_key(job, run_id, record_id, key, value, topic=topic,
+                                            partition=partition, offset=offset),
         "_when": when,
     }
 

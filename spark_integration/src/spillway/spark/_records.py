@@ -80,7 +80,6 @@ def payload_for(stage: int, ctx: RecordContext) -> str:
     return "stage-input"
 
 
-
 def as_mapping(row: Any) -> Mapping[str, Any] | None:
     """A Row, dict or pandas Series as a mapping of column name to value (else None)."""
     cls = type(row)

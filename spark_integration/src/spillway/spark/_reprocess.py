@@ -29,7 +29,6 @@ When a task has finished (its dead letters acknowledged by Kafka), it records in
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -43,8 +42,6 @@ from spillway.client.dlq_ledger import (
 )
 
 from ._runtime import JobSpec, TaskSession, WrapperSpec
-
-log = logging.getLogger("spillway.spark")
 
 REDRIVE_COUNT = "spillway.redrive.count"
 REDRIVE_OF = "spillway.redrive.of"

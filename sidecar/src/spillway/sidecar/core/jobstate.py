@@ -27,7 +27,7 @@ from .backoff import schedule_from_settings
 from .breaker import Breakers
 from .budget import RetryBudget
 from .classify import Classifier
-from .counters import ScopedCounts
+from .counters import EVICTED_TASK, ScopedCounts, copy_counts
 from .handlers import LoadedHandler
 from .model import Category, FailedRecord
 from .settings import JobSettings
@@ -114,23 +114,42 @@ class JobState:
     # journaled; the sidecar writes each slice beside the spool (`runstate`) and a restarted
     # sidecar replays them. Retry schedules, the retry budget and circuit breakers are not kept.
 
-    _SUMMARY = ("counts", "by_stage", "by_category", "by_class", "recovered", "collisions",
-                "refused", "handler_failures", "log_failures")
+    _SUMMARY = ("by_stage", "by_category", "by_class", "recovered", "collisions", "refused",
+                "handler_failures", "log_failures")
+
+    def _summary_state(self) -> dict:
+        """The summary's counts: job-wide and per stage only. The per-task scopes (up to
+        10,000) are metric labels a restart starts afresh, not worth pickling every report."""
+        state = {n: getattr(self, n) for n in self._SUMMARY}
+        state["counts.job"], state["counts.stages"] = self.counts.job, self.counts.stages
+        return state
+
+    def _restore_summary(self, state: dict) -> None:
+        c = self.counts
+        for name, value in state.items():
+            if name == "counts.job":
+                c.job = value
+            elif name == "counts.stages":
+                c.stages = value
+                # the stages' earlier tasks, folded as eviction folds them: sums over the
+                # (stage, task) labels stay equal to the stages' counts
+                c.pairs.clear()
+                c.pairs.update(((st, EVICTED_TASK), copy_counts(v)) for st, v in value.items())
+            else:
+                setattr(self, name, value)
 
     def enable_journal(self) -> None:
         self.journal = []
-        self.tolerance.journal = self.journal
-        self.ids.journal = self.journal
+        self.tolerance.journal = self.ids.journal = self.journal
 
     def take_journal(self) -> tuple[int, list]:
         """The changes since the last call, numbered (replayed in that order), with the
         summary's counts as they are now; (gen, []) when nothing changed."""
-        entries = self.journal
-        if not entries:
+        if not self.journal:
             return self.generation, []
-        self.journal = []
-        self.tolerance.journal = self.ids.journal = self.journal
-        entries.append(("s", {n: getattr(self, n) for n in self._SUMMARY}))
+        entries = self.journal[:]
+        self.journal.clear()  # the list the tracker and the id table append to
+        entries.append(("s", self._summary_state()))
         self.generation += 1
         return self.generation, entries
 
@@ -153,8 +172,7 @@ class JobState:
                 elif kind == "f":
                     self.failure_reason = self.failure_reason or e[1]
                 elif kind == "s":
-                    for name, value in e[1].items():
-                        setattr(self, name, value)
+                    self._restore_summary(e[1])
                 elif kind == "T":
                     tol.set_state(e[1])
         finally:
@@ -171,7 +189,7 @@ class JobState:
             out.append(("i", key, ids.get(key), ids.tag(key)))
         if self.failure_reason:
             out.append(("f", self.failure_reason))
-        out.append(("s", {n: getattr(self, n) for n in self._SUMMARY}))
+        out.append(("s", self._summary_state()))
         if not pending:
             self.generation += 1
             gen = self.generation

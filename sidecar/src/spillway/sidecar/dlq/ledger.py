@@ -20,7 +20,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from spillway.client import dlq_ledger
 from spillway.client.dlq_ledger import Resolution
 
-from ..core.dlq_record import H_JOB, H_RUN_ID, H_TRACEPARENT, valid_traceparent
+from ..core.dlq_record import H_JOB, H_RECORD_ID, H_RUN_ID, H_TRACEPARENT, valid_traceparent
 from ..errors import DlqError
 
 # A redrive keeps the ledger in memory: past this many resolutions it stops rather than
@@ -34,7 +34,7 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 def message_key(msg: Any) -> str:
     """`ledger_key` of a `tools.DlqMessage`."""
     return dlq_ledger.ledger_key(msg.text(H_JOB), msg.text(H_RUN_ID),
-                                 msg.text("spillway.record.id"), msg.key, msg.value,
+                                 msg.text(H_RECORD_ID), msg.key, msg.value,
                                  topic=msg.topic, partition=msg.partition, offset=msg.offset)
 
 

@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import base64
 import functools
-from collections import deque
 import logging
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from spillway.client import dlq_ledger
 
 from ..core.dlq_record import (
     CONNECT_PREFIX,
@@ -51,8 +52,6 @@ from ..core.dlq_record import (
     H_TRACESTATE,
     SPILLWAY_PREFIX,
 )
-from spillway.client import dlq_ledger
-
 from ..core.model import Header
 from ..core.names import invalid_topic_message, valid_topic_name
 from ..errors import DlqError
