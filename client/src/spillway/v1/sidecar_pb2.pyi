@@ -252,6 +252,58 @@ class ReportFailuresResponse(_message.Message):
     verdicts: _containers.RepeatedCompositeFieldContainer[Verdict]
     def __init__(self, verdicts: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ...) -> None: ...
 
+class TallyGroup(_message.Message):
+    __slots__ = ["count", "stage", "custom_stage", "function_name", "exception"]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_STAGE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    EXCEPTION_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    stage: Stage
+    custom_stage: str
+    function_name: str
+    exception: ExceptionInfo
+    def __init__(self, count: _Optional[int] = ..., stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., function_name: _Optional[str] = ..., exception: _Optional[_Union[ExceptionInfo, _Mapping]] = ...) -> None: ...
+
+class TallyRequest(_message.Message):
+    __slots__ = ["job", "run_id", "task", "record_ids", "payload_digests", "groups"]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    run_id: str
+    task: TaskIdentity
+    record_ids: _containers.RepeatedScalarFieldContainer[str]
+    payload_digests: bytes
+    groups: _containers.RepeatedCompositeFieldContainer[TallyGroup]
+    def __init__(self, job: _Optional[str] = ..., run_id: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., record_ids: _Optional[_Iterable[str]] = ..., payload_digests: _Optional[bytes] = ..., groups: _Optional[_Iterable[_Union[TallyGroup, _Mapping]]] = ...) -> None: ...
+
+class TallyResponse(_message.Message):
+    __slots__ = ["actions", "categories", "flags", "attempts", "retry_delays_ms", "reasons", "reason_index", "rules", "rule_index"]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    CATEGORIES_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_DELAYS_MS_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    REASON_INDEX_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    RULE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    actions: bytes
+    categories: bytes
+    flags: bytes
+    attempts: bytes
+    retry_delays_ms: bytes
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    reason_index: bytes
+    rules: _containers.RepeatedScalarFieldContainer[str]
+    rule_index: bytes
+    def __init__(self, actions: _Optional[bytes] = ..., categories: _Optional[bytes] = ..., flags: _Optional[bytes] = ..., attempts: _Optional[bytes] = ..., retry_delays_ms: _Optional[bytes] = ..., reasons: _Optional[_Iterable[str]] = ..., reason_index: _Optional[bytes] = ..., rules: _Optional[_Iterable[str]] = ..., rule_index: _Optional[bytes] = ...) -> None: ...
+
 class StageCount(_message.Message):
     __slots__ = ["stage", "custom_stage", "records"]
     STAGE_FIELD_NUMBER: _ClassVar[int]

@@ -44,6 +44,11 @@ class ErrorSidecarStub(object):
                 request_serializer=spillway_dot_v1_dot_sidecar__pb2.EndJobRequest.SerializeToString,
                 response_deserializer=spillway_dot_v1_dot_sidecar__pb2.EndJobResponse.FromString,
                 )
+        self.TallyFailures = channel.unary_unary(
+                '/spillway.v1.ErrorSidecar/TallyFailures',
+                request_serializer=spillway_dot_v1_dot_sidecar__pb2.TallyRequest.SerializeToString,
+                response_deserializer=spillway_dot_v1_dot_sidecar__pb2.TallyResponse.FromString,
+                )
 
 
 class ErrorSidecarServicer(object):
@@ -100,6 +105,17 @@ class ErrorSidecarServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TallyFailures(self, request, context):
+        """Sidecar to sidecar only (an authenticated peer): a node sidecar asks the job's home to
+        decide a report given as columns: record ids, payload digests and each distinct way of
+        failing once, never payloads, headers or stack traces. Answered with the verdicts as
+        columns. A home without it (older) answers UNIMPLEMENTED and the node sends the whole
+        report with ReportFailures.decide_only instead (docs/POLICY.md, "The home protocol").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ErrorSidecarServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -132,6 +148,11 @@ def add_ErrorSidecarServicer_to_server(servicer, server):
                     servicer.EndJob,
                     request_deserializer=spillway_dot_v1_dot_sidecar__pb2.EndJobRequest.FromString,
                     response_serializer=spillway_dot_v1_dot_sidecar__pb2.EndJobResponse.SerializeToString,
+            ),
+            'TallyFailures': grpc.unary_unary_rpc_method_handler(
+                    servicer.TallyFailures,
+                    request_deserializer=spillway_dot_v1_dot_sidecar__pb2.TallyRequest.FromString,
+                    response_serializer=spillway_dot_v1_dot_sidecar__pb2.TallyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -242,5 +263,22 @@ class ErrorSidecar(object):
         return grpc.experimental.unary_unary(request, target, '/spillway.v1.ErrorSidecar/EndJob',
             spillway_dot_v1_dot_sidecar__pb2.EndJobRequest.SerializeToString,
             spillway_dot_v1_dot_sidecar__pb2.EndJobResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def TallyFailures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/spillway.v1.ErrorSidecar/TallyFailures',
+            spillway_dot_v1_dot_sidecar__pb2.TallyRequest.SerializeToString,
+            spillway_dot_v1_dot_sidecar__pb2.TallyResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -13,6 +13,7 @@ A job has one home sidecar, which decides for every node. A node sidecar dials i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -22,9 +23,11 @@ from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
 from . import listeners, security
-from .adapters import convert
+from .adapters import convert, tally
 from .core.model import Decision
 from .errors import SpillwayError
+
+log = logging.getLogger("spillway.sidecar")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -69,6 +72,7 @@ class Home:
     peer_token: security.TokenFile | None = None
     instance: str = ""  # its instance id, once resolve_home has checked it
     role: str = "the job's home sidecar"
+    tally_supported: bool = True  # False once it answered TallyFailures UNIMPLEMENTED (older)
 
     @classmethod
     def connect(cls, address: str, me: LocalSidecar | None = None) -> Home:
@@ -131,6 +135,27 @@ class Home:
         resp = self._call("ReportFailures", self.stub.ReportFailures, fwd, timeout_s, token)
         return [Decision(convert.verdict_from_pb(v), dead_letter=v.dead_letter)
                 for v in resp.verdicts]
+
+    def tally(self, request: pb.ReportFailuresRequest, records, digests: bytes,
+              timeout_s: float, *, token: str | None = None) -> list | None:
+        """The report decided by the home from its columns (`adapters/tally.py`): (decision,
+        logged, rule) per record; None from a home that predates TallyFailures (the caller
+        then sends the whole report)."""
+        fwd = tally.tally_request(request, records, digests)
+        try:
+            resp = self._call("TallyFailures", self.stub.TallyFailures, fwd, timeout_s, token)
+        except HomeError as exc:
+            if exc.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self.tally_supported = False
+            log.info("%s %s does not know TallyFailures (an older version): reports of its "
+                     "runs are forwarded whole", self.role, self.address)
+            return None
+        try:
+            return tally.tally_outcomes(resp, fwd.record_ids)
+        except ValueError as exc:
+            raise HomeError(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"TallyFailures at {self.role} {self.address}: {exc}") from exc
 
     def undo_dead_letters(self, request: pb.ReportFailuresRequest, record_ids: list[str],
                           timeout_s: float, *, token: str | None = None) -> None:

@@ -8,9 +8,10 @@ their order. SQLite in WAL mode with ``synchronous=NORMAL`` in the spool's direc
 committed slice survives the process being killed (kill -9); what the machine's power loses is
 the last slices, as for any WAL database so configured.
 
-Record ids and payloads are remembered as digests from Python's ``hash()`` (fast, and keyed
-by the process's hash seed, so nobody outside can craft colliding ids): a kept state is only
-usable by a process with the same seed. `spillway serve` therefore pins the seed per spool
+Record ids are remembered as digests from Python's ``hash()`` (fast, and keyed by the
+process's hash seed, so nobody outside can craft colliding ids; payloads as digests keyed by
+the run's token, `tolerance.payload_tag`): a kept state is only usable by a process with the
+same seed and digest format (`FORMAT`). `spillway serve` therefore pins the seed per spool
 (`pin_hash_seed`: a random seed kept 0600 in the spool's directory, the process re-executed
 with ``PYTHONHASHSEED`` set to it); kept states written under another seed (a sidecar embedded
 without it) are dropped at start, with a warning, rather than misread.
@@ -34,6 +35,7 @@ log = logging.getLogger("spillway.sidecar.runstate")
 FILE_NAME = "runs.sqlite"
 SEED_FILE = "hashseed"
 _SEED_PROBE = "spillway.runstate.seed-probe"
+FORMAT = "2"   # 2: payload digests are keyed BLAKE2b (1: hash())
 COMPACT_BYTES = 8 * 1024 * 1024
 
 _SCHEMA = """
@@ -68,7 +70,7 @@ class RunStore:
 
     def _check_seed(self) -> None:
         """Drop kept states whose digests this process cannot reproduce (another hash seed)."""
-        mine = str(hash(_SEED_PROBE))
+        mine = f"{hash(_SEED_PROBE)}/{FORMAT}"
         with self._lock, self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
             row = self._conn.execute("SELECT value FROM meta WHERE name = 'seed'").fetchone()
@@ -78,7 +80,8 @@ class RunStore:
                 self._conn.execute("DELETE FROM runs")
                 if n:
                     log.warning("dropped the kept state of %d run(s) in %s: it was written by a "
-                                "process with another hash seed (start the sidecar with "
+                                "process with another hash seed or digest format (start the "
+                                "sidecar with "
                                 "`spillway serve`, which pins it per spool)", n, self.path)
             self._conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('seed', ?)",
                                (mine,))

@@ -27,10 +27,11 @@ from .adapters import convert
 from .admission import Admission
 from .core.dlq_record import DlqBuilder
 from .core.guardrails import check_topic_name
-from .core.model import Action, StageRef, Verdict, task_key
+from .core.model import Action, Decision, StageRef, Verdict, task_key
 from .core.policy import PolicyEngine, run_key
 from .core.ports import SystemClock
 from .core.settings import JobSettings, job_settings
+from .core.tolerance import run_secret
 from .errors import (
     BackpressureError,
     ConfigError,
@@ -212,7 +213,8 @@ class Sidecar:
             if kept is not None and not may_use(kept[0], token):
                 # a run this sidecar was deciding before it restarted: its token only
                 raise access_error(job, run_id, token)
-            settings = self.engine.register_job(job, properties, run_id=run_id)
+            settings = self.engine.register_job(job, properties, run_id=run_id,
+                                                tag_secret=run_secret(token))
             digest = token_digest(token)
             if store is not None:
                 store.attach(self.engine, key, job, run_id, digest, kept)
@@ -347,8 +349,7 @@ class Sidecar:
             # decide_only report (the peer spools, and says so if it could not)
             journal: list | None = [] if self.runstate is not None else None
             if home is not None:  # the job's home decides; durability stays on this node
-                self.engine.settings(key)
-                decisions = home.report(request, timeout_s, token=token)
+                decisions = self._decide_at_home(run, request, task, records, timeout_s, token)
             else:
                 decisions = self.engine.decide(key, task, records, journal=journal)
             verdicts = [d.verdict for d in decisions]
@@ -382,6 +383,55 @@ class Sidecar:
             self._persist(key, journal)
         self.telemetry.record_verdict_duration(time.perf_counter() - started)
         return [(v, False) for v in verdicts]
+
+    def _decide_at_home(self, run: Run, request: pb.ReportFailuresRequest, task, records,
+                        timeout_s: float, token: str | None) -> list[Decision]:
+        """A report of a run homed elsewhere, decided by its home: as columns (TallyFailures:
+        ids, payload digests, each way of failing once) when the run's handler is a built-in
+        one, the error log lines then written here, where the records are; else, or to a home
+        that predates it, the whole report (ReportFailures.decide_only)."""
+        home, key = run.home, run.key
+        if (home.tally_supported and self.engine.builtin_handler(key)
+                and not request.recovered_record_ids):
+            digests = self.engine.payload_digests(key, records)
+            outcomes = home.tally(request, records, digests, timeout_s, token=token)
+            if outcomes is not None:
+                self.engine.write_logs(key, task, records, outcomes)
+                return [o[0] for o in outcomes]
+        return home.report(request, timeout_s, token=token)
+
+    def tally(self, request: pb.TallyRequest, task, records, *, token: str | None,
+              caller: Caller | None = None) -> list:
+        """TallyFailures, at a run's home: a node's report as columns (payload-less records),
+        decided like any report; the node logs and dead-letters. Answers (decision, logged,
+        rule) per record."""
+        if not (caller or _caller()).peer:
+            raise JobAccessError("TallyFailures is for sidecar-to-sidecar calls only (an "
+                                 "authenticated peer)")
+        run = self._run(request.job, request.run_id, token)
+        if run.home is not None:
+            raise JobConflictError(
+                f"job {run.job!r} run {run.run_id!r} is homed at {run.home.address}, not at "
+                "this sidecar: TallyFailures goes to a run's home")
+        key = run.key
+        if not self.engine.builtin_handler(key):
+            raise JobConflictError(
+                f"job {run.job!r} run {run.run_id!r} has a user errors.handler.class, which "
+                "is given each record's whole context: send the report with "
+                "ReportFailures.decide_only")
+        if not records:
+            return []
+        journal: list | None = [] if self.runstate is not None else None
+        with self.telemetry.tracer.start_as_current_span(
+                "spillway.decide", attributes={"spillway.job": run.job,
+                                               "spillway.run": run.run_id,
+                                               "spillway.task.id": task.task_id,
+                                               "spillway.records": len(records),
+                                               "spillway.tally": True}):
+            outcomes = self.engine.decide_outcomes(key, task, records, journal,
+                                                   write_logs=False)
+        self._persist(key, journal)  # the node spools, and says so if it could not
+        return outcomes
 
     def _undo_dead_letters(self, run: Run, request: pb.ReportFailuresRequest,
                            record_ids: list[str], token: str | None) -> None:

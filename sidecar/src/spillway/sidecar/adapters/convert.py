@@ -95,6 +95,7 @@ class PbFailedRecord:
     `to_model()` gives the plain dataclass."""
 
     __slots__ = ("record_id", "stage", "exception", "_r")
+    tag = -1  # its payload digest is computed from key and value (`JobState.tag_of`)
 
     def __init__(self, r: pb.FailedRecord, record_id: str, stage: m.StageRef,
                  exception: m.ExceptionInfo) -> None:

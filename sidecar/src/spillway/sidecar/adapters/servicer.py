@@ -31,7 +31,7 @@ from ..errors import (
 )
 from ..peers import HomeError
 from ..registry import JOB_TOKEN_METADATA
-from . import convert
+from . import convert, tally
 
 if TYPE_CHECKING:
     from ..service import Sidecar
@@ -96,6 +96,18 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
             answers = self._s.report(request, task, records, timeout_s=_timeout(context),
                                      token=_job_token(context), caller=_caller())
         return convert.report_response(answers)
+
+    def TallyFailures(self, request, context):
+        """The home protocol (sidecar to sidecar): a report decided from its columns."""
+        try:
+            task = convert.task_identity(request.task)
+            records = tally.tally_records(request)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        with _answering(context):
+            outcomes = self._s.tally(request, task, records, token=_job_token(context),
+                                     caller=_caller())
+        return tally.tally_response(outcomes)
 
     def FlushTask(self, request, context):
         try:

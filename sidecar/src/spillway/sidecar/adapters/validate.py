@@ -231,6 +231,47 @@ def report_failures(req: pb.ReportFailuresRequest) -> None:
     _ids("undo_dead_letter_record_ids", req.undo_dead_letter_record_ids)
 
 
+def tally_failures(req: pb.TallyRequest) -> None:
+    """A node's tally (`adapters/tally.py`): the same bounds as a report's records, and columns
+    that agree: one payload digest per id, groups of at least one record adding up to them."""
+    _job(req)
+    _task(req.task)
+    ids = req.record_ids
+    n = len(ids)
+    _len("record_ids", ids, MAX_RECORDS_PER_REPORT, "ids")
+    limit = names.MAX_RECORD_ID_BYTES // 4   # 256 chars always fit 1024 bytes
+    for i, rid in enumerate(ids):
+        if not 0 < len(rid) <= limit:
+            names.check_record_id(rid, f"record_ids[{i}]")
+    if len(req.payload_digests) != 8 * n:
+        raise ValueError(f"payload_digests: 8 bytes per record id ({8 * n}), got "
+                         f"{len(req.payload_digests)}")
+    groups = req.groups
+    _len("groups", groups, max(n, 1), "groups")
+    total = 0
+    prev = None
+    for g, group in enumerate(groups):
+        where = f"groups[{g}]"
+        if group.count < 1:
+            raise ValueError(f"{where}.count: at least 1 (got {group.count})")
+        total += group.count
+        if group.custom_stage:
+            names.check_custom_stage(group.custom_stage, f"{where}.custom_stage")
+        if group.function_name:
+            names.check_function_name(group.function_name, f"{where}.function_name")
+        if not group.HasField("exception"):
+            raise ValueError(f"{where}.exception: required")
+        e = group.exception
+        if e.stack_trace:
+            raise ValueError(f"{where}.exception.stack_trace: not sent to a home (got "
+                             f"{len(e.stack_trace)} characters)")
+        if prev is None or e != prev:
+            _exception(e, f"{where}.exception")
+            prev = e
+    if total != n:
+        raise ValueError(f"groups: their counts add up to {total}, not to the {n} record ids")
+
+
 def flush_task(req: pb.FlushTaskRequest) -> None:
     _job(req)
     _task(req.task)
@@ -267,6 +308,7 @@ CHECKS: dict[str, Callable] = {
     "GetJobSummary": job_summary,
     "GetStatus": status,
     "EndJob": end_job,
+    "TallyFailures": tally_failures,
 }
 
 

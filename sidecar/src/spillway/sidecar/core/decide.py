@@ -42,7 +42,7 @@ from .handlers import ErrorHandlerContext, HandlerResponse, invoke
 from .jobstate import JobState, RecordState, describe
 from .model import Action, Category, Decision, ExceptionInfo, FailedRecord, Verdict
 from .ports import RandomSource
-from .tolerance import _WITHIN, payload_tag, record_key
+from .tolerance import _WITHIN, record_key
 
 
 class BudgetRefusal(str):
@@ -92,7 +92,7 @@ class Decider:
             if r.exception is run_exc and r.stage is run_ref:
                 key = record_key(r.record_id)
                 if key not in ids and tracked.get(key) is None:
-                    ids.add(key, info, payload_tag(r.key, r.value))
+                    ids.add(key, info, j.tag_of(r))
                     append((Decision(Verdict(r.record_id, skip, category, reason, 1),
                                      dead_letter), logged, rule))
                     pending += 1

@@ -76,8 +76,10 @@ class JobState:
     """One run: its policy, tables and counts. Guarded by its own ``lock`` (the engine holds it
     while the run's records are decided)."""
 
-    def __init__(self, settings: JobSettings, handler: LoadedHandler, run_id: str = "") -> None:
+    def __init__(self, settings: JobSettings, handler: LoadedHandler, run_id: str = "",
+                 tag_secret: bytes = b"") -> None:
         self.settings = settings
+        self.tag_secret = tag_secret   # the key of its payload digests (`tolerance.run_secret`)
         self.run_id = run_id
         self.handler = handler
         self.lock = threading.Lock()
@@ -226,6 +228,11 @@ class JobState:
                 self.journal.append(("f", reason))
         return self.failure_reason
 
+    def tag_of(self, record: FailedRecord) -> int:
+        """The record's payload digest: given (a tally's record has no payload) or computed."""
+        tag = record.tag
+        return tag if tag >= 0 else payload_tag(record.key, record.value, self.tag_secret)
+
     def identity(self, record: FailedRecord,
                  collisions: list[FailedRecord]) -> tuple[int, int]:
         """The key under which this record is remembered, and its payload tag.
@@ -239,7 +246,7 @@ class JobState:
         id with the same payload is the same record (a re-report)."""
         rid = record.record_id
         key = record_key(rid)
-        tag = payload_tag(record.key, record.value)
+        tag = self.tag_of(record)
         known = self.ids.tag(key)
         if known < 0:
             known = self.records.tag(key)

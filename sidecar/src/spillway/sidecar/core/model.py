@@ -134,6 +134,9 @@ class FailedRecord:
     # what key/value are: PAYLOAD_SOURCE (the source record as read) or PAYLOAD_STAGE_INPUT
     # (the failing stage's input, e.g. a row as JSON; also what an older client's means)
     payload: str = "stage-input"
+    # its payload digest (`tolerance.payload_tag`) when it came without its payload (a node's
+    # tally to the job's home); -1: computed from key and value
+    tag: int = -1
 
 
 PAYLOAD_SOURCE = "source"

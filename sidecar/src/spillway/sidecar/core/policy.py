@@ -16,7 +16,9 @@ thread-safe) and released before error log lines are written.
 from __future__ import annotations
 
 import pickle
+import sys
 import threading
+from array import array
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter
@@ -67,9 +69,10 @@ class PolicyEngine:
     # Two runs of one name share nothing (counts, remembered ids, schedules, policy).
 
     def register_job(self, job: str, properties: Mapping[str, str], *,
-                     run_id: str = "") -> JobSettings:
+                     run_id: str = "", tag_secret: bytes = b"") -> JobSettings:
         """Validate and register one run of ``job``; idempotent for the same effective
-        properties (a different policy for a live run raises JobConflictError)."""
+        properties (a different policy for a live run raises JobConflictError). ``tag_secret``
+        keys the run's payload digests (`tolerance.run_secret`)."""
         key = run_key(job, run_id)
         settings = job_settings(job, properties, self._job_defaults)
         with self._lock:
@@ -81,7 +84,7 @@ class PolicyEngine:
         with self._lock:
             existing = self._jobs.get(key)
             if existing is None:
-                self._jobs[key] = JobState(settings, handler, run_id)
+                self._jobs[key] = JobState(settings, handler, run_id, tag_secret)
                 return settings
         return self._same_or_conflict(existing, settings)
 
@@ -129,6 +132,14 @@ class PolicyEngine:
         """Verdicts for `records`. ``journal``: receives this call's slice of a durable run's
         journal (`JobState.take_journal`, pickled), for the caller to write once the report's
         dead letters are spooled."""
+        return [o[0] for o in self.decide_outcomes(job, task, records, journal)]
+
+    def decide_outcomes(self, job: str, task: TaskIdentity, records: Sequence[FailedRecord],
+                        journal: list | None = None, *,
+                        write_logs: bool = True) -> list[Outcome]:
+        """`decide`, answering each record's (decision, logged, rule). ``write_logs=False``:
+        the error log lines are the caller's to write (`write_logs`: a node sidecar holds the
+        records a tally decided without their payloads)."""
         j = self._job(job)
         batch = Batch(task, self._clock.monotonic() * 1000.0, self._clock.wall_ms())
         with j.lock:
@@ -139,9 +150,30 @@ class PolicyEngine:
                 _take(j, journal)
         if batch.collisions:
             warn_collisions(j, batch.collisions)
-        if j.settings.log_enable:
+        if write_logs and j.settings.log_enable:
             self._write_logs(j, task, records, outcomes, batch.wall)
-        return [o[0] for o in outcomes]
+        return outcomes
+
+    def write_logs(self, job: str, task: TaskIdentity, records: Sequence[FailedRecord],
+                   outcomes: Sequence[Outcome]) -> None:
+        """The error log lines of outcomes decided elsewhere (the job's home), with the
+        records' whole context."""
+        j = self._job(job)
+        if j.settings.log_enable:
+            self._write_logs(j, task, records, outcomes, self._clock.wall_ms())
+
+    def payload_digests(self, job: str, records: Sequence[FailedRecord]) -> bytes:
+        """The records' payload digests (keyed by the run), 8 bytes each, little-endian: what a
+        node sends the run's home instead of the payloads (`adapters/tally.py`)."""
+        digests = array("Q", map(self._job(job).tag_of, records))
+        if sys.byteorder != "little":
+            digests.byteswap()
+        return digests.tobytes()
+
+    def builtin_handler(self, job: str) -> bool:
+        """Whether the run's KIP-1033 handler is a built-in one, whose answer needs no record:
+        then its home can decide a report from columns (`tally`)."""
+        return self._job(job).handler.fixed is not None
 
     def _write_logs(self, j: JobState, task: TaskIdentity, records: Sequence[FailedRecord],
                     outcomes: Sequence[Outcome], wall: int) -> None:

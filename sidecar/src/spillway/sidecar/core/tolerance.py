@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from hashlib import blake2b
 
 from .counters import WindowedCounter
 from .idtable import IdTable
@@ -60,14 +61,26 @@ def record_key(record_id: str) -> int:
     return hash(record_id) & KEY_MASK
 
 
-TAG_MASK = (1 << 64) - 1
+_NO_KEY = b"\xff\xff\xff\xff"
+_NO_VALUE = b"\xff"
 
 
-def payload_tag(key: bytes | None, value: bytes | None) -> int:
-    """A digest of a record's payload (its key and value: the source record's bytes, or the
-    failing stage's input), kept beside its remembered id: the same id with another payload is
-    another record (`policy`: record identity). Process-local, like `record_key`."""
-    return hash((key, value)) & TAG_MASK
+def payload_tag(key: bytes | None, value: bytes | None, secret: bytes = b"") -> int:
+    """A 64-bit digest of a record's payload (its key and value: the source record's bytes, or
+    the failing stage's input), kept beside its remembered id: the same id with another payload
+    is another record (`jobstate`: record identity). Keyed BLAKE2b with the run's secret
+    (`run_secret`), so it is the same in every sidecar of the run (a node computes it for the
+    home, `tally`) and after a restart, and nobody without the run's token can craft two
+    payloads with one digest. A null key or value differs from an empty one."""
+    k = _NO_KEY if key is None else len(key).to_bytes(4, "little") + key
+    v = _NO_VALUE if value is None else b"\x00" + value
+    return int.from_bytes(blake2b(k + v, digest_size=8, key=secret).digest(), "little")
+
+
+def run_secret(token: str) -> bytes:
+    """The key of a run's payload digests, from its job token (every sidecar of the run holds
+    it; a restarted one is given it again when the run registers)."""
+    return blake2b(token.encode(), digest_size=32, person=b"spillway-tag").digest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,188 @@
+"""The home protocol in columns (TallyFailures): protobuf <-> core values, both ends.
+
+A node sidecar sends the job's home a report's job-wide part only (`tally_request`): record ids,
+payload digests (8 bytes each, keyed by the run) and each run of records failing the same way
+once (stage, function, exception without its stack trace); never payloads, headers or stack
+traces. The home rebuilds payload-less records that share one exception and stage value per
+group (`tally_records`), decides them with the same algorithm as any report, and answers the
+verdicts as columns (`tally_response`): one byte of action, category and flags per record, the
+distinct reasons and rules once each with an index per record. The node turns them back into
+verdicts (`tally_outcomes`) and dead-letters and logs with the records it holds.
+docs/POLICY.md, "The home protocol", says why this decides exactly what ReportFailures does.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Sequence
+
+from spillway.v1 import sidecar_pb2 as pb
+
+from ..core import model as m
+from . import convert
+
+_SWAP = sys.byteorder != "little"   # the columns are little-endian on the wire
+
+
+def _unpack(code: str, data: bytes) -> array:
+    out = array(code, data)
+    if _SWAP:
+        out.byteswap()
+    return out
+
+
+def _pack(values: array) -> bytes:
+    if _SWAP:
+        values = array(values.typecode, values)
+        values.byteswap()
+    return values.tobytes()
+
+
+# TallyResponse.flags
+DEAD_LETTER, DEAD_LETTERED, JOB_FAILED, BUDGET_EXHAUSTED, LOGGED = 1, 2, 4, 8, 16
+
+_ACTION_TO_PB = convert._ACTION_TO_PB
+_ACTION_FROM_PB = {v: k for k, v in _ACTION_TO_PB.items()}
+_CATEGORY_TO_PB = convert._CATEGORY_TO_PB
+_CATEGORY_FROM_PB = convert._CATEGORY_FROM_PB
+_STAGE_TO_PB = {v: k for k, v in convert._STAGE_FROM_PB.items()}
+
+
+def _exception_pb(e: m.ExceptionInfo) -> pb.ExceptionInfo:
+    out = pb.ExceptionInfo(class_name=e.class_name, class_chain=e.class_chain,
+                           message=e.message, causes=e.causes,
+                           kafka_error_code=e.kafka_error_code or "")
+    for name in ("grpc_status_code", "http_status_code", "kafka_retriable", "kafka_fatal",
+                 "kafka_txn_requires_abort"):
+        value = getattr(e, name)
+        if value is not None:
+            setattr(out, name, value)
+    if e.marker_category is not None:
+        out.marker_category = _CATEGORY_TO_PB[e.marker_category]
+    return out
+
+
+# --- node side --------------------------------------------------------------------------------
+
+def tally_request(request: pb.ReportFailuresRequest, records: Sequence,
+                  digests: bytes) -> pb.TallyRequest:
+    """A report's job-wide part. `records`: its converted records (records failing the same
+    way share one exception value, `convert.failed_records`); `digests`: their payload
+    digests, packed (`PolicyEngine.payload_digests`)."""
+    out = pb.TallyRequest(job=request.job, run_id=request.run_id,
+                          record_ids=[r.record_id for r in records], payload_digests=digests)
+    out.task.CopyFrom(request.task)
+    add = out.groups.add
+    group = None
+    prev = (None, None, None)
+    for r in records:
+        fn = r.function_name
+        if r.exception is prev[0] and r.stage is prev[1] and fn == prev[2]:
+            group.count += 1
+            continue
+        prev = (r.exception, r.stage, fn)
+        ref = r.stage
+        group = add(count=1, stage=_STAGE_TO_PB[ref.stage], custom_stage=ref.custom,
+                    function_name=fn, exception=_exception_pb(r.exception))
+    return out
+
+
+def tally_outcomes(resp: pb.TallyResponse, record_ids: Sequence[str]):
+    """The home's answers as (decision, logged, rule) per record; ValueError if the columns do
+    not match the report (a home that answered another question)."""
+    n = len(record_ids)
+    actions, categories, flags = resp.actions, resp.categories, resp.flags
+    attempts = _unpack("I", resp.attempts)
+    reason_ix = _unpack("I", resp.reason_index)
+    rule_ix = _unpack("I", resp.rule_index)
+    delays = _unpack("Q", resp.retry_delays_ms) if resp.retry_delays_ms else None
+    if (len(actions) != n or len(categories) != n or len(flags) != n or len(attempts) != n
+            or len(reason_ix) != n or len(rule_ix) != n
+            or (delays is not None and len(delays) != n)):
+        raise ValueError(f"TallyResponse: columns do not have one entry per record ({n})")
+    reasons, rules = list(resp.reasons), list(resp.rules)
+    if (reason_ix and max(reason_ix) >= len(reasons)) or (rule_ix and max(rule_ix) >= len(rules)):
+        raise ValueError("TallyResponse: an index past its table")
+    action_of, category_of = _ACTION_FROM_PB, _CATEGORY_FROM_PB
+    out = []
+    append = out.append
+    Verdict, Decision = m.Verdict, m.Decision
+    for i, rid in enumerate(record_ids):
+        f = flags[i]
+        v = Verdict(rid, action_of[actions[i]], category_of[categories[i]],
+                    reasons[reason_ix[i]], attempts[i])
+        if f:
+            v.dead_lettered = bool(f & DEAD_LETTERED)
+            v.job_failed = bool(f & JOB_FAILED)
+            v.retry_budget_exhausted = bool(f & BUDGET_EXHAUSTED)
+        if delays is not None:
+            v.retry_delay_ms = delays[i]
+        append((Decision(v, bool(f & DEAD_LETTER)), bool(f & LOGGED), rules[rule_ix[i]]))
+    return out
+
+
+# --- home side --------------------------------------------------------------------------------
+
+def tally_records(req: pb.TallyRequest) -> list[m.FailedRecord]:
+    """Payload-less records, one per id, sharing one exception and stage value per group
+    (ValueError naming the first invalid field; bounds are `validate.tally_failures`')."""
+    ids = req.record_ids
+    digests = _unpack("Q", req.payload_digests)
+    out: list[m.FailedRecord] = []
+    append = out.append
+    i = 0
+    FailedRecord = m.FailedRecord
+    for g, group in enumerate(req.groups):
+        where = f"groups[{g}]"
+        stage = convert.stage_ref(group.stage, group.custom_stage, where)
+        exc = convert._exception(group.exception, where)
+        fn = group.function_name
+        for j in range(i, i + group.count):
+            append(FailedRecord(ids[j], stage, exc, fn, tag=digests[j]))
+        i += group.count
+    return out
+
+
+def tally_response(outcomes) -> pb.TallyResponse:
+    n = len(outcomes)
+    actions, categories, flags = bytearray(n), bytearray(n), bytearray(n)
+    attempts, delays = array("I", bytes(4 * n)), None
+    reason_ix, rule_ix = array("I", bytes(4 * n)), array("I", bytes(4 * n))
+    reasons: dict[str, int] = {}
+    rules: dict[str, int] = {}
+    action_pb, category_pb = _ACTION_TO_PB, _CATEGORY_TO_PB
+    last_reason, last_ix = None, 0
+    for i, (decision, logged, rule) in enumerate(outcomes):
+        v = decision.verdict
+        actions[i] = action_pb[v.action]
+        categories[i] = category_pb[v.category]
+        attempts[i] = v.attempt
+        f = LOGGED if logged else 0
+        if decision.dead_letter:
+            f |= DEAD_LETTER
+        if v.dead_lettered:
+            f |= DEAD_LETTERED
+        if v.job_failed:
+            f |= JOB_FAILED
+        if v.retry_budget_exhausted:
+            f |= BUDGET_EXHAUSTED
+        flags[i] = f
+        if v.retry_delay_ms:
+            if delays is None:
+                delays = array("Q", bytes(8 * n))
+            delays[i] = int(v.retry_delay_ms)
+        reason = v.reason
+        if reason is not last_reason:   # records decided alike share one reason string
+            last_reason = reason
+            last_ix = reasons.setdefault(reason, len(reasons))
+        reason_ix[i] = last_ix
+        rule_ix[i] = rules.setdefault(rule, len(rules))
+    return pb.TallyResponse(
+        actions=bytes(actions), categories=bytes(categories), flags=bytes(flags),
+        attempts=_pack(attempts), retry_delays_ms=_pack(delays) if delays else b"",
+        reasons=list(reasons), reason_index=_pack(reason_ix), rules=list(rules),
+        rule_index=_pack(rule_ix))
+
+
+__all__ = ["tally_request", "tally_outcomes", "tally_records", "tally_response"]
