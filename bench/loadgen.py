@@ -13,7 +13,7 @@ run's home when given ``home``: a node sidecar that forwards) and builds the rec
 so that `go` only reports: the harness sends `go` to every process at once and takes the
 aggregate window from the earliest t0 to the latest t1 (CLOCK_MONOTONIC is shared by all
 processes of the machine). With ``peer_token_file`` a process stands in for a node sidecar:
-its reports go straight to the home with decide_only, as a node forwards them.
+its reports go straight to the home as a node sends them (TallyFailures).
 """
 
 from __future__ import annotations
@@ -82,10 +82,15 @@ class Run:
             self.decide = self._decide_only(cmd["target"], cmd["peer_token_file"])
 
     def _decide_only(self, target: str, token_file: str):
-        """Stand in for node sidecars: each report goes straight to the home as a node forwards
-        it (decide_only, the peer token), so the home is loaded without a node's own work."""
+        """Stand in for node sidecars: each report goes straight to the home as a node sends it
+        (TallyFailures: ids, payload digests keyed by the run, one group, with the peer
+        token), so the home is loaded without a node's own work."""
+        import types
+
         import grpc
 
+        from spillway.sidecar.adapters.tally import DEAD_LETTER
+        from spillway.sidecar.core.tolerance import payload_tag, run_secret
         from spillway.v1 import sidecar_pb2_grpc
 
         with open(token_file, encoding="utf-8") as fh:
@@ -95,11 +100,24 @@ class Run:
             ("grpc.max_send_message_length", mb), ("grpc.max_receive_message_length", mb)]))
         metadata = [("spillway-peer-token", peer), *self.job.metadata()]
         timeout = float(self.cmd.get("timeout_s", 60))
+        secret = run_secret(self.job.job_token.reveal())
+        tpl = self.tpl
+        exc = self.pb.ExceptionInfo()
+        exc.CopyFrom(tpl.exception)
+        exc.ClearField("stack_trace")
 
         def decide(recs: list) -> list:
-            req = self.pb.ReportFailuresRequest(job=self.job.job, run_id=self.job.run_id,
-                                                task=self.task, records=recs, decide_only=True)
-            return list(stub.ReportFailures(req, timeout=timeout, metadata=metadata).verdicts)
+            req = self.pb.TallyRequest(job=self.job.job, run_id=self.job.run_id)
+            report = req.reports.add(
+                task=self.task, record_ids=[r.record_id for r in recs],
+                payload_digests=b"".join(payload_tag(r.key, r.value, secret).to_bytes(8, "little")
+                                         for r in recs))
+            report.groups.add(count=len(recs), stage=tpl.stage, function_name=tpl.function_name,
+                              exception=exc)
+            v = stub.TallyFailures(req, timeout=timeout, metadata=metadata).reports[0]
+            return [types.SimpleNamespace(action=a, dead_lettered=False,
+                                          dead_letter=bool(f & DEAD_LETTER))
+                    for a, f in zip(v.actions, v.flags, strict=True)]
         return decide
 
     def _batch(self, start: int, n: int) -> list:

@@ -3,13 +3,14 @@
 N node sidecars (N = 1, 2, 4), each `spillway serve` on its own loopback address (127.0.0.2,
 127.0.0.3, ...), and one home sidecar; forwarding client processes (`bench.loadgen`, the real
 `SidecarClient`) register the run at the home, then at their node sidecar naming that home, and
-report failed records there. Each node forwards every report to the home (decide_only) and
-dead-letters its records locally. CPU per record comes from each process's own counters
-(`bench.cpu`), read just before the clients start and just after the last one's flush returned.
+report failed records there. Each node sends the home every report's columns (TallyFailures:
+ids, payload digests, each way of failing once) and dead-letters its records locally. CPU per
+record comes from each process's own counters (`bench.cpu`), read just before the clients
+start and just after the last one's flush returned.
 
 On this small machine the nodes' own work leaves the home idle most of the time, so a second
 phase saturates a home: client processes stand in for node sidecars and send each report
-straight to it as a node forwards it (decide_only, with a peer token the harness makes).
+straight to it as a node sends it (TallyFailures, with a peer token the harness makes).
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ def _token_files(workdir: str) -> tuple[str, str]:
 
 
 class _Saturated:
-    """A home loaded by stand-in nodes: decide_only reports straight from client processes."""
+    """A home loaded by stand-in nodes: tallies straight from client processes."""
 
     def __init__(self, ctx: Context, per_client: int) -> None:
         self.ctx = ctx
@@ -245,16 +246,18 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
         "fresh topic, `errors.tolerance=all`) at the home, then at their node naming that home, "
         f"and report {per_client:,} failed records each ({BATCH} per report: 200-byte values, "
         "one real JSONDecodeError with its stack trace), then call the flush barrier. Each node "
-        "forwards every report whole to the home (decide_only) and dead-letters its records "
-        "to Tansu. CPU is read from each process's /proc/<pid>/stat (utime + stime, all "
-        "threads) just before the clients start and after the last flush returned; per record "
+        "sends the home each report's columns (TallyFailures: record ids, 8-byte payload "
+        "digests, each way of failing once; no payloads or stack traces), gets the verdicts "
+        "back as columns, and dead-letters its records to Tansu. CPU is read from each "
+        "process's /proc/<pid>/stat (utime + stime, all threads) just before the clients start "
+        "and after the last flush returned; per record "
         "= CPU / records. The home's rate = records / (first report sent → last report "
         "answered); 'home busy' = its CPU seconds / that window (1.0 = one core). Node counts "
         "alternate run by run (ABCABC…, after a warm-up round); a fresh run per measurement, "
         "ended at the home afterwards (where its record count is checked). (b) Saturation: "
         f"the nodes' own work leaves the home mostly idle on this 2-core machine, so {CLIENTS} "
         f"client processes stand in for nodes and send {per_client * 2:,} records each, "
-        f"{BATCH} per report, straight to a home as a node forwards them (decide_only, with a "
+        f"{BATCH} per report, straight to a home as a node sends them (TallyFailures, with a "
         "peer token the harness made); the home's rate and CPU are measured the same way. "
         "Checks are at the largest node count of (a). The 500k records/s target is judged on "
         "the projected ceiling of one home (1 core / its CPU per forwarded record): a measured "
@@ -277,7 +280,7 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
                    label="(a) ")
 
     sat = _Saturated(ctx, per_client * 2)
-    who = f"home saturated by {CLIENTS} stand-in nodes (decide_only)"
+    who = f"home saturated by {CLIENTS} stand-in nodes (TallyFailures)"
     sat_rate = result.figure(f"{who}: records/s decided", "records/s")
     sat_us = result.figure(f"{who}: home CPU per decided record", "µs")
     sat_busy = result.figure(f"{who}: home busy", "cores")

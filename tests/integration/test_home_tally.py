@@ -193,34 +193,35 @@ def _guard_run(stub, props=None):
 
 
 def _tally(reg, n=2, **over):
-    req = pb.TallyRequest(job=reg.job, run_id="run-1",
-                          task=pb.TaskIdentity(stage_id=1, partition_id=0),
-                          record_ids=[f"g{i}" for i in range(n)], payload_digests=bytes(8 * n))
-    req.groups.add(count=n, stage=pb.STAGE_TRANSFORMATION,
-                   exception=pb.ExceptionInfo(class_name="builtins.ValueError"))
+    req = pb.TallyRequest(job=reg.job, run_id="run-1")
+    report = req.reports.add(task=pb.TaskIdentity(stage_id=1, partition_id=0),
+                             record_ids=[f"g{i}" for i in range(n)],
+                             payload_digests=bytes(8 * n))
+    report.groups.add(count=n, stage=pb.STAGE_TRANSFORMATION,
+                      exception=pb.ExceptionInfo(class_name="builtins.ValueError"))
     for name, value in over.items():
         if name == "groups":
-            del req.groups[:]
+            del report.groups[:]
             for g in value:
-                req.groups.add(**g)
+                report.groups.add(**g)
         else:
-            setattr(req, name, value)
+            setattr(report, name, value)
     return req
 
 
 @pytest.mark.parametrize(("over", "expected"), [
-    ({"payload_digests": b"\0" * 7}, "payload_digests: 8 bytes per record id"),
+    ({"payload_digests": b"\0" * 7}, "reports[0].payload_digests: 8 bytes per record id"),
     ({"groups": [{"count": 1, "stage": pb.STAGE_TRANSFORMATION,
                   "exception": pb.ExceptionInfo(class_name="builtins.ValueError")}]},
-     "groups: their counts add up to 1, not to the 2 record ids"),
+     "reports[0].groups: their counts add up to 1, not to the 2 record ids"),
     ({"groups": [{"count": 2, "stage": pb.STAGE_TRANSFORMATION, "exception": pb.ExceptionInfo(
         class_name="builtins.ValueError", stack_trace="x")}]},
-     "groups[0].exception.stack_trace: not sent to a home"),
+     "reports[0].groups[0].exception.stack_trace: not sent to a home"),
     ({"groups": [{"count": 2, "stage": 99,
                   "exception": pb.ExceptionInfo(class_name="builtins.ValueError")}]},
-     "groups[0].stage: must be one of"),
+     "reports[0].groups[0].stage: must be one of"),
     ({"groups": [{"count": 2, "stage": pb.STAGE_TRANSFORMATION}]},
-     "groups[0].exception: required"),
+     "reports[0].groups[0].exception: required"),
 ])
 def test_a_malformed_tally_is_refused_and_changes_nothing(cluster, over, expected):
     a, _ = cluster
@@ -250,7 +251,8 @@ def test_only_a_peer_with_the_run_token_may_tally(cluster):
         sa.TallyFailures(_tally(reg), timeout=5, metadata=peer_md())
     assert no_token.value.code() == grpc.StatusCode.PERMISSION_DENIED
     ok = sa.TallyFailures(_tally(reg), timeout=5, metadata=[*peer_md(), *_md(reg.job_token)])
-    assert ok.actions == bytes([pb.ACTION_SKIP]) * 2 and len(ok.reasons) == 1
+    assert ok.reports[0].actions == bytes([pb.ACTION_SKIP]) * 2
+    assert len(ok.reports[0].reasons) == 1
 
 
 def test_a_run_with_a_user_handler_is_forwarded_whole(cluster, broker):
@@ -275,3 +277,82 @@ def test_a_run_with_a_user_handler_is_forwarded_whole(cluster, broker):
                          metadata=[*peer_md(), *_md(reg.job_token)])
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "ReportFailures.decide_only" in refused.value.details()
+
+
+def test_reports_of_one_run_in_one_tally_are_decided_in_order(cluster):
+    a, _ = cluster
+    sa = _stub(a)
+    reg = _guard_run(sa)
+    req = _tally(reg, n=3)
+    again = req.reports.add()
+    again.CopyFrom(req.reports[0])
+    again.task.partition_id = 7   # a re-run of the task: the same records again
+    resp = sa.TallyFailures(req, timeout=5, metadata=[*peer_md(), *_md(reg.job_token)])
+    first, second = resp.reports
+    assert first.actions == second.actions == bytes([pb.ACTION_SKIP]) * 3
+    assert first.reasons[0].startswith("skipped, dropped (no errors.deadletterqueue")
+    assert all("already skipped by an earlier task attempt" in second.reasons[i]
+               for i in range(len(second.reasons)))
+    summary = sa.GetJobSummary(pb.GetJobSummaryRequest(job=reg.job, run_id="run-1"), timeout=5,
+                               metadata=_md(reg.job_token))
+    assert summary.total_record_errors == 3 and summary.total_record_failures == 6
+
+
+def test_a_tally_of_too_many_records_together_is_refused(cluster):
+    a, _ = cluster
+    sa = _stub(a)
+    reg = _guard_run(sa)
+    req = _tally(reg, n=40_000)
+    req.reports.add().CopyFrom(req.reports[0])
+    with pytest.raises(grpc.RpcError) as refused:
+        sa.TallyFailures(req, timeout=20, metadata=[*peer_md(), *_md(reg.job_token)])
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "at most 65536 record ids together (got 80000 by reports[1])" in \
+        refused.value.details()
+
+
+def test_concurrent_reports_through_a_node_share_calls_and_lose_nothing(cluster, broker):
+    """Executors report at once through one node; reports that arrive while a tally is in
+    flight go together in the next call. Every record is decided once, dead-lettered once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from support.kafka import read_all
+
+    a, b = cluster
+    sa, sb = _stub(a), _stub(b)
+    topic = "dlq.tally-concurrent"
+    props = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
+             "errors.deadletterqueue.auto.create.topics.enable": "true",
+             "errors.deadletterqueue.topic.replication.factor": "1"}
+    reg = sa.RegisterJob(pb.RegisterJobRequest(job="tally-many", run_id="run-1",
+                                               properties=props), timeout=20)
+    md = _md(reg.job_token)
+    sb.RegisterJob(pb.RegisterJobRequest(job="tally-many", run_id="run-1", properties=props,
+                                         home=reg.home, home_instance_id=reg.home_instance_id),
+                   timeout=20, metadata=md)
+    exc = _exc()
+
+    def executor(e):
+        task = pb.TaskIdentity(stage_id=1, partition_id=e, task_attempt_id=100 + e)
+        for n in range(10):
+            # executors 0 and 1 report the same records (a speculative attempt)
+            part = e if e > 1 else 0
+            records = [_record(f"p{part}-{n}-{i}", b"{bad", exc, i) for i in range(50)]
+            resp = sb.ReportFailures(pb.ReportFailuresRequest(
+                job="tally-many", run_id="run-1", task=task, records=records), timeout=30,
+                metadata=md)
+            assert all(v.action == pb.ACTION_SKIP and v.dead_lettered for v in resp.verdicts)
+        return sb.FlushTask(pb.FlushTaskRequest(job="tally-many", run_id="run-1", task=task),
+                            timeout=30, metadata=md).dlq_records_acknowledged
+
+    with ThreadPoolExecutor(8) as pool:
+        acked = list(pool.map(executor, range(8)))
+    assert sum(acked) == 7 * 500   # executors 0 and 1 shared their records: 7 x 500 distinct
+    summary = sa.GetJobSummary(pb.GetJobSummaryRequest(job="tally-many", run_id="run-1"),
+                               timeout=5, metadata=md)
+    assert summary.total_record_errors == 7 * 500 and summary.total_record_failures == 8 * 500
+    run = b.sidecar.registry.get("tally-many", "run-1")
+    group = run.home._tallies[("tally-many", "run-1")]
+    assert group.items == 80 and group.calls < group.items
+    ids = [m.key() for m in read_all(broker.bootstrap_servers, topic)]
+    assert len(ids) == len(set(ids)) == 7 * 500

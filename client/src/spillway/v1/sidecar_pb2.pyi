@@ -266,23 +266,29 @@ class TallyGroup(_message.Message):
     exception: ExceptionInfo
     def __init__(self, count: _Optional[int] = ..., stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., function_name: _Optional[str] = ..., exception: _Optional[_Union[ExceptionInfo, _Mapping]] = ...) -> None: ...
 
-class TallyRequest(_message.Message):
-    __slots__ = ["job", "run_id", "task", "record_ids", "payload_digests", "groups"]
-    JOB_FIELD_NUMBER: _ClassVar[int]
-    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+class TallyReport(_message.Message):
+    __slots__ = ["task", "record_ids", "payload_digests", "groups"]
     TASK_FIELD_NUMBER: _ClassVar[int]
     RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
-    job: str
-    run_id: str
     task: TaskIdentity
     record_ids: _containers.RepeatedScalarFieldContainer[str]
     payload_digests: bytes
     groups: _containers.RepeatedCompositeFieldContainer[TallyGroup]
-    def __init__(self, job: _Optional[str] = ..., run_id: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., record_ids: _Optional[_Iterable[str]] = ..., payload_digests: _Optional[bytes] = ..., groups: _Optional[_Iterable[_Union[TallyGroup, _Mapping]]] = ...) -> None: ...
+    def __init__(self, task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., record_ids: _Optional[_Iterable[str]] = ..., payload_digests: _Optional[bytes] = ..., groups: _Optional[_Iterable[_Union[TallyGroup, _Mapping]]] = ...) -> None: ...
 
-class TallyResponse(_message.Message):
+class TallyRequest(_message.Message):
+    __slots__ = ["job", "run_id", "reports"]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    run_id: str
+    reports: _containers.RepeatedCompositeFieldContainer[TallyReport]
+    def __init__(self, job: _Optional[str] = ..., run_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TallyReport, _Mapping]]] = ...) -> None: ...
+
+class TallyVerdicts(_message.Message):
     __slots__ = ["actions", "categories", "flags", "attempts", "retry_delays_ms", "reasons", "reason_index", "rules", "rule_index"]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     CATEGORIES_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +309,12 @@ class TallyResponse(_message.Message):
     rules: _containers.RepeatedScalarFieldContainer[str]
     rule_index: bytes
     def __init__(self, actions: _Optional[bytes] = ..., categories: _Optional[bytes] = ..., flags: _Optional[bytes] = ..., attempts: _Optional[bytes] = ..., retry_delays_ms: _Optional[bytes] = ..., reasons: _Optional[_Iterable[str]] = ..., reason_index: _Optional[bytes] = ..., rules: _Optional[_Iterable[str]] = ..., rule_index: _Optional[bytes] = ...) -> None: ...
+
+class TallyResponse(_message.Message):
+    __slots__ = ["reports"]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[TallyVerdicts]
+    def __init__(self, reports: _Optional[_Iterable[_Union[TallyVerdicts, _Mapping]]] = ...) -> None: ...
 
 class StageCount(_message.Message):
     __slots__ = ["stage", "custom_stage", "records"]

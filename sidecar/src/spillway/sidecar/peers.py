@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -23,6 +23,7 @@ from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
 from . import listeners, security
+from .coalesce import GroupCall
 from .adapters import convert, tally
 from .core.model import Decision
 from .errors import SpillwayError
@@ -30,6 +31,9 @@ from .errors import SpillwayError
 log = logging.getLogger("spillway.sidecar")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# one TallyFailures call carries at most this (`adapters/validate.py` bounds what a home takes)
+MAX_TALLY_REPORTS = 64
+MAX_TALLY_RECORDS = 16_384
 
 
 class HomeError(SpillwayError):
@@ -73,6 +77,8 @@ class Home:
     instance: str = ""  # its instance id, once resolve_home has checked it
     role: str = "the job's home sidecar"
     tally_supported: bool = True  # False once it answered TallyFailures UNIMPLEMENTED (older)
+    # per run: its reports in flight to the home and those gathering for the next call
+    _tallies: dict[tuple[str, str], GroupCall] = field(default_factory=dict)
 
     @classmethod
     def connect(cls, address: str, me: LocalSidecar | None = None) -> Home:
@@ -136,23 +142,41 @@ class Home:
         return [Decision(convert.verdict_from_pb(v), dead_letter=v.dead_letter)
                 for v in resp.verdicts]
 
-    def tally(self, request: pb.ReportFailuresRequest, records, digests: bytes,
+    def tally(self, job: str, run_id: str, task: pb.TaskIdentity, records, digests: bytes,
               timeout_s: float, *, token: str | None = None) -> list | None:
-        """The report decided by the home from its columns (`adapters/tally.py`): (decision,
+        """A report decided by the home from its columns (`adapters/tally.py`): (decision,
         logged, rule) per record; None from a home that predates TallyFailures (the caller
-        then sends the whole report)."""
-        fwd = tally.tally_request(request, records, digests)
+        then sends the whole report). Reports of concurrent callers go together in one call
+        (`coalesce.GroupCall`)."""
+        group = self._tallies.get((job, run_id))
+        if group is None:
+            group = self._tallies.setdefault((job, run_id), GroupCall(
+                lambda items, t: self._send_tallies(job, run_id, items, t),
+                max_items=MAX_TALLY_REPORTS, max_weight=MAX_TALLY_RECORDS))
+        report = tally.tally_report(task, records, digests)
+        return group.call((report, token), weight=len(records), timeout_s=timeout_s)
+
+    def _send_tallies(self, job: str, run_id: str, items, timeout_s: float) -> list:
+        if not self.tally_supported:
+            return [None] * len(items)
+        req = pb.TallyRequest(job=job, run_id=run_id, reports=[report for report, _ in items])
         try:
-            resp = self._call("TallyFailures", self.stub.TallyFailures, fwd, timeout_s, token)
+            resp = self._call("TallyFailures", self.stub.TallyFailures, req, timeout_s,
+                              items[0][1])
         except HomeError as exc:
             if exc.code != grpc.StatusCode.UNIMPLEMENTED:
                 raise
             self.tally_supported = False
             log.info("%s %s does not know TallyFailures (an older version): reports of its "
                      "runs are forwarded whole", self.role, self.address)
-            return None
+            return [None] * len(items)
+        if len(resp.reports) != len(items):
+            raise HomeError(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"TallyFailures at {self.role} {self.address}: answered "
+                            f"{len(resp.reports)} of {len(items)} reports")
         try:
-            return tally.tally_outcomes(resp, fwd.record_ids)
+            return [tally.tally_outcomes(v, report.record_ids)
+                    for v, (report, _) in zip(resp.reports, items, strict=True)]
         except ValueError as exc:
             raise HomeError(grpc.StatusCode.FAILED_PRECONDITION,
                             f"TallyFailures at {self.role} {self.address}: {exc}") from exc

@@ -387,24 +387,27 @@ class Sidecar:
     def _decide_at_home(self, run: Run, request: pb.ReportFailuresRequest, task, records,
                         timeout_s: float, token: str | None) -> list[Decision]:
         """A report of a run homed elsewhere, decided by its home: as columns (TallyFailures:
-        ids, payload digests, each way of failing once) when the run's handler is a built-in
-        one, the error log lines then written here, where the records are; else, or to a home
-        that predates it, the whole report (ReportFailures.decide_only)."""
+        ids, payload digests, each way of failing once; reports arriving while one is in
+        flight go together in the next call) when the run's handler is a built-in one, the
+        error log lines then written here, where the records are; else, or to a home that
+        predates it, the whole report (ReportFailures.decide_only)."""
         home, key = run.home, run.key
         if (home.tally_supported and self.engine.builtin_handler(key)
                 and not request.recovered_record_ids):
             digests = self.engine.payload_digests(key, records)
-            outcomes = home.tally(request, records, digests, timeout_s, token=token)
+            outcomes = home.tally(request.job, request.run_id, request.task, records, digests,
+                                  timeout_s, token=token)
             if outcomes is not None:
                 self.engine.write_logs(key, task, records, outcomes)
                 return [o[0] for o in outcomes]
         return home.report(request, timeout_s, token=token)
 
-    def tally(self, request: pb.TallyRequest, task, records, *, token: str | None,
-              caller: Caller | None = None) -> list:
-        """TallyFailures, at a run's home: a node's report as columns (payload-less records),
-        decided like any report; the node logs and dead-letters. Answers (decision, logged,
-        rule) per record."""
+    def tally(self, request: pb.TallyRequest, reports, *, token: str | None,
+              caller: Caller | None = None) -> list[list]:
+        """TallyFailures, at a run's home: a node's reports as columns (payload-less records,
+        with their tasks), each decided like any report, in order; the node logs and
+        dead-letters. Answers (decision, logged, rule) per record, per report; their journal
+        slices are written together (one transaction for the call)."""
         if not (caller or _caller()).peer:
             raise JobAccessError("TallyFailures is for sidecar-to-sidecar calls only (an "
                                  "authenticated peer)")
@@ -419,19 +422,24 @@ class Sidecar:
                 f"job {run.job!r} run {run.run_id!r} has a user errors.handler.class, which "
                 "is given each record's whole context: send the report with "
                 "ReportFailures.decide_only")
-        if not records:
-            return []
         journal: list | None = [] if self.runstate is not None else None
-        with self.telemetry.tracer.start_as_current_span(
-                "spillway.decide", attributes={"spillway.job": run.job,
-                                               "spillway.run": run.run_id,
-                                               "spillway.task.id": task.task_id,
-                                               "spillway.records": len(records),
-                                               "spillway.tally": True}):
-            outcomes = self.engine.decide_outcomes(key, task, records, journal,
-                                                   write_logs=False)
-        self._persist(key, journal)  # the node spools, and says so if it could not
-        return outcomes
+        out = []
+        try:
+            for task, records in reports:
+                if not records:
+                    out.append([])
+                    continue
+                with self.telemetry.tracer.start_as_current_span(
+                        "spillway.decide", attributes={"spillway.job": run.job,
+                                                       "spillway.run": run.run_id,
+                                                       "spillway.task.id": task.task_id,
+                                                       "spillway.records": len(records),
+                                                       "spillway.tally": True}):
+                    out.append(self.engine.decide_outcomes(key, task, records, journal,
+                                                           write_logs=False))
+        finally:
+            self._persist(key, journal)  # the node spools, and says so if it could not
+        return out
 
     def _undo_dead_letters(self, run: Run, request: pb.ReportFailuresRequest,
                            record_ids: list[str], token: str | None) -> None:

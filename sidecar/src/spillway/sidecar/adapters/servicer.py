@@ -98,16 +98,16 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
         return convert.report_response(answers)
 
     def TallyFailures(self, request, context):
-        """The home protocol (sidecar to sidecar): a report decided from its columns."""
+        """The home protocol (sidecar to sidecar): reports decided from their columns."""
         try:
-            task = convert.task_identity(request.task)
-            records = tally.tally_records(request)
+            reports = [(convert.task_identity(r.task), tally.tally_records(r, f"reports[{i}]"))
+                       for i, r in enumerate(request.reports)]
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         with _answering(context):
-            outcomes = self._s.tally(request, task, records, token=_job_token(context),
-                                     caller=_caller())
-        return tally.tally_response(outcomes)
+            answers = self._s.tally(request, reports, token=_job_token(context),
+                                    caller=_caller())
+        return pb.TallyResponse(reports=[tally.tally_verdicts(o) for o in answers])
 
     def FlushTask(self, request, context):
         try:

@@ -1,11 +1,11 @@
 """The home protocol in columns (TallyFailures): protobuf <-> core values, both ends.
 
-A node sidecar sends the job's home a report's job-wide part only (`tally_request`): record ids,
+A node sidecar sends the job's home a report's job-wide part only (`tally_report`): record ids,
 payload digests (8 bytes each, keyed by the run) and each run of records failing the same way
 once (stage, function, exception without its stack trace); never payloads, headers or stack
 traces. The home rebuilds payload-less records that share one exception and stage value per
 group (`tally_records`), decides them with the same algorithm as any report, and answers the
-verdicts as columns (`tally_response`): one byte of action, category and flags per record, the
+verdicts as columns (`tally_verdicts`): one byte of action, category and flags per record, the
 distinct reasons and rules once each with an index per record. The node turns them back into
 verdicts (`tally_outcomes`) and dead-letters and logs with the records it holds.
 docs/POLICY.md, "The home protocol", says why this decides exactly what ReportFailures does.
@@ -65,14 +65,12 @@ def _exception_pb(e: m.ExceptionInfo) -> pb.ExceptionInfo:
 
 # --- node side --------------------------------------------------------------------------------
 
-def tally_request(request: pb.ReportFailuresRequest, records: Sequence,
-                  digests: bytes) -> pb.TallyRequest:
-    """A report's job-wide part. `records`: its converted records (records failing the same
+def tally_report(task: pb.TaskIdentity, records: Sequence, digests: bytes) -> pb.TallyReport:
+    """One report's job-wide part. `records`: its converted records (records failing the same
     way share one exception value, `convert.failed_records`); `digests`: their payload
     digests, packed (`PolicyEngine.payload_digests`)."""
-    out = pb.TallyRequest(job=request.job, run_id=request.run_id,
-                          record_ids=[r.record_id for r in records], payload_digests=digests)
-    out.task.CopyFrom(request.task)
+    out = pb.TallyReport(record_ids=[r.record_id for r in records], payload_digests=digests)
+    out.task.CopyFrom(task)
     add = out.groups.add
     group = None
     prev = (None, None, None)
@@ -88,7 +86,7 @@ def tally_request(request: pb.ReportFailuresRequest, records: Sequence,
     return out
 
 
-def tally_outcomes(resp: pb.TallyResponse, record_ids: Sequence[str]):
+def tally_outcomes(resp: pb.TallyVerdicts, record_ids: Sequence[str]):
     """The home's answers as (decision, logged, rule) per record; ValueError if the columns do
     not match the report (a home that answered another question)."""
     n = len(record_ids)
@@ -100,10 +98,10 @@ def tally_outcomes(resp: pb.TallyResponse, record_ids: Sequence[str]):
     if (len(actions) != n or len(categories) != n or len(flags) != n or len(attempts) != n
             or len(reason_ix) != n or len(rule_ix) != n
             or (delays is not None and len(delays) != n)):
-        raise ValueError(f"TallyResponse: columns do not have one entry per record ({n})")
+        raise ValueError(f"TallyVerdicts: columns do not have one entry per record ({n})")
     reasons, rules = list(resp.reasons), list(resp.rules)
     if (reason_ix and max(reason_ix) >= len(reasons)) or (rule_ix and max(rule_ix) >= len(rules)):
-        raise ValueError("TallyResponse: an index past its table")
+        raise ValueError("TallyVerdicts: an index past its table")
     action_of, category_of = _ACTION_FROM_PB, _CATEGORY_FROM_PB
     out = []
     append = out.append
@@ -124,7 +122,7 @@ def tally_outcomes(resp: pb.TallyResponse, record_ids: Sequence[str]):
 
 # --- home side --------------------------------------------------------------------------------
 
-def tally_records(req: pb.TallyRequest) -> list[m.FailedRecord]:
+def tally_records(req: pb.TallyReport, where: str = "reports[0]") -> list[m.FailedRecord]:
     """Payload-less records, one per id, sharing one exception and stage value per group
     (ValueError naming the first invalid field; bounds are `validate.tally_failures`')."""
     ids = req.record_ids
@@ -134,9 +132,9 @@ def tally_records(req: pb.TallyRequest) -> list[m.FailedRecord]:
     i = 0
     FailedRecord = m.FailedRecord
     for g, group in enumerate(req.groups):
-        where = f"groups[{g}]"
-        stage = convert.stage_ref(group.stage, group.custom_stage, where)
-        exc = convert._exception(group.exception, where)
+        at = f"{where}.groups[{g}]"
+        stage = convert.stage_ref(group.stage, group.custom_stage, at)
+        exc = convert._exception(group.exception, at)
         fn = group.function_name
         for j in range(i, i + group.count):
             append(FailedRecord(ids[j], stage, exc, fn, tag=digests[j]))
@@ -144,7 +142,7 @@ def tally_records(req: pb.TallyRequest) -> list[m.FailedRecord]:
     return out
 
 
-def tally_response(outcomes) -> pb.TallyResponse:
+def tally_verdicts(outcomes) -> pb.TallyVerdicts:
     n = len(outcomes)
     actions, categories, flags = bytearray(n), bytearray(n), bytearray(n)
     attempts, delays = array("I", bytes(4 * n)), None
@@ -178,11 +176,11 @@ def tally_response(outcomes) -> pb.TallyResponse:
             last_ix = reasons.setdefault(reason, len(reasons))
         reason_ix[i] = last_ix
         rule_ix[i] = rules.setdefault(rule, len(rules))
-    return pb.TallyResponse(
+    return pb.TallyVerdicts(
         actions=bytes(actions), categories=bytes(categories), flags=bytes(flags),
         attempts=_pack(attempts), retry_delays_ms=_pack(delays) if delays else b"",
         reasons=list(reasons), reason_index=_pack(reason_ix), rules=list(rules),
         rule_index=_pack(rule_ix))
 
 
-__all__ = ["tally_request", "tally_outcomes", "tally_records", "tally_response"]
+__all__ = ["tally_report", "tally_outcomes", "tally_records", "tally_verdicts"]

@@ -231,45 +231,61 @@ def report_failures(req: pb.ReportFailuresRequest) -> None:
     _ids("undo_dead_letter_record_ids", req.undo_dead_letter_record_ids)
 
 
+MAX_TALLY_REPORTS = 256
+
+
 def tally_failures(req: pb.TallyRequest) -> None:
-    """A node's tally (`adapters/tally.py`): the same bounds as a report's records, and columns
-    that agree: one payload digest per id, groups of at least one record adding up to them."""
+    """A node's tally (`adapters/tally.py`): the same bounds as reports' records, all of them
+    together at most a report's, and columns that agree: one payload digest per id, groups of
+    at least one record adding up to them."""
     _job(req)
-    _task(req.task)
-    ids = req.record_ids
+    reports = req.reports
+    _len("reports", reports, MAX_TALLY_REPORTS, "reports")
+    total = 0
+    for i, report in enumerate(reports):
+        total += len(report.record_ids)
+        if total > MAX_RECORDS_PER_REPORT:
+            raise ValueError(f"reports: at most {MAX_RECORDS_PER_REPORT} record ids together "
+                             f"(got {total} by reports[{i}])")
+        _tally_report(report, f"reports[{i}]")
+
+
+def _tally_report(report: pb.TallyReport, where: str) -> None:
+    _task(report.task)
+    ids = report.record_ids
     n = len(ids)
-    _len("record_ids", ids, MAX_RECORDS_PER_REPORT, "ids")
     limit = names.MAX_RECORD_ID_BYTES // 4   # 256 chars always fit 1024 bytes
     for i, rid in enumerate(ids):
         if not 0 < len(rid) <= limit:
-            names.check_record_id(rid, f"record_ids[{i}]")
-    if len(req.payload_digests) != 8 * n:
-        raise ValueError(f"payload_digests: 8 bytes per record id ({8 * n}), got "
-                         f"{len(req.payload_digests)}")
-    groups = req.groups
-    _len("groups", groups, max(n, 1), "groups")
+            names.check_record_id(rid, f"{where}.record_ids[{i}]")
+    if len(report.payload_digests) != 8 * n:
+        raise ValueError(f"{where}.payload_digests: 8 bytes per record id ({8 * n}), got "
+                         f"{len(report.payload_digests)}")
+    groups = report.groups
+    _len(f"{where}.groups", groups, max(n, 1), "groups")
     total = 0
     prev = None
     for g, group in enumerate(groups):
-        where = f"groups[{g}]"
+        at = f"{where}.groups[{g}]"
         if group.count < 1:
-            raise ValueError(f"{where}.count: at least 1 (got {group.count})")
+            raise ValueError(f"{at}.count: at least 1 (got {group.count})")
         total += group.count
         if group.custom_stage:
-            names.check_custom_stage(group.custom_stage, f"{where}.custom_stage")
+            names.check_custom_stage(group.custom_stage, f"{at}.custom_stage")
         if group.function_name:
-            names.check_function_name(group.function_name, f"{where}.function_name")
+            names.check_function_name(group.function_name, f"{at}.function_name")
         if not group.HasField("exception"):
-            raise ValueError(f"{where}.exception: required")
+            raise ValueError(f"{at}.exception: required")
         e = group.exception
         if e.stack_trace:
-            raise ValueError(f"{where}.exception.stack_trace: not sent to a home (got "
+            raise ValueError(f"{at}.exception.stack_trace: not sent to a home (got "
                              f"{len(e.stack_trace)} characters)")
         if prev is None or e != prev:
-            _exception(e, f"{where}.exception")
+            _exception(e, f"{at}.exception")
             prev = e
     if total != n:
-        raise ValueError(f"groups: their counts add up to {total}, not to the {n} record ids")
+        raise ValueError(f"{where}.groups: their counts add up to {total}, not to the {n} "
+                         "record ids")
 
 
 def flush_task(req: pb.FlushTaskRequest) -> None:
