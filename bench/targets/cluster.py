@@ -196,14 +196,16 @@ class _Saturated:
         self.pool = ClientPool(CLIENTS, env={"SPILLWAY_TOKEN_FILE": self.node_token})
         ctx.infra.on_close(self.pool.close)
 
-    def run(self, run_no: int) -> tuple[float, float, float]:
+    def run(self, run_no: int, batch: int = BATCH,
+            per_client: int | None = None) -> tuple[float, float, float]:
         """(records/s decided, home µs per record, home busy in cores) of one run."""
         topic = self.ctx.infra.fresh_topic("cluster-sat")
         job = f"bench-cluster-sat-{uuid.uuid4().hex[:8]}"
         before: dict[int, float] = {}
         agg = self.pool.run(lambda i: {
             "target": self.home.address, "job": job, "props": _job_props(topic),
-            "records": self.per_client, "batch": BATCH, "peer_token_file": self.peer_token,
+            "records": per_client or self.per_client, "batch": batch,
+            "peer_token_file": self.peer_token,
             "run_no": run_no}, on_start=lambda: before.update(cpu.snapshot([self.home.pid])))
         after = cpu.snapshot([self.home.pid])
         if agg.errors or agg.timed_out or agg.dead_lettered != agg.records:
@@ -262,7 +264,10 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
         "Checks are at the largest node count of (a). The 500k records/s target is judged on "
         "the projected ceiling of one home (1 core / its CPU per forwarded record): a measured "
         "rate here is bounded by 2 shared cores that also run the clients (and in (a) the "
-        "nodes and the broker), so it is reported beside it with how busy the home was.")
+        "nodes and the broker), so it is reported beside it with how busy the home was. (c) "
+        "Per call: the same stand-ins send 1 record per call, "
+        f"{200 if ctx.short else 1_000:,} calls each; the home's CPU per call is what a call "
+        "costs whatever it carries.")
     cluster = _Cluster(ctx, per_client)
     figs = {n: _figures(result, n) for n in NODE_COUNTS}
 
@@ -291,7 +296,21 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
 
     alternate_runs(ctx, result, {sat_rate.name: saturated}, {sat_rate.name: sat_rate},
                    warmup=True, label="(b) ")
+
+    # (c) what a call costs the home whatever it carries: the same stand-ins, 1 record a call
+    calls = 200 if ctx.short else 1_000
+    one = f"home answering {CLIENTS} stand-in nodes 1 record per call (TallyFailures)"
+    call_rate = result.figure(f"{one}: calls/s", "calls/s")
+    call_us = result.figure(f"{one}: home CPU per call", "µs")
+
+    def per_call(run_no: int):
+        rate, us, _ = sat.run(run_no, batch=1, per_client=calls)
+        return rate, {call_us: us}
+
+    alternate_runs(ctx, result, {call_rate.name: per_call}, {call_rate.name: call_rate},
+                   warmup=True, label="(c) ")
     _judge(result, figs, sat_rate, sat_busy)
+    result.notes.append(_per_call_reading(call_us, sat_us))
     if ctx.sizes.profile and result.met is False:
         _profile(ctx, result, cluster)
 
@@ -341,6 +360,19 @@ def _reading(figs: dict[int, _Figs]) -> str:
     return ("CPU per failed record, medians, by role (the client figure includes building "
             "each protobuf record from a template, not formatting a new exception: target 4 "
             "measures the executor side in Spark): " + "; ".join(parts) + "." + need)
+
+
+def _per_call_reading(call_us: Figure, sat_us: Figure) -> str:
+    """The home's CPU per record split into its per-call part and its per-record part."""
+    per_call, per_record = _median(call_us), _median(sat_us)
+    if per_call is None or per_record is None:
+        return "Per-call cost: not measured."
+    share = per_call / BATCH
+    return (f"The home's CPU per record at {BATCH} records a call (b) is "
+            f"{fmt(per_record)} µs: {fmt(share)} µs of it is the call itself ((c): "
+            f"{fmt(per_call)} µs per call whatever it carries, / {BATCH}) and "
+            f"{fmt(max(per_record - share, 0.0))} µs the records' own work (decoding the "
+            "columns, deciding, journaling, encoding the verdicts).")
 
 
 def _profile(ctx: Context, result: TargetResult, cluster: _Cluster) -> None:
