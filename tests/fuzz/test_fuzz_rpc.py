@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from spillway.sidecar.core import config
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
-from support.creds import admin_md
+from support.creds import admin_md, peer_md
 from support.kafka import create_topic
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.integration]
@@ -130,7 +130,32 @@ requests = st.one_of(
         task=plausible_task, records=st.lists(plausible_record, min_size=1, max_size=4),
         recovered_record_ids=st.lists(st.sampled_from(["r1", "r2"]), max_size=2))),
 )
-METHODS = ["RegisterJob", "ReportFailures", "FlushTask", "GetJobSummary", "GetStatus", "EndJob"]
+# TallyFailures, as a peer sidecar sends it (with the peer credential): random columns, and
+# plausible ones that reach the fixed runs' engines
+tally_group = st.builds(pb.TallyGroup, count=st.integers(0, 6), stage=stage,
+                        custom_stage=text, function_name=text, exception=exception)
+plausible_group = st.builds(pb.TallyGroup, count=st.just(2), stage=st.just(
+    pb.STAGE_TRANSFORMATION), function_name=small, exception=st.builds(
+    pb.ExceptionInfo, class_name=st.sampled_from(["builtins.ValueError", "json.JSONDecodeError"]),
+    message=small))
+requests = st.one_of(
+    requests,
+    st.tuples(st.just("TallyFailures"), st.builds(
+        pb.TallyRequest, job=name, run_id=st.one_of(st.just(RUN), text),
+        reports=st.lists(st.builds(pb.TallyReport, task=task, record_ids=ids,
+                                   payload_digests=st.binary(max_size=40),
+                                   groups=st.lists(tally_group, max_size=3)), max_size=3))),
+    st.tuples(st.just("TallyFailures"), st.builds(
+        pb.TallyRequest, job=st.sampled_from(JOBS), run_id=st.just(RUN),
+        reports=st.lists(st.builds(pb.TallyReport, task=plausible_task,
+                                   record_ids=st.lists(small.filter(bool), min_size=2,
+                                                       max_size=2),
+                                   payload_digests=st.binary(min_size=16, max_size=16),
+                                   groups=st.lists(plausible_group, min_size=1, max_size=1)),
+                         min_size=1, max_size=2))),
+)
+METHODS = ["RegisterJob", "ReportFailures", "FlushTask", "GetJobSummary", "GetStatus", "EndJob",
+           "TallyFailures"]
 
 # --- the server --------------------------------------------------------------------------------
 
@@ -197,6 +222,8 @@ def test_random_requests_get_deliberate_answers(world, req):
     method, message = req
     # the fixed jobs' reports carry their run's token, as an executor's would
     token = TOKENS.get(message.job) if getattr(message, "run_id", "") == RUN else None
+    if method == "TallyFailures":  # a peer sidecar's call
+        token = (*peer_md(), *(token or ()))
     _answered(world, getattr(world[1], method), message, token)
 
 

@@ -107,6 +107,11 @@ def test_a_normal_request_of_every_method_passes():
     v.check("GetStatus", pb.GetStatusRequest())
     v.check("GetStatus", pb.GetStatusRequest(job="j", page_size=100))
     v.check("EndJob", pb.EndJobRequest(job="j"))
+    tally = pb.TallyRequest(job="j", run_id="app-1")
+    report = tally.reports.add(task=_task(), record_ids=["r0", "r1"], payload_digests=bytes(16))
+    report.groups.add(count=2, stage=pb.STAGE_TRANSFORMATION, function_name="app.f",
+                      exception=pb.ExceptionInfo(class_name="builtins.ValueError"))
+    v.check("TallyFailures", tally)
 
 
 @pytest.mark.parametrize("method, request_", [
@@ -116,6 +121,7 @@ def test_a_normal_request_of_every_method_passes():
     ("GetJobSummary", pb.GetJobSummaryRequest(job="\tj")),
     ("GetStatus", pb.GetStatusRequest(job="j\n")),
     ("EndJob", pb.EndJobRequest(job=" j ")),
+    ("TallyFailures", pb.TallyRequest(job=" j")),
 ])
 def test_every_method_applies_the_job_name_rule(method, request_):
     _refused(method, request_, "job:", "whitespace")
@@ -227,7 +233,7 @@ def test_every_request_field_is_covered_by_a_check():
                 walk(f.message_type)
 
     for name in ("RegisterJobRequest", "ReportFailuresRequest", "FlushTaskRequest",
-                 "GetJobSummaryRequest", "GetStatusRequest", "EndJobRequest"):
+                 "GetJobSummaryRequest", "GetStatusRequest", "EndJobRequest", "TallyRequest"):
         walk(pb.DESCRIPTOR.message_types_by_name[name])
 
 
