@@ -5,12 +5,15 @@ each pays a whole gRPC round trip and the home's per-call work; a `GroupCall` se
 at once and gathers the ones that arrive meanwhile into the next call (group commit, as the
 spool commits its writes), so under load a call carries several reports and with one caller it
 adds no wait. Each caller gets its own answer or the call's exception. Bounded: a call carries
-at most `max_items` items and `max_weight` weight (the records); the rest wait for the next.
+at most `max_items` items and `max_weight` weight (the records); the rest wait for the next. A
+caller whose deadline passes while it waits gives up before its item is sent; a call's deadline
+is the shortest of those it carries.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -19,13 +22,18 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+class GroupCallTimeout(TimeoutError):
+    """A caller's deadline passed while it waited for the call in flight: its item was never
+    sent."""
+
+
 class _Waiter(Generic[T, R]):
-    __slots__ = ("item", "weight", "timeout_s", "done", "result", "error")
+    __slots__ = ("item", "weight", "deadline", "done", "result", "error")
 
     def __init__(self, item: T, weight: int, timeout_s: float) -> None:
         self.item = item
         self.weight = weight
-        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
         self.done = False
         self.result: R | None = None
         self.error: BaseException | None = None
@@ -46,12 +54,19 @@ class GroupCall(Generic[T, R]):
         self.items = 0
 
     def call(self, item: T, *, weight: int = 1, timeout_s: float) -> R:
+        """`item`'s answer; GroupCallTimeout if `timeout_s` passed before it could be sent
+        (it was not), else the call's own exception."""
         me = _Waiter(item, weight, timeout_s)
         with self._cond:
             self._queue.append(me)
             while True:
                 while self._busy and not me.done:
-                    self._cond.wait()
+                    left = me.deadline - time.monotonic()
+                    if left <= 0 and me in self._queue:
+                        self._queue.remove(me)
+                        raise GroupCallTimeout(
+                            f"waited {timeout_s:.3g} s for the call in flight; not sent")
+                    self._cond.wait(max(left, 0.001))
                 if me.done:
                     break
                 batch = self._take()
@@ -80,8 +95,9 @@ class GroupCall(Generic[T, R]):
 
     def _run(self, batch: list[_Waiter[T, R]]) -> None:
         try:
-            # the shortest deadline of those who wait for it
-            results = self._send([w.item for w in batch], min(w.timeout_s for w in batch))
+            # the shortest deadline of those who wait for it, from now
+            left = min(w.deadline for w in batch) - time.monotonic()
+            results = self._send([w.item for w in batch], max(left, 0.001))
             if len(results) != len(batch):
                 raise RuntimeError(f"a group call answered {len(results)} of {len(batch)}")
         except BaseException as exc:  # every caller of this call sees its failure
@@ -95,4 +111,4 @@ class GroupCall(Generic[T, R]):
             w.result, w.done = r, True
 
 
-__all__ = ["GroupCall"]
+__all__ = ["GroupCall", "GroupCallTimeout"]

@@ -23,7 +23,7 @@ from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
 from . import listeners, security
-from .coalesce import GroupCall
+from .coalesce import GroupCall, GroupCallTimeout
 from .adapters import convert, tally
 from .core.model import Decision
 from .errors import SpillwayError
@@ -154,7 +154,12 @@ class Home:
                 lambda items, t: self._send_tallies(job, run_id, items, t),
                 max_items=MAX_TALLY_REPORTS, max_weight=MAX_TALLY_RECORDS))
         report = tally.tally_report(task, records, digests)
-        return group.call((report, token), weight=len(records), timeout_s=timeout_s)
+        try:
+            return group.call((report, token), weight=len(records), timeout_s=timeout_s)
+        except GroupCallTimeout as exc:
+            raise HomeError(grpc.StatusCode.UNAVAILABLE,
+                            f"TallyFailures at {self.role} {self.address}: {exc} (the home "
+                            "is slow to answer this run's earlier reports)") from exc
 
     def _send_tallies(self, job: str, run_id: str, items, timeout_s: float) -> list:
         if not self.tally_supported:
