@@ -22,12 +22,12 @@ import grpc
 
 from spillway.v1 import sidecar_pb2 as pb
 
-from . import memtune, security
+from . import memtune, security, tallying
 from .adapters import convert
 from .admission import Admission
 from .core.dlq_record import DlqBuilder
 from .core.guardrails import check_topic_name
-from .core.model import Action, Decision, StageRef, Verdict, task_key
+from .core.model import Action, StageRef, Verdict, task_key
 from .core.policy import PolicyEngine, run_key
 from .core.ports import SystemClock
 from .core.settings import JobSettings, job_settings
@@ -111,7 +111,7 @@ class Sidecar:
 
     # --- runs --------------------------------------------------------------------------------
 
-    def _run(self, job: str, run_id: str, token: str | None) -> Run:
+    def run_for(self, job: str, run_id: str, token: str | None) -> Run:
         """The live run, once the caller proved it holds its token (else nothing happens)."""
         run = self.registry.get(job, run_id)
         if run is None:
@@ -225,7 +225,7 @@ class Sidecar:
                  f" (homed at {home.address})" if home is not None else "")
         return settings, run
 
-    def _persist(self, key: str, slices: list | None) -> None:
+    def persist(self, key: str, slices: list | None) -> None:
         if self.runstate is not None and slices:
             self.runstate.persist(self.engine, key, slices)
 
@@ -299,7 +299,7 @@ class Sidecar:
         if request.decide_only and not (caller or _caller()).peer:
             raise JobAccessError("ReportFailures.decide_only is for sidecar-to-sidecar calls "
                                  "only (an authenticated peer)")
-        run = self._run(request.job, request.run_id, token)
+        run = self.run_for(request.job, request.run_id, token)
         gate = self.admission
         if gate is None or not records or request.decide_only:
             return self._report(run, request, task, records, timeout_s=timeout_s, token=token)
@@ -330,7 +330,7 @@ class Sidecar:
                 undone: list = []
                 self.engine.undo_dead_letters(key, list(request.undo_dead_letter_record_ids),
                                               journal=undone)
-                self._persist(key, undone)
+                self.persist(key, undone)
         if not records:
             if home is not None and request.recovered_record_ids:
                 home.report(request, timeout_s, token=token)
@@ -349,12 +349,13 @@ class Sidecar:
             # decide_only report (the peer spools, and says so if it could not)
             journal: list | None = [] if self.runstate is not None else None
             if home is not None:  # the job's home decides; durability stays on this node
-                decisions = self._decide_at_home(run, request, task, records, timeout_s, token)
+                decisions = tallying.decide_at_home(self, run, request, task, records,
+                                                       timeout_s, token)
             else:
                 decisions = self.engine.decide(key, task, records, journal=journal)
             verdicts = [d.verdict for d in decisions]
             if request.decide_only:
-                self._persist(key, journal)
+                self.persist(key, journal)
                 return [(v, d.dead_letter) for v, d in zip(verdicts, decisions, strict=True)]
             if span.is_recording():
                 _annotate(span, verdicts)
@@ -380,73 +381,21 @@ class Sidecar:
                         raise
                 for i in to_dlq:  # fresh values from this call's decisions: marked in place
                     verdicts[i].dead_lettered = True
-            self._persist(key, journal)
+            self.persist(key, journal)
         self.telemetry.record_verdict_duration(time.perf_counter() - started)
         return [(v, False) for v in verdicts]
 
-    def _decide_at_home(self, run: Run, request: pb.ReportFailuresRequest, task, records,
-                        timeout_s: float, token: str | None) -> list[Decision]:
-        """A report of a run homed elsewhere, decided by its home: as columns (TallyFailures:
-        ids, payload digests, each way of failing once; reports arriving while one is in
-        flight go together in the next call) when the run's handler is a built-in one, the
-        error log lines then written here, where the records are; else, or to a home that
-        predates it, the whole report (ReportFailures.decide_only)."""
-        home, key = run.home, run.key
-        if (home.tally_supported and self.engine.builtin_handler(key)
-                and not request.recovered_record_ids):
-            digests = self.engine.payload_digests(key, records)
-            outcomes = home.tally(request.job, request.run_id, request.task, records, digests,
-                                  timeout_s, token=token)
-            if outcomes is not None:
-                self.engine.write_logs(key, task, records, outcomes)
-                return [o[0] for o in outcomes]
-        return home.report(request, timeout_s, token=token)
-
     def tally(self, request: pb.TallyRequest, reports, *, token: str | None,
               caller: Caller | None = None) -> list[list]:
-        """TallyFailures, at a run's home: a node's reports as columns (payload-less records,
-        with their tasks), each decided like any report, in order; the node logs and
-        dead-letters. Answers (decision, logged, rule) per record, per report; their journal
-        slices are written together (one transaction for the call)."""
-        if not (caller or _caller()).peer:
-            raise JobAccessError("TallyFailures is for sidecar-to-sidecar calls only (an "
-                                 "authenticated peer)")
-        run = self._run(request.job, request.run_id, token)
-        if run.home is not None:
-            raise JobConflictError(
-                f"job {run.job!r} run {run.run_id!r} is homed at {run.home.address}, not at "
-                "this sidecar: TallyFailures goes to a run's home")
-        key = run.key
-        if not self.engine.builtin_handler(key):
-            raise JobConflictError(
-                f"job {run.job!r} run {run.run_id!r} has a user errors.handler.class, which "
-                "is given each record's whole context: send the report with "
-                "ReportFailures.decide_only")
-        journal: list | None = [] if self.runstate is not None else None
-        out = []
-        try:
-            for task, records in reports:
-                if not records:
-                    out.append([])
-                    continue
-                with self.telemetry.tracer.start_as_current_span(
-                        "spillway.decide", attributes={"spillway.job": run.job,
-                                                       "spillway.run": run.run_id,
-                                                       "spillway.task.id": task.task_id,
-                                                       "spillway.records": len(records),
-                                                       "spillway.tally": True}):
-                    out.append(self.engine.decide_outcomes(key, task, records, journal,
-                                                           write_logs=False))
-        finally:
-            self._persist(key, journal)  # the node spools, and says so if it could not
-        return out
+        """TallyFailures, at a run's home (tallying.py)."""
+        return tallying.tally(self, request, reports, token=token, caller=caller)
 
     def _undo_dead_letters(self, run: Run, request: pb.ReportFailuresRequest,
                            record_ids: list[str], token: str | None) -> None:
         if run.home is None:
             undone: list = []
             self.engine.undo_dead_letters(run.key, record_ids, journal=undone)
-            self._persist(run.key, undone)
+            self.persist(run.key, undone)
             return
         try:
             run.home.undo_dead_letters(request, record_ids, 5.0, token=token)
@@ -461,7 +410,7 @@ class Sidecar:
         if request.progress_only and not (caller or _caller()).peer:
             raise JobAccessError("FlushTask.progress_only is for sidecar-to-sidecar calls only "
                                  "(an authenticated peer)")
-        run = self._run(request.job, request.run_id, token)
+        run = self.run_for(request.job, request.run_id, token)
         key, home = run.key, run.home
         if home is not None:
             if processed or request.recovered_record_ids:
@@ -472,7 +421,7 @@ class Sidecar:
             if processed:
                 progress: list = []
                 self.engine.record_progress(key, task, processed, journal=progress)
-                self._persist(key, progress)
+                self.persist(key, progress)
         if self.pipeline is None or request.progress_only:
             return 0
         return self.pipeline.wait_task(task_key(key, task), timeout_s)
@@ -480,7 +429,7 @@ class Sidecar:
     # --- summaries, status, end --------------------------------------------------------------
 
     def job_summary(self, job: str, run_id: str, *, token: str | None) -> pb.JobSummary:
-        run = self._run(job, check_run_id(run_id), token)
+        run = self.run_for(job, check_run_id(run_id), token)
         return self.summary_pb(run.key)
 
     def summary_pb(self, key: str) -> pb.JobSummary:

@@ -1,0 +1,81 @@
+"""The home protocol's two sides in the service (docs/POLICY.md, "The home protocol").
+
+On a node: a report of a run homed elsewhere is decided by its home from columns
+(`TallyFailures`), the error log lines written here where the records are (`decide_at_home`).
+At the home: a node's tally is decided like any report (`tally`). The wire format is
+`adapters/tally.py`'s; the calls to the home are `peers.Home`'s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spillway.v1 import sidecar_pb2 as pb
+
+from . import security
+from .core.model import Decision
+from .errors import JobAccessError, JobConflictError
+from .registry import Caller, Run
+
+if TYPE_CHECKING:
+    from .service import Sidecar
+
+
+def decide_at_home(s: Sidecar, run: Run, request: pb.ReportFailuresRequest, task, records,
+                   timeout_s: float, token: str | None) -> list[Decision]:
+    """A report of a run homed elsewhere, decided by its home: as columns (ids, payload
+    digests, each way of failing once; reports arriving while one is in flight go together in
+    the next call) when the run's handler is a built-in one; else, or to a home that predates
+    it, the whole report (ReportFailures.decide_only)."""
+    home, key, engine = run.home, run.key, s.engine
+    if (home.tally_supported and engine.builtin_handler(key)
+            and not request.recovered_record_ids):
+        digests = engine.payload_digests(key, records)
+        outcomes = home.tally(request.job, request.run_id, request.task, records, digests,
+                              timeout_s, token=token)
+        if outcomes is not None:
+            engine.write_logs(key, task, records, outcomes)
+            return [o[0] for o in outcomes]
+    return home.report(request, timeout_s, token=token)
+
+
+def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,
+          caller: Caller | None = None) -> list[list]:
+    """TallyFailures, at a run's home: a node's reports as columns (payload-less records, with
+    their tasks), each decided like any report, in order; the node logs and dead-letters.
+    Answers (decision, logged, rule) per record, per report; their journal slices are written
+    together (one transaction for the call)."""
+    if not (caller or security.current_caller()).peer:
+        raise JobAccessError("TallyFailures is for sidecar-to-sidecar calls only (an "
+                             "authenticated peer)")
+    run = s.run_for(request.job, request.run_id, token)
+    if run.home is not None:
+        raise JobConflictError(
+            f"job {run.job!r} run {run.run_id!r} is homed at {run.home.address}, not at this "
+            "sidecar: TallyFailures goes to a run's home")
+    key = run.key
+    if not s.engine.builtin_handler(key):
+        raise JobConflictError(
+            f"job {run.job!r} run {run.run_id!r} has a user errors.handler.class, which is "
+            "given each record's whole context: send the report with "
+            "ReportFailures.decide_only")
+    journal: list | None = [] if s.runstate is not None else None
+    start_span = s.telemetry.tracer.start_as_current_span
+    out = []
+    try:
+        for task, records in reports:
+            if not records:
+                out.append([])
+                continue
+            with start_span("spillway.decide", attributes={
+                    "spillway.job": run.job, "spillway.run": run.run_id,
+                    "spillway.task.id": task.task_id, "spillway.records": len(records),
+                    "spillway.tally": True}):
+                out.append(s.engine.decide_outcomes(key, task, records, journal,
+                                                    write_logs=False))
+    finally:
+        s.persist(key, journal)  # the node spools, and says so if it could not
+    return out
+
+
+__all__ = ["decide_at_home", "tally"]
