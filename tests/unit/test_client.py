@@ -223,12 +223,13 @@ def test_one_channel_per_target_per_process_recreated_after_fork(scripted, monke
     a.status()
     b.status()
     first = _channel.get_channel(scripted.target)
-    assert a._bound[0] is first and b._bound[0] is first
+    t = scripted.target
+    assert a._bound[t][0] is first and b._bound[t][0] is first
     real_pid = os.getpid()
     monkeypatch.setattr(_channel.os, "getpid", lambda: real_pid + 100000)
     a.status()  # in the "child": a fresh channel, the parent's is left alone
-    assert a._bound[0] is not first
-    assert _channel.get_channel(scripted.target) is a._bound[0]
+    assert a._bound[t][0] is not first
+    assert _channel.get_channel(scripted.target) is a._bound[t][0]
 
 
 def test_interceptors_are_applied(scripted):

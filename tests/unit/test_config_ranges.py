@@ -57,6 +57,8 @@ RANGES: dict[str, tuple[float, float, tuple[float, ...], bool, bool]] = {
     "producer.max.inflight.bytes": (1024, 2_147_483_647, (), True, False),
     "flush.timeout.ms": (1, DAY_MS, (), True, False),
     "metrics.prometheus.port": (0, 65_535, (), True, False),
+    "sidecar.processes": (1, 64, (), True, False),
+    "sidecar.processes.port.base": (0, 65_535, (), True, False),
     "shutdown.grace.ms": (0, 3_600_000, (), True, False),
     "jobs.max.live": (1, MILLION, (), True, False),
     "job.idle.timeout.ms": (1000, 30 * DAY_MS, (), True, False),

@@ -26,7 +26,7 @@ import grpc
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
-from . import _auth, _channel, _health, _otel, _split
+from . import _auth, _channel, _health, _otel, _pins, _split
 from .errors import ADDRESS_ENV, SidecarProtocolError, map_rpc_error
 from .report import stage_value
 from .runs import JobRun, JobToken, Registration, as_run, new_run_id
@@ -87,7 +87,8 @@ class SidecarClient:
         self.timeout_s = float(timeout_s)
         self._interceptors = tuple(interceptors)
         self.trace_calls = trace_calls
-        self._bound: tuple[grpc.Channel, grpc.Channel, pb_grpc.ErrorSidecarStub] | None = None
+        # per target (the sidecar's, or a run's process: `_pins`): (base, intercepted, stub)
+        self._bound: dict[str, tuple[grpc.Channel, grpc.Channel, pb_grpc.ErrorSidecarStub]] = {}
 
     def __repr__(self) -> str:
         tls = ", tls" if self.security.uses_tls(self.target) else ""
@@ -95,34 +96,37 @@ class SidecarClient:
 
     # --- plumbing --------------------------------------------------------------------------
 
-    def _channel(self) -> grpc.Channel:
-        base = _channel.get_channel(self.target, self.security)
-        bound = self._bound
+    def _bind(self, target: str) -> tuple[grpc.Channel, grpc.Channel, pb_grpc.ErrorSidecarStub]:
+        base = _channel.get_channel(target, self.security)
+        bound = self._bound.get(target)
         if bound is None or bound[0] is not base:
             chan = grpc.intercept_channel(base, *self._interceptors) if self._interceptors else base
-            bound = self._bound = (base, chan, pb_grpc.ErrorSidecarStub(chan))
-        return bound[1]
+            bound = self._bound[target] = (base, chan, pb_grpc.ErrorSidecarStub(chan))
+        return bound
+
+    def _channel(self) -> grpc.Channel:
+        return self._bind(self.target)[1]
 
     def _stub(self) -> pb_grpc.ErrorSidecarStub:
-        self._channel()
-        assert self._bound is not None
-        return self._bound[2]
+        return self._bind(self.target)[2]
 
     def _call(self, method: str, request, *, timeout_s: float | None = None, job: str = "",
               run: JobRun | None = None):
-        rpc = getattr(self._stub(), method)
+        # a run's calls go to the process of the sidecar that registered it (`_pins`)
+        target = _pins.lookup(self.target, run.job, run.run_id) if run is not None else self.target
+        rpc = getattr(self._bind(target)[2], method)
         timeout = timeout_s or self.timeout_s
         extra = run.metadata() if run is not None else []
         try:
             if self.trace_calls:
-                return _otel.traced_call(method, self.target, lambda md: rpc(
+                return _otel.traced_call(method, target, lambda md: rpc(
                     request, timeout=timeout, metadata=md + extra))
             return rpc(request, timeout=timeout, metadata=extra or None)
         except grpc.RpcError as exc:
-            raise map_rpc_error(exc, method=method, target=self.target, job=job,
+            raise map_rpc_error(exc, method=method, target=target, job=job,
                                 address_env=self.address_env,
-                                connectivity=_channel.connectivity(self.target, self.security),
-                                tls=self.security.uses_tls(self.target)) from exc
+                                connectivity=_channel.connectivity(target, self.security),
+                                tls=self.security.uses_tls(target)) from exc
 
     # --- the API ---------------------------------------------------------------------------
 
@@ -146,6 +150,7 @@ class SidecarClient:
             job=run.job, properties=props, run_id=run.run_id, home=home,
             home_instance_id=home_instance_id), job=run.job, run=run)
         token = JobToken(resp.job_token) if resp.job_token else run.job_token
+        _pins.pin(self.target, resp.job or run.job, resp.run_id or run.run_id, resp.process_port)
         return Registration(job=resp.job or run.job, run_id=resp.run_id or run.run_id,
                             job_token=token, home=resp.home,
                             home_instance_id=resp.home_instance_id,
@@ -207,9 +212,11 @@ class SidecarClient:
         every node sidecar too); answers the final summaries and the nodes it could not reach.
         Needs the run's job token, or an operator's credentials."""
         run = as_run(job, run_id)
-        return self._call("EndJob", pb.EndJobRequest(job=run.job, run_id=run.run_id,
-                                                     local_only=local_only),
-                          timeout_s=timeout_s, job=run.job, run=run)
+        answer = self._call("EndJob", pb.EndJobRequest(job=run.job, run_id=run.run_id,
+                                                       local_only=local_only),
+                            timeout_s=timeout_s, job=run.job, run=run)
+        _pins.forget(self.target, run.job, run.run_id)
+        return answer
 
     def status(self, job: str = "", *, page_size: int = 0, page_token: str = "",
                run: JobRun | None = None) -> pb.SidecarStatus:
@@ -256,8 +263,9 @@ class SidecarClient:
 
     def close(self) -> None:
         """Close this process's channel to the target (the next call opens a new one)."""
-        self._bound = None
-        _channel.close_channel(self.target, self.security)
+        bound, self._bound = self._bound, {}
+        for target in {self.target, *bound}:
+            _channel.close_channel(target, self.security)
 
     def __enter__(self) -> SidecarClient:
         return self

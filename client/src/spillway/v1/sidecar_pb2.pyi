@@ -88,7 +88,7 @@ class RegisterJobRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., home: _Optional[str] = ..., run_id: _Optional[str] = ..., home_instance_id: _Optional[str] = ..., peer: _Optional[str] = ...) -> None: ...
 
 class RegisterJobResponse(_message.Message):
-    __slots__ = ["job", "effective_properties", "run_id", "job_token", "home", "home_instance_id"]
+    __slots__ = ["job", "effective_properties", "run_id", "job_token", "home", "home_instance_id", "process_port"]
     class EffectivePropertiesEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -102,13 +102,15 @@ class RegisterJobResponse(_message.Message):
     JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
     HOME_FIELD_NUMBER: _ClassVar[int]
     HOME_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_PORT_FIELD_NUMBER: _ClassVar[int]
     job: str
     effective_properties: _containers.ScalarMap[str, str]
     run_id: str
     job_token: str
     home: str
     home_instance_id: str
-    def __init__(self, job: _Optional[str] = ..., effective_properties: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., job_token: _Optional[str] = ..., home: _Optional[str] = ..., home_instance_id: _Optional[str] = ...) -> None: ...
+    process_port: int
+    def __init__(self, job: _Optional[str] = ..., effective_properties: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., job_token: _Optional[str] = ..., home: _Optional[str] = ..., home_instance_id: _Optional[str] = ..., process_port: _Optional[int] = ...) -> None: ...
 
 class SourceCoordinates(_message.Message):
     __slots__ = ["topic", "partition", "offset"]

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -36,6 +37,9 @@ from .health import KAFKA_HEALTH_SERVICE, KafkaWatch
 from .probe import start_probe_server
 from .registry import Registry
 from .service import Sidecar
+
+if TYPE_CHECKING:
+    from .processes import ProcessRole
 
 log = logging.getLogger("spillway.sidecar")
 
@@ -173,8 +177,10 @@ def start_server(
     interceptors: Sequence[grpc.ServerInterceptor] = (),
     max_workers: int = 32,
     install_global_telemetry: bool = False,
+    process: ProcessRole | None = None,
 ) -> RunningSidecar:
-    """Build and start a sidecar from layered raw properties (see `config.resolve`)."""
+    """Build and start a sidecar from layered raw properties (see `config.resolve`);
+    ``process``: one of several processes behind listen.address (processes.py)."""
     raw = config.resolve(explicit=raw or {})  # idempotent over an already-layered mapping
     sidecar = build_sidecar(raw)
     sec = sidecar.security
@@ -219,7 +225,7 @@ def start_server(
         interceptors=interceptors,
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                 ("grpc.so_reuseport", 0)],
+                 ("grpc.so_reuseport", int(process is not None))],
     )
     # raw bytes in, parsed and bounded inside: undecodable requests answer INVALID_ARGUMENT
     rpc.add_servicer(ErrorSidecarServicer(sidecar), server)
@@ -239,15 +245,20 @@ def start_server(
         address = f"unix://{path}"
     if tcp:
         host, _, port = tcp.rpartition(":")
-        if sec.tls is not None:
-            bound = server.add_secure_port(tcp, listeners.TlsReloader(sec.tls).server_credentials())
-        else:
-            bound = server.add_insecure_port(tcp)
-        if bound == 0:
-            raise ConfigError("listen.address", f"cannot bind {tcp}")
+        creds = listeners.TlsReloader(sec.tls).server_credentials() if sec.tls else None
+        for where in (tcp, process.process_address()) if process is not None else (tcp,):
+            bound = (server.add_secure_port(where, creds) if creds is not None
+                     else server.add_insecure_port(where))
+            if bound == 0:
+                raise ConfigError("listen.address", f"cannot bind {where}")
+        bound = int(port) if process is not None else bound
         address = f"{host}:{bound}"  # port 0 picks a free port: report the real one
     sidecar.listen_address = address
     sidecar.advertised_address = sec.advertised_address or listeners.default_advertised(address)
+    if process is not None:  # its own port: where its runs are homed, and its siblings'
+        sidecar.advertised_address = process.advertised
+        sidecar.process_port = process.port
+        sidecar.siblings = frozenset(process.siblings)
     server.start()
     sidecar.registry.start_reaper(sidecar.expire)
     for name in ("", SERVICE_NAME) + ((KAFKA_HEALTH_SERVICE,) if sidecar.kafka else ()):
@@ -256,7 +267,8 @@ def start_server(
     if sidecar.props["health.listen.address"]:
         try:
             running.probe, running.probe_address = start_probe_server(
-                sidecar.props["health.listen.address"], health_servicer)
+                sidecar.props["health.listen.address"], health_servicer,
+                reuse_port=process is not None)
         except Exception:
             running.stop(0)
             raise
@@ -264,7 +276,9 @@ def start_server(
         running._watch = threading.Thread(target=running._watch_backpressure,
                                           name="spillway-health", daemon=True)
         running._watch.start()
-    log.info("spillway sidecar %s serving on %s (%s)", sidecar.sidecar_id, address,
+    where = (f"{address} (process {process.index + 1} of {process.count}, its own port "
+             f"{process.advertised})" if process is not None else address)
+    log.info("spillway sidecar %s serving on %s (%s)", sidecar.sidecar_id, where,
              security.describe(sec, local_only=local_only))
     for weakness in security.weaknesses(sec, local_only=local_only):
         log.warning("security: %s", weakness)

@@ -134,6 +134,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logging.getLogger("spillway.sidecar").warning("%s", warning)
     raw = serve_properties(args, env)
     props = config.parse(raw)
+    role = None
+    if args.process_role:  # one of several processes, started by the supervisor below
+        from .processes import ProcessRole, die_with_parent
+
+        role = ProcessRole.from_json(args.process_role)
+        die_with_parent(role.parent_pid)
+    elif props["sidecar.processes"] > 1:
+        from .processes import supervise
+
+        return supervise(args, raw, props)
     from .runstate import pin_hash_seed, wanted
 
     if getattr(args, "own_command_line", False) and wanted(props):
@@ -141,16 +151,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         # run states are kept as hash() digests: the same seed after a restart (runstate.py)
         pin_hash_seed(props["spool.dir"] or default_spool_dir(raw))
-    if props.get("listen.address"):
+    if props.get("listen.address") and role is None:  # the supervisor holds a shared one
         host, _, port = props["listen.address"].rpartition(":")
         _check_free("listen.address", host, int(port))
-    if props.get("health.listen.address"):
+    if props.get("health.listen.address") and role is None:
         host, _, port = props["health.listen.address"].rpartition(":")
         _check_free("health.listen.address", host, int(port))
     if props.get("metrics.prometheus.port"):
         _check_free("metrics.prometheus.port", props["metrics.prometheus.host"],
                     props["metrics.prometheus.port"])
-    running = start_server(raw, install_global_telemetry=True)
+    running = start_server(raw, install_global_telemetry=True, process=role)
     gctune.tune()  # after start-up: what it allocated is frozen, never walked again
     logging.getLogger("spillway.sidecar").info("allocator: %s", memtune.allocator())
     done = threading.Event()
@@ -227,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "(advertised.address)")
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="any property, e.g. --set errors.tolerance=all (repeatable)")
+    s.add_argument("--process-role", help=argparse.SUPPRESS)  # set by sidecar.processes
     s.set_defaults(func=cmd_serve)
 
     st = sub.add_parser("status", help="live counters of a running sidecar")
@@ -245,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.own_command_line = argv is None
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what sidecar.processes repeats
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

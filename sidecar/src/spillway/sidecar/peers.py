@@ -52,12 +52,15 @@ class LocalSidecar:
     instance_id: str
     addresses: frozenset[str]  # its advertised and listen addresses (those set)
     security: security.SecurityConfig | None = None
+    # the other processes behind its address (sidecar.processes): dialled as any home is, and
+    # allowed as its own addresses are
+    siblings: frozenset[str] = frozenset()
 
 
 def check_allowed(me: LocalSidecar, address: str, what: str = "home") -> None:
     """PERMISSION_DENIED unless `address` may be dialled (string match, nothing resolved)."""
     cfg = me.security or security.load_config({})
-    if not listeners.home_allowed(address, cfg, me.addresses):
+    if not listeners.home_allowed(address, cfg, me.addresses | me.siblings):
         allowed = ", ".join(cfg.home_allowed) or "none but its own addresses (the default)"
         raise HomeError(grpc.StatusCode.PERMISSION_DENIED,
                         f"{what} address {address!r} is not in this sidecar's "

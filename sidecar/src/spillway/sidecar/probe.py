@@ -28,13 +28,15 @@ MAX_WORKERS = 2
 MAX_CONCURRENT_RPCS = 8
 
 
-def start_probe_server(address: str, servicer: health.HealthServicer) -> tuple[grpc.Server, str]:
+def start_probe_server(address: str, servicer: health.HealthServicer, *,
+                       reuse_port: bool = False) -> tuple[grpc.Server, str]:
     """Serve ``servicer`` on ``address`` (host:port, plaintext); returns the server and the
-    address actually bound (port 0 picks a free one)."""
+    address actually bound (port 0 picks a free one). ``reuse_port``: shared by the processes
+    of ``sidecar.processes`` (processes.py)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="spillway-probe"),
         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
-        options=[("grpc.so_reuseport", 0)],
+        options=[("grpc.so_reuseport", int(reuse_port))],
     )
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     try:

@@ -100,14 +100,18 @@ class Sidecar:
     listen_address: str = ""  # set by start_server once bound
     # advertised.address, else listen_address: RegisterJobResponse.home, the `peer` it names
     advertised_address: str = ""
+    # one of several processes behind listen.address (processes.py): its own port, and every
+    # process's advertised address (they may dial each other as a run's home)
+    process_port: int = 0
+    siblings: frozenset[str] = frozenset()
     _topics_checked: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def local(self) -> LocalSidecar:
         """What dialling another sidecar needs of this one (peers.py)."""
-        return LocalSidecar(self.instance_id, frozenset(
-            a for a in (self.advertised_address, self.listen_address) if a), self.security)
+        mine = frozenset(a for a in (self.advertised_address, self.listen_address) if a)
+        return LocalSidecar(self.instance_id, mine, self.security, self.siblings - mine)
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -150,7 +154,8 @@ class Sidecar:
             job=job, run_id=run_id, job_token=reg.token,
             effective_properties=dict(reg.settings.raw),
             home=run.home_address if run.home is not None else self.advertised_address,
-            home_instance_id=run.home_instance_id if run.home is not None else self.instance_id)
+            home_instance_id=run.home_instance_id if run.home is not None else self.instance_id,
+            process_port=self.process_port)
 
     def _register_again(self, run: Run, properties, home_addr: str,
                         request: pb.RegisterJobRequest, token: str,

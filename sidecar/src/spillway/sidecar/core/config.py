@@ -324,6 +324,13 @@ _PROPS: list[Prop] = [
     Prop("bootstrap.servers", p_str, "", "Kafka bootstrap servers for DLQ writes", job=False),
     Prop("sidecar.id", p_str, "", "this sidecar's name in summaries (default: host name)",
          job=False),
+    Prop("sidecar.processes", p_int(1, 64), "1",
+         "sidecar processes behind listen.address (Linux SO_REUSEPORT), to use more than one "
+         "core of a node: each has its own process port, spool (spool.dir/process-N) and run "
+         "state, and is started again when it exits (docs/DEPLOY.md)", job=False),
+    Prop("sidecar.processes.port.base", p_int(0, 65535), "0",
+         "with sidecar.processes > 1, process N listens and is advertised on this port + N "
+         "(0: the listen port + 1 + N, or free ports when that is 0)", job=False),
     Prop("spool.dir", p_str, "", "directory of the durable DLQ spool (default: a per-user "
          "state directory)", job=False),
     Prop("spool.enable", p_bool, "true", "spool DLQ records to disk before acknowledging",
