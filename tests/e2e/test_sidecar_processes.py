@@ -15,6 +15,7 @@ import uuid
 import grpc
 import pytest
 from spillway.client import SidecarClient, _pins
+from spillway.client.runs import JobRun, JobToken
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from support import serve
@@ -170,6 +171,45 @@ def test_one_run_over_both_processes_keeps_its_limit_and_one_dead_letter_per_rec
     assert values == [b"value of r%d" % i for i in range(5)]
     home_ch.close()
     node_ch.close()
+
+
+def test_a_run_has_one_home_whichever_process_its_registrations_reach(node):
+    _, address, _ = node
+    seen = {}
+    while len(seen) < 2:  # a connection on each process
+        ch, stub = _fresh_stub(address)
+        inst, advertised = _instance(stub)
+        if inst in seen:
+            ch.close()
+        else:
+            seen[inst] = (ch, stub, advertised)
+    (ch_a, a, addr_a), (ch_b, b, addr_b) = seen.values()
+    for i in range(8):
+        first, second = (a, b) if i % 2 else (b, a)
+        reg = first.RegisterJob(pb.RegisterJobRequest(job=f"one-home-{i}", run_id=f"r{i}"),
+                                timeout=10)
+        token = [("spillway-job-token", reg.job_token)]
+        again = second.RegisterJob(pb.RegisterJobRequest(job=f"one-home-{i}", run_id=f"r{i}"),
+                                   metadata=token, timeout=10)
+        assert (again.home, again.home_instance_id) == (reg.home, reg.home_instance_id)
+        assert reg.process_port == again.process_port == int(reg.home.rpartition(":")[2])
+        # no token: refused by the home, wherever the call lands
+        with pytest.raises(grpc.RpcError) as refused:
+            second.RegisterJob(pb.RegisterJobRequest(job=f"one-home-{i}", run_id=f"r{i}"),
+                               timeout=10)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # the process that forwarded it recorded nothing
+        other = addr_b if reg.home == addr_a else addr_a
+        och, ostub = _fresh_stub(other)
+        with pytest.raises(grpc.RpcError) as unknown:
+            ostub.GetJobSummary(pb.GetJobSummaryRequest(job=f"one-home-{i}", run_id=f"r{i}"),
+                                metadata=token, timeout=10)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        och.close()
+        SidecarClient(reg.home).end_job(
+            JobRun(f"one-home-{i}", f"r{i}", JobToken(reg.job_token)), timeout_s=10)
+    ch_a.close()
+    ch_b.close()
 
 
 def test_the_driver_reaches_the_runs_home_whatever_connection_it_gets(node):

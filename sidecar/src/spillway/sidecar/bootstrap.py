@@ -258,7 +258,7 @@ def start_server(
     if process is not None:  # its own port: where its runs are homed, and its siblings'
         sidecar.advertised_address = process.advertised
         sidecar.process_port = process.port
-        sidecar.siblings = frozenset(process.siblings)
+        sidecar.siblings = tuple(process.siblings)
     server.start()
     sidecar.registry.start_reaper(sidecar.expire)
     for name in ("", SERVICE_NAME) + ((KAFKA_HEALTH_SERVICE,) if sidecar.kafka else ()):

@@ -32,6 +32,7 @@ from .core.policy import PolicyEngine, run_key
 from .core.ports import SystemClock
 from .core.settings import JobSettings, job_settings
 from .core.tolerance import run_secret
+from .siblings import owner as owning_process, register_at_owner
 from .errors import (
     BackpressureError,
     ConfigError,
@@ -103,7 +104,7 @@ class Sidecar:
     # one of several processes behind listen.address (processes.py): its own port, and every
     # process's advertised address (they may dial each other as a run's home)
     process_port: int = 0
-    siblings: frozenset[str] = frozenset()
+    siblings: tuple[str, ...] = ()  # in process order (siblings.owner)
     _topics_checked: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -111,7 +112,7 @@ class Sidecar:
     def local(self) -> LocalSidecar:
         """What dialling another sidecar needs of this one (peers.py)."""
         mine = frozenset(a for a in (self.advertised_address, self.listen_address) if a)
-        return LocalSidecar(self.instance_id, mine, self.security, self.siblings - mine)
+        return LocalSidecar(self.instance_id, mine, self.security, frozenset(self.siblings) - mine)
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -137,6 +138,10 @@ class Sidecar:
                 "RegisterJob.peer is for sidecar-to-sidecar calls only (an authenticated peer)")
         home_addr = request.home.strip()
         existing = self.registry.get(job, run_id)
+        if existing is None and not home_addr and self.siblings:  # one home per run (siblings.py)
+            owner = owning_process(self.siblings, job, run_id)
+            if owner != self.advertised_address:
+                return register_at_owner(self.local, owner, request, token, timeout_s)
         if existing is not None:
             if not may_use(existing.digest, token):
                 raise access_error(job, run_id, token)

@@ -1,0 +1,40 @@
+"""Which process of a several-process sidecar (``sidecar.processes``, processes.py) is a new
+run's home.
+
+A driver's connection may land on any process, and so may a second registration of one run
+(another Job object, a driver process that lost its connection): were each process to home a
+run it does not know, one run could get two homes, each with its own error limit. So a run's
+home is decided by its name, not by where its registration landed: the process
+``owner(job, run id)`` of the siblings (a stable digest, the same in every process and after a
+restart, which keeps a restarted process the home of the runs it resumes). A registration
+without a home that lands elsewhere is forwarded there as it is (the caller's job token, this
+process's peer credentials) and its answer returned: the client pins to the owner's port.
+Nothing is recorded on the process that forwarded it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from spillway.v1 import sidecar_pb2 as pb
+
+from .peers import Home, LocalSidecar
+
+
+def owner(siblings: Sequence[str], job: str, run_id: str) -> str:
+    """The advertised address of the process that homes (job, run_id)."""
+    digest = hashlib.blake2b(f"{job}\0{run_id}".encode(), digest_size=8).digest()
+    return siblings[int.from_bytes(digest, "little") % len(siblings)]
+
+
+def register_at_owner(me: LocalSidecar, address: str, request: pb.RegisterJobRequest,
+                      token: str | None, timeout_s: float) -> pb.RegisterJobResponse:
+    """The home-less registration, made at the owning process (HomeError relays its answer)."""
+    remote = Home.connect(address, me)
+    remote.role = "the process that homes this run"
+    try:
+        return remote.register(request.job, request.run_id, request.properties, token=token,
+                               timeout_s=timeout_s)
+    finally:
+        remote.close()
