@@ -73,3 +73,20 @@ def per_core_ceiling(us: float) -> float:
     if us <= 0:
         raise ValueError(f"us: CPU per record must be > 0 to project a ceiling, got {us}")
     return 1e6 / us
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (e.g. the processes of a `sidecar.processes`
+    supervisor), from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry))
+    return sorted(out)

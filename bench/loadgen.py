@@ -59,7 +59,13 @@ class Run:
             from spillway.client.runs import JobRun, JobToken
 
             run = JobRun(self.job, "bench", JobToken(f"bench-token-{self.job}"))
-            if cmd.get("home"):
+            if cmd.get("home_registered"):
+                # the run was registered at its home by the harness, as a driver in its own
+                # process: this executor registers only at its node, naming that home
+                home = cmd["home_registered"]
+                self.job = self.client.register_job(run, cmd["props"], home=home["home"],
+                                                    home_instance_id=home["home_instance_id"])
+            elif cmd.get("home"):
                 # a cluster: the run is registered at its home first (as the driver does), then
                 # at this executor's node sidecar naming that home, which forwards each report
                 # to it (decide_only) and dead-letters locally

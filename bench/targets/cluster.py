@@ -28,6 +28,7 @@ from ..model import Figure, TargetResult, absolute_check, fmt
 from ..profiling import Recording, section
 from ..runner import Context
 from .common import alternate_runs, dlq_props, profiled
+from .node_processes import NodeProcesses, run_node_processes
 
 NODE_COUNTS = (1, 2, 4)
 CLIENTS = 4
@@ -267,7 +268,13 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
         "nodes and the broker), so it is reported beside it with how busy the home was. (c) "
         "Per call: the same stand-ins send 1 record per call, "
         f"{200 if ctx.short else 1_000:,} calls each; the home's CPU per call is what a call "
-        "costs whatever it carries.")
+        "costs whatever it carries. (d) Several processes per node: one node sidecar with "
+        "`sidecar.processes=2` against one with a single process (alternated); the harness "
+        "registers the run at the node's address (as a driver in its own process), the same "
+        f"{CLIENTS} clients register at that address naming the home it answered and report "
+        f"{per_client:,} records each; connections land on either process, and reports "
+        "reaching the process that is not the run's home are tallied with it. CPU is all the "
+        "node's processes together (its supervisor included) per dead-lettered record.")
     cluster = _Cluster(ctx, per_client)
     figs = {n: _figures(result, n) for n in NODE_COUNTS}
 
@@ -311,6 +318,9 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
                    warmup=True, label="(c) ")
     _judge(result, figs, sat_rate, sat_busy)
     result.notes.append(_per_call_reading(call_us, sat_us))
+    # (d) one node of 2 processes against one process (processes.py)
+    run_node_processes(ctx, result, NodeProcesses(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
+                                                  BATCH, per_client))
     if ctx.sizes.profile and result.met is False:
         _profile(ctx, result, cluster)
 
