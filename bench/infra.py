@@ -204,17 +204,21 @@ class Infra:
     _sidecars: list[SidecarProcess] = field(default_factory=list)
     _spark: object | None = None
     _closers: list = field(default_factory=list)
+    _broker_lock: threading.Lock = field(default_factory=threading.Lock)
 
     # --- broker -------------------------------------------------------------------------------
 
     @property
     def broker(self):
-        if self._broker is None:
-            from spillway.sidecar.embedded import EmbeddedBroker
+        # under a lock: target 11 starts its sidecars from several threads, and each used to
+        # start a broker of its own (all but one leaked, and measured as the wrong one)
+        with self._broker_lock:
+            if self._broker is None:
+                from spillway.sidecar.embedded import EmbeddedBroker
 
-            self._broker = EmbeddedBroker(
-                log_path=os.path.join(self.workdir, "tansu.log")).start()
-        return self._broker
+                self._broker = EmbeddedBroker(
+                    log_path=os.path.join(self.workdir, "tansu.log")).start()
+            return self._broker
 
     @property
     def bootstrap(self) -> str:

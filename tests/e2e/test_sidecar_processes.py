@@ -19,6 +19,7 @@ from spillway.client.runs import JobRun, JobToken
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from support import serve
+from support.records import value_errors
 from support.kafka import read_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -26,12 +27,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TASK = pb.TaskIdentity(stage_id=1, partition_id=0, task_attempt_id=1)
 
 
-def _records(*ids):
-    return [pb.FailedRecord(
-        record_id=rid, stage=pb.STAGE_TRANSFORMATION, function_name="app.parse",
-        key=rid.encode(), value=b"value of " + rid.encode(),
-        exception=pb.ExceptionInfo(class_name="builtins.ValueError", message="bad",
-                                   class_chain=["builtins.ValueError"])) for rid in ids]
+_records = value_errors
 
 
 def _children(pid: int) -> list[int]:

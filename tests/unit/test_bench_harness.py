@@ -560,3 +560,49 @@ def test_cluster_run_figures_per_record_and_home_busy_share():
     with pytest.raises(ValueError, match="report_s"):
         ClusterRun(records=1, report_s=0.0, home_cpu_s=0, node_cpu_s=0,
                    client_cpu_s=0).per_record()
+
+
+def test_the_broker_is_started_once_when_many_threads_ask_for_it(monkeypatch, tmp_path):
+    import threading
+    import time
+
+    from bench import infra
+    from spillway.sidecar import embedded
+
+    started = []
+
+    class OneBroker:
+        def __init__(self, log_path=None):
+            self.log_path = log_path
+
+        def start(self):
+            time.sleep(0.05)  # a real start takes a while: every thread asks meanwhile
+            started.append(self)
+            return self
+
+    monkeypatch.setattr(embedded, "EmbeddedBroker", OneBroker)
+    box = infra.Infra(workdir=str(tmp_path))
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(box.broker)) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(started) == 1 and all(b is started[0] for b in seen)
+
+
+def test_cpu_children_are_the_live_child_processes(tmp_path):
+    import subprocess
+    import sys
+
+    from bench import cpu
+
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+            for _ in range(2)]
+    try:
+        assert set(p.pid for p in kids) <= set(cpu.children(os.getpid()))
+    finally:
+        for p in kids:
+            p.kill()
+            p.wait()
+    assert not set(p.pid for p in kids) & set(cpu.children(os.getpid()))

@@ -9,7 +9,6 @@ pages are built by status_page.py; `bootstrap.start_server` builds, serves and s
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from collections import Counter
@@ -36,14 +35,11 @@ from .siblings import owner as owning_process, register_at_owner
 from .errors import (
     BackpressureError,
     ConfigError,
-    DlqError,
     JobAccessError,
     JobConflictError,
-    KafkaUnreachableError,
-    TopicGuardrailError,
     UnknownJobError,
 )
-from .health import KafkaWatch, quiet_librdkafka
+from .health import KafkaWatch
 from .peers import Home, HomeError, LocalSidecar, end_on_node, resolve_home
 from .registry import (
     MAX_TOKEN_CHARS,
@@ -60,12 +56,9 @@ from .registry import (
 from .runstate import RunStore
 from .status_page import status_page
 from .telemetry import Telemetry
+from .topic_checks import TopicChecks, kafka_conf
 
 log = logging.getLogger("spillway.sidecar")
-
-# librdkafka answers a little after its timeout: the topic check leaves this much of the deadline
-_KAFKA_ANSWER_MARGIN_S = 0.75
-
 
 def _caller() -> Caller:
     """Who is calling (authenticated by `security`'s interceptor before any servicer code)."""
@@ -105,8 +98,9 @@ class Sidecar:
     # process's advertised address (they may dial each other as a run's home)
     process_port: int = 0
     siblings: tuple[str, ...] = ()  # in process order (siblings.owner)
-    _topics_checked: set = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._topics = TopicChecks(self.props)  # a run's DLQ topic, once per topic
 
     @property
     def local(self) -> LocalSidecar:
@@ -204,7 +198,7 @@ class Sidecar:
                     f"job {job!r} names DLQ topic {settings.dlq.topic!r} but this sidecar has "
                     "no bootstrap.servers to write it to",
                 )
-            self._ensure_topic(settings, timeout_s)
+            self._topics.ensure(settings, timeout_s)
         return settings
 
     def _create(self, job: str, run_id: str, properties, token: str,
@@ -273,29 +267,7 @@ class Sidecar:
         return _Registered(settings, run, token)
 
     def kafka_conf(self) -> dict:
-        return quiet_librdkafka({"bootstrap.servers": self.props["bootstrap.servers"],
-                                 **self.props.get("_kafka_overrides", {})})
-
-    def _ensure_topic(self, settings: JobSettings, timeout_s: float) -> None:
-        """Within the caller's deadline (less a margin for our answer); a Kafka that does not
-        answer is KafkaUnreachableError, which RegisterJob answers FAILED_PRECONDITION."""
-        from .dlq.admin import ensure_topic
-
-        key = (settings.dlq.topic, settings.dlq.auto_create)
-        with self._lock:
-            if key in self._topics_checked:
-                return
-        budget = max(0.5, min(timeout_s - _KAFKA_ANSWER_MARGIN_S, 15.0))
-        try:
-            ensure_topic(self.kafka_conf(), settings.dlq, timeout_s=budget,
-                         required_prefix=self.props["dlq.topic.required.prefix"],
-                         auto_create_allowed=self.props["dlq.topic.auto.create.allow"])
-        except TopicGuardrailError:
-            raise
-        except DlqError as exc:
-            raise KafkaUnreachableError(self.props["bootstrap.servers"], str(exc)) from exc
-        with self._lock:
-            self._topics_checked.add(key)
+        return kafka_conf(self.props)
 
     # --- reports -----------------------------------------------------------------------------
 

@@ -1,0 +1,14 @@
+"""Failed records for tests that drive a sidecar by hand."""
+
+from __future__ import annotations
+
+from spillway.v1 import sidecar_pb2 as pb
+
+
+def value_errors(*ids: str) -> list[pb.FailedRecord]:
+    """One transformation-stage ValueError record per id: key ``id``, value ``value of id``."""
+    return [pb.FailedRecord(
+        record_id=rid, stage=pb.STAGE_TRANSFORMATION, function_name="app.parse",
+        key=rid.encode(), value=b"value of " + rid.encode(),
+        exception=pb.ExceptionInfo(class_name="builtins.ValueError", message="bad",
+                                   class_chain=["builtins.ValueError"])) for rid in ids]
