@@ -196,16 +196,47 @@ def test_a_run_has_one_home_whichever_process_its_registrations_reach(node):
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         # the process that forwarded it recorded nothing
         other = addr_b if reg.home == addr_a else addr_a
+        hch, hstub = _fresh_stub(reg.home)
+        assert len(hstub.GetStatus(pb.GetStatusRequest(job=f"one-home-{i}"), metadata=token,
+                                   timeout=10).jobs) == 1
+        hch.close()
         och, ostub = _fresh_stub(other)
-        with pytest.raises(grpc.RpcError) as unknown:
-            ostub.GetJobSummary(pb.GetJobSummaryRequest(job=f"one-home-{i}", run_id=f"r{i}"),
-                                metadata=token, timeout=10)
-        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        assert not ostub.GetStatus(pb.GetStatusRequest(job=f"one-home-{i}"), metadata=token,
+                                   timeout=10).jobs
         och.close()
         SidecarClient(reg.home).end_job(
             JobRun(f"one-home-{i}", f"r{i}", JobToken(reg.job_token)), timeout_s=10)
     ch_a.close()
     ch_b.close()
+
+
+def test_a_drivers_summary_and_end_reach_the_home_from_the_other_process(node):
+    _, address, _ = node
+    driver = SidecarClient(address)
+    run = driver.register_job("elsewhere", {})
+    ch, other = _stub_on(address, run.home_instance_id, other=True)
+    token = [("spillway-job-token", run.job_token.reveal())]
+    req = pb.GetJobSummaryRequest(job=run.job, run_id=run.run_id)
+    assert other.GetJobSummary(req, metadata=token, timeout=10).job == run.job
+    for md, code in (([("spillway-job-token", "not-the-token")],
+                      grpc.StatusCode.PERMISSION_DENIED),
+                     (None, grpc.StatusCode.NOT_FOUND)):
+        with pytest.raises(grpc.RpcError) as refused:
+            other.GetJobSummary(req, metadata=md, timeout=10)
+        assert refused.value.code() == code
+        with pytest.raises(grpc.RpcError) as refused:
+            other.EndJob(pb.EndJobRequest(job=run.job, run_id=run.run_id), metadata=md,
+                         timeout=10)
+        assert refused.value.code() == code
+    assert f"would be homed at process {run.home}" in refused.value.details()
+    assert driver.job_summary(run).job == run.job  # refused calls ended nothing
+    answer = other.EndJob(pb.EndJobRequest(job=run.job, run_id=run.run_id), metadata=token,
+                          timeout=10)
+    assert answer.summaries[0].job == run.job
+    with pytest.raises(grpc.RpcError) as gone:
+        other.GetJobSummary(req, metadata=token, timeout=10)
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+    ch.close()
 
 
 def test_the_driver_reaches_the_runs_home_whatever_connection_it_gets(node):

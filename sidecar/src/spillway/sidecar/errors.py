@@ -34,15 +34,16 @@ class JobError(SpillwayError):
 
 
 class UnknownJobError(JobError, KeyError):
-    def __init__(self, job: str, run_id: str = "") -> None:
+    def __init__(self, job: str, run_id: str = "", hint: str = "") -> None:
         self.job = job
         self.run_id = run_id
+        self.hint = hint
         super().__init__(job)
 
     def __str__(self) -> str:
         run = f" run {self.run_id!r}" if self.run_id else ""
         return (f"job {self.job!r}{run} is not registered with this sidecar (call RegisterJob "
-                f"first; a run that ended or expired must be registered again)")
+                f"first; a run that ended or expired must be registered again){self.hint}")
 
 
 class JobConflictError(JobError):

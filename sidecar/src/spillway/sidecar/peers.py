@@ -206,6 +206,11 @@ class Home:
         fwd.progress_only = True
         self._call("FlushTask", self.stub.FlushTask, fwd, timeout_s, token)
 
+    def summary(self, job: str, run_id: str, *, token: str | None,
+                timeout_s: float) -> pb.JobSummary:
+        return self._call("GetJobSummary", self.stub.GetJobSummary, pb.GetJobSummaryRequest(
+            job=job, run_id=run_id), timeout_s, token)
+
     def end(self, job: str, run_id: str, *, token: str | None, timeout_s: float,
             local_only: bool = False) -> pb.EndJobResponse:
         return self._call("EndJob", self.stub.EndJob, pb.EndJobRequest(

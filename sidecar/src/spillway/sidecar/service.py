@@ -21,7 +21,7 @@ import grpc
 
 from spillway.v1 import sidecar_pb2 as pb
 
-from . import memtune, security, tallying
+from . import memtune, security, siblings, tallying
 from .adapters import convert
 from .admission import Admission
 from .core.dlq_record import DlqBuilder
@@ -31,7 +31,6 @@ from .core.policy import PolicyEngine, run_key
 from .core.ports import SystemClock
 from .core.settings import JobSettings, job_settings
 from .core.tolerance import run_secret
-from .siblings import owner as owning_process, register_at_owner
 from .errors import (
     BackpressureError,
     ConfigError,
@@ -132,10 +131,10 @@ class Sidecar:
                 "RegisterJob.peer is for sidecar-to-sidecar calls only (an authenticated peer)")
         home_addr = request.home.strip()
         existing = self.registry.get(job, run_id)
-        if existing is None and not home_addr and self.siblings:  # one home per run (siblings.py)
-            owner = owning_process(self.siblings, job, run_id)
-            if owner != self.advertised_address:
-                return register_at_owner(self.local, owner, request, token, timeout_s)
+        owner = "" if existing or home_addr else siblings.elsewhere(
+            self.siblings, self.advertised_address, job, run_id)
+        if owner:  # one home per run, whichever process this reached (siblings.py)
+            return siblings.register_at_owner(self.local, owner, request, token, timeout_s)
         if existing is not None:
             if not may_use(existing.digest, token):
                 raise access_error(job, run_id, token)
@@ -411,8 +410,13 @@ class Sidecar:
     # --- summaries, status, end --------------------------------------------------------------
 
     def job_summary(self, job: str, run_id: str, *, token: str | None) -> pb.JobSummary:
-        run = self.run_for(job, check_run_id(run_id), token)
-        return self.summary_pb(run.key)
+        run_id = check_run_id(run_id)
+        if self.registry.get(job, run_id) is None:
+            owner = siblings.elsewhere(self.siblings, self.advertised_address, job, run_id)
+            if owner and token:  # homed at another process of this sidecar (siblings.py)
+                return siblings.summary_at_owner(self.local, owner, job, run_id, token, 10.0)
+            raise siblings.unknown_here(owner, job, run_id)
+        return self.summary_pb(self.run_for(job, run_id, token).key)
 
     def summary_pb(self, key: str) -> pb.JobSummary:
         return convert.summary_to_pb(self.engine.summary(key), self.sidecar_id)
@@ -446,7 +450,11 @@ class Sidecar:
                                  "(an authenticated peer)")
         run = self.registry.get(job, run_id)
         if run is None:
-            raise UnknownJobError(job, run_id)
+            owner = ("" if request.local_only else
+                     siblings.elsewhere(self.siblings, self.advertised_address, job, run_id))
+            if owner and token:  # homed at another process of this sidecar (siblings.py)
+                return siblings.end_at_owner(self.local, owner, job, run_id, token, timeout_s)
+            raise siblings.unknown_here(owner, job, run_id)
         if not may_end(caller, run.digest, token, local_only=request.local_only):
             raise access_error(job, run_id, token)
         deadline = time.monotonic() + timeout_s

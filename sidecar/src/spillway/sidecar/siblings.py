@@ -10,6 +10,11 @@ restart, which keeps a restarted process the home of the runs it resumes). A reg
 without a home that lands elsewhere is forwarded there as it is (the caller's job token, this
 process's peer credentials) and its answer returned: the client pins to the owner's port.
 Nothing is recorded on the process that forwarded it.
+
+A driver's summary or EndJob of a run this process does not know goes to the owner the same
+way when the caller presents the run's job token (a driver older than the client pin, or one
+whose connection was made again); without one (an operator's credential is not passed on) the
+NOT_FOUND names the process to ask.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import Sequence
 
 from spillway.v1 import sidecar_pb2 as pb
 
+from .errors import UnknownJobError
 from .peers import Home, LocalSidecar
 
 
@@ -36,5 +42,39 @@ def register_at_owner(me: LocalSidecar, address: str, request: pb.RegisterJobReq
     try:
         return remote.register(request.job, request.run_id, request.properties, token=token,
                                timeout_s=timeout_s)
+    finally:
+        remote.close()
+
+
+def elsewhere(siblings: Sequence[str], me: str, job: str, run_id: str) -> str:
+    """The owning process of (job, run_id) when that is not this one, else ''."""
+    if not siblings:
+        return ""
+    found = owner(siblings, job, run_id)
+    return "" if found == me else found
+
+
+def unknown_here(owner_address: str, job: str, run_id: str) -> UnknownJobError:
+    return UnknownJobError(job, run_id, hint=(
+        f"; this sidecar is one of several processes (sidecar.processes), and the run would be "
+        f"homed at process {owner_address}: ask it there" if owner_address else ""))
+
+
+def summary_at_owner(me: LocalSidecar, address: str, job: str, run_id: str, token: str,
+                     timeout_s: float) -> pb.JobSummary:
+    remote = Home.connect(address, me)
+    remote.role = "the process that homes this run"
+    try:
+        return remote.summary(job, run_id, token=token, timeout_s=timeout_s)
+    finally:
+        remote.close()
+
+
+def end_at_owner(me: LocalSidecar, address: str, job: str, run_id: str, token: str,
+                 timeout_s: float) -> pb.EndJobResponse:
+    remote = Home.connect(address, me)
+    remote.role = "the process that homes this run"
+    try:
+        return remote.end(job, run_id, token=token, timeout_s=timeout_s)
     finally:
         remote.close()
