@@ -20,7 +20,8 @@ NOT_FOUND names the process to ask.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from spillway.v1 import sidecar_pb2 as pb
 
@@ -32,18 +33,6 @@ def owner(siblings: Sequence[str], job: str, run_id: str) -> str:
     """The advertised address of the process that homes (job, run_id)."""
     digest = hashlib.blake2b(f"{job}\0{run_id}".encode(), digest_size=8).digest()
     return siblings[int.from_bytes(digest, "little") % len(siblings)]
-
-
-def register_at_owner(me: LocalSidecar, address: str, request: pb.RegisterJobRequest,
-                      token: str | None, timeout_s: float) -> pb.RegisterJobResponse:
-    """The home-less registration, made at the owning process (HomeError relays its answer)."""
-    remote = Home.connect(address, me)
-    remote.role = "the process that homes this run"
-    try:
-        return remote.register(request.job, request.run_id, request.properties, token=token,
-                               timeout_s=timeout_s)
-    finally:
-        remote.close()
 
 
 def elsewhere(siblings: Sequence[str], me: str, job: str, run_id: str) -> str:
@@ -60,21 +49,32 @@ def unknown_here(owner_address: str, job: str, run_id: str) -> UnknownJobError:
         f"homed at process {owner_address}: ask it there" if owner_address else ""))
 
 
-def summary_at_owner(me: LocalSidecar, address: str, job: str, run_id: str, token: str,
-                     timeout_s: float) -> pb.JobSummary:
+@contextmanager
+def _owner(me: LocalSidecar, address: str) -> Iterator[Home]:
+    """The owning process, dialled as any home is (HomeError relays its answer)."""
     remote = Home.connect(address, me)
     remote.role = "the process that homes this run"
     try:
-        return remote.summary(job, run_id, token=token, timeout_s=timeout_s)
+        yield remote
     finally:
         remote.close()
+
+
+def register_at_owner(me: LocalSidecar, address: str, request: pb.RegisterJobRequest,
+                      token: str | None, timeout_s: float) -> pb.RegisterJobResponse:
+    """The home-less registration, made at the owning process."""
+    with _owner(me, address) as remote:
+        return remote.register(request.job, request.run_id, request.properties, token=token,
+                               timeout_s=timeout_s)
+
+
+def summary_at_owner(me: LocalSidecar, address: str, job: str, run_id: str, token: str,
+                     timeout_s: float) -> pb.JobSummary:
+    with _owner(me, address) as remote:
+        return remote.summary(job, run_id, token=token, timeout_s=timeout_s)
 
 
 def end_at_owner(me: LocalSidecar, address: str, job: str, run_id: str, token: str,
                  timeout_s: float) -> pb.EndJobResponse:
-    remote = Home.connect(address, me)
-    remote.role = "the process that homes this run"
-    try:
+    with _owner(me, address) as remote:
         return remote.end(job, run_id, token=token, timeout_s=timeout_s)
-    finally:
-        remote.close()
