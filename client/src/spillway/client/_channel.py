@@ -25,6 +25,8 @@ import grpc
 from ._auth import ChannelSecurity, MetadataInterceptor
 
 SERVICE = "spillway.v1.ErrorSidecar"
+# gRPC target schemes (resolve_target accepts them as they are; `_pins` leaves them unpinned)
+SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")
 
 RETRY_POLICY = {
     "maxAttempts": 5,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from ._channel import SCHEMES
+
 MAX_PINS = 10_000
 
 _lock = threading.Lock()
@@ -23,8 +25,7 @@ _pins: OrderedDict[tuple[str, str, str], str] = OrderedDict()
 def pinned_target(target: str, port: int) -> str:
     """``target`` with its port replaced ('' when it is not host:port: a Unix socket, a
     scheme the resolver expands)."""
-    if not port or "://" in target or target.startswith(("unix:", "dns:", "ipv4:", "ipv6:",
-                                                         "vsock:", "unix-abstract:")):
+    if not port or "://" in target or target.startswith(SCHEMES):
         return ""
     host, sep, _ = target.rpartition(":")
     return f"{host}:{int(port)}" if sep and host else ""

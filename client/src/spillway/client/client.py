@@ -33,7 +33,6 @@ from .runs import JobRun, JobToken, Registration, as_run, new_run_id
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
-_SCHEMES = ("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:", "vsock:")
 
 StageKey = tuple[int | str, str] | int | str
 
@@ -46,7 +45,7 @@ def resolve_target(target: str | None = None, *, address_env: str = ADDRESS_ENV)
     if not target:
         return DEFAULT_TARGET
     target = target.strip()
-    if not target.startswith(_SCHEMES) and (":" not in target or target.endswith(":")):
+    if not target.startswith(_channel.SCHEMES) and (":" not in target or target.endswith(":")):
         raise ValueError(
             f"{source}: expected host:port or unix:///path for the spillway sidecar, "
             f"got {target!r}")

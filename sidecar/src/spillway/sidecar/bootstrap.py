@@ -37,6 +37,7 @@ from .health import KAFKA_HEALTH_SERVICE, KafkaWatch
 from .probe import start_probe_server
 from .registry import Registry
 from .service import Sidecar
+from .topic_checks import kafka_conf
 
 if TYPE_CHECKING:
     from .processes import ProcessRole
@@ -218,7 +219,7 @@ def start_server(
         sidecar.admission = Admission(sidecar.pipeline.store,
                                       low_water_percent=sidecar.props["spool.low.water.percent"])
         sidecar.kafka = KafkaWatch(
-            sidecar.kafka_conf(),
+            kafka_conf(sidecar.props),
             interval_s=sidecar.props["kafka.check.interval.ms"] / 1000).start()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="spillway-rpc"),
@@ -244,15 +245,19 @@ def start_server(
                                sidecar.props["listen.unix.socket.group"])
         address = f"unix://{path}"
     if tcp:
-        host, _, port = tcp.rpartition(":")
+        host = tcp.rpartition(":")[0]
         creds = listeners.TlsReloader(sec.tls).server_credentials() if sec.tls else None
-        for where in (tcp, process.process_address()) if process is not None else (tcp,):
+
+        def bind(where: str) -> int:
             bound = (server.add_secure_port(where, creds) if creds is not None
                      else server.add_insecure_port(where))
             if bound == 0:
                 raise ConfigError("listen.address", f"cannot bind {where}")
-        bound = int(port) if process is not None else bound
-        address = f"{host}:{bound}"  # port 0 picks a free port: report the real one
+            return bound
+
+        address = f"{host}:{bind(tcp)}"  # port 0 picks a free port: report the real one
+        if process is not None:  # and its own port, with the same credentials
+            bind(process.process_address())
     sidecar.listen_address = address
     sidecar.advertised_address = sec.advertised_address or listeners.default_advertised(address)
     if process is not None:  # its own port: where its runs are homed, and its siblings'

@@ -141,22 +141,20 @@ class Supervisor:
     """Starts the processes, restarts one that exits, stops them all on a signal."""
 
     def __init__(self, children: list[_Child], reserved: list[socket.socket],
-                 address: str, grace_s: float) -> None:
+                 grace_s: float) -> None:
         self.children = children
         self.reserved = reserved
-        self.address = address
         self.grace_s = grace_s
-        self.stopping = threading.Event()
 
     def _spawn(self, child: _Child) -> None:
         child.ready = threading.Event()
         child.started_at = time.monotonic()
         child.proc = subprocess.Popen(child.argv, stdout=subprocess.PIPE, text=True)
-        threading.Thread(target=self._read, args=(child, child.proc, child.ready),
+        threading.Thread(target=self._read, args=(child.proc, child.ready),
                          name=f"spillway-process-{child.role.index}", daemon=True).start()
 
     @staticmethod
-    def _read(child: _Child, proc: subprocess.Popen, ready: threading.Event) -> None:
+    def _read(proc: subprocess.Popen, ready: threading.Event) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             if not ready.is_set() and _LISTENING.search(line):
@@ -166,15 +164,14 @@ class Supervisor:
             sys.stdout.flush()
 
     def start(self, timeout_s: float = 120.0) -> None:
-        """Every process serving, or ConfigError (the others stopped) naming the one that
-        did not start: its own message is on stderr already."""
+        """Every process serving, or ConfigError naming the one that did not start (its own
+        message is on stderr already); the caller stops the others."""
         for child in self.children:
             self._spawn(child)
         deadline = time.monotonic() + timeout_s
         for child in self.children:
             while not child.ready.wait(0.1):
                 if child.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
                     raise ConfigError("sidecar.processes",
                                       f"process {child.role.index} did not start (exit code "
                                       f"{child.proc.returncode}; its error is above)")
@@ -201,7 +198,6 @@ class Supervisor:
                     self._spawn(child)
 
     def stop(self) -> None:
-        self.stopping.set()
         live = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
         for p in live:
             p.terminate()
@@ -224,12 +220,12 @@ def plan(argv: list[str], raw: Mapping[str, str], props: Mapping[str, object],
 
     check_supported(props)
     n = int(props["sidecar.processes"])
-    host, port = listeners.split_host_port(str(props["listen.address"]))
-    reserved = [_reserve(host, int(port), "listen.address")]
-    port = reserved[0].getsockname()[1]
+    host, given = listeners.split_host_port(str(props["listen.address"]))
+    reserved = [_reserve(host, int(given), "listen.address")]
+    port = reserved[0].getsockname()[1]  # the given one, or a free one for port 0
     listen = _join(host, port)
     base = int(props["sidecar.processes.port.base"])
-    if not base and int(props["listen.address"].rpartition(":")[2]):
+    if not base and int(given):  # port 0 (tests): free process ports too
         base = port + 1
     ports = []
     for i in range(n):
@@ -267,7 +263,7 @@ def supervise(args: argparse.Namespace, raw: Mapping[str, str], props: Mapping[s
     """`spillway serve` with sidecar.processes > 1: returns the exit code."""
     children, reserved, listen = plan(list(args.argv), raw, props)
     # each process stops within its own grace (shutdown.py); this waits that long and a margin
-    sup = Supervisor(children, reserved, listen, int(props["shutdown.grace.ms"]) / 1000)
+    sup = Supervisor(children, reserved, int(props["shutdown.grace.ms"]) / 1000)
     done = threading.Event()
 
     def _stop(signum, _frame):
@@ -278,15 +274,10 @@ def supervise(args: argparse.Namespace, raw: Mapping[str, str], props: Mapping[s
     signal.signal(signal.SIGINT, _stop)
     try:
         sup.start()
-    except BaseException:
-        for s in reserved:
-            s.close()
-        raise
-    processes = ", ".join(c.role.advertised for c in children)
-    print(f"spillway sidecar listening on {listen} ({len(children)} processes: {processes})",
-          flush=True)
-    try:
+        processes = ", ".join(c.role.advertised for c in children)
+        print(f"spillway sidecar listening on {listen} ({len(children)} processes: "
+              f"{processes})", flush=True)
         sup.watch(done)
     finally:
-        sup.stop()
+        sup.stop()  # the processes started, and the reserved ports
     return 0

@@ -55,7 +55,7 @@ from .registry import (
 from .runstate import RunStore
 from .status_page import status_page
 from .telemetry import Telemetry
-from .topic_checks import TopicChecks, kafka_conf
+from .topic_checks import TopicChecks
 
 log = logging.getLogger("spillway.sidecar")
 
@@ -264,9 +264,6 @@ class Sidecar:
         if run.home is not remote:
             remote.close()
         return _Registered(settings, run, token)
-
-    def kafka_conf(self) -> dict:
-        return kafka_conf(self.props)
 
     # --- reports -----------------------------------------------------------------------------
 
