@@ -37,6 +37,15 @@ def _template(value_size: int):
         key=key_bytes(0), value=value_bytes(0, value_size), timestamp_ms=1763700000000)
 
 
+def _failure_template(value_size: int):
+    from spillway.client import columns
+
+    return columns.failure(
+        "template", "TRANSFORMATION", poison_exception(0),
+        function_name="bench.workloads.parse_order", source=(SOURCE_TOPIC, 0, 0),
+        key=key_bytes(0), value=value_bytes(0, value_size), timestamp_ms=1763700000000)
+
+
 class Run:
     def __init__(self, cmd: dict) -> None:
         from spillway.client import SidecarClient
@@ -83,6 +92,10 @@ class Run:
                                     task_attempt_id=run_no * 100_000 + self.index,
                                     executor_id=str(self.index), host=socket.gethostname())
         self.tpl = _template(int(cmd.get("value_size", 200)))
+        # as the Spark integration reports (columns, to a sidecar that takes them), unless the
+        # run compares against FailedRecord messages
+        self.ftpl = _failure_template(int(cmd.get("value_size", 200))) \
+            if cmd.get("columns", True) else None
         self.decide = None
         if cmd.get("peer_token_file"):
             self.decide = self._decide_only(cmd["target"], cmd["peer_token_file"])
@@ -127,6 +140,15 @@ class Run:
         return decide
 
     def _batch(self, start: int, n: int) -> list:
+        if self.ftpl is not None:
+            from spillway.client.columns import Failure
+
+            t, prefix, part = self.ftpl, self.prefix, self.index
+            topic = t.source[0]
+            return [Failure(f"{prefix}-{i}", t.stage, t.custom_stage, t.function_name,
+                            t.payload, t.exception, t.kind, (topic, part, i), t.key, t.value,
+                            t.headers, t.timestamp_ms, t.attempt, t.traceparent, t.tracestate)
+                    for i in range(start, start + n)]
         pb, tpl, prefix = self.pb, self.tpl, self.prefix
         out = []
         for i in range(start, start + n):

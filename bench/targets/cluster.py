@@ -29,6 +29,7 @@ from ..profiling import Recording, section
 from ..runner import Context
 from .common import alternate_runs, dlq_props, profiled
 from .node_processes import NodeProcesses, run_node_processes
+from .report_format import ReportFormats, run_report_formats
 
 NODE_COUNTS = (1, 2, 4)
 CLIENTS = 4
@@ -274,7 +275,11 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
         f"{CLIENTS} clients register at that address naming the home it answered and report "
         f"{per_client:,} records each; connections land on either process, and reports "
         "reaching the process that is not the run's home are tallied with it. CPU is all the "
-        "node's processes together (its supervisor included) per dead-lettered record.")
+        "node's processes together (its supervisor included) per dead-lettered record. (e) "
+        "Report formats: one node sidecar, the same clients and records reported as columns "
+        "(RecordColumns, what spillway.spark sends a sidecar that takes them; also what (a) "
+        "and (d) send) or as one FailedRecord message per record (older clients), alternated; "
+        "CPU of the node and of the clients per dead-lettered record.")
     cluster = _Cluster(ctx, per_client)
     figs = {n: _figures(result, n) for n in NODE_COUNTS}
 
@@ -320,6 +325,9 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
     result.notes.append(_per_call_reading(call_us, sat_us))
     # (d) one node of 2 processes against one process (processes.py)
     run_node_processes(ctx, result, NodeProcesses(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
+                                                  BATCH, per_client))
+    # (e) one node fed columns against FailedRecord messages (report_format.py)
+    run_report_formats(ctx, result, ReportFormats(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
                                                   BATCH, per_client))
     if ctx.sizes.profile and result.met is False:
         _profile(ctx, result, cluster)
@@ -368,8 +376,8 @@ def _reading(figs: dict[int, _Figs]) -> str:
             f"{fmt(HOME_RATE_TARGET * home_us / 1e6)} cores of home work at today's cost."
             if home_us else "")
     return ("CPU per failed record, medians, by role (the client figure includes building "
-            "each protobuf record from a template, not formatting a new exception: target 4 "
-            "measures the executor side in Spark): " + "; ".join(parts) + "." + need)
+            "each record, a columns.Failure, from a template, not formatting a new exception: "
+            "target 4 measures the executor side in Spark): " + "; ".join(parts) + "." + need)
 
 
 def _per_call_reading(call_us: Figure, sat_us: Figure) -> str:

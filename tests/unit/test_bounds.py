@@ -216,7 +216,8 @@ def test_every_request_field_is_covered_by_a_check():
     enums and bools, whose every value the servicer handles)."""
     import inspect
     src = inspect.getsource(v)
-    boundless = {"decide_only", "progress_only", "local_only", "stage", "payload",
+    boundless = {"decide_only", "progress_only", "local_only", "verdict_columns", "stage",
+                 "payload",
                  "marker_category", "kafka_retriable", "kafka_fatal",
                  "kafka_txn_requires_abort", "exception", "source", "task", "key", "value",
                  "job", "run_id", "record_id", "records", "processed", "value"}

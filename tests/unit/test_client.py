@@ -281,3 +281,44 @@ def test_trace_context_travels_in_the_call_metadata(scripted):
     with trace.use_span(NonRecordingSpan(ctx)):
         SidecarClient(scripted.target, trace_calls=False).status()
     assert "traceparent" not in scripted.calls[-1][2]
+
+
+def _failures(n):
+    from spillway.client import columns
+
+    try:
+        raise ValueError("bad")
+    except ValueError as exc:
+        return [columns.failure(f"t/0/{i}", "TRANSFORMATION", exc, key=b"k") for i in range(n)]
+
+
+def test_failures_go_as_messages_to_a_sidecar_that_takes_no_columns(scripted):
+    """An older sidecar's RegisterJob says nothing of columns: the records go as messages."""
+    from spillway.client import columns
+
+    c = SidecarClient(scripted.target)
+    reg = c.register_job("j", {})
+    assert not columns.takes(c.target, reg.job, reg.run_id)
+    verdicts = c.report_failures(reg.run(), _task(), _failures(3))
+    (_, req, _), = [call for call in scripted.calls if call[0] == "ReportFailures"]
+    assert not req.HasField("columns") and [r.record_id for r in req.records] == [
+        "t/0/0", "t/0/1", "t/0/2"]
+    assert req.records[0] == _failures(1)[0].to_pb()
+    assert [type(v) for v in verdicts] == [pb.Verdict] * 3
+
+
+def test_a_sidecar_replaced_by_one_that_takes_no_columns_gets_the_report_again(scripted):
+    """Columns to a sidecar that ignores them come back with no verdicts: the client says the
+    report again as messages (no recovered ids twice) and sends messages from then on."""
+    from spillway.client import columns
+
+    c = SidecarClient(scripted.target)
+    reg = c.register_job("j", {})
+    columns.note(c.target, reg.job, reg.run_id, True)   # what the earlier sidecar answered
+    verdicts = c.report_failures(reg.run(), _task(), _failures(2), recovered=["t/0/9"])
+    first, second = [req for m, req, _ in scripted.calls if m == "ReportFailures"]
+    assert first.HasField("columns") and first.verdict_columns
+    assert list(first.recovered_record_ids) == ["t/0/9"]
+    assert len(second.records) == 2 and not second.recovered_record_ids
+    assert [v.record_id for v in verdicts] == ["t/0/0", "t/0/1"]
+    assert not columns.takes(c.target, reg.job, reg.run_id)

@@ -26,7 +26,7 @@ import grpc
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
-from . import _auth, _channel, _health, _otel, _pins, _split
+from . import _auth, _channel, _health, _otel, _pins, _split, columns
 from .errors import ADDRESS_ENV, SidecarProtocolError, map_rpc_error
 from .report import stage_value
 from .runs import JobRun, JobToken, Registration, as_run, new_run_id
@@ -150,23 +150,49 @@ class SidecarClient:
             home_instance_id=home_instance_id), job=run.job, run=run)
         token = JobToken(resp.job_token) if resp.job_token else run.job_token
         _pins.pin(self.target, resp.job or run.job, resp.run_id or run.run_id, resp.process_port)
+        columns.note(self.target, resp.job or run.job, resp.run_id or run.run_id,
+                     resp.report_columns)
         return Registration(job=resp.job or run.job, run_id=resp.run_id or run.run_id,
                             job_token=token, home=resp.home,
                             home_instance_id=resp.home_instance_id,
                             effective_properties=dict(resp.effective_properties))
 
     def report_failures(self, job: str | JobRun, task: pb.TaskIdentity,
-                        records: Sequence[pb.FailedRecord],
-                        recovered: Iterable[str] = ()) -> list[pb.Verdict]:
+                        records: Sequence[pb.FailedRecord | columns.Failure],
+                        recovered: Iterable[str] = ()) -> list:
         """One verdict per record, in the records' order. ``job``: the run (`Registration`).
 
+        Records built by `columns.failure` go as columns (and their verdicts come back as
+        `columns.ColumnVerdict`) when the run's registration at this sidecar said it takes
+        them; otherwise every record goes as a FailedRecord message (`pb.Verdict` answers).
         A report larger than the sidecar's whole DLQ spool (FAILED_PRECONDITION naming
         ``spool.max.bytes``) is sent again in halves (`_split`); ReportTooLargeError only for a
         single record that does not fit."""
         run = as_run(job)
-        return _split.send_splitting(
-            lambda recs, rec_ids: self._report_once(run, task, recs, rec_ids),
-            records, list(recovered))
+        as_columns = bool(records) and all(type(r) is columns.Failure for r in records)
+        if as_columns and columns.takes(self.target, run.job, run.run_id):
+            send = self._report_columns
+        else:
+            if as_columns or any(type(r) is columns.Failure for r in records):
+                records = [r.to_pb() if type(r) is columns.Failure else r for r in records]
+            send = self._report_once
+        return _split.send_splitting(lambda recs, rec_ids: send(run, task, recs, rec_ids),
+                                     records, list(recovered))
+
+    def _report_columns(self, run: JobRun, task: pb.TaskIdentity,
+                        failures: Sequence[columns.Failure],
+                        recovered: Sequence[str]) -> list:
+        req = pb.ReportFailuresRequest(job=run.job, run_id=run.run_id, task=task,
+                                       columns=columns.encode(failures),
+                                       recovered_record_ids=list(recovered),
+                                       verdict_columns=True)
+        resp = self._call("ReportFailures", req, job=run.job, run=run)
+        if not resp.HasField("columns") and not resp.verdicts:
+            # a sidecar that no longer takes columns (replaced by an older one under the same
+            # address) saw no records: say it again as messages (recovered ids already went)
+            columns.forget(self.target, run.job, run.run_id)
+            return self._report_once(run, task, [f.to_pb() for f in failures], [])
+        return columns.verdicts(resp.columns, req.columns.record_ids, self.target)
 
     def _report_once(self, run: JobRun, task: pb.TaskIdentity,
                      records: Sequence[pb.FailedRecord],
@@ -215,6 +241,7 @@ class SidecarClient:
                                                        local_only=local_only),
                             timeout_s=timeout_s, job=run.job, run=run)
         _pins.forget(self.target, run.job, run.run_id)
+        columns.forget(self.target, run.job, run.run_id)
         return answer
 
     def status(self, job: str = "", *, page_size: int = 0, page_token: str = "",

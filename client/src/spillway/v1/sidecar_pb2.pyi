@@ -88,7 +88,7 @@ class RegisterJobRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., home: _Optional[str] = ..., run_id: _Optional[str] = ..., home_instance_id: _Optional[str] = ..., peer: _Optional[str] = ...) -> None: ...
 
 class RegisterJobResponse(_message.Message):
-    __slots__ = ["job", "effective_properties", "run_id", "job_token", "home", "home_instance_id", "process_port"]
+    __slots__ = ["job", "effective_properties", "run_id", "job_token", "home", "home_instance_id", "process_port", "report_columns"]
     class EffectivePropertiesEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class RegisterJobResponse(_message.Message):
     HOME_FIELD_NUMBER: _ClassVar[int]
     HOME_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     PROCESS_PORT_FIELD_NUMBER: _ClassVar[int]
+    REPORT_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     job: str
     effective_properties: _containers.ScalarMap[str, str]
     run_id: str
@@ -110,7 +111,8 @@ class RegisterJobResponse(_message.Message):
     home: str
     home_instance_id: str
     process_port: int
-    def __init__(self, job: _Optional[str] = ..., effective_properties: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., job_token: _Optional[str] = ..., home: _Optional[str] = ..., home_instance_id: _Optional[str] = ..., process_port: _Optional[int] = ...) -> None: ...
+    report_columns: bool
+    def __init__(self, job: _Optional[str] = ..., effective_properties: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., job_token: _Optional[str] = ..., home: _Optional[str] = ..., home_instance_id: _Optional[str] = ..., process_port: _Optional[int] = ..., report_columns: bool = ...) -> None: ...
 
 class SourceCoordinates(_message.Message):
     __slots__ = ["topic", "partition", "offset"]
@@ -207,7 +209,7 @@ class FailedRecord(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., function_name: _Optional[str] = ..., source: _Optional[_Union[SourceCoordinates, _Mapping]] = ..., key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., timestamp_ms: _Optional[int] = ..., exception: _Optional[_Union[ExceptionInfo, _Mapping]] = ..., attempt: _Optional[int] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ..., payload: _Optional[_Union[Payload, str]] = ...) -> None: ...
 
 class ReportFailuresRequest(_message.Message):
-    __slots__ = ["job", "task", "records", "recovered_record_ids", "decide_only", "run_id", "undo_dead_letter_record_ids"]
+    __slots__ = ["job", "task", "records", "recovered_record_ids", "decide_only", "run_id", "undo_dead_letter_record_ids", "columns", "verdict_columns"]
     JOB_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +217,8 @@ class ReportFailuresRequest(_message.Message):
     DECIDE_ONLY_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     UNDO_DEAD_LETTER_RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     job: str
     task: TaskIdentity
     records: _containers.RepeatedCompositeFieldContainer[FailedRecord]
@@ -222,7 +226,61 @@ class ReportFailuresRequest(_message.Message):
     decide_only: bool
     run_id: str
     undo_dead_letter_record_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., records: _Optional[_Iterable[_Union[FailedRecord, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., decide_only: bool = ..., run_id: _Optional[str] = ..., undo_dead_letter_record_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    columns: RecordColumns
+    verdict_columns: bool
+    def __init__(self, job: _Optional[str] = ..., task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., records: _Optional[_Iterable[_Union[FailedRecord, _Mapping]]] = ..., recovered_record_ids: _Optional[_Iterable[str]] = ..., decide_only: bool = ..., run_id: _Optional[str] = ..., undo_dead_letter_record_ids: _Optional[_Iterable[str]] = ..., columns: _Optional[_Union[RecordColumns, _Mapping]] = ..., verdict_columns: bool = ...) -> None: ...
+
+class FailureKind(_message.Message):
+    __slots__ = ["stage", "custom_stage", "function_name", "exception", "payload"]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    CUSTOM_STAGE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    EXCEPTION_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    stage: Stage
+    custom_stage: str
+    function_name: str
+    exception: ExceptionInfo
+    payload: Payload
+    def __init__(self, stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., function_name: _Optional[str] = ..., exception: _Optional[_Union[ExceptionInfo, _Mapping]] = ..., payload: _Optional[_Union[Payload, str]] = ...) -> None: ...
+
+class RecordColumns(_message.Message):
+    __slots__ = ["record_ids", "kinds", "kind_index", "keys", "values", "absent", "topics", "topic_index", "partitions", "offsets", "timestamps_ms", "attempts", "traceparents", "tracestates", "trace_index", "headers", "header_counts"]
+    RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    KIND_INDEX_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    ABSENT_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMPS_MS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENTS_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATES_FIELD_NUMBER: _ClassVar[int]
+    TRACE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    HEADER_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    record_ids: _containers.RepeatedScalarFieldContainer[str]
+    kinds: _containers.RepeatedCompositeFieldContainer[FailureKind]
+    kind_index: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    values: _containers.RepeatedScalarFieldContainer[bytes]
+    absent: bytes
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    topic_index: bytes
+    partitions: bytes
+    offsets: bytes
+    timestamps_ms: bytes
+    attempts: bytes
+    traceparents: _containers.RepeatedScalarFieldContainer[str]
+    tracestates: _containers.RepeatedScalarFieldContainer[str]
+    trace_index: bytes
+    headers: _containers.RepeatedCompositeFieldContainer[Header]
+    header_counts: bytes
+    def __init__(self, record_ids: _Optional[_Iterable[str]] = ..., kinds: _Optional[_Iterable[_Union[FailureKind, _Mapping]]] = ..., kind_index: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., values: _Optional[_Iterable[bytes]] = ..., absent: _Optional[bytes] = ..., topics: _Optional[_Iterable[str]] = ..., topic_index: _Optional[bytes] = ..., partitions: _Optional[bytes] = ..., offsets: _Optional[bytes] = ..., timestamps_ms: _Optional[bytes] = ..., attempts: _Optional[bytes] = ..., traceparents: _Optional[_Iterable[str]] = ..., tracestates: _Optional[_Iterable[str]] = ..., trace_index: _Optional[bytes] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., header_counts: _Optional[bytes] = ...) -> None: ...
 
 class Verdict(_message.Message):
     __slots__ = ["record_id", "action", "retry_delay_ms", "category", "reason", "dead_lettered", "attempt", "job_failed", "dead_letter", "retry_budget_exhausted"]
@@ -249,10 +307,12 @@ class Verdict(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., action: _Optional[_Union[Action, str]] = ..., retry_delay_ms: _Optional[int] = ..., category: _Optional[_Union[Category, str]] = ..., reason: _Optional[str] = ..., dead_lettered: bool = ..., attempt: _Optional[int] = ..., job_failed: bool = ..., dead_letter: bool = ..., retry_budget_exhausted: bool = ...) -> None: ...
 
 class ReportFailuresResponse(_message.Message):
-    __slots__ = ["verdicts"]
+    __slots__ = ["verdicts", "columns"]
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     verdicts: _containers.RepeatedCompositeFieldContainer[Verdict]
-    def __init__(self, verdicts: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ...) -> None: ...
+    columns: TallyVerdicts
+    def __init__(self, verdicts: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ..., columns: _Optional[_Union[TallyVerdicts, _Mapping]] = ...) -> None: ...
 
 class TallyGroup(_message.Message):
     __slots__ = ["count", "stage", "custom_stage", "function_name", "exception"]

@@ -24,7 +24,7 @@ from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
 from . import listeners, security
 from .coalesce import GroupCall, GroupCallTimeout
-from .adapters import convert, tally
+from .adapters import columns, convert, tally
 from .core.model import Decision
 from .errors import SpillwayError
 
@@ -141,6 +141,10 @@ class Home:
         fwd = pb.ReportFailuresRequest()
         fwd.CopyFrom(request)
         fwd.decide_only = True
+        fwd.verdict_columns = False
+        if fwd.HasField("columns"):  # the home may predate columns: the records as messages
+            fwd.records.extend(columns.as_messages(columns.records(fwd.columns)))
+            fwd.ClearField("columns")
         resp = self._call("ReportFailures", self.stub.ReportFailures, fwd, timeout_s, token)
         return [Decision(convert.verdict_from_pb(v), dead_letter=v.dead_letter)
                 for v in resp.verdicts]

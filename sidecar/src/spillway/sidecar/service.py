@@ -153,7 +153,7 @@ class Sidecar:
             effective_properties=dict(reg.settings.raw),
             home=run.home_address if run.home is not None else self.advertised_address,
             home_instance_id=run.home_instance_id if run.home is not None else self.instance_id,
-            process_port=self.process_port)
+            process_port=self.process_port, report_columns=True)
 
     def _register_again(self, run: Run, properties, home_addr: str,
                         request: pb.RegisterJobRequest, token: str,

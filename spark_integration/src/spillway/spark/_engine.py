@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opentelemetry.context import Context
-from spillway.client import report
+from spillway.client import columns, report
+from spillway.client.columns import Failure
 from spillway.client.errors import SidecarProtocolError, error_for_verdict
 from spillway.v1 import sidecar_pb2 as pb
 
@@ -93,7 +94,7 @@ class Unit:
     offset: int = 0
     attempt: int = 1
     exc: BaseException | None = None
-    record: pb.FailedRecord | None = None
+    record: Failure | None = None
     ctx: RecordContext | None = None
 
 
@@ -131,15 +132,15 @@ class Session(Protocol):
     job: str
     trace_context: Context | None
 
-    def report(self, records: list[pb.FailedRecord]) -> list[pb.Verdict]: ...
+    def report(self, records: list[Failure]) -> list[pb.Verdict]: ...
 
     def processed(self, stages: Sequence[StageRef], n: int) -> None: ...
 
     def recovered(self, record_id: str) -> None: ...
 
-    def failed(self, exc: BaseException, record: pb.FailedRecord) -> None: ...
+    def failed(self, exc: BaseException, record: Failure) -> None: ...
 
-    def skipped(self, record: pb.FailedRecord, verdict: pb.Verdict) -> None: ...
+    def skipped(self, record: Failure, verdict: pb.Verdict) -> None: ...
 
 
 class Engine:
@@ -366,7 +367,7 @@ class Engine:
             unit.ctx = self.adapter.context(unit)
         ctx = unit.ctx
         unit.exc = exc
-        unit.record = report.failed_record(
+        unit.record = columns.failure(
             ctx.record_id, stage.stage, exc, custom_stage=stage.custom, function_name=fname,
             source=ctx.source, key=ctx.key, value=ctx.value, headers=ctx.headers,
             timestamp_ms=ctx.timestamp_ms, attempt=unit.attempt,

@@ -53,6 +53,7 @@ from opentelemetry.trace import Status, StatusCode
 from spillway.client import SidecarClient
 from spillway.client._names import check_job_name
 from spillway.client.client import DEFAULT_TARGET, resolve_target
+from spillway.client.columns import Failure
 from spillway.client.errors import (
     ADDRESS_ENV,
     JobNotRegisteredError,
@@ -406,7 +407,7 @@ class TaskSession:
             recovered, self.recovered_ids = self.recovered_ids, []
         return recovered
 
-    def failed(self, exc: BaseException, record: pb.FailedRecord) -> None:
+    def failed(self, exc: BaseException, record: Failure) -> None:
         self.failures += 1
         if not self.span.is_recording():
             return
@@ -426,11 +427,11 @@ class TaskSession:
             "spillway.stage": pb.Stage.Name(record.stage).removeprefix("STAGE_"),
         })
 
-    def skipped(self, record: pb.FailedRecord, verdict: pb.Verdict) -> None:
+    def skipped(self, record: Failure, verdict: pb.Verdict) -> None:
         self.skips += 1
         log.debug("spillway: record %s skipped: %s", record.record_id, verdict.reason)
 
-    def report(self, records: list[pb.FailedRecord]) -> list[pb.Verdict]:
+    def report(self, records: list[Failure]) -> list[pb.Verdict]:
         self.reports += 1
         effective = self.register()
         if ratio_limited(effective):

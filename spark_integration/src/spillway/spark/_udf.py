@@ -12,7 +12,8 @@ from typing import Any
 
 from pyspark import TaskContext
 
-from spillway.client import report
+from spillway.client import columns
+from spillway.client.columns import Failure
 from spillway.client.errors import SidecarProtocolError, error_for_verdict
 from spillway.v1 import sidecar_pb2 as pb
 
@@ -79,7 +80,7 @@ def _udf_state(spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None) ->
 
 @dataclass(frozen=True)
 class _Skipped:
-    record: pb.FailedRecord
+    record: Failure
     verdict: pb.Verdict
 
 
@@ -201,7 +202,7 @@ def _udf_failure(spec, wrapper, st, fn, args, index, exc, record_id, refresh):
     attempt, error = 1, None
     try:
         while True:
-            record = report.failed_record(
+            record = columns.failure(
                 ctx.record_id, wrapper.stage.stage, exc, custom_stage=wrapper.stage.custom,
                 function_name=wrapper.function_name, source=ctx.source, key=ctx.key,
                 value=ctx.value, headers=ctx.headers, timestamp_ms=ctx.timestamp_ms,

@@ -86,6 +86,23 @@ def _exception(e: pb.ExceptionInfo, where: str) -> m.ExceptionInfo:
     )
 
 
+def exception_pb(e: m.ExceptionInfo, *, stack_trace: bool = False) -> pb.ExceptionInfo:
+    """A core exception value as its message; without its stack trace unless asked (a home
+    never needs it to decide)."""
+    out = pb.ExceptionInfo(class_name=e.class_name, class_chain=e.class_chain,
+                           message=e.message, causes=e.causes,
+                           kafka_error_code=e.kafka_error_code or "",
+                           stack_trace=e.stack_trace if stack_trace else "")
+    for name in ("grpc_status_code", "http_status_code", "kafka_retriable", "kafka_fatal",
+                 "kafka_txn_requires_abort"):
+        value = getattr(e, name)
+        if value is not None:
+            setattr(out, name, value)
+    if e.marker_category is not None:
+        out.marker_category = _CATEGORY_TO_PB[e.marker_category]
+    return out
+
+
 class PbFailedRecord:
     """A reported record as the core reads it (`model.FailedRecord`'s fields), over its
     protobuf message: validated and converted up front are only what every record's decision

@@ -31,7 +31,7 @@ from ..errors import (
 )
 from ..peers import HomeError
 from ..registry import JOB_TOKEN_METADATA
-from . import convert, tally
+from . import columns, convert, tally
 
 if TYPE_CHECKING:
     from ..service import Sidecar
@@ -86,7 +86,8 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
     def ReportFailures(self, request, context):
         try:
             task = convert.task_identity(request.task)
-            records = convert.failed_records(request.records)
+            records = (columns.records(request.columns) if request.HasField("columns")
+                       else convert.failed_records(request.records))
             if request.undo_dead_letter_record_ids and not request.decide_only:
                 raise ValueError("undo_dead_letter_record_ids: only for sidecar-to-sidecar "
                                  "(decide_only) requests")
@@ -95,6 +96,8 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
         with _answering(context):
             answers = self._s.report(request, task, records, timeout_s=_timeout(context),
                                      token=_job_token(context), caller=_caller())
+        if request.verdict_columns:
+            return pb.ReportFailuresResponse(columns=columns.verdict_columns(answers))
         return convert.report_response(answers)
 
     def TallyFailures(self, request, context):

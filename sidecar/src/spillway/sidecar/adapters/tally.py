@@ -25,14 +25,14 @@ from . import convert
 _SWAP = sys.byteorder != "little"   # the columns are little-endian on the wire
 
 
-def _unpack(code: str, data: bytes) -> array:
+def unpack_le(code: str, data: bytes) -> array:
     out = array(code, data)
     if _SWAP:
         out.byteswap()
     return out
 
 
-def _pack(values: array) -> bytes:
+def pack_le(values: array) -> bytes:
     if _SWAP:
         values = array(values.typecode, values)
         values.byteswap()
@@ -47,20 +47,6 @@ _ACTION_FROM_PB = {v: k for k, v in _ACTION_TO_PB.items()}
 _CATEGORY_TO_PB = convert._CATEGORY_TO_PB
 _CATEGORY_FROM_PB = convert._CATEGORY_FROM_PB
 _STAGE_TO_PB = {v: k for k, v in convert._STAGE_FROM_PB.items()}
-
-
-def _exception_pb(e: m.ExceptionInfo) -> pb.ExceptionInfo:
-    out = pb.ExceptionInfo(class_name=e.class_name, class_chain=e.class_chain,
-                           message=e.message, causes=e.causes,
-                           kafka_error_code=e.kafka_error_code or "")
-    for name in ("grpc_status_code", "http_status_code", "kafka_retriable", "kafka_fatal",
-                 "kafka_txn_requires_abort"):
-        value = getattr(e, name)
-        if value is not None:
-            setattr(out, name, value)
-    if e.marker_category is not None:
-        out.marker_category = _CATEGORY_TO_PB[e.marker_category]
-    return out
 
 
 # --- node side --------------------------------------------------------------------------------
@@ -82,7 +68,7 @@ def tally_report(task: pb.TaskIdentity, records: Sequence, digests: bytes) -> pb
         prev = (r.exception, r.stage, fn)
         ref = r.stage
         group = add(count=1, stage=_STAGE_TO_PB[ref.stage], custom_stage=ref.custom,
-                    function_name=fn, exception=_exception_pb(r.exception))
+                    function_name=fn, exception=convert.exception_pb(r.exception))
     return out
 
 
@@ -91,10 +77,10 @@ def tally_outcomes(resp: pb.TallyVerdicts, record_ids: Sequence[str]):
     not match the report (a home that answered another question)."""
     n = len(record_ids)
     actions, categories, flags = resp.actions, resp.categories, resp.flags
-    attempts = _unpack("I", resp.attempts)
-    reason_ix = _unpack("I", resp.reason_index)
-    rule_ix = _unpack("I", resp.rule_index)
-    delays = _unpack("Q", resp.retry_delays_ms) if resp.retry_delays_ms else None
+    attempts = unpack_le("I", resp.attempts)
+    reason_ix = unpack_le("I", resp.reason_index)
+    rule_ix = unpack_le("I", resp.rule_index)
+    delays = unpack_le("Q", resp.retry_delays_ms) if resp.retry_delays_ms else None
     if (len(actions) != n or len(categories) != n or len(flags) != n or len(attempts) != n
             or len(reason_ix) != n or len(rule_ix) != n
             or (delays is not None and len(delays) != n)):
@@ -126,7 +112,7 @@ def tally_records(req: pb.TallyReport, where: str = "reports[0]") -> list[m.Fail
     """Payload-less records, one per id, sharing one exception and stage value per group
     (ValueError naming the first invalid field; bounds are `validate.tally_failures`')."""
     ids = req.record_ids
-    digests = _unpack("Q", req.payload_digests)
+    digests = unpack_le("Q", req.payload_digests)
     out: list[m.FailedRecord] = []
     append = out.append
     i = 0
@@ -143,21 +129,27 @@ def tally_records(req: pb.TallyReport, where: str = "reports[0]") -> list[m.Fail
 
 
 def tally_verdicts(outcomes) -> pb.TallyVerdicts:
-    n = len(outcomes)
+    return encode_verdicts([(d.verdict, d.dead_letter, logged, rule)
+                            for d, logged, rule in outcomes], rules=True)
+
+
+def encode_verdicts(rows, *, rules: bool) -> pb.TallyVerdicts:
+    """(verdict, dead_letter, logged, rule) per record as TallyVerdicts columns; ``rules``:
+    with the rule column (the home protocol's; a columnar ReportFailures answer has none)."""
+    n = len(rows)
     actions, categories, flags = bytearray(n), bytearray(n), bytearray(n)
     attempts, delays = array("I", bytes(4 * n)), None
     reason_ix, rule_ix = array("I", bytes(4 * n)), array("I", bytes(4 * n))
     reasons: dict[str, int] = {}
-    rules: dict[str, int] = {}
+    rule_names: dict[str, int] = {}
     action_pb, category_pb = _ACTION_TO_PB, _CATEGORY_TO_PB
     last_reason, last_ix = None, 0
-    for i, (decision, logged, rule) in enumerate(outcomes):
-        v = decision.verdict
+    for i, (v, dead_letter, logged, rule) in enumerate(rows):
         actions[i] = action_pb[v.action]
         categories[i] = category_pb[v.category]
         attempts[i] = v.attempt
         f = LOGGED if logged else 0
-        if decision.dead_letter:
+        if dead_letter:
             f |= DEAD_LETTER
         if v.dead_lettered:
             f |= DEAD_LETTERED
@@ -175,12 +167,17 @@ def tally_verdicts(outcomes) -> pb.TallyVerdicts:
             last_reason = reason
             last_ix = reasons.setdefault(reason, len(reasons))
         reason_ix[i] = last_ix
-        rule_ix[i] = rules.setdefault(rule, len(rules))
-    return pb.TallyVerdicts(
+        if rules:
+            rule_ix[i] = rule_names.setdefault(rule, len(rule_names))
+    out = pb.TallyVerdicts(
         actions=bytes(actions), categories=bytes(categories), flags=bytes(flags),
-        attempts=_pack(attempts), retry_delays_ms=_pack(delays) if delays else b"",
-        reasons=list(reasons), reason_index=_pack(reason_ix), rules=list(rules),
-        rule_index=_pack(rule_ix))
+        attempts=pack_le(attempts), retry_delays_ms=pack_le(delays) if delays else b"",
+        reasons=list(reasons), reason_index=pack_le(reason_ix))
+    if rules:
+        out.rules.extend(rule_names)
+        out.rule_index = pack_le(rule_ix)
+    return out
 
 
-__all__ = ["tally_report", "tally_outcomes", "tally_records", "tally_verdicts"]
+__all__ = ["encode_verdicts", "pack_le", "tally_outcomes", "tally_records", "tally_report",
+           "tally_verdicts", "unpack_le"]

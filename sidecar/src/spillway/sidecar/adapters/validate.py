@@ -13,6 +13,7 @@ from collections.abc import Callable
 from spillway.v1 import sidecar_pb2 as pb
 
 from ..core import names
+from .tally import unpack_le
 
 # --- bounds (docs/CONFIGURATION.md, "Request bounds") ---------------------------------------
 MAX_PROPERTIES = 256
@@ -227,8 +228,113 @@ def report_failures(req: pb.ReportFailuresRequest) -> None:
     records = req.records
     _len("records", records, MAX_RECORDS_PER_REPORT, "records")
     _records(records)
+    if req.HasField("columns"):
+        if records:
+            raise ValueError("columns: a report sends records or columns, not both")
+        _columns(req.columns)
     _ids("recovered_record_ids", req.recovered_record_ids)
     _ids("undo_dead_letter_record_ids", req.undo_dead_letter_record_ids)
+
+
+def _column(field: str, data: bytes, width: int, n: int, code: str):
+    """A packed column: empty, or ``width`` bytes per record; its values."""
+    if data and len(data) != width * n:
+        raise ValueError(f"{field}: {width} bytes per record ({width * n}) or none, got "
+                         f"{len(data)}")
+    return unpack_le(code, data) if data else ()
+
+
+def _index(field: str, data: bytes, n: int, size: int, *, zero_is_none: bool) -> None:
+    ix = _column(field, data, 4, n, "I")
+    if ix and max(ix) > (size if zero_is_none else size - 1):
+        raise ValueError(f"{field}: an index past its table of {size} "
+                         f"(got {max(ix)}{', 0 meaning none' if zero_is_none else ''})")
+
+
+def _columns(c: pb.RecordColumns) -> None:
+    """A columnar report (`adapters/columns.py`): the bounds of a record's fields, and columns
+    that agree: one entry per record (or none), indexes inside their tables, tables no longer
+    than the report."""
+    ids = c.record_ids
+    n = len(ids)
+    _len("columns.record_ids", ids, MAX_RECORDS_PER_REPORT, "records")
+    limit = names.MAX_RECORD_ID_BYTES // 4   # 256 chars always fit 1024 bytes
+    for i, rid in enumerate(ids):
+        if not 0 < len(rid) <= limit:
+            names.check_record_id(rid, f"columns.record_ids[{i}]")
+    kinds = c.kinds
+    if n and not kinds:
+        raise ValueError("columns.kinds: at least one way of failing with records")
+    for field, table in (("kinds", kinds), ("topics", c.topics),
+                         ("traceparents", c.traceparents)):
+        _len(f"columns.{field}", table, n, "entries (one per record at most)")
+    for k, kind in enumerate(kinds):
+        at = f"columns.kinds[{k}]"
+        if kind.custom_stage:
+            names.check_custom_stage(kind.custom_stage, f"{at}.custom_stage")
+        if kind.function_name:
+            names.check_function_name(kind.function_name, f"{at}.function_name")
+        if not kind.HasField("exception"):
+            raise ValueError(f"{at}.exception: required")
+        _exception(kind.exception, f"{at}.exception")
+    _index("columns.kind_index", c.kind_index, n, len(kinds), zero_is_none=False)
+    for field, values in (("keys", c.keys), ("values", c.values)):
+        if values and len(values) != n:
+            raise ValueError(f"columns.{field}: one per record ({n}) or none, got {len(values)}")
+    if c.absent and len(c.absent) != n:
+        raise ValueError(f"columns.absent: 1 byte per record ({n}) or none, got "
+                         f"{len(c.absent)}")
+    for t, topic in enumerate(c.topics):
+        if not topic:
+            raise ValueError(f"columns.topics[{t}]: required (a source topic's name)")
+        _len(f"columns.topics[{t}]", topic, MAX_TOPIC_CHARS)
+    _index("columns.topic_index", c.topic_index, n, len(c.topics), zero_is_none=True)
+    if bool(c.topic_index) != bool(c.partitions) or bool(c.topic_index) != bool(c.offsets):
+        raise ValueError("columns.partitions, columns.offsets: sent with topic_index, and only "
+                         "with it")
+    partitions = _column("columns.partitions", c.partitions, 4, n, "i")
+    if partitions and min(partitions) < -1:
+        raise ValueError(f"columns.partitions: must be >= -1 (got {min(partitions)})")
+    offsets = _column("columns.offsets", c.offsets, 8, n, "q")
+    if offsets and min(offsets) < -1:
+        raise ValueError(f"columns.offsets: must be >= -1 (got {min(offsets)})")
+    stamps = _column("columns.timestamps_ms", c.timestamps_ms, 8, n, "q")
+    if stamps and not (-1 <= min(stamps) and max(stamps) <= MAX_TIMESTAMP_MS):
+        raise ValueError(f"columns.timestamps_ms: must be in [-1, {MAX_TIMESTAMP_MS}]")
+    attempts = _column("columns.attempts", c.attempts, 4, n, "I")
+    if attempts and max(attempts) > MAX_ATTEMPT:
+        raise ValueError(f"columns.attempts: must be in [0, {MAX_ATTEMPT}] "
+                         f"(got {max(attempts)})")
+    if c.tracestates and len(c.tracestates) != len(c.traceparents):
+        raise ValueError(f"columns.tracestates: one per traceparent ({len(c.traceparents)}) "
+                         f"or none, got {len(c.tracestates)}")
+    for t, (parent, state) in enumerate(zip(c.traceparents, c.tracestates or [""] * n)):
+        _len(f"columns.traceparents[{t}]", parent, MAX_TRACEPARENT_CHARS)
+        _len(f"columns.tracestates[{t}]", state, MAX_TRACESTATE_CHARS)
+    _index("columns.trace_index", c.trace_index, n, len(c.traceparents), zero_is_none=True)
+    _column_headers(c, n)
+
+
+def _column_headers(c: pb.RecordColumns, n: int) -> None:
+    counts = _column("columns.header_counts", c.header_counts, 4, n, "I")
+    headers = c.headers
+    if sum(counts) != len(headers):
+        raise ValueError(f"columns.header_counts: add up to {sum(counts)}, not to the "
+                         f"{len(headers)} headers")
+    at = 0
+    for i, count in enumerate(counts):
+        if not count:
+            continue
+        where = f"columns.headers of record {i}"
+        _len(where, range(count), MAX_HEADERS, "headers")
+        total = 0
+        for h in headers[at:at + count]:
+            _len(f"{where}: a key", h.key, MAX_HEADER_KEY_CHARS)
+            total += len(h.key) + len(h.value)
+        if total > MAX_HEADER_BYTES:
+            raise ValueError(f"{where}: at most {MAX_HEADER_BYTES} bytes of keys and values "
+                             f"together (got {total})")
+        at += count
 
 
 MAX_TALLY_REPORTS = 256

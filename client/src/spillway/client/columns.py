@@ -1,0 +1,328 @@
+"""Failed records as columns: the executor's side of a columnar report (RecordColumns).
+
+`failure()` takes `report.failed_record()`'s arguments but builds no protobuf message: a
+`Failure` keeps the record's own values and a reference to its way of failing (stage, function,
+payload and exception, formatted once and shared by every record that failed alike). It reads
+like a FailedRecord (the same field names) and `to_pb()` makes one for a sidecar that takes no
+columns. `encode()` turns one report's failures into a RecordColumns: each way of failing once,
+every per-record value in a list or a packed column. `verdicts()` reads the answer's columns
+back as `ColumnVerdict` values with pb.Verdict's field names.
+
+A client sends columns only to a sidecar whose RegisterJobResponse said it takes them
+(`note()` / `takes()`: process-wide, by target, job and run, bounded like `_pins`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from opentelemetry.context import Context
+from spillway.v1 import sidecar_pb2 as pb
+
+from . import report
+from .errors import SidecarProtocolError
+
+_SWAP = sys.byteorder != "little"   # fixed-size columns are little-endian on the wire
+NO_KEY, NO_VALUE, NO_TIMESTAMP = 1, 2, 4   # RecordColumns.absent
+# TallyVerdicts.flags
+DEAD_LETTER, DEAD_LETTERED, JOB_FAILED, BUDGET_EXHAUSTED = 1, 2, 4, 8
+
+# -- ways of failing ---------------------------------------------------------------------------
+
+_MAX_KINDS = 4096
+_kinds_lock = threading.Lock()
+_exceptions: dict[tuple, pb.ExceptionInfo] = {}
+
+
+def _shared_exception(fields: dict[str, Any]) -> tuple[tuple, pb.ExceptionInfo]:
+    """(key, message) of an exception's fields: records failing alike share one message
+    (never mutate it)."""
+    key = tuple((k, tuple(v) if type(v) is list else v) for k, v in fields.items())
+    info = _exceptions.get(key)
+    if info is None:
+        info = pb.ExceptionInfo(**fields)
+        with _kinds_lock:
+            if len(_exceptions) >= _MAX_KINDS:
+                _exceptions.clear()
+            _exceptions[key] = info
+    return key, info
+
+
+class Failure:
+    """One failed record, as `report.failed_record` would describe it, without a message."""
+
+    __slots__ = ("record_id", "stage", "custom_stage", "function_name", "payload", "exception",
+                 "kind", "source", "key", "value", "headers", "timestamp_ms", "attempt",
+                 "traceparent", "tracestate")
+
+    def __init__(self, record_id: str, stage: int, custom_stage: str, function_name: str,
+                 payload: int, exception: pb.ExceptionInfo, kind: tuple,
+                 source: tuple[str, int, int] | None, key: bytes | None, value: bytes | None,
+                 headers: tuple, timestamp_ms: int | None, attempt: int, traceparent: str,
+                 tracestate: str) -> None:
+        self.record_id = record_id
+        self.stage = stage
+        self.custom_stage = custom_stage
+        self.function_name = function_name
+        self.payload = payload
+        self.exception = exception
+        self.kind = kind
+        self.source = source
+        self.key = key
+        self.value = value
+        self.headers = headers
+        self.timestamp_ms = timestamp_ms
+        self.attempt = attempt
+        self.traceparent = traceparent
+        self.tracestate = tracestate
+
+    def to_pb(self) -> pb.FailedRecord:
+        """The FailedRecord message `report.failed_record` builds for the same arguments."""
+        r = pb.FailedRecord(record_id=self.record_id, stage=self.stage,
+                            custom_stage=self.custom_stage, function_name=self.function_name,
+                            attempt=self.attempt, traceparent=self.traceparent,
+                            tracestate=self.tracestate, payload=self.payload)
+        r.exception.CopyFrom(self.exception)
+        for k, v in self.headers:
+            r.headers.add(key=k, value=v) if v is not None else r.headers.add(key=k)
+        if self.source is not None:
+            r.source.topic, r.source.partition, r.source.offset = self.source
+        if self.key is not None:
+            r.key = self.key
+        if self.value is not None:
+            r.value = self.value
+        if self.timestamp_ms is not None:
+            r.timestamp_ms = self.timestamp_ms
+        return r
+
+    def __repr__(self) -> str:
+        return (f"Failure(record_id={self.record_id!r}, stage={self.stage}, "
+                f"exception={self.exception.class_name!r}, attempt={self.attempt})")
+
+
+def failure(record_id: str, stage: int | str, exc: BaseException, *, custom_stage: str = "",
+            function_name: str = "", source: tuple[str, int, int] | None = None,
+            key: bytes | str | None = None, value: bytes | str | None = None,
+            headers: Iterable[tuple[str, bytes | str | None]] = (),
+            timestamp_ms: int | None = None, attempt: int = 1, context: Context | None = None,
+            payload: int | str | None = None) -> Failure:
+    """`report.failed_record`'s record as a `Failure` (the same checks, the same fields)."""
+    if not record_id:
+        raise ValueError("record_id: a stable, non-empty record id is required")
+    stage_v = report.stage_value(stage)
+    if stage_v == pb.STAGE_CUSTOM and not custom_stage:
+        raise ValueError("custom_stage: required with stage CUSTOM")
+    payload_v = pb.PAYLOAD_UNSPECIFIED if payload is None else (
+        report._PAYLOADS[payload] if payload in report._PAYLOADS else report._payload(payload))
+    exc_key, info = _shared_exception(report._exception_fields(exc))
+    traceparent, tracestate = report.trace_context(context)
+    if source is not None:
+        topic, partition, offset = source
+        source = (topic, int(partition), int(offset))
+    as_bytes = report.as_bytes
+    hs = tuple((k, as_bytes(v)) for k, v in headers) if headers else ()
+    return Failure(record_id, stage_v, custom_stage, function_name, payload_v, info,
+                   (stage_v, custom_stage, function_name, payload_v, exc_key), source,
+                   as_bytes(key), as_bytes(value), hs,
+                   None if timestamp_ms is None else int(timestamp_ms), max(1, int(attempt)),
+                   traceparent, tracestate)
+
+
+# -- the report --------------------------------------------------------------------------------
+
+def _pack(values: array) -> bytes:
+    if _SWAP:
+        values = array(values.typecode, values)
+        values.byteswap()
+    return values.tobytes()
+
+
+def _unpack(code: str, data: bytes) -> array:
+    out = array(code, data)
+    if _SWAP:
+        out.byteswap()
+    return out
+
+
+def encode(failures: Sequence[Failure]) -> pb.RecordColumns:
+    """One report's failures as columns, in order."""
+    n = len(failures)
+    ids: list[str] = []
+    kinds: dict[tuple, int] = {}
+    firsts: list[Failure] = []
+    kind_ix = array("I", bytes(4 * n))
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    absent = bytearray(n)
+    topics: dict[str, int] = {}
+    topic_ix = partitions = offsets = timestamps = attempts = trace_ix = counts = None
+    traces: dict[tuple[str, str], int] = {}
+    headers: list[dict] = []
+    any_absent = any_key = any_value = False
+    for i, f in enumerate(failures):
+        ids.append(f.record_id)
+        ix = kinds.get(f.kind)
+        if ix is None:
+            ix = kinds[f.kind] = len(firsts)
+            firsts.append(f)
+        kind_ix[i] = ix
+        k, v = f.key, f.value
+        if k is None:
+            absent[i] = NO_KEY
+            any_absent = True
+            keys.append(b"")
+        else:
+            any_key = True
+            keys.append(k)
+        if v is None:
+            absent[i] |= NO_VALUE
+            any_absent = True
+            values.append(b"")
+        else:
+            any_value = True
+            values.append(v)
+        if f.timestamp_ms is None:
+            absent[i] |= NO_TIMESTAMP
+            any_absent = True
+        else:
+            if timestamps is None:
+                timestamps = array("q", bytes(8 * n))
+            timestamps[i] = f.timestamp_ms
+        src = f.source
+        if src is not None:
+            if topic_ix is None:
+                topic_ix, partitions, offsets = (array("I", bytes(4 * n)),
+                                                 array("i", bytes(4 * n)),
+                                                 array("q", bytes(8 * n)))
+            topic_ix[i] = topics.setdefault(src[0], len(topics)) + 1
+            partitions[i] = src[1]
+            offsets[i] = src[2]
+        if f.attempt != 1:
+            if attempts is None:
+                attempts = array("I", [1]) * n
+            attempts[i] = f.attempt
+        if f.traceparent:
+            if trace_ix is None:
+                trace_ix = array("I", bytes(4 * n))
+            trace_ix[i] = traces.setdefault((f.traceparent, f.tracestate), len(traces)) + 1
+        if f.headers:
+            if counts is None:
+                counts = array("I", bytes(4 * n))
+            counts[i] = len(f.headers)
+            headers += [{"key": hk, "value": hv} if hv is not None else {"key": hk}
+                        for hk, hv in f.headers]
+    out = pb.RecordColumns(
+        record_ids=ids,
+        kinds=[{"stage": f.stage, "custom_stage": f.custom_stage,
+                "function_name": f.function_name, "exception": f.exception,
+                "payload": f.payload} for f in firsts],
+        kind_index=_pack(kind_ix) if len(firsts) > 1 else b"",
+        keys=keys if any_key else (), values=values if any_value else (),
+        absent=bytes(absent) if any_absent else b"",
+        topics=list(topics), headers=headers)
+    if topic_ix is not None:
+        out.topic_index, out.partitions, out.offsets = (_pack(topic_ix), _pack(partitions),
+                                                        _pack(offsets))
+    if timestamps is not None:
+        out.timestamps_ms = _pack(timestamps)
+    if attempts is not None:
+        out.attempts = _pack(attempts)
+    if trace_ix is not None:
+        out.trace_index = _pack(trace_ix)
+        out.traceparents.extend(p for p, _ in traces)
+        if any(s for _, s in traces):
+            out.tracestates.extend(s for _, s in traces)
+    if counts is not None:
+        out.header_counts = _pack(counts)
+    return out
+
+
+# -- the answer --------------------------------------------------------------------------------
+
+class ColumnVerdict:
+    """One record's verdict from ReportFailuresResponse.columns (pb.Verdict's field names)."""
+
+    __slots__ = ("record_id", "action", "category", "reason", "attempt", "retry_delay_ms",
+                 "dead_letter", "dead_lettered", "job_failed", "retry_budget_exhausted")
+
+    def __init__(self, record_id: str, action: int, category: int, reason: str, attempt: int,
+                 retry_delay_ms: int, flags: int) -> None:
+        self.record_id = record_id
+        self.action = action
+        self.category = category
+        self.reason = reason
+        self.attempt = attempt
+        self.retry_delay_ms = retry_delay_ms
+        self.dead_letter = bool(flags & DEAD_LETTER)
+        self.dead_lettered = bool(flags & DEAD_LETTERED)
+        self.job_failed = bool(flags & JOB_FAILED)
+        self.retry_budget_exhausted = bool(flags & BUDGET_EXHAUSTED)
+
+    def to_pb(self) -> pb.Verdict:
+        return pb.Verdict(record_id=self.record_id, action=self.action, category=self.category,
+                          reason=self.reason, attempt=self.attempt,
+                          retry_delay_ms=self.retry_delay_ms, dead_letter=self.dead_letter,
+                          dead_lettered=self.dead_lettered, job_failed=self.job_failed,
+                          retry_budget_exhausted=self.retry_budget_exhausted)
+
+    def __repr__(self) -> str:
+        return (f"ColumnVerdict(record_id={self.record_id!r}, "
+                f"action={pb.Action.Name(self.action)}, reason={self.reason!r})")
+
+
+def verdicts(cols: pb.TallyVerdicts, record_ids: Sequence[str], where: str
+             ) -> list[ColumnVerdict]:
+    """The verdicts of a report of ``record_ids``; SidecarProtocolError when the columns do
+    not answer it (one entry per record, indexes inside their tables, known actions)."""
+    n = len(record_ids)
+    actions, categories, flags = cols.actions, cols.categories, cols.flags
+    attempts = _unpack("I", cols.attempts)
+    reason_ix = _unpack("I", cols.reason_index)
+    delays = _unpack("Q", cols.retry_delays_ms) if cols.retry_delays_ms else None
+    reasons = list(cols.reasons)
+    if (len(actions) != n or len(categories) != n or len(flags) != n or len(attempts) != n
+            or len(reason_ix) != n or (delays is not None and len(delays) != n)
+            or (n and (max(reason_ix) >= len(reasons)
+                       or not set(actions) <= _ACTIONS))):
+        raise SidecarProtocolError(
+            f"ReportFailures on {where}: the verdict columns do not answer the {n} records "
+            f"reported ({len(actions)} actions, {len(reasons)} reasons)")
+    return [ColumnVerdict(rid, actions[i], categories[i], reasons[reason_ix[i]], attempts[i],
+                          delays[i] if delays is not None else 0, flags[i])
+            for i, rid in enumerate(record_ids)]
+
+
+_ACTIONS = frozenset((pb.ACTION_RETRY, pb.ACTION_SKIP, pb.ACTION_FAIL))
+
+# -- which sidecars take columns ---------------------------------------------------------------
+
+MAX_RUNS = 10_000
+_lock = threading.Lock()
+_takes: OrderedDict[tuple[str, str, str], bool] = OrderedDict()
+
+
+def note(target: str, job: str, run_id: str, takes_columns: bool) -> None:
+    """What RegisterJob answered: this run's reports to ``target`` may go as columns."""
+    key = (target, job, run_id)
+    with _lock:
+        if not takes_columns:
+            _takes.pop(key, None)
+            return
+        _takes[key] = True
+        _takes.move_to_end(key)
+        while len(_takes) > MAX_RUNS:
+            _takes.popitem(last=False)
+
+
+def takes(target: str, job: str, run_id: str) -> bool:
+    with _lock:
+        return (target, job, run_id) in _takes
+
+
+def forget(target: str, job: str, run_id: str) -> None:
+    note(target, job, run_id, False)

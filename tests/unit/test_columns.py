@@ -1,0 +1,210 @@
+"""Columnar reports, both ends without a network: the executor's `columns.failure` / `encode`
+and the sidecar's `adapters/columns.records` describe every record exactly as the FailedRecord
+message path does, the DLQ record built from either is the same, malformed columns are refused
+naming the field, and verdict columns read back as the verdicts they encode."""
+
+from __future__ import annotations
+
+import pytest
+from spillway.client import columns, report
+from spillway.client.errors import SidecarProtocolError
+from spillway.sidecar.adapters import columns as side
+from spillway.sidecar.adapters import convert, validate
+from spillway.sidecar.core import model as m
+from spillway.sidecar.core.dlq_record import DlqBuilder
+from spillway.sidecar.core.settings import job_settings
+from spillway.v1 import sidecar_pb2 as pb
+
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+class _Retriable(Exception):
+    status_code = 503
+
+
+def _raised(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as e:  # noqa: BLE001 - a test's own exception
+        return e
+
+
+def _cases() -> list[tuple[tuple, dict]]:
+    """Arguments for `failure` / `failed_record`: every optional field present and absent,
+    several ways of failing interleaved."""
+    bad, worse = _raised(ValueError("bad row")), _raised(_Retriable("upstream down"))
+    try:
+        try:
+            raise KeyError("k")
+        except KeyError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as e:
+        chained = e
+    return [
+        (("r0", "TRANSFORMATION", bad), {"function_name": "app.parse"}),
+        (("r1", "TRANSFORMATION", bad), {"function_name": "app.parse", "key": b"k1",
+                                          "value": b"", "source": ("orders", 3, 17),
+                                          "timestamp_ms": 1_700_000_000_000}),
+        (("r2", "SINK", worse), {"key": "", "headers": [("a", b"1"), ("b", None), ("c", "")],
+                                 "attempt": 3, "payload": "source"}),
+        (("r3", "CUSTOM", chained), {"custom_stage": "enrich", "value": "v3",
+                                     "source": ("clicks", 0, -1), "timestamp_ms": -1}),
+        (("r4", "TRANSFORMATION", bad), {"function_name": "app.parse",
+                                          "headers": [("traceparent", TRACE.encode())]}),
+        (("r5", "DESERIALIZATION", worse), {"source": ("orders", 1, 2**40), "key": b"\x00\xff",
+                                             "value": b"v" * 1000, "payload": "stage-input"}),
+    ]
+
+
+def _failures(context=None) -> tuple[list[columns.Failure], list[pb.FailedRecord]]:
+    fs, msgs = [], []
+    for args, kw in _cases():
+        fs.append(columns.failure(*args, **kw, context=context))
+        msgs.append(report.failed_record(*args, **kw, context=context))
+    return fs, msgs
+
+
+def _decoded(fs) -> list[side.ColumnRecord]:
+    cols = columns.encode(fs)
+    req = pb.ReportFailuresRequest(job="j", columns=cols)
+    validate.check("ReportFailures", pb.ReportFailuresRequest.FromString(req.SerializeToString()))
+    return side.records(req.columns)
+
+
+def test_a_failure_is_the_record_failed_record_builds():
+    fs, msgs = _failures()
+    assert [f.to_pb() for f in fs] == msgs
+
+
+def test_columns_describe_every_record_as_the_messages_do():
+    fs, msgs = _failures()
+    from_columns = [r.to_model() for r in _decoded(fs)]
+    from_messages = [r.to_model() for r in convert.failed_records(msgs)]
+    assert from_columns == from_messages
+    # each way of failing once on the wire, and records of one way share one converted value
+    cols = columns.encode(fs)
+    assert len(cols.kinds) == 4
+    recs = _decoded(fs)
+    assert recs[0].exception is recs[1].exception is recs[4].exception
+
+
+def test_a_trace_context_and_the_dlq_record_are_the_same_either_way():
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    ctx = trace.set_span_in_context(NonRecordingSpan(SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
+        trace_flags=TraceFlags(1))))
+    fs, msgs = _failures(ctx)
+    settings = job_settings("orders", {"errors.deadletterqueue.topic.name": "dlq.orders",
+                                       "errors.deadletterqueue.context.headers.enable": "true"})
+    task = m.TaskIdentity(1, 2, 0, 9, "e1", "h1")
+    build = DlqBuilder(settings, task, now_ms=1, sidecar_id="s").build
+    verdict = m.Verdict("x", m.Action.SKIP, m.Category.DATA, "skipped", 1)
+    for a, b in zip(_decoded(fs), convert.failed_records(msgs), strict=True):
+        assert a.traceparent == b.traceparent != ""
+        assert build(a, verdict) == build(b, verdict)
+
+
+def test_a_report_of_one_way_of_failing_sends_its_exception_once():
+    exc = _raised(ValueError("same"))
+    fs = [columns.failure(f"r{i}", "TRANSFORMATION", exc, key=b"k", value=b"v" * 100)
+          for i in range(256)]
+    cols = columns.encode(fs)
+    assert len(cols.kinds) == 1 and cols.kind_index == b""
+    msgs = pb.ReportFailuresRequest(records=[f.to_pb() for f in fs])
+    assert pb.ReportFailuresRequest(columns=cols).ByteSize() < msgs.ByteSize() / 2
+    assert [r.record_id for r in side.records(cols)] == [f"r{i}" for i in range(256)]
+
+
+def _refused(cols: pb.RecordColumns, field: str, **req) -> None:
+    with pytest.raises(ValueError, match=field):
+        validate.check("ReportFailures", pb.ReportFailuresRequest(job="j", columns=cols, **req))
+
+
+def _good() -> pb.RecordColumns:
+    return columns.encode(_failures()[0])
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda c: c.ClearField("kinds"), r"columns\.kinds"),
+    (lambda c: setattr(c, "kind_index", c.kind_index[:-1]), r"columns\.kind_index: 4 bytes"),
+    (lambda c: setattr(c, "kind_index", b"\x09\x00\x00\x00" * 6), r"columns\.kind_index: an "
+                                                                    r"index past"),
+    (lambda c: c.keys.append(b"x"), r"columns\.keys: one per record"),
+    (lambda c: setattr(c, "absent", b"\x00"), r"columns\.absent"),
+    (lambda c: setattr(c, "topic_index", b"\x07\x00\x00\x00" * 6), r"columns\.topic_index"),
+    (lambda c: c.ClearField("partitions"), r"columns\.partitions, columns\.offsets"),
+    (lambda c: setattr(c, "partitions", b"\xfe\xff\xff\xff" * 6), r"columns\.partitions: "
+                                                                  r"must be >= -1"),
+    (lambda c: setattr(c, "attempts", b"\xff\xff\xff\x7f" * 6), r"columns\.attempts"),
+    (lambda c: setattr(c, "timestamps_ms", b"\xfe" + b"\xff" * 7 + bytes(40)),
+     r"columns\.timestamps_ms"),
+    (lambda c: c.headers.add(key="extra"), r"columns\.header_counts: add up"),
+    (lambda c: c.topics.append(""), r"columns\.topics\[2\]: required"),
+    (lambda c: c.tracestates.extend(["a", "b"]), r"columns\.tracestates"),
+    (lambda c: setattr(c.kinds[0].exception, "stack_trace", "x" * (256 * 1024 + 1)),
+     r"columns\.kinds\[0\]\.exception\.stack_trace"),
+    (lambda c: c.kinds[0].ClearField("exception"), r"columns\.kinds\[0\]\.exception: required"),
+    (lambda c: setattr(c.kinds[0], "function_name", "bad\nname"), r"columns\.kinds\[0\]"),
+    (lambda c: c.record_ids.__setitem__(2, ""), r"columns\.record_ids\[2\]"),
+    (lambda c: c.kinds.extend([c.kinds[0]] * 6), r"columns\.kinds: at most 6"),
+])
+def test_malformed_columns_are_refused_naming_the_field(mutate, field):
+    cols = _good()
+    mutate(cols)
+    _refused(cols, field)
+
+
+def test_records_and_columns_together_are_refused():
+    _refused(_good(), "records or columns, not both", records=[_failures()[1][0]])
+
+
+def test_a_kind_with_an_unknown_stage_is_refused_when_converted():
+    cols = _good()
+    cols.kinds[0].stage = 99
+    with pytest.raises(ValueError, match=r"columns\.kinds\[0\]\.stage"):
+        side.records(cols)
+
+
+def test_verdict_columns_read_back_as_the_verdicts():
+    answers = [
+        (m.Verdict("a", m.Action.SKIP, m.Category.DATA, "skipped", 1, dead_lettered=True), False),
+        (m.Verdict("b", m.Action.RETRY, m.Category.RETRIABLE, "retry", 2, retry_delay_ms=750),
+         False),
+        (m.Verdict("c", m.Action.FAIL, m.Category.DATA, "limit", 1, job_failed=True,
+                   retry_budget_exhausted=True), True),
+    ]
+    wire = pb.TallyVerdicts.FromString(side.verdict_columns(answers).SerializeToString())
+    got = columns.verdicts(wire, ["a", "b", "c"], "test")
+    assert [v.to_pb() for v in got] == [
+        pb.Verdict(record_id="a", action=pb.ACTION_SKIP, category=pb.CATEGORY_DATA,
+                   reason="skipped", attempt=1, dead_lettered=True),
+        pb.Verdict(record_id="b", action=pb.ACTION_RETRY, category=pb.CATEGORY_RETRIABLE,
+                   reason="retry", attempt=2, retry_delay_ms=750),
+        pb.Verdict(record_id="c", action=pb.ACTION_FAIL, category=pb.CATEGORY_DATA,
+                   reason="limit", attempt=1, job_failed=True, retry_budget_exhausted=True,
+                   dead_letter=True),
+    ]
+    assert len(wire.reasons) == 3 and not wire.rules
+
+
+def test_verdict_columns_that_do_not_answer_the_report_are_a_protocol_error():
+    answers = [(m.Verdict("a", m.Action.SKIP, m.Category.DATA, "s", 1), False)]
+    wire = side.verdict_columns(answers)
+    with pytest.raises(SidecarProtocolError, match="do not answer the 2 records"):
+        columns.verdicts(wire, ["a", "b"], "test")
+    wire.actions = bytes([0])   # ACTION_UNSPECIFIED
+    with pytest.raises(SidecarProtocolError):
+        columns.verdicts(wire, ["a"], "test")
+
+
+def test_which_runs_take_columns_is_bounded_and_forgotten(monkeypatch):
+    monkeypatch.setattr(columns, "MAX_RUNS", 2)
+    for i in range(3):
+        columns.note("t", "j", f"r{i}", True)
+    assert not columns.takes("t", "j", "r0")
+    assert columns.takes("t", "j", "r2")
+    columns.forget("t", "j", "r2")
+    columns.note("t", "j", "r1", False)
+    assert not columns.takes("t", "j", "r1") and not columns.takes("t", "j", "r2")
