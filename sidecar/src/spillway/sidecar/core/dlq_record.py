@@ -242,7 +242,13 @@ class DlqBuilder:
     """Builds the DLQ records of one report: `settings.job`'s records dead-lettered by `task`
     at `now_ms` on sidecar `sidecar_id`. ``build(record, verdict)`` is `build_dlq_record`."""
 
-    __slots__ = ("_p", "_task_id_b", "_tail", "_task_key", "_run")
+    # A report's records mostly fail one way and are decided alike: the bytes of what they
+    # share (function, exception class, message and stack trace, source topic, reason) are
+    # encoded once and the same objects go into every record's headers, so the spool's
+    # marshal writes them once per segment (a back-reference after that) and the drain's
+    # in-flight byte window holds that many more records.
+    __slots__ = ("_p", "_task_id_b", "_tail", "_task_key", "_run", "_kind", "_kind_fn",
+                 "_kind_b", "_stack_b", "_topic", "_topic_b", "_reason", "_reason_b")
 
     def __init__(self, settings: JobSettings, task: TaskIdentity, *, now_ms: int,
                  sidecar_id: str, run: str = "", run_id: str = "") -> None:
@@ -255,6 +261,19 @@ class DlqBuilder:
         # the spool's dedupe and acknowledgements are per run (headers carry the job's name)
         self._run = run or settings.job
         self._task_key = task_key(self._run, task)
+        self._kind = self._kind_fn = self._stack_b = self._topic = self._reason = None
+        self._kind_b: tuple[Header, ...] = ()
+        self._topic_b = self._reason_b = b""
+
+    def _kind_headers(self, exc, fn: str) -> tuple[Header, ...]:
+        if exc is not self._kind or fn != self._kind_fn:
+            p = self._p
+            self._kind, self._kind_fn = exc, fn
+            self._kind_b = ((p.n_class, _utf8(fn)), (p.n_exc_class, _utf8(exc.class_name)),
+                            (p.n_exc_message, _utf8(exc.message)))
+            self._stack_b = (truncate_utf8(exc.stack_trace, p.stack_max)
+                             if exc.stack_trace and p.stack_max > 0 else None)
+        return self._kind_b
 
     def build(self, record: FailedRecord, verdict: Verdict,
               fallback_traceparent: str = "") -> DlqRecord:
@@ -269,7 +288,9 @@ class DlqBuilder:
         if p.context:
             added: list[Header] = []
             if source is not None:
-                added += ((p.n_topic, _utf8(source.topic)),
+                if source.topic != self._topic:
+                    self._topic, self._topic_b = source.topic, _utf8(source.topic)
+                added += ((p.n_topic, self._topic_b),
                           (p.n_partition, str(source.partition).encode()),
                           (p.n_offset, str(source.offset).encode()))
             if p.connect:
@@ -283,12 +304,10 @@ class DlqBuilder:
                 stage_b = _utf8(stage.name)
                 if len(_stage_b) < 1024:
                     _stage_b[stage] = stage_b
-            added += ((p.n_stage, stage_b),
-                      (p.n_class, _utf8(record.function_name)),
-                      (p.n_exc_class, _utf8(exc.class_name)),
-                      (p.n_exc_message, _utf8(exc.message)))
+            added.append((p.n_stage, stage_b))
+            added += self._kind_headers(exc, record.function_name)
             if has_stack:
-                added.append((p.n_stacktrace, truncate_utf8(exc.stack_trace, p.stack_max)))
+                added.append((p.n_stacktrace, self._stack_b))
             if p.keep_original and copy and record.headers:
                 have = {h[0] for h in record.headers if h[0].startswith(CONNECT_PREFIX)}
                 if have:
@@ -299,10 +318,13 @@ class DlqBuilder:
         category_b = _category_b.get(category)
         if category_b is None:
             category_b = _category_b[category] = category.value.encode()
+        reason = verdict.reason
+        if reason is not self._reason:   # records decided alike share one reason string
+            self._reason, self._reason_b = reason, _utf8(reason)
         added += ((H_RECORD_ID, _utf8(record.record_id)),
                   (H_CATEGORY, category_b),
                   (H_ATTEMPTS, attempt_b),
-                  (H_REASON, _utf8(verdict.reason)))
+                  (H_REASON, self._reason_b))
         added += self._tail
         if copy:
             added.append((H_PAYLOAD, _PAYLOAD_B.get(record.payload, _STAGE_INPUT_B)))
