@@ -33,8 +33,7 @@ def test_a_pin_is_per_target_and_run_and_forgotten(monkeypatch):
 
 
 def test_pins_are_bounded_oldest_first(monkeypatch):
-    monkeypatch.setattr(_pins, "_pins", type(_pins._pins)())
-    monkeypatch.setattr(_pins, "MAX_PINS", 3)
+    monkeypatch.setattr(_pins, "_pins", type(_pins._pins)(3))
     for i in range(5):
         _pins.pin("h:1", "job", f"r{i}", 10 + i)
     assert [_pins.lookup("h:1", "job", f"r{i}") for i in range(5)] == \

@@ -200,7 +200,7 @@ def test_verdict_columns_that_do_not_answer_the_report_are_a_protocol_error():
 
 
 def test_which_runs_take_columns_is_bounded_and_forgotten(monkeypatch):
-    monkeypatch.setattr(columns, "MAX_RUNS", 2)
+    monkeypatch.setattr(columns, "_takes", type(columns._takes)(2))
     for i in range(3):
         columns.note("t", "j", f"r{i}", True)
     assert not columns.takes("t", "j", "r0")

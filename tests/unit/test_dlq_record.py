@@ -384,3 +384,29 @@ def test_the_payload_header_says_what_key_and_value_are():
     # an original header of that name never survives: the sidecar's word is the only one
     rec = build(rec=failed(payload="stage-input", headers=(("spillway.payload", b"source"),)))
     assert [v for n, v in rec.headers if n == "spillway.payload"] == [b"stage-input"]
+
+
+def test_a_reports_records_share_the_bytes_of_what_they_share():
+    """Records failing alike, decided alike: one bytes object per shared header value, so the
+    spool's marshal writes each once per segment (a back-reference after that)."""
+    from spillway.sidecar.core.dlq_record import DlqBuilder
+    from spillway.sidecar.dlq.codec import encode_segments
+
+    exc = ExceptionInfo(class_name="builtins.ValueError", message="bad",
+                        stack_trace="Traceback (most recent call last):\n" + "  frame\n" * 200)
+    s = settings(**{"errors.deadletterqueue.context.headers.enable": "true"})
+    b = DlqBuilder(s, TASK, now_ms=1, sidecar_id="s")
+    reason = "skipped: data error"
+    recs = [b.build(failed(record_id=f"r{i}", exception=exc, headers=()), dataclasses.replace(
+        VERDICT, record_id=f"r{i}", reason=reason)) for i in range(100)]
+    first, second = dict(recs[0].headers), dict(recs[1].headers)
+    for name in ("__connect.errors.exception.stacktrace", "__connect.errors.exception.message",
+                 "__connect.errors.class.name", "__connect.errors.topic", "spillway.reason"):
+        assert first[name] is second[name], name
+    assert first["spillway.record.id"] == b"r0" and second["spillway.record.id"] == b"r1"
+    stored = sum(len(blob) for blob, _ in encode_segments(recs))
+    assert stored < 100 * len(exc.stack_trace) / 4
+    # another exception gets its own bytes
+    other = b.build(failed(record_id="x", exception=dataclasses.replace(exc, message="worse")),
+                    VERDICT)
+    assert dict(other.headers)["__connect.errors.exception.message"] == b"worse"

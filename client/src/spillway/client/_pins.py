@@ -11,15 +11,12 @@ pin is forgotten and that run's calls go to the shared address again.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 from ._channel import SCHEMES
+from ._runtable import RunTable
 
 MAX_PINS = 10_000
 
-_lock = threading.Lock()
-_pins: OrderedDict[tuple[str, str, str], str] = OrderedDict()
+_pins = RunTable(MAX_PINS)
 
 
 def pinned_target(target: str, port: int) -> str:
@@ -33,25 +30,16 @@ def pinned_target(target: str, port: int) -> str:
 
 def pin(target: str, job: str, run_id: str, port: int) -> None:
     where = pinned_target(target, port)
-    key = (target, job, run_id)
-    with _lock:
-        if not where:
-            _pins.pop(key, None)
-            return
-        _pins[key] = where
-        _pins.move_to_end(key)
-        while len(_pins) > MAX_PINS:
-            _pins.popitem(last=False)
+    if where:
+        _pins.put((target, job, run_id), where)
+    else:
+        _pins.pop((target, job, run_id))
 
 
 def lookup(target: str, job: str, run_id: str) -> str:
     """The run's pinned target, else ``target``."""
-    if not run_id:
-        return target
-    with _lock:
-        return _pins.get((target, job, run_id), target)
+    return _pins.get((target, job, run_id), target) if run_id else target
 
 
 def forget(target: str, job: str, run_id: str) -> None:
-    with _lock:
-        _pins.pop((target, job, run_id), None)
+    _pins.pop((target, job, run_id))

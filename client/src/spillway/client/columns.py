@@ -9,7 +9,7 @@ every per-record value in a list or a packed column. `verdicts()` reads the answ
 back as `ColumnVerdict` values with pb.Verdict's field names.
 
 A client sends columns only to a sidecar whose RegisterJobResponse said it takes them
-(`note()` / `takes()`: process-wide, by target, job and run, bounded like `_pins`).
+(`note()` / `takes()`: process-wide, by target, job and run, bounded: `_runtable`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 import threading
 from array import array
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -25,6 +24,7 @@ from opentelemetry.context import Context
 from spillway.v1 import sidecar_pb2 as pb
 
 from . import report
+from ._runtable import RunTable
 from .errors import SidecarProtocolError
 
 _SWAP = sys.byteorder != "little"   # fixed-size columns are little-endian on the wire
@@ -301,28 +301,20 @@ _ACTIONS = frozenset((pb.ACTION_RETRY, pb.ACTION_SKIP, pb.ACTION_FAIL))
 
 # -- which sidecars take columns ---------------------------------------------------------------
 
-MAX_RUNS = 10_000
-_lock = threading.Lock()
-_takes: OrderedDict[tuple[str, str, str], bool] = OrderedDict()
+_takes = RunTable(10_000)
 
 
 def note(target: str, job: str, run_id: str, takes_columns: bool) -> None:
     """What RegisterJob answered: this run's reports to ``target`` may go as columns."""
-    key = (target, job, run_id)
-    with _lock:
-        if not takes_columns:
-            _takes.pop(key, None)
-            return
-        _takes[key] = True
-        _takes.move_to_end(key)
-        while len(_takes) > MAX_RUNS:
-            _takes.popitem(last=False)
+    if takes_columns:
+        _takes.put((target, job, run_id), True)
+    else:
+        _takes.pop((target, job, run_id))
 
 
 def takes(target: str, job: str, run_id: str) -> bool:
-    with _lock:
-        return (target, job, run_id) in _takes
+    return _takes.get((target, job, run_id), False)
 
 
 def forget(target: str, job: str, run_id: str) -> None:
-    note(target, job, run_id, False)
+    _takes.pop((target, job, run_id))

@@ -49,7 +49,7 @@ class _Columns:
                             if c.header_counts else None)
 
 
-class ColumnRecord:
+class ColumnRecord(convert.RecordView):
     """A reported record as the core reads it (`model.FailedRecord`'s fields) over its report's
     columns. Treat it as a value; `to_model()` gives the plain dataclass."""
 
@@ -120,24 +120,6 @@ class ColumnRecord:
         c, i = self._c, self._i
         return c.traces[c.trace_ix[i] - 1][1] if c.trace_ix is not None and c.trace_ix[i] else ""
 
-    def to_model(self) -> m.FailedRecord:
-        return m.FailedRecord(self.record_id, self.stage, self.exception, self.function_name,
-                              self.source, self.key, self.value, self.headers,
-                              self.timestamp_ms, self.attempt, self.traceparent,
-                              self.tracestate, self.payload)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (ColumnRecord, convert.PbFailedRecord)):
-            other = other.to_model()
-        if isinstance(other, m.FailedRecord):
-            return self.to_model() == other
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # like the (mutable) dataclass
-
-    def __repr__(self) -> str:
-        return repr(self.to_model()).replace("FailedRecord(", "ColumnRecord(", 1)
-
 
 def records(c: pb.RecordColumns) -> list[ColumnRecord]:
     """A columnar report's records, in order (ValueError naming the first invalid field; the
@@ -150,7 +132,8 @@ def records(c: pb.RecordColumns) -> list[ColumnRecord]:
         payload = m.PAYLOAD_SOURCE if kind.payload == pb.PAYLOAD_SOURCE else \
             m.PAYLOAD_STAGE_INPUT
         kinds.append((convert.stage_ref(kind.stage, kind.custom_stage, where),
-                      convert._exception(kind.exception, where), kind.function_name, payload))
+                      convert.exception_value(kind.exception, where), kind.function_name,
+                      payload))
     ids = c.record_ids
     if not ids:
         return []
@@ -165,7 +148,7 @@ def records(c: pb.RecordColumns) -> list[ColumnRecord]:
 def as_messages(recs) -> list[pb.FailedRecord]:
     """Columnar records as FailedRecord messages: for a whole report passed on to a home
     (ReportFailures.decide_only), which may predate columns."""
-    stage_pb = {v: k for k, v in convert._STAGE_FROM_PB.items()}
+    stage_pb = convert.STAGE_TO_PB
     out = []
     for r in recs:
         msg = pb.FailedRecord(record_id=r.record_id, stage=stage_pb[r.stage.stage],

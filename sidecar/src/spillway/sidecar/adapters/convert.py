@@ -10,7 +10,7 @@ from spillway.v1 import sidecar_pb2 as pb
 
 from ..core import model as m
 
-_STAGE_FROM_PB = {
+STAGE_FROM_PB = {
     pb.STAGE_DESERIALIZATION: m.Stage.DESERIALIZATION,
     pb.STAGE_KEY_CONVERTER: m.Stage.KEY_CONVERTER,
     pb.STAGE_VALUE_CONVERTER: m.Stage.VALUE_CONVERTER,
@@ -21,7 +21,7 @@ _STAGE_FROM_PB = {
     pb.STAGE_CUSTOM: m.Stage.CUSTOM,
 }
 
-_CATEGORY_FROM_PB = {
+CATEGORY_FROM_PB = {
     pb.CATEGORY_RETRIABLE: m.Category.RETRIABLE,
     pb.CATEGORY_REFRESH_RETRIABLE: m.Category.REFRESH_RETRIABLE,
     pb.CATEGORY_ABORTABLE: m.Category.ABORTABLE,
@@ -29,9 +29,10 @@ _CATEGORY_FROM_PB = {
     pb.CATEGORY_INVALID_CONFIGURATION: m.Category.INVALID_CONFIGURATION,
     pb.CATEGORY_DATA: m.Category.DATA,
 }
-_CATEGORY_TO_PB = {v: k for k, v in _CATEGORY_FROM_PB.items()}
+CATEGORY_TO_PB = {v: k for k, v in CATEGORY_FROM_PB.items()}
+STAGE_TO_PB = {v: k for k, v in STAGE_FROM_PB.items()}
 
-_ACTION_TO_PB = {m.Action.RETRY: pb.ACTION_RETRY, m.Action.SKIP: pb.ACTION_SKIP,
+ACTION_TO_PB = {m.Action.RETRY: pb.ACTION_RETRY, m.Action.SKIP: pb.ACTION_SKIP,
                  m.Action.FAIL: pb.ACTION_FAIL}
 
 
@@ -45,7 +46,7 @@ def stage_ref(stage: int, custom: str, where: str) -> m.StageRef:
     if ref is not None:
         return ref
     try:
-        s = _STAGE_FROM_PB[stage]
+        s = STAGE_FROM_PB[stage]
     except KeyError:
         raise ValueError(
             f"{where}.stage: must be one of {sorted(pb.Stage.keys())[1:]} (got {stage})"
@@ -66,7 +67,7 @@ def task_identity(t: pb.TaskIdentity) -> m.TaskIdentity:
     )
 
 
-def _exception(e: pb.ExceptionInfo, where: str) -> m.ExceptionInfo:
+def exception_value(e: pb.ExceptionInfo, where: str) -> m.ExceptionInfo:
     if not e.class_name:
         raise ValueError(f"{where}.exception.class_name: required")
     has = e.HasField
@@ -80,7 +81,7 @@ def _exception(e: pb.ExceptionInfo, where: str) -> m.ExceptionInfo:
         e.kafka_retriable if has("kafka_retriable") else None,
         e.kafka_fatal if has("kafka_fatal") else None,
         e.kafka_txn_requires_abort if has("kafka_txn_requires_abort") else None,
-        _CATEGORY_FROM_PB.get(e.marker_category),
+        CATEGORY_FROM_PB.get(e.marker_category),
         tuple(e.causes),
         e.kafka_error_code.strip().upper() or None,
     )
@@ -99,11 +100,36 @@ def exception_pb(e: m.ExceptionInfo, *, stack_trace: bool = False) -> pb.Excepti
         if value is not None:
             setattr(out, name, value)
     if e.marker_category is not None:
-        out.marker_category = _CATEGORY_TO_PB[e.marker_category]
+        out.marker_category = CATEGORY_TO_PB[e.marker_category]
     return out
 
 
-class PbFailedRecord:
+class RecordView:
+    """What a view of a reported record (`PbFailedRecord`, `columns.ColumnRecord`) shares: it
+    compares and prints as the `model.FailedRecord` it stands for."""
+
+    __slots__ = ()
+
+    def to_model(self) -> m.FailedRecord:
+        return m.FailedRecord(self.record_id, self.stage, self.exception, self.function_name,
+                              self.source, self.key, self.value, self.headers,
+                              self.timestamp_ms, self.attempt, self.traceparent,
+                              self.tracestate, self.payload)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordView):
+            other = other.to_model()
+        if isinstance(other, m.FailedRecord):
+            return self.to_model() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # like the (mutable) dataclass
+
+    def __repr__(self) -> str:
+        return repr(self.to_model()).replace("FailedRecord(", f"{type(self).__name__}(", 1)
+
+
+class PbFailedRecord(RecordView):
     """A reported record as the core reads it (`model.FailedRecord`'s fields), over its
     protobuf message: validated and converted up front are only what every record's decision
     reads (record id, stage, exception); the rest (key, value, headers, source, ...) is read
@@ -172,23 +198,6 @@ class PbFailedRecord:
     def tracestate(self) -> str:
         return self._r.tracestate
 
-    def to_model(self) -> m.FailedRecord:
-        return m.FailedRecord(self.record_id, self.stage, self.exception, self.function_name,
-                              self.source, self.key, self.value, self.headers,
-                              self.timestamp_ms, self.attempt, self.traceparent,
-                              self.tracestate, self.payload)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, PbFailedRecord):
-            other = other.to_model()
-        if isinstance(other, m.FailedRecord):
-            return self.to_model() == other
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # like the (mutable) dataclass
-
-    def __repr__(self) -> str:
-        return repr(self.to_model()).replace("FailedRecord(", "PbFailedRecord(", 1)
 
 
 def failed_records(records) -> list[PbFailedRecord]:
@@ -212,7 +221,7 @@ def failed_records(records) -> list[PbFailedRecord]:
             stage = stage_ref(r.stage, r.custom_stage, f"records[{i}]")
         e = r.exception
         if prev_pb is None or prev_pb != e:
-            prev = _exception(e, f"records[{i}]")
+            prev = exception_value(e, f"records[{i}]")
             prev_pb = e
         append(PbFailedRecord(r, rid, stage, prev))
     return out
@@ -220,8 +229,8 @@ def failed_records(records) -> list[PbFailedRecord]:
 
 def _verdict_fields(v: m.Verdict, dead_letter: bool) -> dict:
     """Only the fields that differ from their protobuf defaults (cheaper to set)."""
-    f = {"record_id": v.record_id, "action": _ACTION_TO_PB[v.action],
-         "category": _CATEGORY_TO_PB[v.category], "reason": v.reason, "attempt": v.attempt}
+    f = {"record_id": v.record_id, "action": ACTION_TO_PB[v.action],
+         "category": CATEGORY_TO_PB[v.category], "reason": v.reason, "attempt": v.attempt}
     if v.retry_delay_ms > 0:
         f["retry_delay_ms"] = int(v.retry_delay_ms)
     if dead_letter:
@@ -239,7 +248,7 @@ def report_response(answers) -> pb.ReportFailuresResponse:
     """The response for `(verdict, dead_letter)` pairs, built in place (no per-verdict copy)."""
     resp = pb.ReportFailuresResponse()
     add = resp.verdicts.add
-    action_pb, category_pb = _ACTION_TO_PB, _CATEGORY_TO_PB
+    action_pb, category_pb = ACTION_TO_PB, CATEGORY_TO_PB
     for v, dead_letter in answers:
         if (v.retry_delay_ms > 0 or dead_letter or v.dead_lettered or v.job_failed
                 or v.retry_budget_exhausted):
@@ -250,14 +259,14 @@ def report_response(answers) -> pb.ReportFailuresResponse:
     return resp
 
 
-_ACTION_FROM_PB = {v: k for k, v in _ACTION_TO_PB.items()}
+ACTION_FROM_PB = {v: k for k, v in ACTION_TO_PB.items()}
 
 
 def verdict_from_pb(v: pb.Verdict) -> m.Verdict:
     """A verdict decided by a job's home sidecar, back into a core value."""
     return m.Verdict(
-        record_id=v.record_id, action=_ACTION_FROM_PB[v.action],
-        category=_CATEGORY_FROM_PB.get(v.category, m.Category.DATA), reason=v.reason,
+        record_id=v.record_id, action=ACTION_FROM_PB[v.action],
+        category=CATEGORY_FROM_PB.get(v.category, m.Category.DATA), reason=v.reason,
         attempt=v.attempt, retry_delay_ms=v.retry_delay_ms, dead_lettered=v.dead_lettered,
         job_failed=v.job_failed, retry_budget_exhausted=v.retry_budget_exhausted,
     )

@@ -42,11 +42,6 @@ def pack_le(values: array) -> bytes:
 # TallyResponse.flags
 DEAD_LETTER, DEAD_LETTERED, JOB_FAILED, BUDGET_EXHAUSTED, LOGGED = 1, 2, 4, 8, 16
 
-_ACTION_TO_PB = convert._ACTION_TO_PB
-_ACTION_FROM_PB = {v: k for k, v in _ACTION_TO_PB.items()}
-_CATEGORY_TO_PB = convert._CATEGORY_TO_PB
-_CATEGORY_FROM_PB = convert._CATEGORY_FROM_PB
-_STAGE_TO_PB = {v: k for k, v in convert._STAGE_FROM_PB.items()}
 
 
 # --- node side --------------------------------------------------------------------------------
@@ -67,7 +62,7 @@ def tally_report(task: pb.TaskIdentity, records: Sequence, digests: bytes) -> pb
             continue
         prev = (r.exception, r.stage, fn)
         ref = r.stage
-        group = add(count=1, stage=_STAGE_TO_PB[ref.stage], custom_stage=ref.custom,
+        group = add(count=1, stage=convert.STAGE_TO_PB[ref.stage], custom_stage=ref.custom,
                     function_name=fn, exception=convert.exception_pb(r.exception))
     return out
 
@@ -88,7 +83,7 @@ def tally_outcomes(resp: pb.TallyVerdicts, record_ids: Sequence[str]):
     reasons, rules = list(resp.reasons), list(resp.rules)
     if (reason_ix and max(reason_ix) >= len(reasons)) or (rule_ix and max(rule_ix) >= len(rules)):
         raise ValueError("TallyVerdicts: an index past its table")
-    action_of, category_of = _ACTION_FROM_PB, _CATEGORY_FROM_PB
+    action_of, category_of = convert.ACTION_FROM_PB, convert.CATEGORY_FROM_PB
     out = []
     append = out.append
     Verdict, Decision = m.Verdict, m.Decision
@@ -120,7 +115,7 @@ def tally_records(req: pb.TallyReport, where: str = "reports[0]") -> list[m.Fail
     for g, group in enumerate(req.groups):
         at = f"{where}.groups[{g}]"
         stage = convert.stage_ref(group.stage, group.custom_stage, at)
-        exc = convert._exception(group.exception, at)
+        exc = convert.exception_value(group.exception, at)
         fn = group.function_name
         for j in range(i, i + group.count):
             append(FailedRecord(ids[j], stage, exc, fn, tag=digests[j]))
@@ -142,7 +137,7 @@ def encode_verdicts(rows, *, rules: bool) -> pb.TallyVerdicts:
     reason_ix, rule_ix = array("I", bytes(4 * n)), array("I", bytes(4 * n))
     reasons: dict[str, int] = {}
     rule_names: dict[str, int] = {}
-    action_pb, category_pb = _ACTION_TO_PB, _CATEGORY_TO_PB
+    action_pb, category_pb = convert.ACTION_TO_PB, convert.CATEGORY_TO_PB
     last_reason, last_ix = None, 0
     for i, (v, dead_letter, logged, rule) in enumerate(rows):
         actions[i] = action_pb[v.action]
