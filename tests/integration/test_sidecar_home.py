@@ -254,3 +254,40 @@ def test_a_home_that_lost_the_run_hears_of_it_again_when_the_executor_registers_
     assert out.verdicts[0].action == pb.ACTION_SKIP
     assert sa.GetJobSummary(pb.GetJobSummaryRequest(job="lost-home", run_id=RUN), timeout=5,
                             metadata=_md(reg)).total_record_errors == 1
+
+
+def test_a_columnar_report_the_node_passes_on_whole_is_decided_at_the_home(
+        two_nodes, broker, topic_name):
+    """A report with recovered ids goes to the home whole (decide_only): a columnar one is
+    passed on as messages, decided there once per record, dead-lettered on the node, and
+    answered to the executor as columns."""
+    from spillway.client import columns
+
+    a, b = two_nodes
+    props = _dlq_props(topic_name)
+    sa, sb = _stub(a), _stub(b)
+    run = "app-20261123000000-0043"
+    reg = sa.RegisterJob(pb.RegisterJobRequest(job="cols", run_id=run, properties=props),
+                         timeout=20)
+    assert sb.RegisterJob(pb.RegisterJobRequest(
+        job="cols", run_id=run, properties=props, home=reg.home,
+        home_instance_id=reg.home_instance_id), timeout=20, metadata=_md(reg)).report_columns
+    task = pb.TaskIdentity(stage_id=1, partition_id=0, attempt_number=0, task_attempt_id=20)
+    try:
+        raise ValueError("bad")
+    except ValueError as exc:
+        fs = [columns.failure(f"c-{i}", "TRANSFORMATION", exc, key=f"c-{i}".encode(),
+                              value=b"bad", function_name="app.f") for i in range(4)]
+    resp = sb.ReportFailures(pb.ReportFailuresRequest(
+        job="cols", run_id=run, task=task, columns=columns.encode(fs),
+        recovered_record_ids=["c-earlier"], verdict_columns=True), timeout=10,
+        metadata=_md(reg))
+    verdicts = columns.verdicts(resp.columns, [f.record_id for f in fs], "node b")
+    assert [(v.action, v.dead_lettered) for v in verdicts] == [(pb.ACTION_SKIP, True)] * 4
+    sb.FlushTask(pb.FlushTaskRequest(job="cols", run_id=run, task=task), timeout=20,
+                 metadata=_md(reg))
+    keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic_name))
+    assert keys == [b"c-0", b"c-1", b"c-2", b"c-3"]
+    home = sa.GetJobSummary(pb.GetJobSummaryRequest(job="cols", run_id=run), timeout=5,
+                            metadata=_md(reg))
+    assert home.total_record_errors == 4 and home.total_records_skipped == 4

@@ -208,3 +208,13 @@ def test_which_runs_take_columns_is_bounded_and_forgotten(monkeypatch):
     columns.forget("t", "j", "r2")
     columns.note("t", "j", "r1", False)
     assert not columns.takes("t", "j", "r1") and not columns.takes("t", "j", "r2")
+
+
+def test_a_columnar_report_passed_on_to_a_home_as_messages_is_the_same_report():
+    """A whole report forwarded to a home (decide_only, which may predate columns) goes as
+    FailedRecord messages describing exactly the records the columns held."""
+    fs, msgs = _failures()
+    again = side.as_messages(_decoded(fs))
+    assert [r.to_model() for r in convert.failed_records(again)] == [
+        r.to_model() for r in convert.failed_records(msgs)]
+    assert again[0].exception.stack_trace == msgs[0].exception.stack_trace != ""
