@@ -154,6 +154,44 @@ requests = st.one_of(
                                    groups=st.lists(plausible_group, min_size=1, max_size=1)),
                          min_size=1, max_size=2))),
 )
+# columnar reports (RecordColumns): random columns of any shape, and plausible ones (the
+# plausible records as an executor's client encodes them) that reach the fixed runs' engines
+column = st.binary(max_size=48)
+random_columns = st.builds(
+    pb.RecordColumns, record_ids=ids, kinds=st.lists(st.builds(
+        pb.FailureKind, stage=stage, custom_stage=text, function_name=text,
+        exception=st.one_of(st.none(), exception), payload=st.integers(-3, 10)), max_size=3),
+    kind_index=column, keys=st.lists(st.binary(max_size=16), max_size=4),
+    values=st.lists(st.binary(max_size=16), max_size=4), absent=st.binary(max_size=6),
+    topics=st.lists(text, max_size=2), topic_index=column, partitions=column, offsets=column,
+    timestamps_ms=column, attempts=column, traceparents=st.lists(text, max_size=2),
+    tracestates=st.lists(text, max_size=2), trace_index=column,
+    headers=st.lists(header, max_size=3), header_counts=column)
+
+
+def _as_columns(recs: list[pb.FailedRecord]) -> pb.RecordColumns:
+    from spillway.client import columns
+
+    return columns.encode([columns.Failure(
+        r.record_id, r.stage, r.custom_stage, r.function_name, r.payload, r.exception,
+        (r.stage, r.function_name, r.exception.SerializeToString()),
+        (r.source.topic, r.source.partition, r.source.offset) if r.HasField("source") else None,
+        r.key if r.HasField("key") else None, r.value if r.HasField("value") else None,
+        tuple((h.key, h.value if h.HasField("value") else None) for h in r.headers),
+        r.timestamp_ms if r.HasField("timestamp_ms") else None, max(1, r.attempt),
+        r.traceparent, r.tracestate) for r in recs])
+
+
+requests = st.one_of(
+    requests,
+    st.tuples(st.just("ReportFailures"), st.builds(
+        pb.ReportFailuresRequest, job=name, task=task, columns=random_columns,
+        verdict_columns=st.booleans(), run_id=st.one_of(st.just(RUN), text))),
+    st.tuples(st.just("ReportFailures"), st.builds(
+        pb.ReportFailuresRequest, job=st.sampled_from(JOBS), run_id=st.just(RUN),
+        task=plausible_task, verdict_columns=st.just(True),
+        columns=st.lists(plausible_record, min_size=1, max_size=4).map(_as_columns))),
+)
 METHODS = ["RegisterJob", "ReportFailures", "FlushTask", "GetJobSummary", "GetStatus", "EndJob",
            "TallyFailures"]
 

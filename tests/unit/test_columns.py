@@ -218,3 +218,72 @@ def test_a_columnar_report_passed_on_to_a_home_as_messages_is_the_same_report():
     assert [r.to_model() for r in convert.failed_records(again)] == [
         r.to_model() for r in convert.failed_records(msgs)]
     assert again[0].exception.stack_trace == msgs[0].exception.stack_trace != ""
+
+
+def test_any_columns_are_refused_naming_a_field_or_read_whole():
+    """Whatever columns arrive, validation refuses them with a ValueError (INVALID_ARGUMENT)
+    or every record they describe reads without an error: no IndexError or struct error can
+    reach the servicer (which would answer UNKNOWN). Columns are drawn mostly well-shaped
+    (one entry per record, small indexes) so that many get past validation."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    good = _good()
+    hits: list[int] = []
+
+    def le(vals, width: int, signed: bool = False) -> bytes:
+        return b"".join(v.to_bytes(width, "little", signed=signed) for v in vals)
+
+    @st.composite
+    def report(draw):
+        """Well-formed columns of n records, then (half the time) one column replaced by
+        random bytes or an out-of-range value."""
+        n = draw(st.integers(1, 4))
+        ints = lambda lo, hi: draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n))  # noqa: E731
+        rows = st.lists(st.binary(max_size=4), min_size=n, max_size=n)
+        k, t, p = draw(st.integers(1, n)), draw(st.integers(1, n)), draw(st.integers(1, n))
+        counts = ints(0, 2)
+        cols = pb.RecordColumns(
+            record_ids=[f"r{i}" for i in range(n)], kinds=[good.kinds[0]] * k,
+            kind_index=draw(st.sampled_from([b"", le(ints(0, k - 1), 4)])),
+            keys=draw(st.one_of(st.just([]), rows)), values=draw(st.one_of(st.just([]), rows)),
+            absent=draw(st.sampled_from([b"", bytes(ints(0, 7))])),
+            timestamps_ms=draw(st.sampled_from([b"", le(ints(-1, 2**45), 8, True)])),
+            attempts=draw(st.sampled_from([b"", le(ints(0, 9), 4)])),
+            headers=[pb.Header(key="h", value=b"v") if i % 2 else pb.Header(key="g")
+                     for i in range(sum(counts))],
+            header_counts=le(counts, 4) if sum(counts) else b"")
+        if draw(st.booleans()):
+            cols.topics.extend(f"t{i}" for i in range(t))
+            cols.topic_index = le(ints(0, t), 4)
+            cols.partitions = le(ints(-1, 9), 4, True)
+            cols.offsets = le(ints(-1, 2**40), 8, True)
+        if draw(st.booleans()):
+            cols.traceparents.extend([TRACE] * p)
+            if draw(st.booleans()):
+                cols.tracestates.extend(["s=1"] * p)
+            cols.trace_index = le(ints(0, p), 4)
+        if draw(st.booleans()):   # one fault
+            field = draw(st.sampled_from(
+                ["kind_index", "absent", "topic_index", "partitions", "offsets", "timestamps_ms",
+                 "attempts", "trace_index", "header_counts"]))
+            setattr(cols, field, draw(st.binary(max_size=4 * n + 8)))
+        return cols
+
+    @settings(max_examples=600, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(cols=report())
+    def check(cols):
+        try:
+            validate.check("ReportFailures", pb.ReportFailuresRequest(job="j", columns=cols))
+            recs = side.records(cols)
+        except ValueError:
+            return
+        assert [r.record_id for r in recs] == list(cols.record_ids)
+        for r in recs:
+            r.to_model()
+        hits.append(len(recs))
+
+    check()
+    # the strategy reaches the records, not only refusals
+    assert sum(1 for n in hits if n) >= 200, len(hits)
