@@ -57,3 +57,45 @@ def profiled(ctx: Context, result: TargetResult, title: str, pids: Sequence[int]
         return out
     result.profiles.append(section(title, stacks, diagnosis))
     return out
+
+
+def node_clients_run(ctx: Context, pool, address: str, label: str, job_props,
+                     per_client: int, batch: int, run_no: int, pids: Sequence[int],
+                     **extra) -> tuple:
+    """One run of ``pool``'s clients against the node sidecar at ``address``: the harness
+    registers a fresh run of a fresh job there (as a driver in its own process), the clients
+    register naming the home it answered, report ``per_client`` records each in reports of
+    ``batch`` (``extra``: more loadgen settings) and flush; every record must be acknowledged.
+    Returns (aggregate, CPU of ``pids`` before, after, the driver's summary of the run); the
+    run is ended."""
+    import uuid
+
+    from spillway.client import SidecarClient
+    from spillway.client.runs import JobRun, JobToken
+
+    from .. import cpu
+    from ..infra import BenchError
+
+    topic = ctx.infra.fresh_topic(label)
+    job = f"bench-{label}-{uuid.uuid4().hex[:8]}"
+    props = job_props(topic)
+    run = JobRun(job, "bench", JobToken(f"bench-token-{job}"))  # as bench.loadgen names it
+    driver = SidecarClient(address, timeout_s=60)
+    reg = driver.register_job(run, props)
+    before: dict[int, float] = {}
+    agg = pool.run(lambda i: {
+        "target": address, "job": job, "props": props,
+        "home_registered": {"home": reg.home, "home_instance_id": reg.home_instance_id},
+        "records": per_client, "batch": batch, "flush": True, "run_no": run_no, **extra},
+        on_start=lambda: before.update(cpu.snapshot(pids)))
+    after = cpu.snapshot(pids)
+    try:
+        if agg.errors or agg.timed_out or agg.acked != agg.records:
+            raise BenchError(f"{label}: {agg.errors} client error(s), timed out="
+                             f"{agg.timed_out}, {agg.acked} of {agg.records} acknowledged: "
+                             f"{'; '.join(agg.error_samples)}")
+        summary = driver.job_summary(reg.run())
+        driver.end_job(reg.run())
+    finally:
+        driver.close()
+    return agg, before, after, summary

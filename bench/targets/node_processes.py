@@ -11,14 +11,12 @@ and the broker share the cores with the node.
 
 from __future__ import annotations
 
-import uuid
-
 from .. import cpu
 from ..clients import ClientPool
 from ..infra import BenchError
 from ..model import Figure, TargetResult, fmt
 from ..runner import Context
-from .common import alternate_runs
+from .common import alternate_runs, node_clients_run
 
 PROCESSES = (1, 2)
 
@@ -36,36 +34,13 @@ class NodeProcesses:
 
     def run(self, p: int, run_no: int) -> tuple[float, float]:
         """(records/s, node CPU µs per dead-lettered record) of one run."""
-        from spillway.client import SidecarClient
-        from spillway.client.runs import JobRun, JobToken
-
         node = self.nodes[p]
-        topic = self.ctx.infra.fresh_topic("node-procs")
-        job = f"bench-procs-{uuid.uuid4().hex[:8]}"
-        props = self.job_props(topic)
-        run = JobRun(job, "bench", JobToken(f"bench-token-{job}"))  # as bench.loadgen names it
-        driver = SidecarClient(node.address, timeout_s=60)
-        reg = driver.register_job(run, props)
-        pids = [node.pid, *cpu.children(node.pid)]
-        before: dict[int, float] = {}
-        agg = self.pool.run(lambda i: {
-            "target": node.address, "job": job, "props": props,
-            "home_registered": {"home": reg.home, "home_instance_id": reg.home_instance_id},
-            "records": self.per_client, "batch": self.batch, "flush": True, "run_no": run_no},
-            on_start=lambda: before.update(cpu.snapshot(pids)))
-        after = cpu.snapshot(pids)
-        try:
-            if agg.errors or agg.timed_out or agg.acked != agg.records:
-                raise BenchError(f"node of {p} processes: {agg.errors} client error(s), timed "
-                                 f"out={agg.timed_out}, {agg.acked} of {agg.records} "
-                                 f"acknowledged: {'; '.join(agg.error_samples)}")
-            decided = driver.job_summary(reg.run()).total_record_errors
-            if decided != agg.records:
-                raise BenchError(f"node of {p} processes: the home counted {decided} of "
-                                 f"{agg.records} records")
-            driver.end_job(reg.run())
-        finally:
-            driver.close()
+        agg, before, after, summary = node_clients_run(
+            self.ctx, self.pool, node.address, f"procs-{p}", self.job_props, self.per_client,
+            self.batch, run_no, [node.pid, *cpu.children(node.pid)])
+        if summary.total_record_errors != agg.records:
+            raise BenchError(f"node of {p} processes: the home counted "
+                             f"{summary.total_record_errors} of {agg.records} records")
         return (agg.records / agg.report_seconds,
                 cpu.us_per_record(cpu.cpu_used(before, after), agg.records))
 

@@ -10,14 +10,11 @@ each side of the wire.
 
 from __future__ import annotations
 
-import uuid
-
 from .. import cpu
 from ..clients import ClientPool
-from ..infra import BenchError
 from ..model import Figure, TargetResult, fmt
 from ..runner import Context
-from .common import alternate_runs
+from .common import alternate_runs, node_clients_run
 
 FORMATS = ("columns", "messages")
 
@@ -33,33 +30,11 @@ class ReportFormats:
 
     def run(self, how: str, run_no: int) -> tuple[float, float, float]:
         """(records/s, node CPU µs, clients' CPU µs) per dead-lettered record of one run."""
-        from spillway.client import SidecarClient
-        from spillway.client.runs import JobRun, JobToken
-
         node = self.node
-        topic = self.ctx.infra.fresh_topic("formats")
-        job = f"bench-formats-{uuid.uuid4().hex[:8]}"
-        props = self.job_props(topic)
-        run = JobRun(job, "bench", JobToken(f"bench-token-{job}"))  # as bench.loadgen names it
-        driver = SidecarClient(node.address, timeout_s=60)
-        reg = driver.register_job(run, props)
-        pids = [node.pid, *self.pool.pids]
-        before: dict[int, float] = {}
-        agg = self.pool.run(lambda i: {
-            "target": node.address, "job": job, "props": props,
-            "home_registered": {"home": reg.home, "home_instance_id": reg.home_instance_id},
-            "records": self.per_client, "batch": self.batch, "flush": True, "run_no": run_no,
-            "columns": how == "columns"},
-            on_start=lambda: before.update(cpu.snapshot(pids)))
-        after = cpu.snapshot(pids)
-        try:
-            if agg.errors or agg.timed_out or agg.acked != agg.records:
-                raise BenchError(f"reports as {how}: {agg.errors} client error(s), timed out="
-                                 f"{agg.timed_out}, {agg.acked} of {agg.records} "
-                                 f"acknowledged: {'; '.join(agg.error_samples)}")
-            driver.end_job(reg.run())
-        finally:
-            driver.close()
+        agg, before, after, _ = node_clients_run(
+            self.ctx, self.pool, node.address, f"formats-{how}", self.job_props,
+            self.per_client, self.batch, run_no, [node.pid, *self.pool.pids],
+            columns=how == "columns")
         return (agg.records / agg.report_seconds,
                 cpu.us_per_record(cpu.cpu_used(before, after, [node.pid]), agg.records),
                 cpu.us_per_record(cpu.cpu_used(before, after, self.pool.pids), agg.records))

@@ -236,6 +236,16 @@ def report_failures(req: pb.ReportFailuresRequest) -> None:
     _ids("undo_dead_letter_record_ids", req.undo_dead_letter_record_ids)
 
 
+def _way_of_failing(kind, at: str) -> None:
+    """What a FailureKind and a TallyGroup share: names within bounds, an exception."""
+    if kind.custom_stage:
+        names.check_custom_stage(kind.custom_stage, f"{at}.custom_stage")
+    if kind.function_name:
+        names.check_function_name(kind.function_name, f"{at}.function_name")
+    if not kind.HasField("exception"):
+        raise ValueError(f"{at}.exception: required")
+
+
 def _column(field: str, data: bytes, width: int, n: int, code: str):
     """A packed column: empty, or ``width`` bytes per record; its values."""
     if data and len(data) != width * n:
@@ -270,12 +280,7 @@ def _columns(c: pb.RecordColumns) -> None:
         _len(f"columns.{field}", table, n, "entries (one per record at most)")
     for k, kind in enumerate(kinds):
         at = f"columns.kinds[{k}]"
-        if kind.custom_stage:
-            names.check_custom_stage(kind.custom_stage, f"{at}.custom_stage")
-        if kind.function_name:
-            names.check_function_name(kind.function_name, f"{at}.function_name")
-        if not kind.HasField("exception"):
-            raise ValueError(f"{at}.exception: required")
+        _way_of_failing(kind, at)
         _exception(kind.exception, f"{at}.exception")
     _index("columns.kind_index", c.kind_index, n, len(kinds), zero_is_none=False)
     for field, values in (("keys", c.keys), ("values", c.values)):
@@ -376,12 +381,7 @@ def _tally_report(report: pb.TallyReport, where: str) -> None:
         if group.count < 1:
             raise ValueError(f"{at}.count: at least 1 (got {group.count})")
         total += group.count
-        if group.custom_stage:
-            names.check_custom_stage(group.custom_stage, f"{at}.custom_stage")
-        if group.function_name:
-            names.check_function_name(group.function_name, f"{at}.function_name")
-        if not group.HasField("exception"):
-            raise ValueError(f"{at}.exception: required")
+        _way_of_failing(group, at)
         e = group.exception
         if e.stack_trace:
             raise ValueError(f"{at}.exception.stack_trace: not sent to a home (got "
