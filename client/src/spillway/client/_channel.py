@@ -5,9 +5,11 @@ channel per sidecar target. A channel inherited through ``fork()`` is never used
 the child (gRPC's core state does not survive a fork); the child builds its own.
 
 Transient UNAVAILABLE is retried by gRPC itself, per the retry policy in ``SERVICE_CONFIG``
-(bounded: at most 5 attempts with exponential backoff, about 3 s in all), then surfaces. The
-channel's connectivity is tracked (`connectivity`) so that a deadline passing while the sidecar
-could not be reached is told apart from a sidecar that is slow to answer.
+(bounded: at most 5 attempts with exponential backoff, about 3 s in all), then surfaces. When a
+call fails, the channel's connectivity is read (`connectivity`) so that a deadline passing while
+the sidecar could not be reached is told apart from a sidecar that is slow to answer. It is read
+then, not watched: `Channel.subscribe` starts a polling thread that races `close()` (grpc raises
+"Channel closed!" in it when a channel is closed soon after it was opened).
 
 Channels are keyed by target and `ChannelSecurity` (TLS material, token file; see `_auth`): a
 TLS channel carries the token as call credentials, a plaintext one through an interceptor.
@@ -15,7 +17,6 @@ TLS channel carries the token as call credentials, a plaintext one through an in
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import threading
@@ -58,14 +59,8 @@ _lock = threading.Lock()
 _pid = os.getpid()
 _Key = tuple[str, ChannelSecurity | None]
 _channels: dict[_Key, tuple[grpc.Channel, grpc.Channel]] = {}  # key -> (base, with auth)
-_states: dict[_Key, grpc.ChannelConnectivity] = {}
-
-
-def _on_state(key: _Key, channel: grpc.Channel, state: grpc.ChannelConnectivity) -> None:
-    with _lock:
-        pair = _channels.get(key)
-        if pair is not None and pair[0] is channel:
-            _states[key] = state
+# gRPC core's connectivity codes, as grpc.ChannelConnectivity values carry them
+_STATES = {state.value[0]: state for state in grpc.ChannelConnectivity}
 
 
 def _key(target: str, security: ChannelSecurity | None) -> _Key:
@@ -93,32 +88,35 @@ def get_channel(target: str, security: ChannelSecurity | None = None) -> grpc.Ch
     with _lock:
         if _pid != os.getpid():  # forked: forget the parent's channels without touching them
             _channels.clear()
-            _states.clear()
             _pid = os.getpid()
         pair = _channels.get(key)
         if pair is None:
             pair = _open(target, key[1])
             _channels[key] = pair
-            _states[key] = grpc.ChannelConnectivity.IDLE
-            new = pair[0]
-        else:
-            new = None
-    if new is not None:  # outside the lock: the first callback may run at once
-        new.subscribe(functools.partial(_on_state, key, new), try_to_connect=False)
     return pair[1]
 
 
 def connectivity(target: str, security: ChannelSecurity | None = None
                  ) -> grpc.ChannelConnectivity | None:
-    """The last known state of this process's channel to ``target`` (None: no channel)."""
+    """The state of this process's channel to ``target`` now (None: no channel, or a grpcio
+    whose channel does not tell: the caller then cannot say "unreachable")."""
     with _lock:
-        return _states.get(_key(target, security)) if _pid == os.getpid() else None
+        pair = _channels.get(_key(target, security)) if _pid == os.getpid() else None
+    # grpcio's Channel exposes no public state read but subscribe(); its core channel answers
+    # at once (every grpcio this client supports has it)
+    check = getattr(getattr(pair[0], "_channel", None), "check_connectivity_state", None) \
+        if pair is not None else None
+    if check is None:
+        return None
+    try:
+        return _STATES.get(check(False))
+    except Exception:  # noqa: BLE001 - a closed channel, or another grpcio: state unknown
+        return None
 
 
 def close_channel(target: str, security: ChannelSecurity | None = None) -> None:
     key = _key(target, security)
     with _lock:
         pair = _channels.pop(key, None) if _pid == os.getpid() else None
-        _states.pop(key, None)
     if pair is not None:
         pair[0].close()
