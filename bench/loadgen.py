@@ -108,7 +108,7 @@ class Run:
 
         import grpc
 
-        from spillway.sidecar.adapters.tally import DEAD_LETTER
+        from spillway.client.columns import DEAD_LETTER
         from spillway.sidecar.core.tolerance import payload_tag, run_secret
         from spillway.v1 import sidecar_pb2_grpc
 

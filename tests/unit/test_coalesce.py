@@ -10,6 +10,30 @@ import pytest
 from spillway.sidecar.coalesce import GroupCall
 
 
+class _Held:
+    """A send function whose first call blocks until ``release`` is set (``started`` says it
+    is in flight); every call's (items, timeout) is kept in ``calls``."""
+
+    def __init__(self, answer=lambda item: item) -> None:
+        self.answer = answer
+        self.calls: list[tuple[list, float]] = []
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, items, timeout_s):
+        self.calls.append((list(items), timeout_s))
+        if len(self.calls) == 1:
+            self.started.set()
+            assert self.release.wait(5)
+        return [self.answer(i) for i in items]
+
+    def first_call(self, target, *args, **kwargs) -> threading.Thread:
+        """Start ``target`` in a thread and return once its call is in flight."""
+        t = threading.Thread(target=target, args=args, kwargs=kwargs)
+        t.start()
+        assert self.started.wait(5)
+        return t
+
+
 def test_one_caller_is_sent_at_once_alone():
     sent = []
     g = GroupCall(lambda items, t: sent.append((list(items), t)) or [i * 2 for i in items],
@@ -19,34 +43,24 @@ def test_one_caller_is_sent_at_once_alone():
 
 
 def test_callers_arriving_during_a_call_go_together_in_the_next_one():
-    started, release = threading.Event(), threading.Event()
-    batches = []
-
-    def send(items, timeout_s):
-        batches.append(list(items))
-        if len(batches) == 1:
-            started.set()
-            assert release.wait(5)
-        return [f"answer {i}" for i in items]
-
+    send = _Held(lambda i: f"answer {i}")
     g = GroupCall(send, max_items=64, max_weight=10_000)
     answers = {}
 
     def caller(i):
         answers[i] = g.call(i, weight=10, timeout_s=5.0)
 
-    first = threading.Thread(target=caller, args=(0,))
-    first.start()
-    assert started.wait(5)
+    first = send.first_call(caller, 0)
     rest = [threading.Thread(target=caller, args=(i,)) for i in range(1, 6)]
     for t in rest:
         t.start()
     deadline = time.monotonic() + 5
     while len(g._queue) < 5 and time.monotonic() < deadline:
         time.sleep(0.01)
-    release.set()
+    send.release.set()
     for t in [first, *rest]:
         t.join(5)
+    batches = [items for items, _ in send.calls]
     assert answers == {i: f"answer {i}" for i in range(6)}
     assert batches[0] == [0] and sorted(batches[1]) == [1, 2, 3, 4, 5]
     assert (g.calls, g.items) == (2, 6)
@@ -94,50 +108,30 @@ def test_a_call_answering_the_wrong_number_of_items_fails_each_caller():
 
 
 def test_the_shortest_deadline_of_a_call_is_its_deadline():
-    started, release = threading.Event(), threading.Event()
-    timeouts = []
-
-    def send(items, timeout_s):
-        timeouts.append(timeout_s)
-        if len(timeouts) == 1:
-            started.set()
-            release.wait(5)
-        return list(items)
-
+    send = _Held()
     g = GroupCall(send, max_items=8, max_weight=100)
-    t0 = threading.Thread(target=g.call, args=("x",), kwargs={"timeout_s": 9.0})
-    t0.start()
-    assert started.wait(5)
+    t0 = send.first_call(g.call, "x", timeout_s=9.0)
     others = [threading.Thread(target=g.call, args=(i,), kwargs={"timeout_s": s})
               for i, s in ((1, 7.0), (2, 3.0))]
     for t in others:
         t.start()
     while len(g._queue) < 2:
         time.sleep(0.01)
-    release.set()
+    send.release.set()
     for t in [t0, *others]:
         t.join(5)
+    timeouts = [t for _, t in send.calls]
     assert 8.9 < timeouts[0] <= 9.0 and 2.0 < timeouts[1] <= 3.0   # less what it waited
 
 
 def test_a_caller_whose_deadline_passes_while_waiting_gives_up_unsent():
     from spillway.sidecar.coalesce import GroupCallTimeout
 
-    started, release = threading.Event(), threading.Event()
-    sent = []
-
-    def send(items, timeout_s):
-        sent.append(list(items))
-        started.set()
-        release.wait(5)
-        return list(items)
-
+    send = _Held()
     g = GroupCall(send, max_items=8, max_weight=100)
-    first = threading.Thread(target=g.call, args=("slow",), kwargs={"timeout_s": 9.0})
-    first.start()
-    assert started.wait(5)
+    first = send.first_call(g.call, "slow", timeout_s=9.0)
     with pytest.raises(GroupCallTimeout, match="not sent"):
         g.call("late", timeout_s=0.2)
-    release.set()
+    send.release.set()
     first.join(5)
-    assert sent == [["slow"]] and not g._queue
+    assert [items for items, _ in send.calls] == [["slow"]] and not g._queue

@@ -169,11 +169,12 @@ class SidecarClient:
         ``spool.max.bytes``) is sent again in halves (`_split`); ReportTooLargeError only for a
         single record that does not fit."""
         run = as_run(job)
-        as_columns = bool(records) and all(type(r) is columns.Failure for r in records)
-        if as_columns and columns.takes(self.target, run.job, run.run_id):
+        failures = sum(type(r) is columns.Failure for r in records)
+        if records and failures == len(records) and columns.takes(self.target, run.job,
+                                                                   run.run_id):
             send = self._report_columns
         else:
-            if as_columns or any(type(r) is columns.Failure for r in records):
+            if failures:
                 records = [r.to_pb() if type(r) is columns.Failure else r for r in records]
             send = self._report_once
         return _split.send_splitting(lambda recs, rec_ids: send(run, task, recs, rec_ids),

@@ -29,7 +29,7 @@ from .errors import SidecarProtocolError
 
 _SWAP = sys.byteorder != "little"   # fixed-size columns are little-endian on the wire
 NO_KEY, NO_VALUE, NO_TIMESTAMP = 1, 2, 4   # RecordColumns.absent
-# TallyVerdicts.flags
+# TallyVerdicts.flags (the home protocol adds 16: logged by the home)
 DEAD_LETTER, DEAD_LETTERED, JOB_FAILED, BUDGET_EXHAUSTED = 1, 2, 4, 8
 
 # -- ways of failing ---------------------------------------------------------------------------
@@ -112,13 +112,8 @@ def failure(record_id: str, stage: int | str, exc: BaseException, *, custom_stag
             timestamp_ms: int | None = None, attempt: int = 1, context: Context | None = None,
             payload: int | str | None = None) -> Failure:
     """`report.failed_record`'s record as a `Failure` (the same checks, the same fields)."""
-    if not record_id:
-        raise ValueError("record_id: a stable, non-empty record id is required")
-    stage_v = report.stage_value(stage)
-    if stage_v == pb.STAGE_CUSTOM and not custom_stage:
-        raise ValueError("custom_stage: required with stage CUSTOM")
-    payload_v = pb.PAYLOAD_UNSPECIFIED if payload is None else (
-        report._PAYLOADS[payload] if payload in report._PAYLOADS else report._payload(payload))
+    stage_v = report.checked_stage(record_id, stage, custom_stage)
+    payload_v = pb.PAYLOAD_UNSPECIFIED if payload is None else report.payload_value(payload)
     exc_key, info = _shared_exception(report._exception_fields(exc))
     traceparent, tracestate = report.trace_context(context)
     if source is not None:
@@ -135,14 +130,15 @@ def failure(record_id: str, stage: int | str, exc: BaseException, *, custom_stag
 
 # -- the report --------------------------------------------------------------------------------
 
-def _pack(values: array) -> bytes:
+def pack_le(values: array) -> bytes:
+    """A packed column as the wire carries it (little-endian); the sidecar uses it too."""
     if _SWAP:
         values = array(values.typecode, values)
         values.byteswap()
     return values.tobytes()
 
 
-def _unpack(code: str, data: bytes) -> array:
+def unpack_le(code: str, data: bytes) -> array:
     out = array(code, data)
     if _SWAP:
         out.byteswap()
@@ -221,24 +217,24 @@ def encode(failures: Sequence[Failure]) -> pb.RecordColumns:
         kinds=[{"stage": f.stage, "custom_stage": f.custom_stage,
                 "function_name": f.function_name, "exception": f.exception,
                 "payload": f.payload} for f in firsts],
-        kind_index=_pack(kind_ix) if len(firsts) > 1 else b"",
+        kind_index=pack_le(kind_ix) if len(firsts) > 1 else b"",
         keys=keys if any_key else (), values=values if any_value else (),
         absent=bytes(absent) if any_absent else b"",
         topics=list(topics), headers=headers)
     if topic_ix is not None:
-        out.topic_index, out.partitions, out.offsets = (_pack(topic_ix), _pack(partitions),
-                                                        _pack(offsets))
+        out.topic_index, out.partitions, out.offsets = (pack_le(topic_ix), pack_le(partitions),
+                                                        pack_le(offsets))
     if timestamps is not None:
-        out.timestamps_ms = _pack(timestamps)
+        out.timestamps_ms = pack_le(timestamps)
     if attempts is not None:
-        out.attempts = _pack(attempts)
+        out.attempts = pack_le(attempts)
     if trace_ix is not None:
-        out.trace_index = _pack(trace_ix)
+        out.trace_index = pack_le(trace_ix)
         out.traceparents.extend(p for p, _ in traces)
         if any(s for _, s in traces):
             out.tracestates.extend(s for _, s in traces)
     if counts is not None:
-        out.header_counts = _pack(counts)
+        out.header_counts = pack_le(counts)
     return out
 
 
@@ -281,9 +277,9 @@ def verdicts(cols: pb.TallyVerdicts, record_ids: Sequence[str], where: str
     not answer it (one entry per record, indexes inside their tables, known actions)."""
     n = len(record_ids)
     actions, categories, flags = cols.actions, cols.categories, cols.flags
-    attempts = _unpack("I", cols.attempts)
-    reason_ix = _unpack("I", cols.reason_index)
-    delays = _unpack("Q", cols.retry_delays_ms) if cols.retry_delays_ms else None
+    attempts = unpack_le("I", cols.attempts)
+    reason_ix = unpack_le("I", cols.reason_index)
+    delays = unpack_le("Q", cols.retry_delays_ms) if cols.retry_delays_ms else None
     reasons = list(cols.reasons)
     if (len(actions) != n or len(categories) != n or len(flags) != n or len(attempts) != n
             or len(reason_ix) != n or (delays is not None and len(delays) != n)

@@ -388,11 +388,7 @@ def failed_record(
     in a deserialization stage) or ``"stage-input"`` (the failing stage's input, e.g. a row as
     JSON); unset, the sidecar treats them as the stage's input. `spillway dlq redrive` sends
     only source payloads back to their source topic."""
-    if not record_id:
-        raise ValueError("record_id: a stable, non-empty record id is required")
-    stage_v = stage_value(stage)
-    if stage_v == pb.STAGE_CUSTOM and not custom_stage:
-        raise ValueError("custom_stage: required with stage CUSTOM")
+    stage_v = checked_stage(record_id, stage, custom_stage)
     traceparent, tracestate = trace_context(context)
     # keyword construction, defaults left out (setting a proto3 scalar to its default is the
     # same as not setting it; `optional` fields and `source` are set only when given)
@@ -423,8 +419,19 @@ def failed_record(
     if timestamp_ms is not None:
         fields["timestamp_ms"] = int(timestamp_ms)
     if payload is not None:
-        fields["payload"] = _PAYLOADS[payload] if payload in _PAYLOADS else _payload(payload)
+        fields["payload"] = payload_value(payload)
     return pb.FailedRecord(**fields)
+
+
+def checked_stage(record_id: str, stage: int | str, custom_stage: str) -> int:
+    """The stage value of a failed record, after the checks every record passes: a record id,
+    and a name with stage CUSTOM (ValueError naming the argument)."""
+    if not record_id:
+        raise ValueError("record_id: a stable, non-empty record id is required")
+    stage_v = stage_value(stage)
+    if stage_v == pb.STAGE_CUSTOM and not custom_stage:
+        raise ValueError("custom_stage: required with stage CUSTOM")
+    return stage_v
 
 
 _PAYLOADS: dict[Any, int] = {"source": pb.PAYLOAD_SOURCE, "stage-input": pb.PAYLOAD_STAGE_INPUT,
@@ -432,5 +439,10 @@ _PAYLOADS: dict[Any, int] = {"source": pb.PAYLOAD_SOURCE, "stage-input": pb.PAYL
                              pb.PAYLOAD_STAGE_INPUT: pb.PAYLOAD_STAGE_INPUT}
 
 
-def _payload(value: Any) -> int:
-    raise ValueError(f"payload: expected 'source' or 'stage-input', got {value!r}")
+def payload_value(payload: Any) -> int:
+    """The Payload value of ``payload`` ("source", "stage-input" or the enum value)."""
+    try:
+        return _PAYLOADS[payload]
+    except KeyError:
+        raise ValueError(f"payload: expected 'source' or 'stage-input', got {payload!r}") \
+            from None

@@ -137,14 +137,17 @@ class Home:
             timeout_s, token)
 
     def report(self, request: pb.ReportFailuresRequest, timeout_s: float, *,
-               token: str | None = None) -> list[Decision]:
+               token: str | None = None, records=()) -> list[Decision]:
+        """The whole report, decided by the home (decide_only). ``records``: the request's
+        records as this sidecar converted them; a columnar report's go as messages (the home
+        may predate columns)."""
         fwd = pb.ReportFailuresRequest()
         fwd.CopyFrom(request)
         fwd.decide_only = True
         fwd.verdict_columns = False
-        if fwd.HasField("columns"):  # the home may predate columns: the records as messages
-            fwd.records.extend(columns.as_messages(columns.records(fwd.columns)))
+        if request.HasField("columns"):
             fwd.ClearField("columns")
+            fwd.records.extend(columns.as_messages(records))
         resp = self._call("ReportFailures", self.stub.ReportFailures, fwd, timeout_s, token)
         return [Decision(convert.verdict_from_pb(v), dead_letter=v.dead_letter)
                 for v in resp.verdicts]

@@ -36,7 +36,7 @@ def decide_at_home(s: Sidecar, run: Run, request: pb.ReportFailuresRequest, task
         if outcomes is not None:
             engine.write_logs(key, task, records, outcomes)
             return [o[0] for o in outcomes]
-    return home.report(request, timeout_s, token=token)
+    return home.report(request, timeout_s, token=token, records=records)
 
 
 def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from itertools import accumulate
 
+from spillway.client.columns import NO_KEY, NO_TIMESTAMP, NO_VALUE, unpack_le
 from spillway.v1 import sidecar_pb2 as pb
 
 from ..core import model as m
 from . import convert
-from .tally import encode_verdicts, unpack_le
+from .tally import encode_verdicts
 
-NO_KEY, NO_VALUE, NO_TIMESTAMP = 1, 2, 4   # RecordColumns.absent
 
 
 class _Columns:

@@ -13,35 +13,23 @@ docs/POLICY.md, "The home protocol", says why this decides exactly what ReportFa
 
 from __future__ import annotations
 
-import sys
 from array import array
 from collections.abc import Sequence
 
+from spillway.client.columns import (  # the wire's column codec and flags, shared
+    BUDGET_EXHAUSTED,
+    DEAD_LETTER,
+    DEAD_LETTERED,
+    JOB_FAILED,
+    pack_le,
+    unpack_le,
+)
 from spillway.v1 import sidecar_pb2 as pb
 
 from ..core import model as m
 from . import convert
 
-_SWAP = sys.byteorder != "little"   # the columns are little-endian on the wire
-
-
-def unpack_le(code: str, data: bytes) -> array:
-    out = array(code, data)
-    if _SWAP:
-        out.byteswap()
-    return out
-
-
-def pack_le(values: array) -> bytes:
-    if _SWAP:
-        values = array(values.typecode, values)
-        values.byteswap()
-    return values.tobytes()
-
-
-# TallyResponse.flags
-DEAD_LETTER, DEAD_LETTERED, JOB_FAILED, BUDGET_EXHAUSTED, LOGGED = 1, 2, 4, 8, 16
-
+LOGGED = 16   # TallyVerdicts.flags: the home wrote the record's error log line
 
 
 # --- node side --------------------------------------------------------------------------------
@@ -174,5 +162,5 @@ def encode_verdicts(rows, *, rules: bool) -> pb.TallyVerdicts:
     return out
 
 
-__all__ = ["encode_verdicts", "pack_le", "tally_outcomes", "tally_records", "tally_report",
-           "tally_verdicts", "unpack_le"]
+__all__ = ["encode_verdicts", "tally_outcomes", "tally_records", "tally_report",
+           "tally_verdicts"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from spillway.client.columns import unpack_le
 from spillway.v1 import sidecar_pb2 as pb
 
 from ..core import names
-from .tally import unpack_le
 
 # --- bounds (docs/CONFIGURATION.md, "Request bounds") ---------------------------------------
 MAX_PROPERTIES = 256
