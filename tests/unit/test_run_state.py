@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
+import time
 
 import pytest
 from spillway.sidecar.core.model import (
@@ -157,6 +159,48 @@ def test_the_store_keeps_slices_in_order_compacts_and_drops(tmp_path):
     reopened.open_run("k", "k", "", b"d")
     reopened.drop("k")
     assert reopened.keys() == []
+
+
+def test_appends_made_during_a_write_are_committed_together_and_each_returns_its_total(
+        tmp_path):
+    store = RunStore(tmp_path)
+    store.open_run("a", "a", "", b"d")
+    store.open_run("b", "b", "", b"d")
+    begins: list[str] = []
+    store._conn.set_trace_callback(lambda sql: begins.append(sql) if sql.startswith("BEGIN")
+                                   else None)
+    totals: dict[str, int] = {}
+    calls = [("a", 1, b"x" * 10), ("b", 1, b"y" * 7), ("a", 2, b"z" * 5), ("gone", 1, b"w")]
+
+    def call(key, gen, blob):
+        totals[f"{key}{gen}"] = store.append(key, [(gen, blob)])
+
+    with store._lock:  # a transaction in progress: the calls queue up behind it
+        threads = [threading.Thread(target=call, args=c) for c in calls]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 5
+        while len(store._queue) < len(calls):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    for t in threads:
+        t.join(5)
+    assert len(begins) == 1                                 # one commit for the four
+    assert totals["gone1"] == 0                             # a run not kept here: not written
+    assert totals["b1"] == 7
+    assert {totals["a1"], totals["a2"]} <= {10, 15, 5} and max(totals["a1"], totals["a2"]) == 15
+    store._conn.set_trace_callback(None)
+    assert store.load("a") == (b"d", [b"x" * 10, b"z" * 5])
+    assert store.load("b") == (b"d", [b"y" * 7])
+    assert store.append("a", [(3, b"q")]) == 16             # the kept total goes on
+
+
+def test_a_failed_group_commit_is_counted_for_every_append_in_it(tmp_path):
+    store = RunStore(tmp_path)
+    store.open_run("a", "a", "", b"d")
+    store._conn.execute("DROP TABLE slices")                # every write now fails
+    assert store.append("a", [(1, b"x")]) == 0
+    assert store.write_failures == 1
 
 
 @pytest.mark.parametrize("n", [1, 50])

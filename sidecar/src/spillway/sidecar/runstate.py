@@ -28,6 +28,7 @@ import os
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("spillway.sidecar.runstate")
@@ -49,6 +50,16 @@ CREATE TABLE IF NOT EXISTS slices (
 """
 
 
+@dataclass(slots=True, eq=False)
+class _Append:
+    """One `RunStore.append` call, queued for the next group commit."""
+
+    key: str
+    slices: list[tuple[int, bytes]]
+    total: int = 0
+    done: bool = False
+
+
 class RunStore:
     """One sidecar's durable run states. Thread-safe (one connection, one lock)."""
 
@@ -62,7 +73,9 @@ class RunStore:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()   # the connection's; held by whoever writes
+        self._qlock = threading.Lock()  # the queue of appends waiting for a group commit
+        self._queue: list[_Append] = []
         self.write_failures = 0
         self._check_seed()
         if max_idle_s is not None:
@@ -127,28 +140,57 @@ class RunStore:
 
     def append(self, key: str, slices: list[tuple[int, bytes]]) -> int:
         """Write journal slices; returns the run's bytes kept since its snapshot (0: the run is
-        not kept here). A write that fails is logged and counted: the run goes on in memory."""
+        not kept here), once they are committed. A write that fails is logged and counted: the
+        run goes on in memory.
+
+        Group commit: the slices of calls made while another call's transaction runs wait for
+        it and are then written together, by whichever of them takes the lock first, in one
+        transaction (reports answered at once share one commit instead of queueing one each)."""
         if not slices:
             return 0
+        mine = _Append(key, slices)
+        with self._qlock:
+            self._queue.append(mine)
+        with self._lock:
+            if not mine.done:
+                with self._qlock:
+                    batch, self._queue = self._queue, []
+                self._write(batch)
+        return mine.total
+
+    def _write(self, batch: list[_Append]) -> None:
+        """One transaction for `batch` (under the lock); every one of them is done after it."""
+        runs: dict[str, list[int] | None] = {}  # key -> [snapshot_gen, bytes]; None: not kept
         try:
-            with self._lock, self._conn:
+            with self._conn:
                 self._conn.execute("BEGIN IMMEDIATE")
-                row = self._conn.execute("SELECT snapshot_gen, bytes FROM runs WHERE key = ?",
-                                         (key,)).fetchone()
-                if row is None:
-                    return 0
-                fresh = [(key, g, b) for g, b in slices if g > row[0]]
-                self._conn.executemany("INSERT OR REPLACE INTO slices (key, gen, blob) "
-                                       "VALUES (?, ?, ?)", fresh)
-                total = row[1] + sum(len(b) for _, _, b in fresh)
-                self._conn.execute("UPDATE runs SET bytes = ?, updated = ? WHERE key = ?",
-                                   (total, time.time(), key))
-                return total
+                for a in batch:
+                    if a.key not in runs:
+                        row = self._conn.execute(
+                            "SELECT snapshot_gen, bytes FROM runs WHERE key = ?",
+                            (a.key,)).fetchone()
+                        runs[a.key] = None if row is None else list(row)
+                    run = runs[a.key]
+                    if run is None:
+                        continue
+                    fresh = [(a.key, g, b) for g, b in a.slices if g > run[0]]
+                    self._conn.executemany("INSERT OR REPLACE INTO slices (key, gen, blob) "
+                                           "VALUES (?, ?, ?)", fresh)
+                    run[1] += sum(len(b) for _, _, b in fresh)
+                    a.total = run[1]
+                now = time.time()
+                self._conn.executemany("UPDATE runs SET bytes = ?, updated = ? WHERE key = ?",
+                                       [(r[1], now, k) for k, r in runs.items() if r is not None])
         except sqlite3.Error as exc:
-            self.write_failures += 1
-            log.error("run %r: its state could not be written to %s (%s); a restart would "
-                      "forget this part of it", key, self.path, exc)
-            return 0
+            self.write_failures += len(batch)
+            for a in batch:
+                a.total = 0
+            log.error("run(s) %s: their state could not be written to %s (%s); a restart would "
+                      "forget this part of it", ", ".join(sorted({repr(a.key) for a in batch})),
+                      self.path, exc)
+        finally:
+            for a in batch:
+                a.done = True
 
     def compact(self, key: str, gen: int, snapshot: bytes) -> None:
         """Replace the run's slices up to `gen` with `snapshot` (numbered `gen`)."""

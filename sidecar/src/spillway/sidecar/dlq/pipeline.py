@@ -25,8 +25,9 @@ a crash, or a shutdown before Kafka acknowledged them, loses them (the loss is l
 Drain worker: one thread, woken by an Event. The spool's writer hands it each committed record
 from memory (``handoff_bytes``, 16 MiB: a burst of reports from 32 executors fits): nothing just
 written is read back. When that hand-off is full (Kafka behind or gone), and after a restart,
-the drain reads the spool instead, in seq order and in chunks (``read_chunk``), until it has
-caught up, so that a million spooled records never sit in memory (at most
+the rows that did not fit, and every later one, wait in the spool (the hand-off's own rows go
+first), and the drain reads them from there, in seq order and in chunks (``read_chunk``), until
+it has caught up, so that a million spooled records never sit in memory (at most
 ``max_inflight_records`` / ``max_inflight_bytes`` do, plus the hand-off). It hands many records
 to librdkafka before serving delivery reports (one poll per batch, never one flush per record),
 settles acknowledged records in batches, gives freed heap back to the OS once a large backlog
@@ -288,14 +289,11 @@ class DlqPipeline(Drain):
         size = sum(e.size for e in entries)
         with self._hlock:
             if not self._overflow and self._handoff_bytes + size > self._handoff_max:
-                # the drain is behind (Kafka slow or gone): let go of what waits here too, the
-                # drain reads it back from the spool when its turn comes
+                # the drain is behind (Kafka slow or gone): these rows and every later one wait
+                # in the spool; what already waits here stays (within the same bound) and goes
+                # first, so that nothing handed off is read back
                 self._overflow = True
                 self._c_overflows += 1
-                if self._handoff:
-                    self._skipped_upto = max(self._skipped_upto, self._handoff[-1].seq)
-                    self._handoff.clear()
-                    self._handoff_bytes = 0
             if self._overflow:
                 self._skipped_upto = max(self._skipped_upto, entries[-1].seq)
                 return
