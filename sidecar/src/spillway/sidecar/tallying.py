@@ -41,10 +41,11 @@ def decide_at_home(s: Sidecar, run: Run, request: pb.ReportFailuresRequest, task
 
 def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,
           caller: Caller | None = None) -> list[list]:
-    """TallyFailures, at a run's home: a node's reports as columns (payload-less records, with
-    their tasks), each decided like any report, in order; the node logs and dead-letters.
-    Answers (decision, logged, rule) per record, per report; their journal slices are written
-    together (one transaction for the call)."""
+    """TallyFailures, at a run's home: a node's reports as columns (each with its task: record
+    ids, payload digests, groups failing the same way), each decided like any report, in
+    order; the node logs and dead-letters. Answers (outcome, records) spans per report
+    (`PolicyEngine.decide_tally`); their journal slices are written together (one transaction
+    for the call)."""
     if not (caller or security.current_caller()).peer:
         raise JobAccessError("TallyFailures is for sidecar-to-sidecar calls only (an "
                              "authenticated peer)")
@@ -63,16 +64,15 @@ def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,
     start_span = s.telemetry.tracer.start_as_current_span
     out = []
     try:
-        for task, records in reports:
-            if not records:
+        for task, (ids, tags, groups) in reports:
+            if not ids:
                 out.append([])
                 continue
             with start_span("spillway.decide", attributes={
                     "spillway.job": run.job, "spillway.run": run.run_id,
-                    "spillway.task.id": task.task_id, "spillway.records": len(records),
+                    "spillway.task.id": task.task_id, "spillway.records": len(ids),
                     "spillway.tally": True}):
-                out.append(s.engine.decide_outcomes(key, task, records, journal,
-                                                    write_logs=False))
+                out.append(s.engine.decide_tally(key, task, ids, tags, groups, journal))
     finally:
         s.persist(key, journal)  # the node spools, and says so if it could not
     return out

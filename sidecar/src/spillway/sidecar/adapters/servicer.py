@@ -103,14 +103,14 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
     def TallyFailures(self, request, context):
         """The home protocol (sidecar to sidecar): reports decided from their columns."""
         try:
-            reports = [(convert.task_identity(r.task), tally.tally_records(r, f"reports[{i}]"))
+            reports = [(convert.task_identity(r.task), tally.tally_groups(r, f"reports[{i}]"))
                        for i, r in enumerate(request.reports)]
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         with _answering(context):
             answers = self._s.tally(request, reports, token=_job_token(context),
                                     caller=_caller())
-        return pb.TallyResponse(reports=[tally.tally_verdicts(o) for o in answers])
+        return pb.TallyResponse(reports=[tally.tally_span_verdicts(o) for o in answers])
 
     def FlushTask(self, request, context):
         try:

@@ -27,6 +27,7 @@ from spillway.client.columns import (  # the wire's column codec and flags, shar
 from spillway.v1 import sidecar_pb2 as pb
 
 from ..core import model as m
+from ..core.runs import Group
 from . import convert
 
 LOGGED = 16   # TallyVerdicts.flags: the home wrote the record's error log line
@@ -91,35 +92,54 @@ def tally_outcomes(resp: pb.TallyVerdicts, record_ids: Sequence[str]):
 
 # --- home side --------------------------------------------------------------------------------
 
-def tally_records(req: pb.TallyReport, where: str = "reports[0]") -> list[m.FailedRecord]:
-    """Payload-less records, one per id, sharing one exception and stage value per group
-    (ValueError naming the first invalid field; bounds are `validate.tally_failures`')."""
-    ids = req.record_ids
-    digests = unpack_le("Q", req.payload_digests)
-    out: list[m.FailedRecord] = []
-    append = out.append
-    i = 0
-    FailedRecord = m.FailedRecord
+def tally_groups(req: pb.TallyReport, where: str = "reports[0]"
+                 ) -> tuple[list[str], array, list[Group]]:
+    """The report's record ids, payload digests and groups (stage, exception, function,
+    count): one exception and stage value per group (ValueError naming the first invalid
+    field; bounds are `validate.tally_failures`')."""
+    groups: list[Group] = []
     for g, group in enumerate(req.groups):
         at = f"{where}.groups[{g}]"
-        stage = convert.stage_ref(group.stage, group.custom_stage, at)
-        exc = convert.exception_value(group.exception, at)
-        fn = group.function_name
-        for j in range(i, i + group.count):
-            append(FailedRecord(ids[j], stage, exc, fn, tag=digests[j]))
-        i += group.count
+        groups.append((convert.stage_ref(group.stage, group.custom_stage, at),
+                       convert.exception_value(group.exception, at), group.function_name,
+                       group.count))
+    return list(req.record_ids), unpack_le("Q", req.payload_digests), groups
+
+
+def tally_records(req: pb.TallyReport, where: str = "reports[0]") -> list[m.FailedRecord]:
+    """Payload-less records, one per id, sharing one exception and stage value per group: what
+    the home decides (`PolicyEngine.decide_tally` decides from `tally_groups` directly)."""
+    ids, digests, groups = tally_groups(req, where)
+    out: list[m.FailedRecord] = []
+    i = 0
+    for stage, exc, fn, n in groups:
+        out.extend(m.FailedRecord(ids[j], stage, exc, fn, tag=digests[j])
+                   for j in range(i, i + n))
+        i += n
     return out
 
 
 def tally_verdicts(outcomes) -> pb.TallyVerdicts:
-    return encode_verdicts([(d.verdict, d.dead_letter, logged, rule)
-                            for d, logged, rule in outcomes], rules=True)
+    """(decision, logged, rule) per record as TallyVerdicts columns."""
+    return tally_span_verdicts([(o, 1) for o in outcomes])
+
+
+def tally_span_verdicts(spans) -> pb.TallyVerdicts:
+    """`PolicyEngine.decide_tally`'s answers, (outcome, records) spans, as TallyVerdicts."""
+    return encode_spans([((d.verdict, d.dead_letter, logged, rule), n)
+                         for (d, logged, rule), n in spans], rules=True)
 
 
 def encode_verdicts(rows, *, rules: bool) -> pb.TallyVerdicts:
     """(verdict, dead_letter, logged, rule) per record as TallyVerdicts columns; ``rules``:
     with the rule column (the home protocol's; a columnar ReportFailures answer has none)."""
-    n = len(rows)
+    return encode_spans([(row, 1) for row in rows], rules=rules)
+
+
+def encode_spans(spans, *, rules: bool) -> pb.TallyVerdicts:
+    """((verdict, dead_letter, logged, rule), records) spans, in order, as TallyVerdicts
+    columns: a span's records get the same verdict, written once per span."""
+    n = sum(k for _, k in spans)
     actions, categories, flags = bytearray(n), bytearray(n), bytearray(n)
     attempts, delays = array("I", bytes(4 * n)), None
     reason_ix, rule_ix = array("I", bytes(4 * n)), array("I", bytes(4 * n))
@@ -127,10 +147,8 @@ def encode_verdicts(rows, *, rules: bool) -> pb.TallyVerdicts:
     rule_names: dict[str, int] = {}
     action_pb, category_pb = convert.ACTION_TO_PB, convert.CATEGORY_TO_PB
     last_reason, last_ix = None, 0
-    for i, (v, dead_letter, logged, rule) in enumerate(rows):
-        actions[i] = action_pb[v.action]
-        categories[i] = category_pb[v.category]
-        attempts[i] = v.attempt
+    i = 0
+    for (v, dead_letter, logged, rule), k in spans:
         f = LOGGED if logged else 0
         if dead_letter:
             f |= DEAD_LETTER
@@ -140,18 +158,33 @@ def encode_verdicts(rows, *, rules: bool) -> pb.TallyVerdicts:
             f |= JOB_FAILED
         if v.retry_budget_exhausted:
             f |= BUDGET_EXHAUSTED
-        flags[i] = f
-        if v.retry_delay_ms:
-            if delays is None:
-                delays = array("Q", bytes(8 * n))
-            delays[i] = int(v.retry_delay_ms)
         reason = v.reason
         if reason is not last_reason:   # records decided alike share one reason string
             last_reason = reason
             last_ix = reasons.setdefault(reason, len(reasons))
-        reason_ix[i] = last_ix
-        if rules:
-            rule_ix[i] = rule_names.setdefault(rule, len(rule_names))
+        rix = rule_names.setdefault(rule, len(rule_names)) if rules else 0
+        if v.retry_delay_ms and delays is None:
+            delays = array("Q", bytes(8 * n))
+        if k == 1:
+            actions[i] = action_pb[v.action]
+            categories[i] = category_pb[v.category]
+            flags[i] = f
+            attempts[i] = v.attempt
+            reason_ix[i] = last_ix
+            rule_ix[i] = rix
+            if v.retry_delay_ms:
+                delays[i] = int(v.retry_delay_ms)
+        else:
+            end = i + k
+            actions[i:end] = bytes((action_pb[v.action],)) * k
+            categories[i:end] = bytes((category_pb[v.category],)) * k
+            flags[i:end] = bytes((f,)) * k
+            attempts[i:end] = array("I", (v.attempt,)) * k
+            reason_ix[i:end] = array("I", (last_ix,)) * k
+            rule_ix[i:end] = array("I", (rix,)) * k
+            if v.retry_delay_ms:
+                delays[i:end] = array("Q", (int(v.retry_delay_ms),)) * k
+        i += k
     out = pb.TallyVerdicts(
         actions=bytes(actions), categories=bytes(categories), flags=bytes(flags),
         attempts=pack_le(attempts), retry_delays_ms=pack_le(delays) if delays else b"",
@@ -162,5 +195,5 @@ def encode_verdicts(rows, *, rules: bool) -> pb.TallyVerdicts:
     return out
 
 
-__all__ = ["encode_verdicts", "tally_outcomes", "tally_records", "tally_report",
-           "tally_verdicts"]
+__all__ = ["encode_spans", "encode_verdicts", "tally_groups", "tally_outcomes", "tally_records",
+           "tally_report", "tally_span_verdicts", "tally_verdicts"]

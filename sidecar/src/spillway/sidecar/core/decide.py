@@ -77,7 +77,7 @@ class Decider:
         counts are exactly `decide_one`'s; any other record ends the run."""
         out: list[Outcome] = []
         append = out.append
-        if not (j.tolerance.unlimited and j.handler.fixed is _CONTINUE):
+        if not runs_allowed(j):
             for r in records:
                 append(self.decide_one(j, b, r))
             return out
@@ -102,16 +102,11 @@ class Decider:
                 pending = 0
             o = self.decide_one(j, b, r)
             append(o)
-            v = o[0].verdict
             run_exc = None
-            if (v.action is skip and v.category is _DATA and v.attempt == 1
-                    and not v.dead_lettered and not j.failure_reason):
-                reason = b.reasons.get((b.last_what, _DATA_WHY))
-                info = b.last_info
-                # the record went `handle`'s first-seen data path: the run shares its answer
-                if (reason is not None and v.reason is reason and info is not None
-                        and info[0] is _DATA and info[1] == reason and info[2] == 1):
-                    run_exc, run_ref, rule = r.exception, r.stage, o[2]
+            start = run_start(j, b, o)
+            if start is not None:
+                reason, info, rule = start
+                run_exc, run_ref = r.exception, r.stage
         if pending:
             count_run(b, run_exc, pending, dead_letter, logged)
         return out
@@ -358,6 +353,27 @@ class Decider:
             amounts[DROPPED] += 1
         return error(j, amounts, Verdict(rid, Action.SKIP, category, reason,
                                          attempts), cls, dead_letter=dead_letter)
+
+
+def runs_allowed(j: JobState) -> bool:
+    """Whether records failing the same way can share a skipped record's answer (a run): the
+    built-in CONTINUE handler and no tolerance limit, so nothing but the record's id decides."""
+    return j.tolerance.unlimited and j.handler.fixed is _CONTINUE
+
+
+def run_start(j: JobState, b: Batch, o: Outcome) -> tuple[str, object, str] | None:
+    """(reason, skip info, rule) when `o`, `decide_one`'s answer, opens a run: the record went
+    `handle`'s first-seen data path (skipped at its first attempt, not already in the DLQ),
+    so the records after it that fail the same way and are new get the same answer."""
+    v = o[0].verdict
+    if (v.action is Action.SKIP and v.category is _DATA and v.attempt == 1
+            and not v.dead_lettered and not j.failure_reason):
+        reason = b.reasons.get((b.last_what, _DATA_WHY))
+        info = b.last_info
+        if (reason is not None and v.reason is reason and info is not None
+                and info[0] is _DATA and info[1] == reason and info[2] == 1):
+            return reason, info, o[2]
+    return None
 
 
 def count_run(b: Batch, exc: ExceptionInfo, n: int, dead_letter: bool, logged: bool) -> None:

@@ -32,6 +32,7 @@ from .handlers import UNRESTRICTED, HandlerRules, load_handler
 from .jobstate import MAX_TRACKED_RECORDS, JobState, run_key, warn_collisions
 from .model import Counts, Decision, FailedRecord, JobSummary, StageRef, TaskIdentity
 from .ports import Clock, ErrorLogger, RandomSource
+from .runs import Group, Span, decide_groups
 from .settings import JobSettings, job_settings
 from .tolerance import record_key
 
@@ -140,19 +141,37 @@ class PolicyEngine:
         """`decide`, answering each record's (decision, logged, rule). ``write_logs=False``:
         the error log lines are the caller's to write (`write_logs`: a node sidecar holds the
         records a tally decided without their payloads)."""
+        decide_all = self._decider.decide_all
+        j, batch, outcomes = self._in_batch(job, task, journal,
+                                            lambda j, b: decide_all(j, b, records))
+        if write_logs and j.settings.log_enable:
+            self._write_logs(j, task, records, outcomes, batch.wall)
+        return outcomes
+
+    def decide_tally(self, job: str, task: TaskIdentity, ids: Sequence[str],
+                     tags: Sequence[int], groups: Sequence[Group],
+                     journal: list | None = None) -> list[Span]:
+        """A home's tally, from its columns: answers as `Span`s, a run of records decided
+        alike once with its length (`runs.decide_groups`); the error log lines are the
+        node's to write."""
+        decider = self._decider
+        return self._in_batch(job, task, journal, lambda j, b: decide_groups(
+            decider, j, b, ids, tags, groups))[2]
+
+    def _in_batch(self, job: str, task: TaskIdentity, journal: list | None, decide):
+        """`decide(j, batch)` under the run's lock, then the report's counts applied and its
+        journal slice taken: (run state, batch, what `decide` answered)."""
         j = self._job(job)
         batch = Batch(task, self._clock.monotonic() * 1000.0, self._clock.wall_ms())
         with j.lock:
             try:
-                outcomes = self._decider.decide_all(j, batch, records)
+                out = decide(j, batch)
             finally:
                 batch.apply(j)
                 _take(j, journal)
         if batch.collisions:
             warn_collisions(j, batch.collisions)
-        if write_logs and j.settings.log_enable:
-            self._write_logs(j, task, records, outcomes, batch.wall)
-        return outcomes
+        return j, batch, out
 
     def write_logs(self, job: str, task: TaskIdentity, records: Sequence[FailedRecord],
                    outcomes: Sequence[Outcome]) -> None:

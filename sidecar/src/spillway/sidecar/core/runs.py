@@ -1,0 +1,82 @@
+"""A home's tally decided from its columns (TallyFailures), in runs.
+
+`decide.Decider.decide_all` decides a report record by record, except along a run: records
+failing the same way as a first-seen data error just skipped, which get its answer (their id
+remembered, their counts added together at the end of the run). A tally arrives as columns
+(record ids, payload digests, and each group of records failing the same way once), and the
+answers go back as columns in which a run's records differ in nothing. So here a run's records
+are not made into `FailedRecord`, `Decision` or `Verdict` objects at all: each costs its id's
+digest, two lookups and one insert, and the run is answered once with its length (`Span`).
+Every other record is decided by `decide_one` exactly as `decide_all` would.
+
+The answers are the same as `decide_all`'s over the records `adapters.tally.tally_records`
+would build, state, counts and journal included (tests/unit/test_tally_runs.py checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .batch import Batch
+from .decide import Decider, Outcome, count_run, run_start, runs_allowed
+from .jobstate import JobState
+from .model import Action, Category, Decision, ExceptionInfo, FailedRecord, StageRef, Verdict
+from .tolerance import KEY_MASK
+
+# a group of a tally: records failing the same way, in order (stage, exception, function, count)
+Group = tuple[StageRef, ExceptionInfo, str, int]
+# answers in order: an answer and how many consecutive records it is for (a run's verdict
+# has no record id: the columns are positional)
+Span = tuple[Outcome, int]
+
+
+def decide_groups(decider: Decider, j: JobState, b: Batch, ids: Sequence[str],
+                  tags: Sequence[int], groups: Sequence[Group]) -> list[Span]:
+    """The answers for a tally's records (``ids[k]`` with payload digest ``tags[k]``, in
+    `groups`' order), under the run's lock."""
+    out: list[Span] = []
+    append = out.append
+    decide_one = decider.decide_one
+    if not runs_allowed(j):
+        x = 0
+        for stage, exc, fn, n in groups:
+            for k in range(x, x + n):
+                append((decide_one(j, b, FailedRecord(ids[k], stage, exc, fn, tag=tags[k])),
+                        1))
+            x += n
+        return out
+    known, tracked = j.ids, j.records
+    logged = j.settings.log_enable
+    dead_letter = j.settings.dlq.enabled
+    run_exc = run_ref = info = run = None
+    pending = 0
+    x = 0
+    for stage, exc, fn, n in groups:
+        for k in range(x, x + n):
+            if exc is run_exc and stage is run_ref:
+                key = hash(ids[k]) & KEY_MASK      # tolerance.record_key, inline
+                if key not in known and tracked.get(key) is None:
+                    known.add(key, info, tags[k])
+                    pending += 1
+                    continue
+            if pending:
+                count_run(b, run_exc, pending, dead_letter, logged)
+                append((run, pending))
+                pending = 0
+            o = decide_one(j, b, FailedRecord(ids[k], stage, exc, fn, tag=tags[k]))
+            append((o, 1))
+            run_exc = None
+            start = run_start(j, b, o)
+            if start is not None:
+                reason, info, rule = start
+                run_exc, run_ref = exc, stage
+                run = (Decision(Verdict("", Action.SKIP, Category.DATA, reason, 1),
+                                dead_letter), logged, rule)
+        x += n
+    if pending:
+        count_run(b, run_exc, pending, dead_letter, logged)
+        append((run, pending))
+    return out
+
+
+__all__ = ["Group", "Span", "decide_groups"]

@@ -1,0 +1,120 @@
+"""A home's tally decided from its columns in runs (`core.runs.decide_groups`, what
+TallyFailures does) answers exactly what the record-by-record path (`tally_records`, then
+`PolicyEngine.decide_outcomes`) answers over the same reports: the same verdict columns, the
+same counts and remembered ids, the same journal slices. Drawn over policies with and without
+runs (tolerance limits, errors.tolerance=none, no DLQ, logging), ids reported again, with
+another payload (collisions), records failing alike across groups and retriable errors
+between them."""
+
+from __future__ import annotations
+
+import pickle
+import random
+
+import pytest
+from spillway.sidecar.adapters import tally
+from spillway.sidecar.core.model import TaskIdentity
+from spillway.sidecar.core.policy import PolicyEngine
+from spillway.v1 import sidecar_pb2 as pb
+from support.fakes import FakeClock, FakeRng
+
+POLICIES = [
+    {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": "dlq.t"},
+    {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": "dlq.t",
+     "errors.log.enable": "true"},
+    {"errors.tolerance": "all"},
+    {"errors.tolerance": "all", "errors.tolerance.max.errors": "40",
+     "errors.deadletterqueue.topic.name": "dlq.t"},
+    {"errors.tolerance": "none"},
+    {"errors.tolerance": "all", "errors.retry.max.retries": "2",
+     "errors.deadletterqueue.topic.name": "dlq.t"},
+]
+
+_DATA = pb.ExceptionInfo(class_name="json.decoder.JSONDecodeError", message="Expecting value",
+                         class_chain=["json.decoder.JSONDecodeError", "builtins.ValueError",
+                                      "builtins.Exception", "builtins.BaseException"])
+_OTHER_DATA = pb.ExceptionInfo(class_name="builtins.KeyError", message="'price'",
+                               class_chain=["builtins.KeyError", "builtins.LookupError",
+                                            "builtins.Exception", "builtins.BaseException"])
+_RETRIABLE = pb.ExceptionInfo(class_name="builtins.TimeoutError", message="timed out",
+                              class_chain=["builtins.TimeoutError", "builtins.OSError",
+                                           "builtins.Exception", "builtins.BaseException"])
+_KINDS = [_DATA, _DATA, _DATA, _OTHER_DATA, _RETRIABLE]
+
+
+def _report(rng: random.Random, n_ids: int) -> pb.TallyReport:
+    rep = pb.TallyReport()
+    rep.task.stage_id = rng.randrange(3)
+    rep.task.partition_id = rng.randrange(4)
+    rep.task.attempt_number = rng.randrange(2)
+    ids, digests = [], bytearray()
+    for _ in range(rng.randrange(1, 5)):
+        count = rng.randrange(1, 40)
+        rep.groups.add(count=count, stage=rng.choice([1, 1, 1, 6]), function_name="parse",
+                       exception=rng.choice(_KINDS))
+        for _ in range(count):
+            ids.append(f"t-0-{rng.randrange(n_ids)}")
+            # mostly the id's own payload; now and then another one (a collision)
+            tag = hash(ids[-1]) & 0xFFFF if rng.random() < 0.9 else rng.randrange(1 << 64)
+            digests += tag.to_bytes(8, "little")
+    rep.record_ids.extend(ids)
+    rep.payload_digests = bytes(digests)
+    return rep
+
+
+def _engine(props: dict) -> tuple[PolicyEngine, str]:
+    e = PolicyEngine(clock=FakeClock(), rng=FakeRng(), logger=_Quiet())
+    e.register_job("j", props, run_id="r", tag_secret=b"k" * 32)
+    key = "j"
+    for k in list(e._jobs):
+        key = k
+    e.enable_journal(key)
+    return e, key
+
+
+class _Quiet:
+    def log_error(self, fields) -> None:
+        pass
+
+
+def _slices(journal: list) -> list:
+    return [(gen, pickle.loads(blob)) for gen, blob in journal]
+
+
+@pytest.mark.parametrize("policy", range(len(POLICIES)))
+@pytest.mark.parametrize("seed", range(12))
+def test_runs_answer_what_the_record_by_record_path_answers(policy, seed):
+    rng = random.Random(seed * 100 + policy)
+    props = POLICIES[policy]
+    old, key = _engine(props)
+    new, _ = _engine(props)
+    n_ids = rng.choice([30, 200, 5000])
+    for _ in range(rng.randrange(3, 12)):
+        rep = _report(rng, n_ids)
+        task = TaskIdentity(stage_id=rep.task.stage_id, partition_id=rep.task.partition_id,
+                            attempt_number=rep.task.attempt_number)
+        j_old: list = []
+        j_new: list = []
+        want = tally.tally_verdicts(old.decide_outcomes(
+            key, task, tally.tally_records(rep), j_old, write_logs=False))
+        got = tally.tally_span_verdicts(new.decide_tally(
+            key, task, *tally.tally_groups(rep), j_new))
+        assert got == want
+        assert _slices(j_new) == _slices(j_old)
+        assert new.summary(key) == old.summary(key)
+    assert old._jobs[key].ids.keys() == new._jobs[key].ids.keys()
+    assert old._jobs[key].records.keys() == new._jobs[key].records.keys()
+
+
+def test_a_run_is_answered_once_with_its_length():
+    e, key = _engine(POLICIES[0])
+    rep = pb.TallyReport(record_ids=[f"t-0-{i}" for i in range(256)],
+                         payload_digests=b"".join(i.to_bytes(8, "little") for i in range(256)))
+    rep.groups.add(count=256, stage=1, function_name="parse", exception=_DATA)
+    spans = e.decide_tally(key, TaskIdentity(stage_id=0, partition_id=0, attempt_number=0),
+                           *tally.tally_groups(rep))
+    assert [n for _, n in spans] == [1, 255]     # the first decided, the rest its run
+    v = tally.tally_span_verdicts(spans)
+    assert len(v.actions) == 256 and len(set(v.actions)) == 1 and list(v.reasons) == [
+        spans[0][0][0].verdict.reason]
+    assert e.summary(key).counts.total_records_skipped == 256
