@@ -118,3 +118,33 @@ def test_a_run_is_answered_once_with_its_length():
     assert len(v.actions) == 256 and len(set(v.actions)) == 1 and list(v.reasons) == [
         spans[0][0][0].verdict.reason]
     assert e.summary(key).counts.total_records_skipped == 256
+
+
+@pytest.mark.parametrize("limit", [8, 100, 5000])
+def test_add_new_is_contains_then_add_for_each_key_until_a_present_one(limit):
+    from array import array
+
+    from spillway.sidecar.core.idtable import IdTable
+
+    rng = random.Random(limit)
+    plain, bulk = IdTable(limit), IdTable(limit)
+    plain.journal, bulk.journal = [], []
+    pool = [rng.getrandbits(60) for _ in range(limit * 3)]
+    for _ in range(60):
+        keys = [rng.choice(pool) for _ in range(rng.randrange(1, 200))]
+        tags = array("Q", [rng.getrandbits(64) for _ in keys])
+        start = rng.randrange(len(keys))
+        added = 0
+        for p in range(start, len(keys)):
+            if keys[p] in plain:
+                break
+            plain.add(keys[p], "v", tags[p])
+            added += 1
+        assert bulk.add_new(keys, tags, "v", start, len(keys)) == added
+        assert bulk.keys() == plain.keys() and bulk.journal == plain.journal
+        assert [bulk.tag(k) for k in pool] == [plain.tag(k) for k in pool]
+        assert len(bulk) == len(plain) and bulk.evicted == plain.evicted
+        if rng.random() < 0.3:                  # other operations in between
+            k = rng.choice(pool)
+            for t in (plain, bulk):
+                t.pop(k)

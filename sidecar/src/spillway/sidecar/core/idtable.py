@@ -28,6 +28,7 @@ Not thread-safe: callers hold their job's lock.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -183,6 +184,41 @@ class IdTable(Generic[V]):
         self._head = head
         if k == key:                         # (a limit of 1)
             self._ek = -1
+
+    def add_new(self, keys: Sequence[int], tags: Sequence[int], value: V, start: int,
+                stop: int) -> int:
+        """For each ``keys[p]``, ``tags[p]`` from `start` to `stop`, in order, while the key is
+        absent: `add(key, value, tag)`; returns how many were added (a key left over is
+        present). One call for a run of new keys (a home's tally, `runs.py`): the common insert
+        (no growth, no eviction) is done inline; any other goes through `add`."""
+        added = 0
+        journal = self.journal
+        for p in range(start, stop):
+            key, tag = keys[p], tags[p]
+            index, ekeys, off, mask = self._index, self._keys, self._off, self._mask
+            i = key & mask
+            e = index[i]
+            while e:
+                if ekeys[e - off] == key:
+                    return added
+                i = (i + 1) & mask
+                e = index[i]
+            n = len(ekeys) + off
+            if self._live >= self.limit or self._live >= self._grow_at or n > _MAX_NUMBER:
+                self._mk, self._ms = key, i     # found absent at slot i
+                self.add(key, value, tag)       # evicts, grows or renumbers
+            else:
+                if journal is not None:
+                    journal.append(("i", key, value, tag))
+                index[i] = n
+                ekeys.append(key)
+                self._tags.append(tag)
+                self._vals.append(value)
+                self._live += 1
+                self._mk = -1
+                self._ek, self._en = key, n
+            added += 1
+        return added
 
     def _set_and_touch(self, i: int, p: int, value: V, tag: int | None = None) -> None:
         keys, vals, tags = self._keys, self._vals, self._tags

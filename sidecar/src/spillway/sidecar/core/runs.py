@@ -52,19 +52,33 @@ def decide_groups(decider: Decider, j: JobState, b: Batch, ids: Sequence[str],
     pending = 0
     x = 0
     for stage, exc, fn, n in groups:
-        for k in range(x, x + n):
+        k, end = x, x + n
+        keys = gtags = None   # the group's id digests and payload tags, once it has a run
+        while k < end:
             if exc is run_exc and stage is run_ref:
-                key = hash(ids[k]) & KEY_MASK      # tolerance.record_key, inline
-                if key not in known and tracked.get(key) is None:
-                    known.add(key, info, tags[k])
-                    pending += 1
-                    continue
+                if keys is None:
+                    keys = [hash(rid) & KEY_MASK for rid in ids[x:end]]  # record_key, inline
+                    gtags = tags[x:end]
+                if not len(tracked):   # nothing retrying: only `known` can end the run
+                    added = known.add_new(keys, gtags, info, k - x, end - x)
+                    pending += added
+                    k += added
+                    if k == end:
+                        break
+                else:
+                    key = keys[k - x]
+                    if key not in known and tracked.get(key) is None:
+                        known.add(key, info, tags[k])
+                        pending += 1
+                        k += 1
+                        continue
             if pending:
                 count_run(b, run_exc, pending, dead_letter, logged)
                 append((run, pending))
                 pending = 0
             o = decide_one(j, b, FailedRecord(ids[k], stage, exc, fn, tag=tags[k]))
             append((o, 1))
+            k += 1
             run_exc = None
             start = run_start(j, b, o)
             if start is not None:
@@ -72,7 +86,7 @@ def decide_groups(decider: Decider, j: JobState, b: Batch, ids: Sequence[str],
                 run_exc, run_ref = exc, stage
                 run = (Decision(Verdict("", Action.SKIP, Category.DATA, reason, 1),
                                 dead_letter), logged, rule)
-        x += n
+        x = end
     if pending:
         count_run(b, run_exc, pending, dead_letter, logged)
         append((run, pending))
