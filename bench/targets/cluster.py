@@ -34,6 +34,7 @@ from .report_format import ReportFormats, run_report_formats
 NODE_COUNTS = (1, 2, 4)
 CLIENTS = 4
 BATCH = 256
+COALESCED = 8   # (b2): reports per call, as a node serving several executors coalesces them
 # issue 24's targets
 HOME_US_TARGET = 2.0
 HOME_RATE_TARGET = 500_000.0
@@ -269,10 +270,14 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
         "nodes and the broker), so it is reported beside it with how busy the home was. (c) "
         "Per call: the same stand-ins send 1 record per call, "
         f"{200 if ctx.short else 1_000:,} calls each; the home's CPU per call is what a call "
-        "costs whatever it carries. (d) Several processes per node: one node sidecar with "
-        "`sidecar.processes=2` against one with a single process (alternated); the harness "
-        "registers the run at the node's address (as a driver in its own process), the same "
-        f"{CLIENTS} clients register at that address naming the home it answered and report "
+        "costs whatever it carries. (b2) Coalesced: the same stand-ins send "
+        f"{COALESCED * BATCH:,} records per call (what a node sends when {COALESCED} reports "
+        "of its executors arrive while its last call to the home is in flight; a node "
+        "coalesces up to 64 reports and 16,384 records a call). (d) Several processes per "
+        "node: one node sidecar with `sidecar.processes=2` against one with a single "
+        "process (alternated); the harness registers the run at the node's address (as a "
+        f"driver in its own process), the same {CLIENTS} clients register at that address "
+        "naming the home it answered and report "
         f"{per_client:,} records each; connections land on either process, and reports "
         "reaching the process that is not the run's home are tallied with it. CPU is all the "
         "node's processes together (its supervisor included) per dead-lettered record. (e) "
@@ -321,8 +326,20 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
 
     alternate_runs(ctx, result, {call_rate.name: per_call}, {call_rate.name: call_rate},
                    warmup=True, label="(c) ")
+    # (b2) what a node serving several executors sends: their reports coalesced in one call
+    big = COALESCED * BATCH
+    big_who = f"home saturated by {CLIENTS} stand-in nodes, {big:,} records a call"
+    big_rate = result.figure(f"{big_who}: records/s decided", "records/s")
+    big_us = result.figure(f"{big_who}: home CPU per decided record", "µs")
+
+    def coalesced(run_no: int):
+        rate, us, _ = sat.run(run_no, batch=big)
+        return rate, {big_us: us}
+
+    alternate_runs(ctx, result, {big_rate.name: coalesced}, {big_rate.name: big_rate},
+                   warmup=True, label="(b2) ")
     _judge(result, figs, sat_rate, sat_busy)
-    result.notes.append(_per_call_reading(call_us, sat_us))
+    result.notes.append(_per_call_reading(call_us, sat_us, big_us))
     # (d) one node of 2 processes against one process (processes.py)
     run_node_processes(ctx, result, NodeProcesses(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
                                                   BATCH, per_client))
@@ -380,17 +397,25 @@ def _reading(figs: dict[int, _Figs]) -> str:
             "target 4 measures the executor side in Spark): " + "; ".join(parts) + "." + need)
 
 
-def _per_call_reading(call_us: Figure, sat_us: Figure) -> str:
-    """The home's CPU per record split into its per-call part and its per-record part."""
+def _per_call_reading(call_us: Figure, sat_us: Figure, big_us: Figure) -> str:
+    """The home's CPU per record split into its per-call part and its per-record part, and
+    what it comes to when reports are coalesced."""
     per_call, per_record = _median(call_us), _median(sat_us)
     if per_call is None or per_record is None:
         return "Per-call cost: not measured."
     share = per_call / BATCH
-    return (f"The home's CPU per record at {BATCH} records a call (b) is "
-            f"{fmt(per_record)} µs: {fmt(share)} µs of it is the call itself ((c): "
-            f"{fmt(per_call)} µs per call whatever it carries, / {BATCH}) and "
-            f"{fmt(max(per_record - share, 0.0))} µs the records' own work (decoding the "
-            "columns, deciding, journaling, encoding the verdicts).")
+    out = (f"The home's CPU per record at {BATCH} records a call (b) is "
+           f"{fmt(per_record)} µs: {fmt(share)} µs of it is the call itself ((c): "
+           f"{fmt(per_call)} µs per call whatever it carries, / {BATCH}) and "
+           f"{fmt(max(per_record - share, 0.0))} µs the records' own work (decoding the "
+           "columns, deciding, journaling, encoding the verdicts).")
+    big = _median(big_us)
+    if big:
+        out += (f" At {COALESCED * BATCH:,} records a call (b2: what a node sends when "
+                f"{COALESCED} reports of its executors arrive while its last call is in "
+                f"flight) it is {fmt(big)} µs: one home would decide about "
+                f"{fmt(cpu.per_core_ceiling(big))} records/s per core.")
+    return out
 
 
 def _profile(ctx: Context, result: TargetResult, cluster: _Cluster) -> None:
