@@ -5,6 +5,7 @@ SQLite store beside the spool keeps slices in order, compacts, drops and prunes.
 from __future__ import annotations
 
 import os
+import pickle
 import stat
 import threading
 import time
@@ -248,3 +249,41 @@ def test_a_run_past_the_compaction_size_is_kept_as_one_snapshot(tmp_path, monkey
     store.attach(again, "j", "j", "", b"d", (digest, blobs))
     assert again.summary("j").counts.total_record_errors == 5
     assert not again.decide("j", TASK, [rec("r3")])[0].dead_letter
+
+
+def test_a_snapshot_keeps_the_id_table_as_columns_and_replays_it_whole():
+    clock = FakeClock()
+    first = _durable(clock, {"errors.tolerance": "all",
+                             "errors.deadletterqueue.topic.name": "dlq.x"})
+    first.decide("j", TASK, [rec(f"r{i}", value=b"v%d" % i) for i in range(3000)])
+    first.decide("j", TASK, [rec(f"r{i}", value=b"v%d" % i) for i in range(0, 3000, 7)])  # touched
+    gen, blob = first.snapshot("j")
+    entries = pickle.loads(blob)
+    assert len(entries) < 10                       # no entry per id: the table as columns
+    (table,) = [e for e in entries if e[0] == "I"]
+    assert len(table[1]) == len(table[2]) == 8 * 3000 and len(table[3]) == 3000
+    again = _restarted(clock, [(gen, blob)], {"errors.tolerance": "all",
+                                              "errors.deadletterqueue.topic.name": "dlq.x"})
+    a, b = first._jobs["j"].ids, again._jobs["j"].ids
+    assert a.keys() == b.keys()                    # same ids, same least-recently-used order
+    assert [a.tag(k) for k in a.keys()] == [b.tag(k) for k in b.keys()]
+    assert [a.get(k) for k in a.keys()] == [b.get(k) for k in b.keys()]
+    (d,) = again.decide("j", TASK, [rec("r5", value=b"v5")])
+    assert not d.dead_letter                       # already in the DLQ: not again
+
+
+def test_a_store_of_the_previous_format_is_read_and_one_of_an_unknown_format_dropped(tmp_path):
+    from spillway.sidecar import runstate
+
+    store = RunStore(tmp_path)
+    store.open_run("j@r", "j", "r", b"d")
+    store.append("j@r", [(1, b"x")])
+    seed = f"{hash(runstate._SEED_PROBE)}"
+    store._conn.execute("UPDATE meta SET value = ? WHERE name = 'seed'", (f"{seed}/2",))
+    store.close()
+    again = RunStore(tmp_path)                     # an upgrade: what format 2 wrote is kept
+    assert again.load("j@r") == (b"d", [b"x"])
+    again._conn.execute("UPDATE meta SET value = ? WHERE name = 'seed'", (f"{seed}/99",))
+    again.close()
+    newer = RunStore(tmp_path)                     # a format it does not know: dropped
+    assert newer.load("j@r") is None

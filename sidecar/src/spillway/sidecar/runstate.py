@@ -36,7 +36,10 @@ log = logging.getLogger("spillway.sidecar.runstate")
 FILE_NAME = "runs.sqlite"
 SEED_FILE = "hashseed"
 _SEED_PROBE = "spillway.runstate.seed-probe"
-FORMAT = "2"   # 2: payload digests are keyed BLAKE2b (1: hash())
+# 3: snapshots hold the id table as columns ("I" entries); 2: payload digests are keyed BLAKE2b
+# (1: hash()). This version reads what 2 wrote; a version 2 sidecar drops what 3 wrote.
+FORMAT = "3"
+_READABLE = ("2", "3")
 COMPACT_BYTES = 8 * 1024 * 1024
 
 _SCHEMA = """
@@ -83,11 +86,12 @@ class RunStore:
 
     def _check_seed(self) -> None:
         """Drop kept states whose digests this process cannot reproduce (another hash seed)."""
-        mine = f"{hash(_SEED_PROBE)}/{FORMAT}"
+        seed = f"{hash(_SEED_PROBE)}"
+        mine = f"{seed}/{FORMAT}"
         with self._lock, self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
             row = self._conn.execute("SELECT value FROM meta WHERE name = 'seed'").fetchone()
-            if row is not None and row[0] != mine:
+            if row is not None and row[0] not in {f"{seed}/{f}" for f in _READABLE}:
                 n = self._conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
                 self._conn.execute("DELETE FROM slices")
                 self._conn.execute("DELETE FROM runs")

@@ -165,6 +165,8 @@ class JobState:
                 kind = e[0]
                 if kind == "i":
                     ids.add(e[1], e[2], e[3])
+                elif kind == "I":   # a snapshot's whole id table (`IdTable.export`)
+                    ids.load(e[1], e[2], e[3])
                 elif kind == "r":
                     ids.replace(e[1], e[2])
                 elif kind == "e":
@@ -185,10 +187,7 @@ class JobState:
         tolerance counters, every counted id least recently used first, the failure and the
         summary's counts. Numbered like `take_journal`; the journal is left empty."""
         gen, pending = self.take_journal()
-        ids = self.ids
-        out: list = [("T", self.tolerance.state())]
-        for key in ids.keys():
-            out.append(("i", key, ids.get(key), ids.tag(key)))
+        out: list = [("T", self.tolerance.state()), ("I", *self.ids.export())]
         if self.failure_reason:
             out.append(("f", self.failure_reason))
         out.append(("s", self._summary_state()))

@@ -6,7 +6,8 @@ remembered, their counts added together at the end of the run). A tally arrives 
 (record ids, payload digests, and each group of records failing the same way once), and the
 answers go back as columns in which a run's records differ in nothing. So here a run's records
 are not made into `FailedRecord`, `Decision` or `Verdict` objects at all: each costs its id's
-digest, two lookups and one insert, and the run is answered once with its length (`Span`).
+digest and its insert into the run's id table (`IdTable.add_new`, one call for the run while no
+record of the run is retrying), and the run is answered once with its length (`Span`).
 Every other record is decided by `decide_one` exactly as `decide_all` would.
 
 The answers are the same as `decide_all`'s over the records `adapters.tally.tally_records`

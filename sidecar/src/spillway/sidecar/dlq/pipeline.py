@@ -23,12 +23,12 @@ once they are in it, i.e. handed to the pipeline's producer side. That mode is N
 a crash, or a shutdown before Kafka acknowledged them, loses them (the loss is logged).
 
 Drain worker: one thread, woken by an Event. The spool's writer hands it each committed record
-from memory (``handoff_bytes``, 16 MiB: a burst of reports from 32 executors fits): nothing just
-written is read back. When that hand-off is full (Kafka behind or gone), and after a restart,
-the rows that did not fit, and every later one, wait in the spool (the hand-off's own rows go
-first), and the drain reads them from there, in seq order and in chunks (``read_chunk``), until
-it has caught up, so that a million spooled records never sit in memory (at most
-``max_inflight_records`` / ``max_inflight_bytes`` do, plus the hand-off). It hands many records
+from memory (``handoff_bytes``, 16 MiB, and ``handoff_records``, 16,384 records: a burst of
+reports from 32 executors fits): nothing just written is read back. When that hand-off is
+full (Kafka behind or gone), and after a restart, the drain reads the spool instead, in seq
+order and in chunks (``read_chunk``), until it has caught up, so that a million spooled
+records never sit in memory (at most ``max_inflight_records`` / ``max_inflight_bytes`` do,
+plus the hand-off). It hands many records
 to librdkafka before serving delivery reports (one poll per batch, never one flush per record),
 settles acknowledged records in batches, gives freed heap back to the OS once a large backlog
 has drained, and acts on failures by their category (see `producer.classify`):
@@ -102,6 +102,7 @@ class DlqPipeline(Drain):
         max_inflight_records: int = 20_000,
         max_inflight_bytes: int = 512 * 1024,
         handoff_bytes: int = 16 * 1024 * 1024,
+        handoff_records: int = 16_384,
         delete_batch: int = 1_000,
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 5_000,
@@ -127,6 +128,9 @@ class DlqPipeline(Drain):
         self._max_inflight = max(1, max_inflight_records)
         self._max_inflight_bytes = max(1, max_inflight_bytes)
         self._handoff_max = max(1, handoff_bytes)
+        # records too: the bytes bound counts spooled bytes, and a record's objects in memory
+        # take several times its share of a report's spooled bytes (which share header bytes)
+        self._handoff_max_records = max(1, handoff_records)
         self._delete_batch = max(1, delete_batch)
         self._backoff_s = retry_backoff_ms / 1000.0
         self._backoff_max_s = retry_backoff_max_ms / 1000.0
@@ -288,12 +292,17 @@ class DlqPipeline(Drain):
             return
         size = sum(e.size for e in entries)
         with self._hlock:
-            if not self._overflow and self._handoff_bytes + size > self._handoff_max:
-                # the drain is behind (Kafka slow or gone): these rows and every later one wait
-                # in the spool; what already waits here stays (within the same bound) and goes
-                # first, so that nothing handed off is read back
+            if not self._overflow and (
+                    self._handoff_bytes + size > self._handoff_max
+                    or len(self._handoff) + len(entries) > self._handoff_max_records):
+                # the drain is behind (Kafka slow or gone): let go of what waits here too, the
+                # drain reads it back from the spool when its turn comes
                 self._overflow = True
                 self._c_overflows += 1
+                if self._handoff:
+                    self._skipped_upto = max(self._skipped_upto, self._handoff[-1].seq)
+                    self._handoff.clear()
+                    self._handoff_bytes = 0
             if self._overflow:
                 self._skipped_upto = max(self._skipped_upto, entries[-1].seq)
                 return
