@@ -354,3 +354,34 @@ def test_a_backlog_read_back_from_the_spool_never_idles_between_windows(tmp_path
         assert sorted(made[0].delivered) == sorted(f"r{i}".encode() for i in range(300))
     finally:
         p.shutdown(1.0)
+
+
+def test_a_flush_barrier_returns_only_once_its_records_are_settled_in_the_spool(fake, pipeline):
+    """A sidecar killed right after a task's flush returned must not produce its records again
+    after a restart: the barrier waits for the acknowledgements to be settled, not only
+    received (the e2e kill -9 test saw every record twice when the kill won that race)."""
+    p = pipeline()
+    p.submit([rec("warm", "t0")])
+    assert p.wait_task("t0", 5) == 1
+    store = p._store
+    real_delete = store.delete
+    release = threading.Event()
+    deleting = threading.Event()
+
+    def slow_delete(seqs):
+        deleting.set()
+        release.wait(5)
+        return real_delete(seqs)
+
+    store.delete = slow_delete
+    p.submit([rec(f"r{i}", "t1") for i in range(20)])
+    done: list[int] = []
+    waiter = threading.Thread(target=lambda: done.append(p.wait_task("t1", 5)))
+    waiter.start()
+    assert deleting.wait(5)                 # acknowledged by Kafka, settling held back
+    time.sleep(0.2)
+    assert done == []                       # so the barrier has not returned
+    release.set()
+    waiter.join(5)
+    assert done == [20]
+    assert p.stats()["spool-depth"] == 0    # settled when it returned

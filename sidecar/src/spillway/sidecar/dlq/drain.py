@@ -280,6 +280,8 @@ class Drain:
         per_job: collections.Counter[str] = collections.Counter()
         per_task: collections.Counter[str] = collections.Counter()
         with self._cv:
+            self._ack_gen += 1
+            gen = self._ack_gen
             self._acked_set.update(e.seq for e in acked)
             followers, upto = self._followers, self._recovered_upto
             for e in acked:
@@ -292,6 +294,7 @@ class Drain:
                 t = self._task(tk)
                 t.pending -= n
                 t.acked += n
+                t.ack_gen = gen
             self._evict()
             self._cv.notify_all()
         for e in acked:
@@ -361,20 +364,27 @@ class Drain:
                     for seq, _ in rejects:
                         self._rejected_pending.pop(seq, None)
         if not self._acked_pending:
+            if self._settled_gen != self._ack_gen:   # every acknowledgement is settled
+                with self._cv:
+                    self._settled_gen = self._ack_gen
+                    self._cv.notify_all()
             return
         if not (force or len(self._acked_pending) >= self._delete_batch
                 or not self._inflight
                 or self._clock.monotonic() - self._first_ack_t >= SETTLE_AFTER_S):
             return
         seqs, self._acked_pending = self._acked_pending, []
+        gen = self._ack_gen   # every acknowledgement up to it is in seqs (this thread's)
         try:
             self._store.delete(seqs)
         except DlqError:
             log.exception("deleting acknowledged DLQ records from the spool failed; will retry")
             self._acked_pending = seqs + self._acked_pending
             return
-        with self._lock:
+        with self._cv:
             self._acked_set.difference_update(seqs)
+            self._settled_gen = gen
+            self._cv.notify_all()   # flush barriers wait for their records to be settled
 
     def _update_done_through(self) -> None:
         # Everything at or below the cursor that the drain no longer holds is acknowledged or

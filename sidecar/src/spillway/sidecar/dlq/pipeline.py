@@ -78,6 +78,7 @@ class _TaskCount:
     acked: int = 0
     rejected: int = 0
     last_error: str = ""
+    ack_gen: int = 0  # the drain's acknowledgement round of its last acknowledged record
 
 
 class DlqPipeline(Drain):
@@ -150,6 +151,11 @@ class DlqPipeline(Drain):
         self._rejected_pending: dict[int, str] = {}
         self._commits = 0
         self._flush_waiters = 0
+        # acknowledgement rounds (`Drain._handle_reports`) and the last one settled in the
+        # store: a flush barrier returns once its task's records are settled, so that a crash
+        # right after it does not produce them again
+        self._ack_gen = 0
+        self._settled_gen = 0
         self._done_through = 0
         self._closing = False
         self._closed = False
@@ -269,8 +275,9 @@ class DlqPipeline(Drain):
                         t.pending += 1
                     elif owner == tk and seq > self._recovered_upto:
                         continue  # the same task reported it again: already counted
-                    elif seq in self._acked_set:
+                    elif seq in self._acked_set:   # acknowledged, its settling under way
                         t.acked += 1
+                        t.ack_gen = self._ack_gen
                     elif seq in self._rejected_pending:
                         t.rejected += 1
                         t.last_error = self._rejected_pending[seq]
@@ -331,13 +338,16 @@ class DlqPipeline(Drain):
             t.pending -= 1
             if acked:
                 t.acked += 1
+                t.ack_gen = self._ack_gen
             else:
                 t.rejected += 1
                 t.last_error = reason
 
     def wait_task(self, task_key: str, timeout_s: float) -> int:
-        """Block until every record submitted under `task_key` is acknowledged by Kafka; return
-        how many were. FlushTimeoutError past `timeout_s`; DlqError when one was rejected."""
+        """Block until every record submitted under `task_key` is acknowledged by Kafka and that
+        is settled in the spool (a sidecar killed after this returned does not produce them
+        again); return how many were. FlushTimeoutError past `timeout_s`; DlqError when one was
+        rejected."""
         deadline = self._clock.monotonic() + timeout_s
         self._wake.set()
         with self._cv:
@@ -350,7 +360,7 @@ class DlqPipeline(Drain):
                         f"{t.rejected} DLQ record(s) of task {task_key} can never be written to "
                         f"Kafka ({t.last_error}); they are kept in the spool's rejected table "
                         f"({t.acked} acknowledged, {t.pending} pending)")
-                if t.pending <= 0:
+                if t.pending <= 0 and (t.ack_gen <= self._settled_gen or self._closed):
                     return t.acked
                 if self._closed:
                     raise DlqError(f"the DLQ pipeline shut down with {t.pending} record(s) of "
