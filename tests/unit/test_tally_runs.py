@@ -1,10 +1,10 @@
 """A home's tally decided from its columns in runs (`core.runs.decide_groups`, what
-TallyFailures does) answers exactly what the record-by-record path (`tally_records`, then
-`PolicyEngine.decide_outcomes`) answers over the same reports: the same verdict columns, the
-same counts and remembered ids, the same journal slices. Drawn over policies with and without
-runs (tolerance limits, errors.tolerance=none, no DLQ, logging), ids reported again, with
-another payload (collisions), records failing alike across groups and retriable errors
-between them."""
+TallyFailures does) answers exactly what the record-by-record path (a payload-less record per
+id, `_tally_records`, then `PolicyEngine.decide_outcomes`) answers over the same reports: the
+same verdict columns, the same counts and remembered ids, the same journal slices. Drawn over
+policies with and without runs (tolerance limits, errors.tolerance=none, no DLQ, logging), ids
+reported again, with another payload (collisions), records failing alike across groups and
+retriable errors between them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import random
 
 import pytest
 from spillway.sidecar.adapters import tally
-from spillway.sidecar.core.model import TaskIdentity
+from spillway.sidecar.core.model import FailedRecord, TaskIdentity
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.v1 import sidecar_pb2 as pb
 from support.fakes import FakeClock, FakeRng
@@ -62,6 +62,21 @@ def _report(rng: random.Random, n_ids: int) -> pb.TallyReport:
     return rep
 
 
+def _tally_records(rep: pb.TallyReport) -> list[FailedRecord]:
+    """The reference: one payload-less record per id, sharing its group's values."""
+    ids, digests, groups = tally.tally_groups(rep)
+    out: list[FailedRecord] = []
+    i = 0
+    for stage, exc, fn, n in groups:
+        out.extend(FailedRecord(ids[j], stage, exc, fn, tag=digests[j]) for j in range(i, i + n))
+        i += n
+    return out
+
+
+def _tally_verdicts(outcomes) -> pb.TallyVerdicts:
+    return tally.tally_span_verdicts([(o, 1) for o in outcomes])
+
+
 def _engine(props: dict) -> tuple[PolicyEngine, str]:
     e = PolicyEngine(clock=FakeClock(), rng=FakeRng(), logger=_Quiet())
     e.register_job("j", props, run_id="r", tag_secret=b"k" * 32)
@@ -95,8 +110,8 @@ def test_runs_answer_what_the_record_by_record_path_answers(policy, seed):
                             attempt_number=rep.task.attempt_number)
         j_old: list = []
         j_new: list = []
-        want = tally.tally_verdicts(old.decide_outcomes(
-            key, task, tally.tally_records(rep), j_old, write_logs=False))
+        want = _tally_verdicts(old.decide_outcomes(
+            key, task, _tally_records(rep), j_old, write_logs=False))
         got = tally.tally_span_verdicts(new.decide_tally(
             key, task, *tally.tally_groups(rep), j_new))
         assert got == want

@@ -20,7 +20,7 @@ from spillway.v1 import sidecar_pb2 as pb
 
 from ..core import model as m
 from . import convert
-from .tally import encode_verdicts
+from .tally import encode_spans
 
 
 
@@ -178,8 +178,8 @@ def as_messages(recs) -> list[pb.FailedRecord]:
 def verdict_columns(answers) -> pb.TallyVerdicts:
     """The answer to a report sent with ``verdict_columns``: `(verdict, dead_letter)` pairs as
     columns (no classification rules: those are the home protocol's)."""
-    return encode_verdicts([(v, dead_letter, False, None) for v, dead_letter in answers],
-                           rules=False)
+    return encode_spans([((v, dead_letter, False, None), 1) for v, dead_letter in answers],
+                        rules=False)
 
 
 __all__ = ["ColumnRecord", "as_messages", "records", "verdict_columns"]

@@ -3,10 +3,11 @@
 A node sidecar sends the job's home a report's job-wide part only (`tally_report`): record ids,
 payload digests (8 bytes each, keyed by the run) and each run of records failing the same way
 once (stage, function, exception without its stack trace); never payloads, headers or stack
-traces. The home rebuilds payload-less records that share one exception and stage value per
-group (`tally_records`), decides them with the same algorithm as any report, and answers the
-verdicts as columns (`tally_verdicts`): one byte of action, category and flags per record, the
-distinct reasons and rules once each with an index per record. The node turns them back into
+traces. The home reads the ids, digests and groups (`tally_groups`: one exception and stage
+value per group), decides them with the same algorithm as any report (in runs,
+`core/runs.py`), and answers the verdicts as columns (`tally_span_verdicts`): one byte of
+action, category and flags per record, the distinct reasons and rules once each with an index
+per record. The node turns them back into
 verdicts (`tally_outcomes`) and dead-letters and logs with the records it holds.
 docs/POLICY.md, "The home protocol", says why this decides exactly what ReportFailures does.
 """
@@ -106,34 +107,10 @@ def tally_groups(req: pb.TallyReport, where: str = "reports[0]"
     return list(req.record_ids), unpack_le("Q", req.payload_digests), groups
 
 
-def tally_records(req: pb.TallyReport, where: str = "reports[0]") -> list[m.FailedRecord]:
-    """Payload-less records, one per id, sharing one exception and stage value per group: what
-    the home decides (`PolicyEngine.decide_tally` decides from `tally_groups` directly)."""
-    ids, digests, groups = tally_groups(req, where)
-    out: list[m.FailedRecord] = []
-    i = 0
-    for stage, exc, fn, n in groups:
-        out.extend(m.FailedRecord(ids[j], stage, exc, fn, tag=digests[j])
-                   for j in range(i, i + n))
-        i += n
-    return out
-
-
-def tally_verdicts(outcomes) -> pb.TallyVerdicts:
-    """(decision, logged, rule) per record as TallyVerdicts columns."""
-    return tally_span_verdicts([(o, 1) for o in outcomes])
-
-
 def tally_span_verdicts(spans) -> pb.TallyVerdicts:
     """`PolicyEngine.decide_tally`'s answers, (outcome, records) spans, as TallyVerdicts."""
     return encode_spans([((d.verdict, d.dead_letter, logged, rule), n)
                          for (d, logged, rule), n in spans], rules=True)
-
-
-def encode_verdicts(rows, *, rules: bool) -> pb.TallyVerdicts:
-    """(verdict, dead_letter, logged, rule) per record as TallyVerdicts columns; ``rules``:
-    with the rule column (the home protocol's; a columnar ReportFailures answer has none)."""
-    return encode_spans([(row, 1) for row in rows], rules=rules)
 
 
 def encode_spans(spans, *, rules: bool) -> pb.TallyVerdicts:
@@ -195,5 +172,5 @@ def encode_spans(spans, *, rules: bool) -> pb.TallyVerdicts:
     return out
 
 
-__all__ = ["encode_spans", "encode_verdicts", "tally_groups", "tally_outcomes", "tally_records",
-           "tally_report", "tally_span_verdicts", "tally_verdicts"]
+__all__ = ["encode_spans", "tally_groups", "tally_outcomes", "tally_report",
+           "tally_span_verdicts"]

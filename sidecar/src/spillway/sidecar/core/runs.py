@@ -10,8 +10,8 @@ digest and its insert into the run's id table (`IdTable.add_new`, one call for t
 record of the run is retrying), and the run is answered once with its length (`Span`).
 Every other record is decided by `decide_one` exactly as `decide_all` would.
 
-The answers are the same as `decide_all`'s over the records `adapters.tally.tally_records`
-would build, state, counts and journal included (tests/unit/test_tally_runs.py checks it).
+The answers are the same as `decide_all`'s over one payload-less `FailedRecord` per id, state,
+counts and journal included (tests/unit/test_tally_runs.py checks it).
 """
 
 from __future__ import annotations

@@ -28,10 +28,10 @@ reports from 32 executors fits): nothing just written is read back. When that ha
 full (Kafka behind or gone), and after a restart, the drain reads the spool instead, in seq
 order and in chunks (``read_chunk``), until it has caught up, so that a million spooled
 records never sit in memory (at most ``max_inflight_records`` / ``max_inflight_bytes`` do,
-plus the hand-off). It hands many records
-to librdkafka before serving delivery reports (one poll per batch, never one flush per record),
-settles acknowledged records in batches, gives freed heap back to the OS once a large backlog
-has drained, and acts on failures by their category (see `producer.classify`):
+plus the hand-off). It hands many records to librdkafka before serving delivery reports (one
+poll per batch, never one flush per record), settles acknowledged records in batches, gives
+freed heap back to the OS once a large backlog has drained, and acts on failures by their
+category (see `producer.classify`):
 
 - retriable: produced again after an exponential backoff (``write-retries``);
 - fatal (producer unusable): the producer is closed and rebuilt, its records produced again;
