@@ -102,7 +102,9 @@ def _runs_spark_here(session) -> bool:
     if session.config.option.collectonly or not any(_uses_spark(i) for i in session.items):
         return False
     workerinput = getattr(session.config, "workerinput", None)
-    if workerinput is None or session.config.getvalue("dist") != "loadgroup":
+    # a worker sees ``dist`` as "no" (xdist resets it there) and loadgroup as ``option.loadgroup``:
+    # reading ``dist`` made every worker start a Spark session it never used (~10 s of CPU each)
+    if workerinput is None or not getattr(session.config.option, "loadgroup", False):
         return True
     return workerinput.get("workerid") == xdist_plan.SPARK_WORKER
 
