@@ -385,3 +385,37 @@ def test_a_flush_barrier_returns_only_once_its_records_are_settled_in_the_spool(
     waiter.join(5)
     assert done == [20]
     assert p.stats()["spool-depth"] == 0    # settled when it returned
+
+
+def test_an_ended_runs_settled_task_counts_are_forgotten_and_wait_run_sees_only_its_run(
+        fake, pipeline):
+    p = pipeline()
+    p.submit([rec("a", "job/r1/1.0.0/7"), rec("b", "job/r1/1.1.0/8")])
+    p.submit([rec("c", "job/r10/1.0.0/9")])  # a run whose key starts like r1's
+    assert p.wait_task("job/r1/1.0.0/7", 5) == 1 and p.wait_task("job/r10/1.0.0/9", 5) == 1
+    fake.made[0].open.clear()  # Kafka holds r10's next record
+    p.submit([rec("d", "job/r10/1.0.0/10")])
+    assert p.wait_run("job/r1/", 0.2) == 0
+    assert p.wait_run("job/r10/", 0.2) == 1
+    p.forget_run("job/r1/")
+    p.forget_run("job/r10/")  # one task still pending: it keeps its count
+    assert p.wait_task("job/r1/1.0.0/7", 1) == 0  # forgotten
+    assert p.wait_task("job/r10/1.0.0/9", 1) == 0
+    assert set(p._tasks) == {"job/r10/1.0.0/10"}
+    assert set(p._run_tasks) == {"job/r10/"}
+    fake.made[0].open.set()
+    assert p.wait_task("job/r10/1.0.0/10", 5) == 1
+    p.forget_run("job/r10/")
+    assert not p._tasks and not p._run_tasks
+
+
+def test_evicted_task_counts_leave_the_run_index_too(fake, pipeline, monkeypatch):
+    import spillway.sidecar.dlq.pipeline as pipeline_mod
+    monkeypatch.setattr(pipeline_mod, "_TASKS_KEPT", 2)
+    p = pipeline()
+    for i in range(5):
+        p.submit([rec(f"r{i}", f"job/run{i}/1.0.0/{i}")])
+        assert p.wait_task(f"job/run{i}/1.0.0/{i}", 5) == 1
+    p.submit([rec("x", "job/run9/1.0.0/9")])  # the next registration evicts the oldest
+    assert len(p._tasks) == 2
+    assert set(p._run_tasks) == {"job/run4/", "job/run9/"}

@@ -495,6 +495,8 @@ class Sidecar:
             final = self.engine.end_job(run.key)
             if self.runstate is not None and run.home is None:
                 self.runstate.drop(run.key)
+        if self.pipeline is not None:  # the run is gone: no FlushTask can ask for its counts
+            self.pipeline.forget_run(run.key + "/")
         if run.home is not None:
             run.home.close()
         self.trimmer.freed()

@@ -72,6 +72,12 @@ OnAck = Callable[[str, int], None]
 _TASKS_KEPT = 65_536  # finished task attempts whose counts wait_task can still report
 
 
+def _run_of(task_key: str) -> str:
+    """The run prefix (``run_key + "/"``, as `wait_run` takes it) of a task key
+    (``model.task_key``: ``<run key>/<stage>.<partition>.<attempt>/<task attempt id>``)."""
+    return task_key.rsplit("/", 2)[0] + "/"
+
+
 @dataclass(slots=True)
 class _TaskCount:
     pending: int = 0
@@ -145,6 +151,10 @@ class DlqPipeline(Drain):
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._tasks: collections.OrderedDict[str, _TaskCount] = collections.OrderedDict()
+        # run prefix -> its task keys in `_tasks`: wait_run and forget_run touch one run's tasks
+        # only, and an ended run's counts go with it (they would otherwise stay until 65,536
+        # later tasks pushed them out: long-lived small objects that pin heap pages)
+        self._run_tasks: dict[str, dict[str, None]] = {}
         self._recovered_upto = 0  # rows up to this seq were spooled by an earlier process
         self._followers: dict[int, list[str]] = {}  # seq -> other task keys waiting on it
         self._acked_set: set[int] = set()
@@ -250,6 +260,7 @@ class DlqPipeline(Drain):
         t = self._tasks.get(tk)
         if t is None:
             t = self._tasks[tk] = _TaskCount()
+            self._run_tasks.setdefault(_run_of(tk), {})[tk] = None
         else:
             self._tasks.move_to_end(tk)
         return t
@@ -326,7 +337,31 @@ class DlqPipeline(Drain):
             first = next(iter(self._tasks.values()))
             if first.pending:
                 break
-            self._tasks.popitem(last=False)
+            self._unindex(self._tasks.popitem(last=False)[0])
+
+    def _unindex(self, tk: str) -> None:
+        run = _run_of(tk)
+        keys = self._run_tasks.get(run)
+        if keys is not None:
+            keys.pop(tk, None)
+            if not keys:
+                del self._run_tasks[run]
+
+    def forget_run(self, prefix: str) -> None:
+        """Drop the counts of an ended run's settled tasks (`prefix`: ``run_key + "/"``). A
+        task with records still pending keeps its count until they settle; its FlushTask can
+        no longer come (the run is gone), so it leaves with the usual eviction."""
+        with self._cv:
+            keys = self._run_tasks.get(prefix)
+            if not keys:
+                return
+            for tk in list(keys):
+                t = self._tasks.get(tk)
+                if t is None or t.pending == 0:
+                    self._tasks.pop(tk, None)
+                    del keys[tk]
+            if not keys:
+                del self._run_tasks[prefix]
 
     def _settle(self, e: Entry, *, acked: bool, reason: str = "") -> None:
         """Count an acknowledged or rejected row for its owner and followers (under _cv)."""
@@ -382,8 +417,9 @@ class DlqPipeline(Drain):
         self._wake.set()
         with self._cv:
             while True:
-                pending = sum(t.pending for k, t in self._tasks.items()
-                              if t.pending > 0 and k.startswith(prefix))
+                tasks = self._tasks
+                pending = sum(t.pending for t in map(tasks.get, self._run_tasks.get(prefix, ()))
+                              if t is not None and t.pending > 0)
                 remaining = deadline - self._clock.monotonic()
                 if not pending or remaining <= 0 or self._closed:
                     return pending
