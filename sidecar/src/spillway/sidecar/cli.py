@@ -121,13 +121,16 @@ def _check_free(prop: str, host: str, port: int) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from . import gctune, memtune, shutdown
-    from .server import start_server
+    from . import memtune
 
     if getattr(args, "own_command_line", False):
         # glibc's malloc instead of pymalloc, so a burst's memory goes back (memtune.py); only
-        # when this process is the command (main() called by a host program must not restart it)
+        # when this process is the command (main() called by a host program must not restart
+        # it). Before the server's imports: the process that re-executes should not pay them
         memtune.reexec_on_system_malloc()
+    from . import gctune, shutdown
+    from .server import start_server
+
     memtune.limit_malloc_arenas()  # before any thread starts (memory returned after a drain)
     env = dict(os.environ)
     for warning in config.unknown_environment(env):

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .dlq import ledger, tools
 from .errors import DlqError
+
+# `.dlq` (Kafka clients, the spool, OpenTelemetry) is imported by the commands that use it, not
+# here: building the parser must stay cheap, `spillway serve` builds it before re-executing
+# itself on another allocator (memtune.py)
 
 
 def _add_client_options(p: argparse.ArgumentParser) -> None:
@@ -85,6 +88,8 @@ def add_dlq_commands(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 
 def run_tail(args: argparse.Namespace) -> int:
+    from .dlq import tools
+
     try:
         conf = tools.parse_properties(args.property)
         tools.tail(args.bootstrap_servers, args.topic, from_beginning=args.from_beginning,
@@ -99,6 +104,8 @@ def run_tail(args: argparse.Namespace) -> int:
 
 
 def run_redrive(args: argparse.Namespace) -> int:
+    from .dlq import ledger, tools
+
     ledger.setup_tracing()
     try:
         conf = tools.parse_properties(args.property)
