@@ -6,7 +6,9 @@ Grouping (a worker runs a whole group; decided per test module in tests/conftest
   own JVM server fixture may name its group; a module is one group anyway);
 - a module in which any test uses the ``spark`` fixture joins the group ``spark``: one local
   Spark session serves them all, on the worker `SPARK_WORKER`, which starts it right after
-  collection (before any test may install an OpenTelemetry SDK provider, see conftest);
+  collection (before any test may install an OpenTelemetry SDK provider, see conftest). One
+  session, not two on two workers: on 2 cores the suite is CPU-bound and a second JVM cost
+  more than the shorter lane saved (342 against 295 s, 2026-11-27);
 - every other module is its own group: its module-scoped fixtures (a sidecar, a cluster, a
   set of venvs) are built once, and the session's broker once per worker.
 
