@@ -217,3 +217,9 @@ class JobSummary:
 def task_key(job: str, task: TaskIdentity) -> str:
     """The flush barrier's key: one task attempt of one job."""
     return f"{job}/{task.stage_id}.{task.partition_id}.{task.attempt_number}/{task.task_attempt_id}"
+
+
+def task_run_prefix(key: str) -> str:
+    """The run part of a `task_key`, as the prefix ``job + "/"`` that all of its run's task keys
+    share (a run key may hold '/', the task's two parts never do)."""
+    return key.rsplit("/", 2)[0] + "/"

@@ -56,7 +56,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from ..core.model import DlqRecord
+from ..core.model import DlqRecord, task_run_prefix
 from ..core.ports import Clock, RandomSource, SystemClock
 from ..errors import BackpressureError, ConfigError, DlqError, FlushTimeoutError
 from .drain import Drain, Entry
@@ -70,12 +70,6 @@ log = logging.getLogger(__name__)
 
 OnAck = Callable[[str, int], None]
 _TASKS_KEPT = 65_536  # finished task attempts whose counts wait_task can still report
-
-
-def _run_of(task_key: str) -> str:
-    """The run prefix (``run_key + "/"``, as `wait_run` takes it) of a task key
-    (``model.task_key``: ``<run key>/<stage>.<partition>.<attempt>/<task attempt id>``)."""
-    return task_key.rsplit("/", 2)[0] + "/"
 
 
 @dataclass(slots=True)
@@ -260,7 +254,7 @@ class DlqPipeline(Drain):
         t = self._tasks.get(tk)
         if t is None:
             t = self._tasks[tk] = _TaskCount()
-            self._run_tasks.setdefault(_run_of(tk), {})[tk] = None
+            self._run_tasks.setdefault(task_run_prefix(tk), {})[tk] = None
         else:
             self._tasks.move_to_end(tk)
         return t
@@ -340,7 +334,7 @@ class DlqPipeline(Drain):
             self._unindex(self._tasks.popitem(last=False)[0])
 
     def _unindex(self, tk: str) -> None:
-        run = _run_of(tk)
+        run = task_run_prefix(tk)
         keys = self._run_tasks.get(run)
         if keys is not None:
             keys.pop(tk, None)
