@@ -36,10 +36,11 @@ log = logging.getLogger("spillway.sidecar.runstate")
 FILE_NAME = "runs.sqlite"
 SEED_FILE = "hashseed"
 _SEED_PROBE = "spillway.runstate.seed-probe"
-# 3: snapshots hold the id table as columns ("I" entries); 2: payload digests are keyed BLAKE2b
-# (1: hash()). This version reads what 2 wrote; a version 2 sidecar drops what 3 wrote.
-FORMAT = "3"
-_READABLE = ("2", "3")
+# 4: slices hold a stretch of new ids as columns ("n" entries); 3: snapshots hold the id table as
+# columns ("I" entries); 2: payload digests are keyed BLAKE2b (1: hash()). This version reads
+# what 2 and 3 wrote; an older sidecar drops what a newer one wrote rather than misread it.
+FORMAT = "4"
+_READABLE = ("2", "3", "4")
 COMPACT_BYTES = 8 * 1024 * 1024
 
 _SCHEMA = """

@@ -40,6 +40,22 @@ _MAX_NUMBER = (1 << 32) - 2    # entry numbers + 1 must fit the index's 32 bits
 _COMPACT_SLACK = 1024
 
 
+def _le(column: array) -> bytes:
+    """An array of unsigned 64-bit as little-endian bytes (`export`, the journal)."""
+    if sys.byteorder != "little":
+        column = array("Q", column)
+        column.byteswap()
+    return column.tobytes()
+
+
+def _from_le(data: bytes) -> array:
+    column = array("Q")
+    column.frombytes(data)
+    if sys.byteorder != "little":
+        column.byteswap()
+    return column
+
+
 class IdTable(Generic[V]):
     """A bounded map of int keys in [0, 2**60), least recently used entry evicted first."""
 
@@ -190,35 +206,63 @@ class IdTable(Generic[V]):
                 stop: int) -> int:
         """For each ``keys[p]``, ``tags[p]`` from `start` to `stop`, in order, while the key is
         absent: `add(key, value, tag)`; returns how many were added (a key left over is
-        present). One call for a run of new keys (a home's tally, `runs.py`): the common insert
-        (no growth, no eviction) is done inline; any other goes through `add`."""
+        present). One call for a run of new keys (a home's tally, `runs.py`).
+
+        The common insert (no growth, no eviction) is done in stretches: a stretch's keys and
+        tags are appended to the columns first (so a key repeated inside the stretch is found
+        present), probed and indexed one by one, and the part after a present key cut off
+        again. The journal gets one ``("n", keys, tags, value)`` entry per stretch (the columns
+        as little-endian bytes, `load`'s input) instead of a tuple per key. Any other insert
+        goes through `add`."""
         added = 0
+        p = start
         journal = self.journal
-        for p in range(start, stop):
-            key, tag = keys[p], tags[p]
-            index, ekeys, off, mask = self._index, self._keys, self._off, self._mask
-            i = key & mask
-            e = index[i]
-            while e:
-                if ekeys[e - off] == key:
+        while p < stop:
+            ekeys, etags, off = self._keys, self._tags, self._off
+            first = len(ekeys)
+            room = min(self.limit, self._grow_at) - self._live
+            room = min(room, _MAX_NUMBER + 1 - (first + off), stop - p)
+            if room <= 0:
+                key = keys[p]
+                if key in self:                 # (remembers the empty slot it found)
                     return added
-                i = (i + 1) & mask
+                self.add(key, value, tags[p])   # evicts, grows or renumbers
+                added += 1
+                p += 1
+                continue
+            index, mask = self._index, self._mask
+            ekeys.extend(keys[p:p + room])
+            etags.extend(tags[p:p + room])
+            n = first + off
+            q = 0
+            for key in ekeys[first:]:
+                i = key & mask
                 e = index[i]
-            n = len(ekeys) + off
-            if self._live >= self.limit or self._live >= self._grow_at or n > _MAX_NUMBER:
-                self._mk, self._ms = key, i     # found absent at slot i
-                self.add(key, value, tag)       # evicts, grows or renumbers
-            else:
-                if journal is not None:
-                    journal.append(("i", key, value, tag))
-                index[i] = n
-                ekeys.append(key)
-                self._tags.append(tag)
-                self._vals.append(value)
-                self._live += 1
+                while e:
+                    if ekeys[e - off] == key:
+                        break
+                    i = (i + 1) & mask
+                    e = index[i]
+                else:
+                    index[i] = n + q
+                    q += 1
+                    continue
+                break
+            if q < room:
+                del ekeys[first + q:]
+                del etags[first + q:]
+            if q:
+                self._vals.extend([value] * q)
+                self._live += q
                 self._mk = -1
-                self._ek, self._en = key, n
-            added += 1
+                self._ek, self._en = ekeys[first + q - 1], n + q - 1
+                if journal is not None:
+                    journal.append(("n", _le(ekeys[first:first + q]),
+                                    _le(etags[first:first + q]), value))
+                added += q
+                p += q
+            if q < room:
+                return added                    # keys[p] is present
         return added
 
     def _set_and_touch(self, i: int, p: int, value: V, tag: int | None = None) -> None:
@@ -319,20 +363,11 @@ class IdTable(Generic[V]):
         if self._dead:
             self._rebuild(len(self._index))   # dead entries out: the live ones are a slice
         head = self._head
-        keys, tags = self._keys[head:], self._tags[head:]
-        if sys.byteorder != "little":
-            keys.byteswap()
-            tags.byteswap()
-        return keys.tobytes(), tags.tobytes(), self._vals[head:]
+        return _le(self._keys[head:]), _le(self._tags[head:]), self._vals[head:]
 
     def load(self, keys: bytes, tags: bytes, values: Sequence[V]) -> None:
-        """`add` each entry of an `export`, in order."""
-        k, t = array("Q"), array("Q")
-        k.frombytes(keys)
-        t.frombytes(tags)
-        if sys.byteorder != "little":
-            k.byteswap()
-            t.byteswap()
+        """`add` each entry of an `export` (or of an ``"n"`` journal entry), in order."""
+        k, t = _from_le(keys), _from_le(tags)
         if not len(k) == len(t) == len(values):
             raise ValueError("an exported id table's columns differ in length")
         for key, tag, value in zip(k, t, values):

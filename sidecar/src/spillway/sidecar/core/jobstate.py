@@ -144,10 +144,11 @@ class JobState:
         self.journal = []
         self.tolerance.journal = self.ids.journal = self.journal
 
-    def take_journal(self) -> tuple[int, list]:
+    def take_journal(self, counted: bool = False) -> tuple[int, list]:
         """The changes since the last call, numbered (replayed in that order), with the
-        summary's counts as they are now; (gen, []) when nothing changed."""
-        if not self.journal:
+        summary's counts as they are now; (gen, []) when nothing changed (``counted``: the
+        counts did, whether or not anything else was journaled)."""
+        if not self.journal and not counted:
             return self.generation, []
         entries = self.journal[:]
         self.journal.clear()  # the list the tracker and the id table append to
@@ -167,6 +168,8 @@ class JobState:
                     ids.add(e[1], e[2], e[3])
                 elif kind == "I":   # a snapshot's whole id table (`IdTable.export`)
                     ids.load(e[1], e[2], e[3])
+                elif kind == "n":   # a stretch of new ids with one value (`IdTable.add_new`)
+                    ids.load(e[1], e[2], [e[3]] * (len(e[1]) // 8))
                 elif kind == "r":
                     ids.replace(e[1], e[2])
                 elif kind == "e":

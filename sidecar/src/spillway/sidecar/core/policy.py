@@ -39,12 +39,14 @@ from .tolerance import record_key
 __all__ = ["MAX_TRACKED_RECORDS", "PolicyEngine", "run_key"]
 
 
-def _take(j: JobState, out: list | None) -> None:
+def _take(j: JobState, out: list | None, counted: bool = False) -> None:
     """Move a durable run's journal slice into `out` as (generation, pickled entries); under
-    the run's lock, so that the entries are pickled as they are."""
+    the run's lock, so that the entries are pickled as they are. ``counted``: the summary's
+    counts changed (a report was decided), so a slice is taken even when nothing else was
+    journaled (the reports of a run that already failed)."""
     if out is None or j.journal is None:
         return
-    gen, entries = j.take_journal()
+    gen, entries = j.take_journal(counted)
     if entries:
         out.append((gen, pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)))
 
@@ -168,7 +170,7 @@ class PolicyEngine:
                 out = decide(j, batch)
             finally:
                 batch.apply(j)
-                _take(j, journal)
+                _take(j, journal, counted=True)
         if batch.collisions:
             warn_collisions(j, batch.collisions)
         return j, batch, out
