@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 
+from ..clients import REPO_ROOT
+from ..infra import BenchError
 from ..model import Figure, TargetResult, alternate
 from ..profiling import Recording, section
 from ..runner import Context
@@ -15,6 +21,33 @@ def dlq_props(topic: str, **extra: str) -> dict[str, str]:
 
 
 POLICY_ONLY = {"errors.tolerance": "all"}
+
+
+def start_listening(ctx: Context, module: str, what: str) -> tuple[subprocess.Popen, str]:
+    """``python -m <module> --listen 127.0.0.1:0`` as its own process (the echo server, the
+    OTLP sink), stopped when the harness closes: (process, the address it printed)."""
+    proc = subprocess.Popen([sys.executable, "-m", module, "--listen", "127.0.0.1:0"],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL, text=True)
+    box: list[str] = []
+    t = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    t.start()
+    t.join(60)
+    m = re.search(r"listening on (\S+)", box[0] if box else "")
+    if not m:
+        proc.kill()
+        raise BenchError(f"{what} did not start")
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    ctx.infra.on_close(stop)
+    return proc, m.group(1)
 
 
 Run = Callable[[int], "float | tuple[float, dict[Figure, float]]"]

@@ -13,7 +13,7 @@ from ..clients import REPO_ROOT, ClientPool
 from ..infra import BenchError, SidecarProcess
 from ..model import TargetResult, fmt, ratio_check
 from ..runner import Context
-from .common import alternate_runs, dlq_props, profiled
+from .common import alternate_runs, dlq_props, profiled, start_listening
 from .sparkutil import executor_env, python_daemons, ship_workloads, timed
 
 PARTITIONS = 4
@@ -208,15 +208,21 @@ def run_tracing(ctx: Context, result: TargetResult) -> None:
         "tracing-heaviest case, one `exception` event per failed record and the trace context on "
         "every report), with the executors' and the sidecar's OpenTelemetry set by the standard "
         "variables: off (`OTEL_SDK_DISABLED=true`), `OTEL_TRACES_SAMPLER=parentbased_traceidratio` "
-        "with `OTEL_TRACES_SAMPLER_ARG=0.01` and `1.0`; no exporter endpoint (spans are recorded "
-        "and dropped). Each variant has its own sidecar process and its own Spark worker daemon "
-        "(PySpark keys worker daemons by environment), alternated run by run.")
+        "with `OTEL_TRACES_SAMPLER_ARG=0.01` and `1.0`. The sampled variants export their spans "
+        "over OTLP/gRPC (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) to a receiver of their own "
+        "(`bench.otlp_sink`, its own process: it counts the spans and keeps nothing), executors "
+        "and sidecar alike: a sidecar with no exporter records no span at all. Each variant has "
+        "its own sidecar process and its own Spark worker daemon (PySpark keys worker daemons by "
+        "environment), alternated run by run.")
+    _, sink = start_listening(ctx, "bench.otlp_sink", "the OTLP sink")
+    variants = {name: dict(env) if "OTEL_SDK_DISABLED" in env else {
+        **env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://{sink}",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"} for name, env in TRACING_VARIANTS.items()}
     sidecars = {name: ctx.infra.sidecar(_sidecar_props(), name=f"trace{i}", env=env)
-                for i, (name, env) in enumerate(TRACING_VARIANTS.items())}
+                for i, (name, env) in enumerate(variants.items())}
     figs = {name: result.figure(name, "records/s") for name in TRACING_VARIANTS}
     alternate_runs(ctx, result, {
-        name: (lambda _r, name=name: spark_dlq_rate(ctx, sidecars[name], n,
-                                                    TRACING_VARIANTS[name]))
+        name: (lambda _r, name=name: spark_dlq_rate(ctx, sidecars[name], n, variants[name]))
         for name in TRACING_VARIANTS}, figs, warmup=True)
     off, one, full = (figs[k] for k in TRACING_VARIANTS)
     result.checks.append(ratio_check("1% sampling vs off", one, off, ">=", 0.97))
@@ -226,4 +232,4 @@ def run_tracing(ctx: Context, result: TargetResult) -> None:
         f"{fmt(full.summary.median)} records/s.")
     if ctx.sizes.profile and result.met is False:
         name = "100% parent-based sampling"
-        profile_dlq_job(ctx, result, sidecars[name], n, "tracing", TRACING_VARIANTS[name])
+        profile_dlq_job(ctx, result, sidecars[name], n, "tracing", variants[name])

@@ -2,47 +2,18 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-import threading
 import uuid
 from pathlib import Path
 
-from ..clients import REPO_ROOT, Aggregate, ClientPool
+from ..clients import Aggregate, ClientPool
 from ..infra import BenchError
 from ..model import TargetResult, absolute_check, fmt, ratio_check
 from ..runner import Context
-from .common import POLICY_ONLY, alternate_runs, dlq_props, profiled
+from .common import POLICY_ONLY, alternate_runs, dlq_props, profiled, start_listening
 
 BATCH = 256
 ECHO_CLIENTS = 4
 FEW, MANY = 4, 32
-
-
-def start_echo(ctx: Context) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "bench.echo", "--listen", "127.0.0.1:0"],
-                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL, text=True)
-    box: list[str] = []
-    t = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
-    t.start()
-    t.join(60)
-    m = re.search(r"listening on (\S+)", box[0] if box else "")
-    if not m:
-        proc.kill()
-        raise BenchError("the echo server did not start")
-
-    def stop() -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-    ctx.infra.on_close(stop)
-    return proc, m.group(1)
 
 
 def _checked(agg: Aggregate, what: str) -> Aggregate:
@@ -64,7 +35,7 @@ def run_rpc(ctx: Context, result: TargetResult) -> None:
         "echo server of the same service (`bench.echo`: same server options and 32-thread pool, "
         "a servicer that answers SKIP and does nothing else).")
     sidecar = ctx.infra.sidecar(name="rpc")
-    _, echo_addr = start_echo(ctx)
+    _, echo_addr = start_listening(ctx, "bench.echo", "the echo server")
 
     one = ClientPool(1)
     ctx.infra.on_close(one.close)

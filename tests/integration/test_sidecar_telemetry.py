@@ -102,6 +102,30 @@ def test_invalid_traceparent_is_replaced_by_the_decisions_context(observed, topi
     assert tp == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
+def test_a_sidecar_without_an_exporter_records_nothing_yet_propagates_valid_contexts(
+        broker, tmp_path, topic_name):
+    """No exporter: no span is recorded (`exported`), but a record's own trace context still
+    goes into its DLQ headers as it came, and one without gets the decision's, unsampled."""
+    from spillway.sidecar.server import start_server
+    from support.kafka import read_all
+
+    running = start_server({"listen.address": "127.0.0.1:0",
+                            "bootstrap.servers": broker.bootstrap_servers,
+                            "spool.dir": str(tmp_path / "spool"), "producer.linger.ms": "5"})
+    try:
+        assert not running.sidecar.telemetry.exporting()
+        given = f"00-{EXECUTOR_TRACE}-{EXECUTOR_SPAN}-01"
+        _report(running.address, "job-quiet", topic_name, 1, given)
+        _report(running.address, "job-quiet-bad", topic_name, 1, "00-zzzz-not-a-traceparent")
+    finally:
+        running.stop(1.0)
+    headers = [dict(r.headers())["traceparent"].decode()
+               for r in read_all(broker.bootstrap_servers, topic_name)]
+    assert headers[0] == given
+    assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}", headers[1]), headers[1]
+    assert not int(headers[1][-2:], 16) & 1      # the sampled flag: nothing was recorded
+
+
 def _scrape(port: int) -> str:
     return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
 

@@ -205,6 +205,7 @@ def start_server(
                                 if k in telemetry.SIDECAR_WIDE])
         if sidecar.pipeline is not None:
             sidecar.pipeline.tracer = tel.tracer
+            sidecar.pipeline.traced = tel.exporting
         sidecar.telemetry = tel
         # gRPC server spans continue the executor's trace (W3C context in the metadata); only
         # a sampled call pays for its span

@@ -196,6 +196,11 @@ class Telemetry:
         if self.verdict_duration is not None:
             self.verdict_duration.record(seconds)
 
+    def exporting(self) -> bool:
+        """Whether this sidecar's spans are exported (else none is recorded: `exported`)."""
+        from .exported import exporting
+        return self.tracer_provider is not None and exporting(self.tracer_provider)
+
     def shutdown(self) -> None:
         """Flush spans and metrics (graceful stop)."""
         for provider in (self.tracer_provider, self.meter_provider):
@@ -321,14 +326,17 @@ def setup(*, service_name: str = SERVICE_NAME, sidecar_id: str = "",
     """
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace import SpanLimits
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from . import exported
 
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME",
                                                                service_name),
                                 "service.instance.id": sidecar_id or "unknown"})
     # One DLQ batch span links to every record it carries: allow as many links as a batch.
-    tp = TracerProvider(resource=resource, span_limits=SpanLimits(max_links=max_links))
+    # Spans are recorded only while a processor exports them (`exported`).
+    tp = exported.provider(resource=resource, span_limits=SpanLimits(max_links=max_links))
     if _otlp_configured("TRACES"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 

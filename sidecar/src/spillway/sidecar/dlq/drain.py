@@ -275,7 +275,7 @@ class Drain:
             partitions.append(partition)
         if not acked:
             return
-        if self.tracer is not None:
+        if self.tracer is not None and self.traced():
             record_batch_spans(self.tracer, acked, partitions)
         per_job: collections.Counter[str] = collections.Counter()
         per_task: collections.Counter[str] = collections.Counter()

@@ -123,8 +123,10 @@ class DlqPipeline(Drain):
         self._spool_group = spool_group
         self._clock: Clock = clock or SystemClock()
         self._on_ack = on_ack
-        # set by the server when telemetry is on: one span per acknowledged batch
+        # set by the server when telemetry is on: one span per acknowledged batch, while
+        # `traced()` says they are exported (the spans' links cost a little per record)
         self.tracer = None
+        self.traced: Callable[[], bool] = lambda: True
         self._chunk = max(1, read_chunk)
         self._max_inflight = max(1, max_inflight_records)
         self._max_inflight_bytes = max(1, max_inflight_bytes)
