@@ -141,3 +141,26 @@ def test_id_table_tags_follow_their_keys_through_touch_eviction_and_compaction()
     assert t.tag(4_999) == 4_999 * 7 + 1
     t.add(4_999, 0, tag=5)
     assert t.tag(4_999) == 5
+
+
+def test_payload_digests_keep_their_format_and_the_fixed_key_tagger_matches():
+    """Payload digests are kept across restarts (run state) and computed by a node for its
+    home: their format is pinned (keyed BLAKE2b-64 of the key's length, key, a null marker and
+    the value), and the per-run tagger (the keyed first block copied) computes the same."""
+    import random
+
+    from spillway.sidecar.core.tolerance import payload_tag, payload_tagger
+
+    secret = b"k" * 32
+    cases = [(b"key", b"value"), (None, b"value"), (b"", b""), (b"key", None), (None, None)]
+    assert [payload_tag(k, v, secret) for k, v in cases] == [
+        16732026223705424195, 15994909874574856828, 2971162502910884699,
+        15638658595591056672, 8680750440221112550]
+    rng = random.Random(7)
+    for sec in (secret, b"", b"other-run"):
+        tag = payload_tagger(sec)
+        for _ in range(200):
+            k = None if rng.random() < 0.2 else rng.randbytes(rng.randrange(0, 40))
+            v = None if rng.random() < 0.2 else rng.randbytes(rng.randrange(0, 400))
+            assert tag(k, v) == payload_tag(k, v, sec)
+    assert payload_tagger(secret)(b"a", b"b") != payload_tagger(b"x" * 32)(b"a", b"b")

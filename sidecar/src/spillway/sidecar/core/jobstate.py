@@ -31,7 +31,7 @@ from .counters import EVICTED_TASK, ScopedCounts, copy_counts
 from .handlers import LoadedHandler
 from .model import Category, FailedRecord
 from .settings import JobSettings
-from .tolerance import KEY_MASK, IdTable, ToleranceTracker, payload_tag, record_key
+from .tolerance import KEY_MASK, IdTable, ToleranceTracker, payload_tagger, record_key
 
 log = logging.getLogger("spillway.sidecar.policy")
 
@@ -80,6 +80,7 @@ class JobState:
                  tag_secret: bytes = b"") -> None:
         self.settings = settings
         self.tag_secret = tag_secret   # the key of its payload digests (`tolerance.run_secret`)
+        self._payload_tag = payload_tagger(tag_secret)
         self.run_id = run_id
         self.handler = handler
         self.lock = threading.Lock()
@@ -233,7 +234,7 @@ class JobState:
     def tag_of(self, record: FailedRecord) -> int:
         """The record's payload digest: given (a tally's record has no payload) or computed."""
         tag = record.tag
-        return tag if tag >= 0 else payload_tag(record.key, record.value, self.tag_secret)
+        return tag if tag >= 0 else self._payload_tag(record.key, record.value)
 
     def identity(self, record: FailedRecord,
                  collisions: list[FailedRecord]) -> tuple[int, int]:
