@@ -622,7 +622,7 @@ def test_ten_thousand_runs_registered_and_ended_leave_the_engine_empty(engine):
     {"errors.tolerance": "all", "errors.retry.max.retries": "1"},
 ])
 def test_a_report_decided_at_once_answers_and_counts_as_record_by_record(clock, props):
-    """Runs of records failing the same way take a short path (`_decide_all`): every answer,
+    """Runs of records failing the same way take a short path (`Decider.decide_all`): every answer,
     count and remembered id must be what deciding each record on its own gives."""
     S = StageRef(Stage.SINK)
     first = [rec(f"a{i}", VALUE) for i in range(5)] + [rec("c0", CONN)] + \
@@ -635,8 +635,8 @@ def test_a_report_decided_at_once_answers_and_counts_as_record_by_record(clock, 
         logs[per_record] = ListLogger()
         e = PolicyEngine(clock=clock, rng=FakeRng(), logger=logs[per_record])
         if per_record:  # the plain loop the short path must agree with
-            e._decide_all = lambda j, t, tid, rs, now, wall, b: [
-                e._decide_one(j, t, tid, r, now, wall, b) for r in rs]
+            d = e._decider
+            d.decide_all = lambda j, b, rs: [d.decide_one(j, b, r) for r in rs]
         e.register_job("j", props)
         out = []
         for report in (first, second):

@@ -88,15 +88,40 @@ class Decider:
         category = _DATA
         pending = 0
         skip = Action.SKIP
-        for r in records:
+        n = len(records)
+        i = 0
+        while i < n:
+            r = records[i]
             if r.exception is run_exc and r.stage is run_ref:
-                key = record_key(r.record_id)
-                if key not in ids and tracked.get(key) is None:
-                    ids.add(key, info, j.tag_of(r))
-                    append((Decision(Verdict(r.record_id, skip, category, reason, 1),
-                                     dead_letter), logged, rule))
-                    pending += 1
-                    continue
+                if not len(tracked):
+                    # nothing retrying: the run's stretch of records failing this way goes
+                    # into the id table at once, up to the first id it already holds
+                    end = i + 1
+                    while end < n and records[end].exception is run_exc \
+                            and records[end].stage is run_ref:
+                        end += 1
+                    stretch = records[i:end]
+                    tag_of = j.tag_of
+                    added = ids.add_new([record_key(x.record_id) for x in stretch],
+                                        [tag_of(x) for x in stretch], info, 0, end - i)
+                    for x in stretch[:added] if added < end - i else stretch:
+                        append((Decision(Verdict(x.record_id, skip, category, reason, 1),
+                                         dead_letter), logged, rule))
+                    pending += added
+                    i += added
+                    if i == end:
+                        continue
+                    r = records[i]
+                else:
+                    key = record_key(r.record_id)
+                    if key not in ids and tracked.get(key) is None:
+                        ids.add(key, info, j.tag_of(r))
+                        append((Decision(Verdict(r.record_id, skip, category, reason, 1),
+                                         dead_letter), logged, rule))
+                        pending += 1
+                        i += 1
+                        continue
+            i += 1
             if pending:
                 count_run(b, run_exc, pending, dead_letter, logged)
                 pending = 0
