@@ -188,3 +188,16 @@ def test_add_new_is_contains_then_add_for_each_key_until_a_present_one(limit):
             k = rng.choice(pool)
             for t in (plain, bulk):
                 t.pop(k)
+
+
+def test_add_new_takes_keys_and_tags_in_any_sequence():
+    from array import array
+
+    from spillway.sidecar.core.idtable import IdTable
+
+    plain, bulk = IdTable(100), IdTable(100)
+    for k in range(10):
+        plain.add(k, "v", 100 + k)
+    assert bulk.add_new(array("L", range(10)), array("I", range(100, 110)), "v", 0, 10) == 10
+    assert bulk.keys() == plain.keys() and [bulk.tag(k) for k in range(10)] == list(
+        range(100, 110))

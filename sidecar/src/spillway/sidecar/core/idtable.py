@@ -217,6 +217,11 @@ class IdTable(Generic[V]):
         added = 0
         p = start
         journal = self.journal
+        # the columns are extended by slices of keys and tags: an array only of their own type
+        if type(keys) is array and keys.typecode != "Q":
+            keys = list(keys)
+        if type(tags) is array and tags.typecode != "Q":
+            tags = list(tags)
         while p < stop:
             ekeys, etags, off = self._keys, self._tags, self._off
             first = len(ekeys)
