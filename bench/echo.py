@@ -63,12 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     server, address = serve(args.listen, args.workers)
     print(f"echo sidecar listening on {address}", flush=True)
+    serve_until_stopped(server)
+    return 0
+
+
+def serve_until_stopped(server: grpc.Server) -> None:
+    """Serve until SIGTERM or SIGINT, then stop `server` (a second's grace)."""
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     done.wait()
     server.stop(1).wait()
-    return 0
 
 
 if __name__ == "__main__":

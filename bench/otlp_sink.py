@@ -11,7 +11,6 @@ Prints ``otlp sink listening on ADDR`` once serving; on SIGTERM/SIGINT prints
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 from concurrent import futures
@@ -22,6 +21,8 @@ from opentelemetry.proto.collector.metrics.v1 import (
     metrics_service_pb2_grpc,
 )
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from .echo import serve_until_stopped
 
 
 class _Traces(trace_service_pb2_grpc.TraceServiceServicer):
@@ -54,11 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     port = server.add_insecure_port(args.listen)
     server.start()
     print(f"otlp sink listening on {host}:{port}", flush=True)
-    done = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    signal.signal(signal.SIGINT, lambda *_: done.set())
-    done.wait()
-    server.stop(1).wait()
+    serve_until_stopped(server)
     print(f"spans {traces.spans}", flush=True)
     return 0
 
