@@ -266,7 +266,11 @@ def test_a_full_hand_off_falls_back_to_the_spool_in_order_then_resumes(fake, pip
     assert p.wait_task("t0", 5) == 1
     prod = fake.made[0]
     prod.open.clear()  # Kafka stops acknowledging: in flight fills, then the hand-off
-    for i in range(0, 400, 20):
+    p.submit([rec(f"r{j:03d}", "t1") for j in range(20)])
+    # the drain takes the first ones from memory before the flood (on a loaded machine it may
+    # not run between the submits below, and the overflow would then let go of all of them)
+    _wait_for(lambda: p.stats()["in-flight-records"] > 0)
+    for i in range(20, 400, 20):
         p.submit([rec(f"r{j:03d}", "t1") for j in range(i, i + 20)])
     assert p.stats()["handoff-overflows"] >= 1
     prod.open.set()
