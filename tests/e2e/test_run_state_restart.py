@@ -89,3 +89,49 @@ def test_a_limit_is_never_loosened_nor_a_dead_letter_repeated_by_a_restart(broke
             assert client.job_summary(fresh).total_record_errors == 0
     finally:
         serve.stop(proc)
+
+
+def test_a_run_of_records_failing_alike_survives_a_restart(broker, tmp_path):
+    """Records failing the same way for the first time go into the run's id table a stretch at
+    a time and are journaled as one columnar entry ("n", `IdTable.add_new`): after kill -9 and
+    a restart each of them is still "already in the DLQ", counted once, dead-lettered once."""
+    import pickle
+    import sqlite3
+
+    topic = f"dlq.restart-run-{uuid.uuid4().hex[:8]}"
+    props = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
+             "errors.deadletterqueue.auto.create.topics.enable": "true",
+             "errors.deadletterqueue.topic.replication.factor": "1"}
+    ids = [f"s{i:03d}" for i in range(200)]
+    proc, address = _spawn(broker, tmp_path / "spool")
+    try:
+        with SidecarClient(address) as client:
+            run = client.register_job("restart-run", props)
+            verdicts = client.report_failures(run, TASK, _records(*ids))
+            assert all(v.action == pb.ACTION_SKIP and v.dead_lettered for v in verdicts)
+            assert client.flush_task(run, TASK, timeout_s=30) == 200
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with sqlite3.connect(tmp_path / "spool" / "runs.sqlite") as db:   # what this test is about
+        kinds = {e[0] for (blob,) in db.execute("SELECT blob FROM slices")
+                 for e in pickle.loads(blob)}
+    assert "n" in kinds, kinds
+
+    proc, address = _spawn(broker, tmp_path / "spool")
+    try:
+        with SidecarClient(address) as client:
+            again = client.register_job("restart-run", props, run_id=run.run_id,
+                                        job_token=run.job_token)
+            assert client.job_summary(again).total_record_errors == 200
+            verdicts = client.report_failures(again, TASK, _records(*ids[::7], "new"))
+            assert all("already in the DLQ" in v.reason for v in verdicts[:-1])
+            assert verdicts[-1].dead_lettered
+            client.flush_task(again, TASK, timeout_s=30)
+            got = sorted(dict(m.headers())["spillway.record.id"].decode()
+                         for m in read_all(broker.bootstrap_servers, topic, idle_s=0.5))
+            assert got == sorted([*ids, "new"])    # each once
+            assert client.job_summary(again).total_record_errors == 201
+            client.end_job(again)
+    finally:
+        serve.stop(proc)
