@@ -33,7 +33,9 @@ METHOD = [
     "A missed target is profiled with py-spy (one more candidate run, `--nonblocking`, 100 Hz); "
     "'own time' is the share of samples in which a frame was the innermost one, 'on stack' the "
     "share in which it was anywhere on the stack (samples are per thread, idle threads "
-    "excluded).",
+    "excluded; a thread blocked on a lock, a syscall or the GIL is not idle to py-spy, so a "
+    "frame that waits, e.g. for a group commit or a blocking call to the home, shows as its "
+    "own time: read the tables for where threads are, CPU figures for what they cost).",
 ]
 
 
