@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from . import exported
+
 log = logging.getLogger("spillway.sidecar.telemetry")
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
@@ -197,9 +199,9 @@ class Telemetry:
             self.verdict_duration.record(seconds)
 
     def exporting(self) -> bool:
-        """Whether this sidecar's spans are exported (else none is recorded: `exported`)."""
-        from .exported import exporting
-        return self.tracer_provider is not None and exporting(self.tracer_provider)
+        """Whether this sidecar's spans are exported (else none is recorded: `exported`).
+        Asked by the DLQ drain once per acknowledged batch."""
+        return self.tracer_provider is not None and exported.exporting(self.tracer_provider)
 
     def shutdown(self) -> None:
         """Flush spans and metrics (graceful stop)."""
@@ -328,8 +330,6 @@ def setup(*, service_name: str = SERVICE_NAME, sidecar_id: str = "",
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import SpanLimits
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    from . import exported
 
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME",
                                                                service_name),
