@@ -81,7 +81,7 @@ class Decider:
             for r in records:
                 append(self.decide_one(j, b, r))
             return out
-        ids, tracked = j.ids, j.records
+        ids, tracked, tag_of = j.ids, j.records, j.tag_of
         logged = j.settings.log_enable
         dead_letter = j.settings.dlq.enabled
         run_exc = run_ref = reason = info = rule = None
@@ -101,10 +101,9 @@ class Decider:
                             and records[end].stage is run_ref:
                         end += 1
                     stretch = records[i:end]
-                    tag_of = j.tag_of
                     added = ids.add_new([record_key(x.record_id) for x in stretch],
                                         [tag_of(x) for x in stretch], info, 0, end - i)
-                    for x in stretch[:added] if added < end - i else stretch:
+                    for x in stretch[:added]:
                         append((Decision(Verdict(x.record_id, skip, category, reason, 1),
                                          dead_letter), logged, rule))
                     pending += added
@@ -115,7 +114,7 @@ class Decider:
                 else:
                     key = record_key(r.record_id)
                     if key not in ids and tracked.get(key) is None:
-                        ids.add(key, info, j.tag_of(r))
+                        ids.add(key, info, tag_of(r))
                         append((Decision(Verdict(r.record_id, skip, category, reason, 1),
                                          dead_letter), logged, rule))
                         pending += 1
