@@ -220,7 +220,8 @@ def test_every_request_field_is_covered_by_a_check():
                  "payload",
                  "marker_category", "kafka_retriable", "kafka_fatal",
                  "kafka_txn_requires_abort", "exception", "source", "task", "key", "value",
-                 "job", "run_id", "record_id", "records", "processed", "value"}
+                 "job", "run_id", "record_id", "records", "processed", "value",
+                 "claim"}   # TallyReport.claim: any 64-bit value (0: none)
     seen = set()
 
     def walk(desc):

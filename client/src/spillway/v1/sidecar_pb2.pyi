@@ -329,16 +329,18 @@ class TallyGroup(_message.Message):
     def __init__(self, count: _Optional[int] = ..., stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., function_name: _Optional[str] = ..., exception: _Optional[_Union[ExceptionInfo, _Mapping]] = ...) -> None: ...
 
 class TallyReport(_message.Message):
-    __slots__ = ["task", "record_ids", "payload_digests", "groups"]
+    __slots__ = ["task", "record_ids", "payload_digests", "groups", "claim"]
     TASK_FIELD_NUMBER: _ClassVar[int]
     RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
     task: TaskIdentity
     record_ids: _containers.RepeatedScalarFieldContainer[str]
     payload_digests: bytes
     groups: _containers.RepeatedCompositeFieldContainer[TallyGroup]
-    def __init__(self, task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., record_ids: _Optional[_Iterable[str]] = ..., payload_digests: _Optional[bytes] = ..., groups: _Optional[_Iterable[_Union[TallyGroup, _Mapping]]] = ...) -> None: ...
+    claim: int
+    def __init__(self, task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., record_ids: _Optional[_Iterable[str]] = ..., payload_digests: _Optional[bytes] = ..., groups: _Optional[_Iterable[_Union[TallyGroup, _Mapping]]] = ..., claim: _Optional[int] = ...) -> None: ...
 
 class TallyRequest(_message.Message):
     __slots__ = ["job", "run_id", "reports"]

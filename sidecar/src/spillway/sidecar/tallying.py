@@ -43,7 +43,8 @@ def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,
           caller: Caller | None = None) -> list[list]:
     """TallyFailures, at a run's home: a node's reports as columns (each with its task: record
     ids, payload digests, groups failing the same way), each decided like any report, in
-    order; the node logs and dead-letters. Answers (outcome, records) spans per report
+    order; the node logs and dead-letters. A report with a claim confirms a node's held
+    records (docs/POLICY.md, "Provisional verdicts"). Answers (outcome, records) spans per report
     (`PolicyEngine.decide_tally`); their journal slices are written together (one transaction
     for the call)."""
     if not (caller or security.current_caller()).peer:
@@ -64,7 +65,7 @@ def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,
     start_span = s.telemetry.tracer.start_as_current_span
     out = []
     try:
-        for task, (ids, tags, groups) in reports:
+        for (task, (ids, tags, groups)), report in zip(reports, request.reports, strict=True):
             if not ids:
                 out.append([])
                 continue
@@ -72,7 +73,8 @@ def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,
                     "spillway.job": run.job, "spillway.run": run.run_id,
                     "spillway.task.id": task.task_id, "spillway.records": len(ids),
                     "spillway.tally": True}):
-                out.append(s.engine.decide_tally(key, task, ids, tags, groups, journal))
+                out.append(s.engine.decide_tally(key, task, ids, tags, groups, journal,
+                                                 report.claim))
     finally:
         s.persist(key, journal)  # the node spools, and says so if it could not
     return out

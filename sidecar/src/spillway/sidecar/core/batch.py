@@ -32,7 +32,7 @@ class Batch:
     __slots__ = ("task", "tid", "now", "wall", "amounts", "last_stage", "last_amounts",
                  "last_ref", "by_stage", "by_class",
                  "by_category", "reports", "last_exc", "last_cls", "last_what", "reasons",
-                 "last_info", "cls_exc", "cls", "new_errors", "collisions")
+                 "last_info", "cls_exc", "cls", "new_errors", "collisions", "claim")
 
     def __init__(self, task: TaskIdentity, now: float, wall: int) -> None:
         self.task = task                  # the reporting Spark task attempt
@@ -56,6 +56,7 @@ class Batch:
         self.cls: Classification | None = None
         self.new_errors: dict[str, int] = {}   # by stage: errors counted by tolerance at the end
         self.collisions: list[FailedRecord] = []   # records under an id known with another payload
+        self.claim = 0        # the report's provisional claim (a node's held records), 0: none
 
     def stage_amounts(self, stage: str) -> list[int]:
         if stage == self.last_stage:

@@ -39,7 +39,7 @@ from .backoff import RetryState
 from .batch import DROPPED, ERRORS, FAILURES, LOGGED, RETRIES, SKIPPED, Batch
 from .classify import Classification
 from .handlers import ErrorHandlerContext, HandlerResponse, invoke
-from .jobstate import JobState, RecordState, describe
+from .jobstate import JobState, RecordState, claim_of, describe
 from .model import Action, Category, Decision, ExceptionInfo, FailedRecord, Verdict
 from .ports import RandomSource
 from .tolerance import _WITHIN, record_key
@@ -161,10 +161,17 @@ class Decider:
         key, tag = j.identity(record, b.collisions)
         skipped = j.ids.get(key)
         if skipped is not None and not j.failure_reason:
+            if b.claim and claim_of(skipped) == b.claim:
+                # the claimant asking again (a node restarted before it released its held
+                # copy): the first answer again, so that the only copy is written, not dropped
+                j.ids.touch(key)
+                return (Decision(Verdict(rid, Action.SKIP, skipped[0], skipped[1], skipped[2]),
+                                 s.dlq.enabled), s.log_enable, "")
             # a re-attempted task met a record an earlier report already skipped: same answer,
             # counted once; its DLQ record was written then, so not again (one per record id)
             again = skipped[3]
-            skipped = j.skip_info(skipped[0], skipped[1], skipped[2] + 1, s.dlq.enabled)
+            skipped = j.skip_info(skipped[0], skipped[1], skipped[2] + 1, s.dlq.enabled,
+                                  claim_of(skipped))
             j.ids.add(key, skipped)       # and now the most recently seen
             if again:
                 return (Decision(Verdict(
@@ -368,7 +375,8 @@ class Decider:
         info = b.last_info
         if (info is None or info[1] is not reason or info[0] is not category
                 or info[2] != attempts):
-            info = b.last_info = j.skip_info(category, reason, attempts, dead_letter)
+            info = b.last_info = j.skip_info(category, reason, attempts, dead_letter,
+                                             b.claim)
         if state is not None:
             j.records.pop(key)
         j.ids.replace(key, info)          # tolerance.admit added the key

@@ -69,7 +69,9 @@ class RecordState:
 # every record skipped the same way (`JobState.skip_info`), so remembering a skipped id costs no
 # object of its own. dead-lettered: a DLQ record was handed to a spool for it (so a re-report
 # is not written again), until `undo_dead_letters` says that spool refused it.
-SkipInfo = tuple[Category, str, int, bool]
+# (category, reason, attempt, dead-lettered, claim): claim is the provisional claim the record
+# was first skipped under (0: none; states written before claims hold 4-tuples)
+SkipInfo = tuple
 
 
 class JobState:
@@ -205,10 +207,14 @@ class JobState:
         return self.records.evicted
 
     def skip_info(self, category: Category, reason: str, attempts: int,
-                  dead_lettered: bool) -> SkipInfo:
+                  dead_lettered: bool, claim: int = 0) -> SkipInfo:
         """The shared answer for records skipped this way (reasons are per report and per
-        exception message: equal ones across reports are merged here)."""
-        info = (category, reason, attempts, dead_lettered)
+        exception message: equal ones across reports are merged here). ``claim``: the
+        provisional claim of the report that skipped them first (docs/POLICY.md, "Provisional
+        verdicts"); 0 for none, kept out of the tuple so that unclaimed answers stay shared
+        with states written before claims."""
+        info = (category, reason, attempts, dead_lettered, claim) if claim else (
+            category, reason, attempts, dead_lettered)
         shared = self.skip_infos.get(info)
         if shared is None:
             if len(self.skip_infos) >= MAX_SKIP_INFOS:
@@ -268,6 +274,11 @@ class JobState:
         if len(keys) < MAX_KEYS_PER_ID:
             keys.append(other)
         return other, tag
+
+
+def claim_of(info: SkipInfo) -> int:
+    """The provisional claim a skipped record's answer was made under (0: none)."""
+    return info[4] if len(info) > 4 else 0
 
 
 def describe(record: FailedRecord) -> str:
