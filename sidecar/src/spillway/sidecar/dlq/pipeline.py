@@ -224,11 +224,14 @@ class DlqPipeline(Drain):
         self._thread.start()
         return self
 
-    def submit(self, records: Sequence[DlqRecord]) -> None:
+    def submit(self, records: Sequence[DlqRecord], *, release: int = 0,
+               segments: list | None = None) -> None:
         """Return once every record is durable in the spool (group-committed); with
         spool.enable=false, once it is in the in-memory queue. Raises BackpressureError when the
-        spool is at its high-water mark (none of `records` is then stored)."""
-        if not records:
+        spool is at its high-water mark (none of `records` is then stored). ``release``: the
+        held row (`hold`) `records` are confirmed from (no records: the row is discarded);
+        ``segments``: their encoding, from `hold`."""
+        if not records and not release:
             return
         store = self._store
         if store is None:
@@ -246,11 +249,33 @@ class DlqPipeline(Drain):
             self._hand_off(records, placed)
 
         try:
-            store.append(records, on_commit)
+            if release:
+                store.append(records, on_commit, release=release, segments=segments)
+            else:
+                store.append(records, on_commit)
         except BackpressureError:
             self._c_backpressure += 1
             raise
         self._wake.set()
+
+    @property
+    def holds(self) -> bool:
+        """Whether records can be held for a home's confirmation (a durable spool)."""
+        return isinstance(self._store, Spool)
+
+    def hold(self, records: Sequence[DlqRecord], run: str, meta: bytes) -> tuple[int, list]:
+        """Hold `records` in the spool until `submit(..., release=...)` (`held.py`); returns
+        the held row's id and the records' segments. BackpressureError past the bounds."""
+        store = self._store
+        if not isinstance(store, Spool):
+            raise DlqError("records can be held only in a durable spool (spool.enable=true)")
+        if self._closing:
+            raise DlqError("the DLQ pipeline is shutting down and accepts no more records")
+        try:
+            return store.hold(records, run, meta)
+        except BackpressureError:
+            self._c_backpressure += 1
+            raise
 
     def _task(self, tk: str) -> _TaskCount:
         t = self._tasks.get(tk)

@@ -3,7 +3,10 @@
 Schema 3 is the only one: ``batches`` (one row per group commit: the concatenated segments, the
 per-record ``ends``, the per-segment record counts ``segs``, the pending count ``n`` and bytes
 ``size``), ``settled`` (acknowledged index ranges of partly settled rows), ``rejected`` (one row
-per record Kafka can never accept) and ``meta``. Schemas 1 and 2 were development formats that
+per record Kafka can never accept), ``meta`` and ``held`` (DLQ records held for their run's home
+to confirm, `held.py`; added to schema 3 without a new number: a version without it ignores
+the table, so its rows stay on disk, neither produced nor lost, until a version with it opens
+the spool). Schemas 1 and 2 were development formats that
 no release wrote: a spool in either is refused at open with a message saying so.
 """
 
@@ -51,6 +54,16 @@ CREATE TABLE IF NOT EXISTS settled (
     hi INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS settled_row ON settled (row);
+CREATE TABLE IF NOT EXISTS held (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run TEXT NOT NULL,
+    meta BLOB NOT NULL,
+    n INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    ends BLOB NOT NULL,
+    segs BLOB NOT NULL,
+    data BLOB NOT NULL
+);
 """
 COLUMNS = "job, record_id, task_key, topic, key, value, headers, traceparent, size"
 PAGE_SIZE = 16384  # bytes per SQLite page for a new spool

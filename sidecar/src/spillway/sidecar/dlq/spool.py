@@ -71,6 +71,7 @@ from .codec import (
     split_segments,
 )
 from .schema import DB_NAME, LOCK_NAME
+from .held import Holding, check_release, insert_held
 from .settle import Row, Settlement
 from .store import (
     DedupKey,
@@ -97,11 +98,15 @@ class _Request:
     done: threading.Event = field(default_factory=threading.Event)
     placed: list[Placed] = field(default_factory=list)
     error: BaseException | None = None
+    hold: tuple[str, bytes] | None = None  # (run, meta): a held row (`held.py`), not a batch
+    release: int = 0  # a held row these records come from, deleted in the same transaction
+    held_id: int = 0  # the held row written (`hold`)
 
 
-class Spool(Settlement):
+class Spool(Settlement, Holding):
     """SQLite-backed, group-committed, bounded spool in `directory` (one process at a time).
-    Settling records (acknowledged, rejected, purged) is `settle.Settlement`'s part."""
+    Settling records (acknowledged, rejected, purged) is `settle.Settlement`'s part; records
+    held for a home's confirmation, `held.Holding`'s."""
 
     durable = True
 
@@ -131,7 +136,7 @@ class Spool(Settlement):
             pending_bytes = self._load_rows()
             (self._rejected, rejected_bytes) = self._conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM rejected").fetchone()
-            self._bytes = pending_bytes + rejected_bytes
+            self._bytes = pending_bytes + rejected_bytes + self._load_held()
             self._peak_bytes = self._bytes
             row = self._conn.execute(
                 "SELECT seq FROM sqlite_sequence WHERE name = 'batches'").fetchone()
@@ -149,6 +154,9 @@ class Spool(Settlement):
         if self._depth:
             log.info("DLQ spool %s: recovered %d records (%d bytes) to drain", self.path,
                      self._depth, pending_bytes)
+        if self._held_n:
+            log.info("DLQ spool %s: recovered %d records held for their runs' homes to confirm",
+                     self.path, self._held_n)
         self._lock = threading.Lock()     # counters and the per-row state
         self._wlock = threading.Lock()    # one write transaction at a time
         self._rlock = threading.Lock()    # the reader connection
@@ -242,24 +250,54 @@ class Spool(Settlement):
 
     # -- writing --------------------------------------------------------------------------
 
-    def append(self, records: Sequence[DlqRecord], on_commit: OnCommit | None = None
+    def append(self, records: Sequence[DlqRecord], on_commit: OnCommit | None = None, *,
+               release: int = 0, segments: list[tuple[bytes, int]] | None = None
                ) -> list[int]:
         """Store `records` durably; return their seqs (an already-spooled record: its seq).
 
         `on_commit(placed)` runs in the writer thread right after the commit, before any later
         delete can run. Raises BackpressureError past the bounds, DlqError if the disk fails.
+        ``release``: held row `records` come from (`held.py`), deleted in the same transaction
+        (never refused for room: its records were counted when held); no records: the row is
+        discarded. ``segments``: `records` already encoded (`hold`'s).
         """
-        if not records:
+        if not records and not release:
             return []
+        if segments is None:
+            segments = encode_segments(records) if records else []
+        req = _Request(records, segments, len(records), sum(len(b) for b, _ in segments),
+                       on_commit, release=release)
+        if not release:
+            self._check_room(req)
+        self._submit(req)
+        return [p.seq for p in req.placed]
+
+    def hold(self, records: Sequence[DlqRecord], run: str, meta: bytes
+             ) -> tuple[int, list[tuple[bytes, int]]]:
+        """Store `records` durably as one held row (`held.py`), with the `run` they belong to
+        and the `meta` their confirmation needs; return its id and the records' segments (for
+        `append(..., release=id, segments=...)`). BackpressureError past the bounds."""
         segments = encode_segments(records)
         req = _Request(records, segments, len(records), sum(len(b) for b, _ in segments),
-                       on_commit)
+                       None, hold=(run, meta))
+        self._check_room(req)
+        self._submit(req)
+        return req.held_id, segments
+
+    def discard(self, rid: int) -> None:
+        """Delete held row `rid`: none of its records is to be produced."""
+        self.append((), release=rid)
+
+    def _check_room(self, req: _Request) -> None:
         with self._lock:
-            held_records, held_bytes = self._depth + self._rejected, self._bytes
+            held_records = self._depth + self._rejected + self._held_n
+            held_bytes = self._bytes
         if (held_records + req.n > self.max_records
                 or held_bytes + req.size > self.max_bytes):
             raise backpressure_error(req.n, req.size, held_records, held_bytes,
-                                self.max_records, self.max_bytes)
+                                     self.max_records, self.max_bytes)
+
+    def _submit(self, req: _Request) -> None:
         with self._cv:
             if self._closing:
                 raise DlqError("the DLQ spool is closed")
@@ -270,7 +308,6 @@ class Spool(Settlement):
                            f"(disk stalled?); the records may or may not be spooled")
         if req.error is not None:
             raise req.error
-        return [p.seq for p in req.placed]
 
     def _write_loop(self) -> None:
         while True:
@@ -346,10 +383,23 @@ class Spool(Settlement):
     def _commit(self, batch: list[_Request]) -> None:
         with self._wlock:
             with self._lock:
-                held_records, held_bytes = self._depth + self._rejected, self._bytes
+                held_records = self._depth + self._rejected + self._held_n
+                held_bytes = self._bytes
             accepted: list[_Request] = []
+            releases: list[int] = []
             for req in batch:
                 n = req.n
+                if req.release:   # counted since it was held
+                    try:
+                        if req.release in releases:
+                            raise DlqError(f"held DLQ row {req.release} released twice")
+                        check_release(self._held, req.release, n)
+                    except DlqError as exc:
+                        req.error = exc
+                        continue
+                    releases.append(req.release)
+                    accepted.append(req)
+                    continue
                 if (held_records + n > self.max_records
                         or held_bytes + req.size > self.max_bytes):
                     req.error = backpressure_error(n, req.size, held_records, held_bytes,
@@ -360,6 +410,9 @@ class Spool(Settlement):
                 accepted.append(req)
             if not accepted:
                 return
+            holds = [req for req in accepted if req.hold is not None]
+            if holds or releases:   # the requests that spool records, as batch rows
+                accepted = [req for req in accepted if req.hold is None and req.n]
             keys = [dedup_key(r) for req in accepted for r in req.records]
             if (len(set(keys)) == len(keys) and self._recent.keys().isdisjoint(keys)
                     and self._recent_old.keys().isdisjoint(keys)):
@@ -370,20 +423,37 @@ class Spool(Settlement):
                 rows, plans = self._plan(accepted)
             conn = self._conn
             ids: list[int] = []
+            held: list[tuple[int, int, int]] = []
             try:
-                if rows:
+                if rows or holds or releases:
                     conn.execute("BEGIN IMMEDIATE")
                     for segments in rows:
                         ids.append(self._insert_row(conn, segments))
+                    for req in holds:
+                        held.append(insert_held(conn, *req.hold, req.segments))
+                    for rid in releases:
+                        conn.execute("DELETE FROM held WHERE id = ?", (rid,))
                     conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 err = DlqError(f"DLQ spool write failed ({self.path}): {exc}")
                 err.__cause__ = exc
-                for req in accepted:
+                for req in (*accepted, *holds):
                     req.error = err
                 return
+            if holds or releases:
+                with self._lock:
+                    for req, (rid, n, size) in zip(holds, held, strict=True):
+                        req.held_id = rid
+                        self._held[rid] = (n, size)
+                        self._held_n += n
+                        self._bytes += size
+                    for rid in releases:
+                        self._unhold(rid)
+                    self._peak_bytes = max(self._peak_bytes, self._bytes)
+                if not accepted:
+                    return
             # per row: its records' sizes (as _insert_row wrote its ends)
             row_sizes: list[list[int]] = []
             for segments in rows:
@@ -492,7 +562,7 @@ class Spool(Settlement):
             return self._depth
 
     def bytes(self) -> int:
-        """Bytes held: batch rows not yet deleted plus rejected records."""
+        """Bytes held: batch rows not yet deleted, rejected records and held rows."""
         with self._lock:
             return self._bytes
 
@@ -503,7 +573,7 @@ class Spool(Settlement):
     def high_water(self) -> bool:
         """True when the spool is full: the next append gets BackpressureError."""
         with self._lock:
-            return (self._depth + self._rejected >= self.max_records
+            return (self._depth + self._rejected + self._held_n >= self.max_records
                     or self._bytes >= self.max_bytes)
 
     def close(self) -> None:
