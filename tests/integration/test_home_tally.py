@@ -311,23 +311,30 @@ def test_a_tally_of_too_many_records_together_is_refused(cluster):
         refused.value.details()
 
 
-def test_concurrent_reports_through_a_node_share_calls_and_lose_nothing(cluster, broker):
+@pytest.mark.parametrize("provisional", [False, True], ids=["waits-for-home", "provisional"])
+def test_concurrent_reports_through_a_node_share_calls_and_lose_nothing(cluster, broker,
+                                                                       provisional,
+                                                                       monkeypatch):
     """Executors report at once through one node; reports that arrive while a tally is in
-    flight go together in the next call. Every record is decided once, dead-lettered once."""
+    flight go together in the next call (or, answered provisionally, are confirmed together
+    in the background). Every record is decided once, dead-lettered once."""
     from concurrent.futures import ThreadPoolExecutor
 
     from support.kafka import read_all
 
     a, b = cluster
     sa, sb = _stub(a), _stub(b)
-    topic = "dlq.tally-concurrent"
+    job = f"tally-many-{provisional}"
+    topic = f"dlq.tally-concurrent-{provisional}"
+    monkeypatch.setitem(b.sidecar.props, "home.confirm.async", provisional)
+    calls_before = b.sidecar.confirmations.calls
     props = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
              "errors.deadletterqueue.auto.create.topics.enable": "true",
              "errors.deadletterqueue.topic.replication.factor": "1"}
-    reg = sa.RegisterJob(pb.RegisterJobRequest(job="tally-many", run_id="run-1",
+    reg = sa.RegisterJob(pb.RegisterJobRequest(job=job, run_id="run-1",
                                                properties=props), timeout=20)
     md = _md(reg.job_token)
-    sb.RegisterJob(pb.RegisterJobRequest(job="tally-many", run_id="run-1", properties=props,
+    sb.RegisterJob(pb.RegisterJobRequest(job=job, run_id="run-1", properties=props,
                                          home=reg.home, home_instance_id=reg.home_instance_id),
                    timeout=20, metadata=md)
     exc = _exc()
@@ -339,20 +346,24 @@ def test_concurrent_reports_through_a_node_share_calls_and_lose_nothing(cluster,
             part = e if e > 1 else 0
             records = [_record(f"p{part}-{n}-{i}", b"{bad", exc, i) for i in range(50)]
             resp = sb.ReportFailures(pb.ReportFailuresRequest(
-                job="tally-many", run_id="run-1", task=task, records=records), timeout=30,
+                job=job, run_id="run-1", task=task, records=records), timeout=30,
                 metadata=md)
             assert all(v.action == pb.ACTION_SKIP and v.dead_lettered for v in resp.verdicts)
-        return sb.FlushTask(pb.FlushTaskRequest(job="tally-many", run_id="run-1", task=task),
+        return sb.FlushTask(pb.FlushTaskRequest(job=job, run_id="run-1", task=task),
                             timeout=30, metadata=md).dlq_records_acknowledged
 
     with ThreadPoolExecutor(8) as pool:
         acked = list(pool.map(executor, range(8)))
     assert sum(acked) == 7 * 500   # executors 0 and 1 shared their records: 7 x 500 distinct
-    summary = sa.GetJobSummary(pb.GetJobSummaryRequest(job="tally-many", run_id="run-1"),
+    summary = sa.GetJobSummary(pb.GetJobSummaryRequest(job=job, run_id="run-1"),
                                timeout=5, metadata=md)
     assert summary.total_record_errors == 7 * 500 and summary.total_record_failures == 8 * 500
-    run = b.sidecar.registry.get("tally-many", "run-1")
-    group = run.home._tallies[("tally-many", "run-1")]
-    assert group.items == 80 and group.calls < group.items
+    run = b.sidecar.registry.get(job, "run-1")
+    if provisional:
+        assert (job, "run-1") not in run.home._tallies   # no report waited for the home
+        assert b.sidecar.confirmations.calls - calls_before < 80
+    else:
+        group = run.home._tallies[(job, "run-1")]
+        assert group.items == 80 and group.calls < group.items
     ids = [m.key() for m in read_all(broker.bootstrap_servers, topic)]
     assert len(ids) == len(set(ids)) == 7 * 500

@@ -36,6 +36,7 @@ from .errors import ConfigError
 from .health import KAFKA_HEALTH_SERVICE, KafkaWatch
 from .probe import start_probe_server
 from .registry import Registry
+from .confirm import Confirmations
 from .service import Sidecar
 from .topic_checks import kafka_conf
 
@@ -82,6 +83,8 @@ class RunningSidecar:
             self.probe.stop(0).wait()
         self.sidecar.registry.stop()
         self.sidecar.trimmer.stop()
+        if self.sidecar.confirmations is not None:   # held rows stay: confirmed at the restart
+            self.sidecar.confirmations.close()
         if self.sidecar.pipeline is not None:
             self.sidecar.pipeline.shutdown(timeout=max(0.0, deadline - time.monotonic()))
         if self.sidecar.runstate is not None:
@@ -217,6 +220,8 @@ def start_server(
         around=spans.wrap if spans is not None else None), *interceptors]
     if sidecar.pipeline is not None:
         sidecar.pipeline.start()
+        if sidecar.pipeline.holds:   # also to confirm rows held before a restart
+            sidecar.confirmations = Confirmations(sidecar)
         sidecar.admission = Admission(sidecar.pipeline.store,
                                       low_water_percent=sidecar.props["spool.low.water.percent"])
         sidecar.kafka = KafkaWatch(

@@ -171,6 +171,16 @@ class Home:
                             f"TallyFailures at {self.role} {self.address}: {exc} (the home "
                             "is slow to answer this run's earlier reports)") from exc
 
+    def confirm(self, job: str, run_id: str, reports: list[pb.TallyReport], timeout_s: float,
+                *, token: str | None) -> list:
+        """Held reports (each with its claim) confirmed in one call: (decision, logged, rule)
+        per record of each (HomeError UNIMPLEMENTED from a home that predates TallyFailures)."""
+        out = self._send_tallies(job, run_id, [(r, token) for r in reports], timeout_s)
+        if reports and out[0] is None:
+            raise HomeError(grpc.StatusCode.UNIMPLEMENTED,
+                            f"{self.role} {self.address} does not know TallyFailures")
+        return out
+
     def _send_tallies(self, job: str, run_id: str, items, timeout_s: float) -> list:
         if not self.tally_supported:
             return [None] * len(items)

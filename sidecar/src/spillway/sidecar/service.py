@@ -24,6 +24,7 @@ from spillway.v1 import sidecar_pb2 as pb
 from . import memtune, security, siblings, tallying
 from .adapters import convert
 from .admission import Admission
+from .confirm import Confirmations
 from .core.dlq_record import DlqBuilder
 from .core.guardrails import check_topic_name
 from .core.model import Action, StageRef, Verdict, task_key
@@ -97,6 +98,8 @@ class Sidecar:
     # process's advertised address (they may dial each other as a run's home)
     process_port: int = 0
     siblings: tuple[str, ...] = ()  # in process order (siblings.owner)
+    # a node's provisional verdicts and their confirmation with runs' homes (confirm.py)
+    confirmations: Confirmations | None = None
 
     def __post_init__(self) -> None:
         self._topics = TopicChecks(self.props)  # a run's DLQ topic, once per topic
@@ -148,6 +151,8 @@ class Sidecar:
         if reg.run.home is None and request.peer:
             self.registry.add_node(reg.run, request.peer)
         run = reg.run
+        if run.home is not None and self.confirmations is not None:
+            self.confirmations.adopt(run, reg.token)   # rows held before a restart
         return pb.RegisterJobResponse(
             job=job, run_id=run_id, job_token=reg.token,
             effective_properties=dict(reg.settings.raw),
@@ -326,6 +331,17 @@ class Sidecar:
             # are spooled (a refused report leaves none behind), or at once for a peer's
             # decide_only report (the peer spools, and says so if it could not)
             journal: list | None = [] if self.runstate is not None else None
+            if home is not None and self.confirmations is not None \
+                    and not request.recovered_record_ids:
+                # answered now, its DLQ records held until the home confirms them
+                held = self.confirmations.answer(run, request.task, task, records, token,
+                                                 _traceparent(span))
+                if held is not None:
+                    if span.is_recording():
+                        _annotate(span, held)
+                        span.set_attribute("spillway.provisional", True)
+                    self.telemetry.record_verdict_duration(time.perf_counter() - started)
+                    return [(v, False) for v in held]
             if home is not None:  # the job's home decides; durability stays on this node
                 decisions = tallying.decide_at_home(self, run, request, task, records,
                                                        timeout_s, token)
@@ -402,7 +418,11 @@ class Sidecar:
                 self.persist(key, progress)
         if self.pipeline is None or request.progress_only:
             return 0
-        return self.pipeline.wait_task(task_key(key, task), timeout_s)
+        deadline = time.monotonic() + timeout_s
+        if home is not None and self.confirmations is not None:
+            self.confirmations.wait_task(key, task, timeout_s)   # held: confirmed first
+        return self.pipeline.wait_task(task_key(key, task),
+                                       max(0.0, deadline - time.monotonic()))
 
     # --- summaries, status, end --------------------------------------------------------------
 
@@ -466,10 +486,8 @@ class Sidecar:
                 log.warning("job %r run %r: could not end it at its home: %s", job, run_id, exc)
             if self.registry.get(job, run_id) is not run:
                 return out
-        summary = self._release(run, deadline)
-        if summary is not None:
-            out.summaries.insert(0, summary)
         if run.home is None and not request.local_only:
+            # the nodes first: while they end the run here still answers their held reports
             for node in sorted(run.nodes):
                 remaining = deadline - time.monotonic()
                 try:
@@ -482,11 +500,19 @@ class Sidecar:
                     out.unreachable.append(node)
                     log.warning("job %r run %r: could not release it on node sidecar %s (it "
                                 "ends there on its idle timeout): %s", job, run_id, node, exc)
+        summary = self._release(run, deadline)
+        if summary is not None:
+            out.summaries.insert(0, summary)
         return out
 
     def _release(self, run: Run, deadline: float, *, expired: bool = False
                  ) -> pb.JobSummary | None:
         pending = 0
+        if run.home is not None and self.confirmations is not None:
+            # held reports confirmed while the home still has the run (it ends its nodes
+            # first); past the deadline, or expired, they are written as they are
+            self.confirmations.wait_run(run.key, 0.0 if expired else
+                                        max(0.0, deadline - time.monotonic()))
         if self.pipeline is not None and not expired:  # the run stays live while it drains
             pending = self.pipeline.wait_run(run.key + "/", max(0.0, deadline - time.monotonic()))
         with self.registry.create_lock:  # never half released: registry and engine together

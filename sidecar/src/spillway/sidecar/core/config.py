@@ -338,6 +338,12 @@ _PROPS: list[Prop] = [
     Prop("run.state.durable", p_bool, "true",
          "keep each run's job-wide state (counted errors and ids, progress, failure) beside "
          "the spool, so that a restarted sidecar resumes its runs (needs the spool)", job=False),
+    Prop("home.confirm.async", p_bool, "true",
+         "a node answers a report of a run homed at another sidecar at once when nothing but "
+         "the records' identity decides its verdicts (data errors, the built-in CONTINUE "
+         "handler, no tolerance limit), holds its DLQ records in the spool and confirms them "
+         "with the home in the background (docs/POLICY.md, \"Provisional verdicts\"); false: "
+         "every such report waits for its home (needs the spool)", job=False),
     Prop("spool.group", p_str, "",
          "group given read access to the spool (directory 0750, files 0640); '': directory "
          "0700, files 0600, the sidecar's user alone", job=False),

@@ -29,9 +29,18 @@ from .counters import KIP_NAMES, add_counts, as_kip_dict, copy_counts
 from .decide import Decider, Outcome
 from .errorlog import JsonErrorLogger, error_fields
 from .handlers import UNRESTRICTED, HandlerRules, load_handler
-from .jobstate import MAX_TRACKED_RECORDS, JobState, run_key, warn_collisions
-from .model import Counts, Decision, FailedRecord, JobSummary, StageRef, TaskIdentity
+from .jobstate import MAX_TRACKED_RECORDS, JobState, claim_of, run_key, warn_collisions
+from .model import (
+    Counts,
+    Decision,
+    FailedRecord,
+    JobSummary,
+    StageRef,
+    TaskIdentity,
+    Verdict,
+)
 from .ports import Clock, ErrorLogger, RandomSource
+from .provisional import provisional_verdicts
 from .runs import Group, Span, decide_groups
 from .settings import JobSettings, job_settings
 from .tolerance import record_key
@@ -152,13 +161,16 @@ class PolicyEngine:
 
     def decide_tally(self, job: str, task: TaskIdentity, ids: Sequence[str],
                      tags: Sequence[int], groups: Sequence[Group],
-                     journal: list | None = None) -> list[Span]:
+                     journal: list | None = None, claim: int = 0) -> list[Span]:
         """A home's tally, from its columns: answers as `Span`s, a run of records decided
         alike once with its length (`runs.decide_groups`); the error log lines are the
-        node's to write."""
+        node's to write. ``claim``: the node's provisional claim on the report (0: none)."""
         decider = self._decider
-        return self._in_batch(job, task, journal, lambda j, b: decide_groups(
-            decider, j, b, ids, tags, groups))[2]
+
+        def decide(j: JobState, b: Batch) -> list[Span]:
+            b.claim = claim
+            return decide_groups(decider, j, b, ids, tags, groups)
+        return self._in_batch(job, task, journal, decide)[2]
 
     def _in_batch(self, job: str, task: TaskIdentity, journal: list | None, decide):
         """`decide(j, batch)` under the run's lock, then the report's counts applied and its
@@ -190,6 +202,11 @@ class PolicyEngine:
         if sys.byteorder != "little":
             digests.byteswap()
         return digests.tobytes()
+
+    def provisional(self, job: str, records: Sequence[FailedRecord]) -> list[Verdict] | None:
+        """The verdicts a node may answer before its run's home confirms them, or None
+        (`provisional.provisional_verdicts`)."""
+        return provisional_verdicts(self._job(job), records)
 
     def builtin_handler(self, job: str) -> bool:
         """Whether the run's KIP-1033 handler is a built-in one, whose answer needs no record:
@@ -270,7 +287,8 @@ class PolicyEngine:
                 for k in (key, *j.other_keys.get(key, ())):
                     info = ids.get(k)
                     if info is not None and info[3]:
-                        ids.replace(k, j.skip_info(info[0], info[1], info[2], False))
+                        ids.replace(k, j.skip_info(info[0], info[1], info[2], False,
+                                                   claim_of(info)))
                         undone += 1
             _take(j, journal)
         return undone

@@ -1,0 +1,338 @@
+"""Provisional verdicts on a node (docs/POLICY.md, "Provisional verdicts"): a report of a run
+homed at another sidecar, whose verdicts nothing but the records' identity decides, is answered
+at once; its DLQ records are held in the spool (`dlq/held.py`) and confirmed with the home in
+the background, many reports a call.
+
+- `Confirmations.answer` (the report's path): the verdicts the home gives records it meets
+  first (`core/provisional.py`), or None when the report needs the home's answer now; the held
+  row carries the report's tally (ids, payload digests, groups) and a random 64-bit *claim*.
+- The confirmer thread sends each run's held reports to its home (TallyFailures, the claim in
+  each report) and applies the answers: records the home calls new are released to Kafka
+  (`DlqPipeline.submit(..., release=)`, one transaction with the held row's delete), the rest
+  dropped; the error log lines are written then. Asked again with the same claim (a node
+  killed between the home's answer and the release), the home answers as the first time, so the
+  only copy is never dropped.
+- The flush barrier (`wait_task`) waits for a task's held reports to be confirmed, and fails
+  the task when the home answered one of its records otherwise than SKIP (the run failed
+  meanwhile): the task learns it at its flush instead of at its report.
+- After a restart, a run's held rows are confirmed again once the run registers here again
+  (`adopt`, with its token: tokens are never on disk). Rows of runs that do not come back
+  within ``job.idle.timeout.ms`` are released as they are: a possible duplicate, never a loss.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import grpc
+from spillway.v1 import sidecar_pb2 as pb
+
+from .adapters import convert, tally
+from .core.dlq_record import DlqBuilder
+from .core.model import Action, Verdict, task_key
+from .core.ports import SystemClock
+from .errors import FlushTimeoutError, JobConflictError, UnknownJobError
+from .peers import HomeError
+
+if TYPE_CHECKING:
+    from .registry import Run
+    from .service import Sidecar
+
+log = logging.getLogger(__name__)
+
+MAX_REPORTS = 64          # held reports per confirmation call (peers.MAX_TALLY_REPORTS)
+MAX_RECORDS = 16_384      # and records (peers.MAX_TALLY_RECORDS)
+_RETRY_S = (0.05, 2.0)    # backoff between failed confirmation calls, first and last
+
+
+@dataclass(eq=False)
+class _Held:
+    rid: int                     # the held row
+    key: str                     # its run
+    tk: str                      # its task's flush key
+    report: pb.TallyReport       # its tally, with its claim
+    token: str | None = None
+    records: Sequence | None = None   # converted records, for the log lines (None: adopted)
+    dlq: list | None = None      # the held DLQ records (None: read back from the spool)
+    segments: list | None = None
+
+
+@dataclass(eq=False)
+class _RunQueue:
+    job: str
+    run_id: str
+    queue: collections.deque = field(default_factory=collections.deque)
+    error: HomeError | None = None   # the last confirmation call's failure
+    retry_at: float = 0.0
+    failures: int = 0
+
+
+class Confirmations:
+    """A node's held reports and their confirmation (one thread for all runs)."""
+
+    def __init__(self, s: Sidecar) -> None:
+        self._s = s
+        self._cv = threading.Condition()
+        self._runs: dict[str, _RunQueue] = {}
+        self._tasks: dict[str, list] = {}      # flush key -> [held reports, failure reason]
+        self._failed: set[str] = set()         # runs a confirmation found failed: no more held
+        # held rows kept from before a restart, until their run registers again (`adopt`)
+        self._orphans: set[int] = set()
+        if s.pipeline is not None and s.pipeline.holds:
+            self._orphans = {rid for rid, _, _ in s.pipeline.store.held_rows()}
+        self._orphans_at = time.monotonic() + s.registry.idle_timeout_s
+        self._closing = False
+        self.confirmed = self.released = self.dropped = self.calls = 0
+        self._thread = threading.Thread(target=self._loop, name="spillway-confirm", daemon=True)
+        self._thread.start()
+
+    # --- the report's path -------------------------------------------------------------
+
+    def answer(self, run: Run, task_pb: pb.TaskIdentity, task, records, token: str | None,
+               traceparent: str) -> list[Verdict] | None:
+        """Provisional verdicts for a report of `run` (homed elsewhere), its DLQ records held;
+        None when the home must answer it now (`core.provisional`, a home that predates
+        TallyFailures, a spool that cannot hold)."""
+        s = self._s
+        pipeline = s.pipeline
+        if (not s.props.get("home.confirm.async", True) or pipeline is None
+                or not pipeline.holds or not run.home.tally_supported):
+            return None
+        key = run.key
+        if key in self._failed:
+            return None
+        verdicts = s.engine.provisional(key, records)
+        if verdicts is None:
+            return None
+        report = tally.tally_report(task_pb, records, s.engine.payload_digests(key, records))
+        report.claim = secrets.randbits(64) or 1
+        build = DlqBuilder(s.engine.settings(key), task, now_ms=SystemClock().wall_ms(),
+                           sidecar_id=s.sidecar_id, run=key, run_id=run.run_id).build
+        dlq = [build(r, v, traceparent) for r, v in zip(records, verdicts, strict=True)]
+        rid, segments = pipeline.hold(dlq, key, report.SerializeToString())
+        tk = task_key(key, task)
+        self._queue(run, _Held(rid, key, tk, report, token, records, dlq, segments))
+        for v in verdicts:   # in the DLQ once confirmed: this copy, or the one before it
+            v.dead_lettered = True
+        return verdicts
+
+    def _queue(self, run: Run, item: _Held) -> None:
+        with self._cv:
+            q = self._runs.get(item.key)
+            if q is None:
+                q = self._runs[item.key] = _RunQueue(run.job, run.run_id)
+            q.queue.append(item)
+            t = self._tasks.get(item.tk)
+            if t is None:
+                t = self._tasks[item.tk] = [0, ""]
+            t[0] += 1
+            self._cv.notify_all()
+
+    # --- barriers ----------------------------------------------------------------------
+
+    def wait_task(self, key: str, task, timeout_s: float) -> None:
+        """Until the task's held reports are confirmed: FlushTimeoutError past `timeout_s`
+        (the home's last error, when a call failed), JobConflictError (FAILED_PRECONDITION)
+        when the home answered one of its records otherwise than the node did."""
+        tk = task_key(key, task)
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                t = self._tasks.get(tk)
+                if t is None:
+                    return
+                if t[0] <= 0:
+                    del self._tasks[tk]
+                    if t[1]:
+                        raise JobConflictError(t[1])
+                    return
+                q = self._runs.get(key)
+                error = q.error if q is not None else None
+                if error is not None and error.code is grpc.StatusCode.NOT_FOUND:
+                    raise error   # the home lost the run: the caller registers it again
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise FlushTimeoutError(
+                        f"{t[0]} held report(s) of task {tk} not confirmed by the run's home "
+                        f"within {timeout_s:g}s; they stay held and are confirmed later"
+                        + (f"; last error: {error}" if error else ""))
+                self._cv.wait(min(remaining, 0.1))
+
+    def wait_run(self, key: str, timeout_s: float) -> None:
+        """Until the run's held reports are confirmed (the run is ending here); those left past
+        `timeout_s` are released as they are (a possible duplicate, never a loss)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while True:
+                q = self._runs.get(key)
+                if q is None or not q.queue or time.monotonic() >= deadline:
+                    break
+                self._cv.wait(min(max(deadline - time.monotonic(), 0.01), 0.1))
+            q = self._runs.pop(key, None)
+            left = list(q.queue) if q is not None else []
+            self._failed.discard(key)
+        if left:
+            log.warning("run %s ends with %d held report(s) its home did not confirm: their "
+                        "DLQ records are written as they are (possibly a second copy)", key,
+                        len(left))
+            for item in left:
+                self._apply(item, None)
+
+    def pending(self) -> int:
+        with self._cv:
+            return sum(len(q.queue) for q in self._runs.values())
+
+    # --- after a restart ---------------------------------------------------------------
+
+    def adopt(self, run: Run, token: str | None) -> int:
+        """The spool's held rows of `run` (kept from before a restart), queued to be confirmed
+        again with its home (their claims make that safe); returns how many."""
+        pipeline = self._s.pipeline
+        if pipeline is None or not pipeline.holds or run.home is None or not token:
+            return 0
+        n = 0
+        for rid, key, meta in pipeline.store.held_rows():
+            with self._cv:
+                if key != run.key or rid not in self._orphans:
+                    continue
+                self._orphans.discard(rid)
+            report = pb.TallyReport.FromString(meta)
+            task = convert.task_identity(report.task)
+            self._queue(run, _Held(rid, key, task_key(key, task), report, token))
+            n += 1
+        if n:
+            log.info("job %r run %r: %d held report(s) kept from before a restart are "
+                     "confirmed with its home again", run.job, run.run_id, n)
+        return n
+
+    # --- the confirmer -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                now = time.monotonic()
+                ready = [(k, q) for k, q in self._runs.items()
+                         if q.queue and q.retry_at <= now]
+                if not ready and not self._closing:
+                    waits = [q.retry_at - now for q in self._runs.values() if q.queue]
+                    self._cv.wait(min([1.0, *waits]))
+                    ready = []
+                if self._closing:
+                    return
+            for key, q in ready:
+                self._confirm(key, q)
+            if time.monotonic() >= self._orphans_at:
+                self._release_orphans()
+
+    def _confirm(self, key: str, q: _RunQueue) -> None:
+        with self._cv:
+            batch: list[_Held] = []
+            weight = 0
+            while q.queue and len(batch) < MAX_REPORTS:
+                n = len(q.queue[0].report.record_ids)
+                if batch and weight + n > MAX_RECORDS:
+                    break
+                batch.append(q.queue.popleft())
+                weight += n
+        if not batch:
+            return
+        run = self._s.registry.get(q.job, q.run_id)
+        try:
+            if run is None or run.home is None:
+                raise HomeError(grpc.StatusCode.NOT_FOUND, f"job {q.job!r} run {q.run_id!r} "
+                                "is no longer registered here")
+            token = next((i.token for i in reversed(batch) if i.token), None)
+            self.calls += 1
+            answers = run.home.confirm(q.job, q.run_id, [i.report for i in batch], 30.0,
+                                       token=token)
+        except HomeError as exc:
+            with self._cv:
+                q.queue.extendleft(reversed(batch))
+                q.error = exc
+                q.failures += 1
+                q.retry_at = time.monotonic() + min(_RETRY_S[0] * 2 ** q.failures, _RETRY_S[1])
+                self._cv.notify_all()
+            log.warning("job %r run %r: could not confirm %d held report(s) with its home "
+                        "(tried again): %s", q.job, q.run_id, len(batch), exc)
+            return
+        with self._cv:
+            q.error, q.failures, q.retry_at = None, 0, 0.0
+        for item, outcomes in zip(batch, answers, strict=True):
+            self._apply(item, outcomes)
+
+    def _apply(self, item: _Held, outcomes: list | None) -> None:
+        """Release the records the home called new (None: all of them) and drop the rest; log;
+        settle the task's count (and its failure, if the home answered otherwise)."""
+        s = self._s
+        failure = ""
+        try:
+            dlq = item.dlq if item.dlq is not None else s.pipeline.store.held_records(item.rid)
+            if outcomes is None:
+                keep = dlq
+            else:
+                keep = [r for r, o in zip(dlq, outcomes, strict=True) if o[0].dead_letter]
+                bad = next((o[0].verdict for o in outcomes
+                            if o[0].verdict.action is not Action.SKIP), None)
+                if bad is not None:
+                    if bad.job_failed:
+                        self._failed.add(item.key)   # its next reports wait for the home
+                    failure = (f"the run's home answered record {bad.record_id!r} "
+                               f"{bad.action.value} after this sidecar answered SKIP: "
+                               f"{bad.reason}")
+            segments = item.segments if len(keep) == len(dlq) else None
+            s.pipeline.submit(keep, release=item.rid, segments=segments)
+            self.confirmed += 1
+            self.released += len(keep)
+            self.dropped += len(dlq) - len(keep)
+        except Exception as exc:  # noqa: BLE001 - the row stays held: confirmed again later
+            log.error("could not settle held DLQ row %d of run %s (it stays held and is "
+                      "confirmed again after a restart): %s", item.rid, item.key, exc)
+            failure = failure or f"its held DLQ records could not be released: {exc}"
+            outcomes = None
+        if outcomes is not None and item.records is not None:
+            try:   # the error log lines, with the records' whole context, once released
+                s.engine.write_logs(item.key, convert.task_identity(item.report.task),
+                                    item.records, outcomes)
+            except UnknownJobError:
+                pass   # the run ended here meanwhile
+        with self._cv:
+            t = self._tasks.get(item.tk)
+            if t is not None:
+                t[0] -= 1
+                if failure and not t[1]:
+                    t[1] = failure
+            self._cv.notify_all()
+
+    def _release_orphans(self) -> None:
+        """Held rows of runs that did not register again within job.idle.timeout.ms of the
+        start: released as they are."""
+        self._orphans_at = float("inf")
+        pipeline = self._s.pipeline
+        if pipeline is None or not pipeline.holds or not self._orphans:
+            return
+        for rid, key, meta in pipeline.store.held_rows():
+            with self._cv:
+                if rid not in self._orphans:
+                    continue
+                self._orphans.discard(rid)
+            report = pb.TallyReport.FromString(meta)
+            log.warning("run %s did not register again within job.idle.timeout.ms: its %d held "
+                        "DLQ record(s) are written unconfirmed (possibly a second copy)", key,
+                        len(report.record_ids))
+            self._apply(_Held(rid, key, "", report), None)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._thread.join(5.0)
+
+
+__all__ = ["Confirmations"]

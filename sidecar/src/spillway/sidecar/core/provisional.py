@@ -1,0 +1,50 @@
+"""Provisional verdicts: what a node answers at once, without its run's home, for a report whose
+verdicts nothing but the records' identity decides (docs/POLICY.md, "Provisional verdicts").
+
+Under the built-in CONTINUE handler with no tolerance limit, a data error is skipped whether
+its record is new or was skipped before; what the record's identity changes is only whether
+it is counted, logged and dead-lettered (once per record, job-wide: the home's to say). So
+the node answers SKIP now, holds the DLQ record, and lets the home say later whether the held
+copy is the record's first (released to Kafka) or not (dropped). The verdict is the one the
+home gives a record it meets first (same category, attempt and reason), so an executor sees
+no difference. Pure: imports nothing but the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .decide import _DATA_WHY, runs_allowed  # the home's words for a data error
+from .jobstate import JobState, describe
+from .model import Action, Category, FailedRecord, Verdict
+
+
+def provisional_verdicts(j: JobState, records: Sequence[FailedRecord]) -> list[Verdict] | None:
+    """Each record's verdict as its home answers it when the record is first seen (SKIP, a
+    data error, dead-lettered), or None when the home could answer any record of the report
+    otherwise: an error that is not a data error (retried, or failing the task or the job),
+    a user handler or a tolerance limit (either may fail the run), no DLQ topic, or a run
+    already failed."""
+    s = j.settings
+    if not records or j.failure_reason or not s.dlq.enabled or not runs_allowed(j):
+        return None
+    classify = j.classifier.classify
+    where = f"skipped, dead-lettered to {s.dlq.topic}: "
+    out: list[Verdict] = []
+    append = out.append
+    last_exc: object = None
+    reason = ""
+    skip, data = Action.SKIP, Category.DATA
+    for r in records:
+        exc = r.exception
+        if exc is not last_exc:   # records failing the same way share one exception value
+            cls = classify(exc)
+            if cls.category is not data:
+                return None
+            reason = f"{where}{describe(r)} [{cls.describe()}]; {_DATA_WHY}"
+            last_exc = exc
+        append(Verdict(r.record_id, skip, data, reason, 1))
+    return out
+
+
+__all__ = ["provisional_verdicts"]

@@ -1,0 +1,259 @@
+"""Provisional verdicts against real sidecars (docs/POLICY.md, "Provisional verdicts"): a node
+answers a report of a run homed elsewhere at once when nothing but identity decides, holds its
+DLQ records and confirms them with the home in the background. The answers, counts and DLQ
+records are those of the synchronous path; a record is dead-lettered once across nodes, task
+re-runs and a node restarted mid-confirmation; a task learns at its flush that the run failed
+meanwhile."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import grpc
+import pytest
+
+from spillway.v1 import sidecar_pb2 as pb
+from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.creds import peer_md
+from support.kafka import read_all
+
+pytestmark = pytest.mark.integration
+
+
+def _start(broker, spool, sid):
+    from spillway.sidecar.server import start_server
+
+    return start_server({
+        "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
+        "spool.dir": str(spool), "producer.linger.ms": "5", "sidecar.id": sid,
+        "home.allowed.addresses": "127.0.0.0/8"})
+
+
+@pytest.fixture(scope="module")
+def home(broker, tmp_path_factory):
+    h = _start(broker, tmp_path_factory.mktemp("prov-home"), "prov-home")
+    yield h
+    h.stop(1.0)
+
+
+@pytest.fixture
+def node(broker, tmp_path):
+    n = _start(broker, tmp_path / "node-spool", "prov-node")
+    yield n
+    n.stop(1.0)
+
+
+def _stub(s):
+    return pb_grpc.ErrorSidecarStub(grpc.insecure_channel(s.address))
+
+
+def _md(token):
+    return [("spillway-job-token", token)]
+
+
+def _exc(cls="json.decoder.JSONDecodeError", msg="Expecting value", **hints):
+    return pb.ExceptionInfo(class_name=cls, class_chain=[cls, "builtins.ValueError",
+                                                         "builtins.Exception"],
+                            message=msg, stack_trace=f'File "app.py", line 3\n{cls}: {msg}',
+                            **hints)
+
+
+def _record(rid, value=b"{bad", exc=None):
+    return pb.FailedRecord(record_id=rid, stage=pb.STAGE_TRANSFORMATION,
+                           function_name="app.parse", key=rid.encode(), value=value,
+                           exception=exc or _exc())
+
+
+def _task(n):
+    return pb.TaskIdentity(stage_id=1, partition_id=n, task_attempt_id=100 + n)
+
+
+def _register(home, nodes, props):
+    """A run homed at `home`, registered on each of `nodes` too: (job, token, topic)."""
+    job = f"prov-{uuid.uuid4().hex[:8]}"
+    topic = f"dlq.{job}"
+    props = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
+             "errors.deadletterqueue.auto.create.topics.enable": "true",
+             "errors.deadletterqueue.topic.replication.factor": "1", **props}
+    reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job=job, run_id="r", properties=props),
+                                  timeout=20)
+    for n in nodes:
+        _stub(n).RegisterJob(pb.RegisterJobRequest(
+            job=job, run_id="r", properties=props, home=reg.home,
+            home_instance_id=reg.home_instance_id), timeout=20, metadata=_md(reg.job_token))
+    return job, reg.job_token, topic, props
+
+
+def _report(s, job, token, task, records):
+    return _stub(s).ReportFailures(pb.ReportFailuresRequest(
+        job=job, run_id="r", task=task, records=records), timeout=30, metadata=_md(token))
+
+
+def _flush(s, job, token, task, timeout=30):
+    return _stub(s).FlushTask(pb.FlushTaskRequest(job=job, run_id="r", task=task),
+                              timeout=timeout, metadata=_md(token)).dlq_records_acknowledged
+
+
+def _summary(home, job, token):
+    return _stub(home).GetJobSummary(pb.GetJobSummaryRequest(job=job, run_id="r"), timeout=10,
+                                     metadata=_md(token))
+
+
+class _Gate:
+    """Holds a node's confirmation calls for one run until opened (the home still answers
+    everything else)."""
+
+    def __init__(self, node, job):
+        self.open = threading.Event()
+        self.calls = 0
+        run = node.sidecar.registry.get(job, "r")
+        real = run.home.confirm
+
+        def confirm(*a, **kw):
+            self.calls += 1
+            self.open.wait(30)
+            return real(*a, **kw)
+        run.home.confirm = confirm
+
+
+def _verdicts(resp):
+    return [(v.record_id, v.action, v.category, v.reason, v.attempt, v.dead_lettered)
+            for v in resp.verdicts]
+
+
+def test_answers_counts_and_dead_letters_are_those_of_waiting_for_the_home(home, node, broker,
+                                                                          monkeypatch):
+    """The same reports (a run failing alike, distinct messages, a re-report of a task re-run)
+    through a node that answers provisionally and one that waits for the home."""
+    reports = [[_record(f"r{i}") for i in range(60)]
+               + [_record(f"m{i}", exc=_exc(msg=f"Expecting value: column {i}"))
+                  for i in range(5)],
+               [_record(f"r{i}") for i in range(10)] + [_record(f"t{i}") for i in range(20)]]
+    out = {}
+    for provisional in (False, True):
+        monkeypatch.setitem(node.sidecar.props, "home.confirm.async", provisional)
+        job, token, topic, _ = _register(home, [node], {})
+        calls = node.sidecar.confirmations.calls
+        answers = [[(*v[:3], v[3].replace(topic, "<topic>"), *v[4:])
+                    for v in _verdicts(_report(node, job, token, _task(n), recs))]
+                   for n, recs in enumerate(reports)]
+        acked = [_flush(node, job, token, _task(n)) for n in range(len(reports))]
+        summary = _summary(home, job, token)
+        run = node.sidecar.registry.get(job, "r")
+        if provisional:
+            assert (job, "r") not in run.home._tallies   # no report waited for the home
+            assert node.sidecar.confirmations.calls > calls
+        else:
+            assert run.home._tallies[(job, "r")].items == 2
+        dlq = sorted((m.key(), m.value()) for m in read_all(broker.bootstrap_servers, topic))
+        counts = (summary.total_record_failures, summary.total_record_errors,
+                  summary.total_records_skipped, summary.total_errors_logged,
+                  summary.dlq_records_written, list(summary.by_stage))
+        out[provisional] = (answers, acked, counts, dlq)
+    sync, prov = out[False], out[True]
+    # the re-reported records: "already in the DLQ" when waiting, the first answer when not
+    # (the executor skips them either way; the held copy is dropped)
+    for (sa, pa) in zip(sync[0], prov[0], strict=True):
+        for s, p in zip(sa, pa, strict=True):
+            assert p[:2] == s[:2] and p[5] is True
+            if "already" not in s[3]:
+                assert p == s
+    assert prov[1] == sync[1] == [65, 20]
+    assert prov[2] == sync[2]
+    assert prov[3] == sync[3] and len(prov[3]) == 85
+
+
+def test_a_record_reported_on_two_nodes_is_dead_lettered_once(home, broker, tmp_path):
+    n1 = _start(broker, tmp_path / "n1", "prov-n1")
+    n2 = _start(broker, tmp_path / "n2", "prov-n2")
+    try:
+        job, token, topic, _ = _register(home, [n1, n2], {})
+        records = [_record(f"s{i}") for i in range(40)]
+        # a task and its speculative copy on another node, at the same time
+        with_threads = [threading.Thread(target=_report, args=(n, job, token, _task(k),
+                                                                records))
+                        for k, n in enumerate((n1, n2))]
+        for t in with_threads:
+            t.start()
+        for t in with_threads:
+            t.join()
+        assert _flush(n1, job, token, _task(0)) + _flush(n2, job, token, _task(1)) == 40
+        keys = [m.key() for m in read_all(broker.bootstrap_servers, topic)]
+        assert sorted(keys) == sorted(r.record_id.encode() for r in records)
+        s = _summary(home, job, token)
+        assert s.total_record_errors == 40 and s.total_record_failures == 80
+    finally:
+        n1.stop(1.0)
+        n2.stop(1.0)
+
+
+def test_a_task_learns_at_its_flush_that_the_run_failed_before_its_records_were_confirmed(
+        home, node, broker):
+    job, token, topic, _ = _register(home, [node], {})
+    gate = _Gate(node, job)
+    held = _report(node, job, token, _task(0), [_record(f"h{i}") for i in range(5)])
+    assert all(v.action == pb.ACTION_SKIP and v.dead_lettered for v in held.verdicts)
+    # meanwhile the run fails at its home (an invalid-configuration error elsewhere)
+    failing = _report(home, job, token, _task(9), [_record(
+        "cfg", exc=_exc("org.apache.kafka.common.errors.InvalidConfigurationException",
+                        "bad setting"))])
+    assert failing.verdicts[0].action == pb.ACTION_FAIL
+    gate.open.set()
+    with pytest.raises(grpc.RpcError) as failed:
+        _flush(node, job, token, _task(0))
+    assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "answered record" in failed.value.details() and "FAIL" in failed.value.details()
+    assert node.sidecar.pipeline.store.held_count() == 0
+    assert read_all(broker.bootstrap_servers, topic, timeout_s=5) == []   # nothing written
+    # and a report after that waits for the home: the run is known to have failed
+    again = _report(node, job, token, _task(1), [_record("late")])
+    assert again.verdicts[0].action == pb.ACTION_FAIL
+
+
+def test_a_node_restarted_mid_confirmation_writes_each_record_once(home, broker, tmp_path):
+    """The node is stopped after its home committed a held report but before the node
+    released it (the home answered nobody): restarted on the same spool, the run registered
+    again, it asks again under the same claim and writes the records, once. A second held
+    report whose records another task had dead-lettered meanwhile is dropped."""
+    spool = tmp_path / "node"
+    node = _start(broker, spool, "prov-restart")
+    job, token, topic, props = _register(home, [node], {})
+    gate = _Gate(node, job)
+    _report(node, job, token, _task(0), [_record(f"a{i}") for i in range(30)])
+    _report(node, job, token, _task(1), [_record(f"b{i}") for i in range(10)])
+    store = node.sidecar.pipeline.store
+    rows = store.held_rows()
+    assert len(rows) == 2 and store.held_count() == 40
+    # the home commits the first report under its claim (the node never hears the answer) ...
+    first = pb.TallyReport.FromString(rows[0][2])
+    _stub(home).TallyFailures(pb.TallyRequest(job=job, run_id="r", reports=[first]),
+                              timeout=10, metadata=[*peer_md(), *_md(token)])
+    # ... and another task dead-letters the second report's records through the home
+    _report(home, job, token, _task(5), [_record(f"b{i}") for i in range(10)])
+    node.sidecar.confirmations.close()   # a crash: nothing more is confirmed or released
+    node.stop(0.5)
+    gate.open.set()
+
+    node = _start(broker, spool, "prov-restart")
+    try:
+        assert node.sidecar.pipeline.store.held_count() == 40
+        reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job=job, run_id="r",
+                                                            properties=props), timeout=10,
+                                      metadata=_md(token))
+        _stub(node).RegisterJob(pb.RegisterJobRequest(
+            job=job, run_id="r", properties=props, home=reg.home,
+            home_instance_id=reg.home_instance_id), timeout=20, metadata=_md(token))
+        deadline = time.monotonic() + 20
+        while node.sidecar.pipeline.store.held_count() and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert node.sidecar.pipeline.store.held_count() == 0
+        node.sidecar.pipeline.force_flush(20)
+        keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
+        assert keys == sorted([f"a{i}".encode() for i in range(30)]
+                              + [f"b{i}".encode() for i in range(10)])   # each once
+        assert _summary(home, job, token).total_record_errors == 40
+    finally:
+        node.stop(1.0)
