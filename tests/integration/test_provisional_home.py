@@ -257,3 +257,35 @@ def test_a_node_restarted_mid_confirmation_writes_each_record_once(home, broker,
         assert _summary(home, job, token).total_record_errors == 40
     finally:
         node.stop(1.0)
+
+
+def test_ending_the_run_at_its_home_confirms_what_its_nodes_hold_first(home, node, broker):
+    """EndJob right after a report, without a flush: the home ends the run on its nodes
+    first, which confirm what they hold while it still has the run, so its final summary
+    counts those records and each reaches the topic once."""
+    job, token, topic, _ = _register(home, [node], {})
+    gate = _Gate(node, job)
+    _report(node, job, token, _task(0), [_record(f"e{i}") for i in range(25)])
+    threading.Timer(0.5, gate.open.set).start()
+    ended = _stub(home).EndJob(pb.EndJobRequest(job=job, run_id="r"), timeout=30,
+                               metadata=_md(token))
+    final = {s.sidecar_id: s for s in ended.summaries}
+    assert final["prov-home"].total_record_errors == 25 and not ended.unreachable
+    keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
+    assert keys == sorted(f"e{i}".encode() for i in range(25))
+
+
+def test_past_its_memory_bound_a_report_waits_for_its_home(home, node, monkeypatch):
+    from spillway.sidecar import confirm
+
+    monkeypatch.setattr(confirm, "MAX_HELD_IN_MEMORY", 30)
+    job, token, _topic, _ = _register(home, [node], {})
+    gate = _Gate(node, job)
+    _report(node, job, token, _task(0), [_record(f"x{i}") for i in range(20)])   # held
+    run = node.sidecar.registry.get(job, "r")
+    assert (job, "r") not in run.home._tallies
+    # 20 held + 20 more would pass 30: this one is decided by the home before it is answered
+    _report(node, job, token, _task(1), [_record(f"y{i}") for i in range(20)])
+    assert run.home._tallies[(job, "r")].items == 1
+    gate.open.set()
+    assert _flush(node, job, token, _task(0)) == 20 and _flush(node, job, token, _task(1)) == 20

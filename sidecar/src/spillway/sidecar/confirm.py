@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 
 MAX_REPORTS = 64          # held reports per confirmation call (peers.MAX_TALLY_REPORTS)
 MAX_RECORDS = 16_384      # and records (peers.MAX_TALLY_RECORDS)
+# held records whose reports are kept in memory (records for the log lines, DLQ records to
+# release) while their home has not answered; past it reports wait for their home as before
+MAX_HELD_IN_MEMORY = 65_536
 _RETRY_S = (0.05, 2.0)    # backoff between failed confirmation calls, first and last
 
 
@@ -72,6 +75,7 @@ class _RunQueue:
     error: HomeError | None = None   # the last confirmation call's failure
     retry_at: float = 0.0
     failures: int = 0
+    inflight: int = 0   # reports taken for a call not yet applied
 
 
 class Confirmations:
@@ -83,6 +87,7 @@ class Confirmations:
         self._runs: dict[str, _RunQueue] = {}
         self._tasks: dict[str, list] = {}      # flush key -> [held reports, failure reason]
         self._failed: set[str] = set()         # runs a confirmation found failed: no more held
+        self._in_memory = 0                    # records of queued reports held in memory
         # held rows kept from before a restart, until their run registers again (`adopt`)
         self._orphans: set[int] = set()
         if s.pipeline is not None and s.pipeline.holds:
@@ -106,7 +111,7 @@ class Confirmations:
                 or not pipeline.holds or not run.home.tally_supported):
             return None
         key = run.key
-        if key in self._failed:
+        if key in self._failed or self._in_memory + len(records) > MAX_HELD_IN_MEMORY:
             return None
         verdicts = s.engine.provisional(key, records)
         if verdicts is None:
@@ -129,6 +134,8 @@ class Confirmations:
             if q is None:
                 q = self._runs[item.key] = _RunQueue(run.job, run.run_id)
             q.queue.append(item)
+            if item.dlq is not None:
+                self._in_memory += len(item.dlq)
             t = self._tasks.get(item.tk)
             if t is None:
                 t = self._tasks[item.tk] = [0, ""]
@@ -172,7 +179,7 @@ class Confirmations:
         with self._cv:
             while True:
                 q = self._runs.get(key)
-                if q is None or not q.queue or time.monotonic() >= deadline:
+                if q is None or not (q.queue or q.inflight) or time.monotonic() >= deadline:
                     break
                 self._cv.wait(min(max(deadline - time.monotonic(), 0.01), 0.1))
             q = self._runs.pop(key, None)
@@ -185,9 +192,16 @@ class Confirmations:
             for item in left:
                 self._apply(item, None)
 
-    def pending(self) -> int:
-        with self._cv:
-            return sum(len(q.queue) for q in self._runs.values())
+    def stats(self) -> dict[str, float]:
+        """Counters for GetStatus and the metrics."""
+        store = self._s.pipeline.store if self._s.pipeline is not None else None
+        return {
+            "held-records": float(store.held_count() if store is not None else 0),
+            "held-reports-confirmed": float(self.confirmed),
+            "held-records-released": float(self.released),
+            "held-records-dropped": float(self.dropped),
+            "home-confirm-calls": float(self.calls),
+        }
 
     # --- after a restart ---------------------------------------------------------------
 
@@ -226,10 +240,14 @@ class Confirmations:
                     ready = []
                 if self._closing:
                     return
-            for key, q in ready:
-                self._confirm(key, q)
-            if time.monotonic() >= self._orphans_at:
-                self._release_orphans()
+            try:   # the one confirmer: it never dies of one run's trouble
+                for key, q in ready:
+                    self._confirm(key, q)
+                if time.monotonic() >= self._orphans_at:
+                    self._release_orphans()
+            except Exception:  # noqa: BLE001
+                log.exception("the confirmer of held reports failed a round (tried again)")
+                time.sleep(_RETRY_S[0])
 
     def _confirm(self, key: str, q: _RunQueue) -> None:
         with self._cv:
@@ -241,6 +259,7 @@ class Confirmations:
                     break
                 batch.append(q.queue.popleft())
                 weight += n
+            q.inflight += len(batch)
         if not batch:
             return
         run = self._s.registry.get(q.job, q.run_id)
@@ -252,20 +271,35 @@ class Confirmations:
             self.calls += 1
             answers = run.home.confirm(q.job, q.run_id, [i.report for i in batch], 30.0,
                                        token=token)
-        except HomeError as exc:
+        except Exception as exc:  # noqa: BLE001 - the reports stay queued: tried again
+            if not isinstance(exc, HomeError):
+                exc = HomeError(grpc.StatusCode.INTERNAL, f"confirming with the home: {exc!r}")
             with self._cv:
-                q.queue.extendleft(reversed(batch))
-                q.error = exc
-                q.failures += 1
-                q.retry_at = time.monotonic() + min(_RETRY_S[0] * 2 ** q.failures, _RETRY_S[1])
+                q.inflight -= len(batch)
+                ended = self._runs.get(key) is not q   # the run ended here meanwhile
+                if not ended:
+                    q.queue.extendleft(reversed(batch))
+                    q.error = exc
+                    q.failures += 1
+                    q.retry_at = time.monotonic() + min(_RETRY_S[0] * 2 ** q.failures,
+                                                        _RETRY_S[1])
                 self._cv.notify_all()
+            if ended:   # written as they are, as `wait_run` does with what is left
+                for item in batch:
+                    self._apply(item, None)
+                return
             log.warning("job %r run %r: could not confirm %d held report(s) with its home "
                         "(tried again): %s", q.job, q.run_id, len(batch), exc)
             return
         with self._cv:
             q.error, q.failures, q.retry_at = None, 0, 0.0
-        for item, outcomes in zip(batch, answers, strict=True):
-            self._apply(item, outcomes)
+        try:
+            for item, outcomes in zip(batch, answers, strict=True):
+                self._apply(item, outcomes)
+        finally:
+            with self._cv:
+                q.inflight -= len(batch)
+                self._cv.notify_all()
 
     def _apply(self, item: _Held, outcomes: list | None) -> None:
         """Release the records the home called new (None: all of them) and drop the rest; log;
@@ -303,6 +337,8 @@ class Confirmations:
             except UnknownJobError:
                 pass   # the run ended here meanwhile
         with self._cv:
+            if item.dlq is not None:
+                self._in_memory -= len(item.dlq)
             t = self._tasks.get(item.tk)
             if t is not None:
                 t[0] -= 1

@@ -446,6 +446,8 @@ class Sidecar:
         counters["jobs-ended"] = float(self.registry.ended)
         if self.pipeline is not None:
             counters.update(self.pipeline.stats())
+        if self.confirmations is not None:
+            counters.update(self.confirmations.stats())
         if self.kafka is not None:
             counters["kafka-reachable"] = float(self.kafka.reachable)
         gate = self.admission
