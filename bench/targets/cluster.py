@@ -32,6 +32,7 @@ from .node_processes import NodeProcesses, run_node_processes
 from .report_format import ReportFormats, run_report_formats
 
 NODE_COUNTS = (1, 2, 4)
+SYNC = "sync"   # (a) at the largest node count, each report waiting for the home (baseline)
 CLIENTS = 4
 BATCH = 256
 COALESCED = 8   # (b2): reports per call, as a node serving several executors coalesces them
@@ -79,7 +80,7 @@ class ClusterRun:
     """What one run measured: records, the reporting window and each role's CPU seconds."""
 
     records: int
-    report_s: float   # first report sent -> last report answered (the home deciding)
+    report_s: float   # first report sent -> last flush returned (the home deciding)
     home_cpu_s: float
     node_cpu_s: float  # all node sidecars in use, together
     client_cpu_s: float  # all client processes, together
@@ -110,8 +111,9 @@ class _Figs:
     busy: Figure
 
 
-def _figures(result: TargetResult, n: int) -> _Figs:
-    nodes = f"{n} node{'s' if n > 1 else ''}"
+def _figures(result: TargetResult, n: int, sync: bool = False) -> _Figs:
+    nodes = f"{n} node{'s' if n > 1 else ''}" + (", each report waiting for its home"
+                                                 if sync else "")
     return _Figs(
         rate=result.figure(f"{nodes}: records/s decided by the home", "records/s"),
         home_us=result.figure(f"{nodes}: home CPU per forwarded record", "µs"),
@@ -133,13 +135,22 @@ class _Cluster:
                                {**SIDECAR_PROPS, "sidecar.id": f"bench-node-{i}"},
                                name=f"cluster-node{i}", listen=node_listen(i))
                      for i in range(max(NODE_COUNTS))]
+            # the baseline: the same nodes, each report waiting for its home's answer
+            sync = [ex.submit(ctx.infra.sidecar,
+                              {**SIDECAR_PROPS, "sidecar.id": f"bench-sync-node-{i}",
+                               "home.confirm.async": "false"},
+                              name=f"cluster-sync-node{i}",
+                              listen=node_listen(max(NODE_COUNTS) + i))
+                    for i in range(max(NODE_COUNTS))]
             self.home = home.result()
             self.nodes: list[SidecarProcess] = [f.result() for f in nodes]
+            self.sync_nodes: list[SidecarProcess] = [f.result() for f in sync]
         self.pool = ClientPool(CLIENTS)
         ctx.infra.on_close(self.pool.close)
 
-    def run(self, n: int, run_no: int) -> ClusterRun:
-        ctx, nodes = self.ctx, self.nodes[:n]
+    def run(self, n: int, run_no: int, *, sync: bool = False) -> ClusterRun:
+        ctx = self.ctx
+        nodes = (self.sync_nodes if sync else self.nodes)[:n]
         topic = ctx.infra.fresh_topic("cluster")
         job = f"bench-cluster-{uuid.uuid4().hex[:8]}"
         broker = ctx.infra.broker_pid()
@@ -153,8 +164,8 @@ class _Cluster:
             on_start=lambda: before.update(cpu.snapshot(pids)))
         after = cpu.snapshot(pids)
         self._check(agg, job)
-        return ClusterRun(
-            records=agg.records, report_s=agg.report_seconds,
+        return ClusterRun(   # the window ends at the last flush: held reports confirmed by then
+            records=agg.records, report_s=agg.seconds,
             home_cpu_s=cpu.cpu_used(before, after, [self.home.pid]),
             node_cpu_s=cpu.cpu_used(before, after, [s.pid for s in nodes]),
             client_cpu_s=cpu.cpu_used(before, after, self.pool.pids),
@@ -251,13 +262,19 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
         "fresh topic, `errors.tolerance=all`) at the home, then at their node naming that home, "
         f"and report {per_client:,} failed records each ({BATCH} per report: 200-byte values, "
         "one real JSONDecodeError with its stack trace), then call the flush barrier. Each node "
-        "sends the home each report's columns (TallyFailures: record ids, 8-byte payload "
-        "digests, each way of failing once; no payloads or stack traces), gets the verdicts "
-        "back as columns, and dead-letters its records to Tansu. CPU is read from each "
+        "answers a report at once (provisional verdicts: nothing but the records' identity "
+        "decides them under this policy), holds its DLQ records in its spool and confirms them "
+        "with the home in the background, several reports a call (TallyFailures: record ids, "
+        "8-byte payload digests, each way of failing once, the node's claim; no payloads or "
+        "stack traces), then releases the records the home calls new to Tansu. The baseline, "
+        f"alternated with them: {max(NODE_COUNTS)} other node sidecars with "
+        "`home.confirm.async=false`, where each report waits for the home's answer (its "
+        "reports coalesced only while a call is in flight). CPU is read from each "
         "process's /proc/<pid>/stat (utime + stime, all threads) just before the clients start "
         "and after the last flush returned; per record "
-        "= CPU / records. The home's rate = records / (first report sent → last report "
-        "answered); 'home busy' = its CPU seconds / that window (1.0 = one core). Node counts "
+        "= CPU / records. The home's rate = records / (first report sent → last flush "
+        "returned: held reports are confirmed by then); 'home busy' = its CPU seconds / that "
+        "window (1.0 = one core). Variants "
         "alternate run by run (ABCABC…, after a warm-up round); a fresh run per measurement, "
         "ended at the home afterwards (where its record count is checked). (b) Saturation: "
         f"the nodes' own work leaves the home mostly idle on this 2-core machine, so {CLIENTS} "
@@ -287,19 +304,24 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
         "CPU of the node and of the clients per dead-lettered record.")
     cluster = _Cluster(ctx, per_client)
     figs = {n: _figures(result, n) for n in NODE_COUNTS}
+    top = max(NODE_COUNTS)
+    sync_figs = _figures(result, top, sync=True)
 
-    def variant(n: int):
+    def variant(n: int, sync: bool = False):
         def go(run_no: int):
-            f = figs[n]
-            m = cluster.run(n, run_no).per_record()
+            f = sync_figs if sync else figs[n]
+            m = cluster.run(n, run_no, sync=sync).per_record()
             return m["home_rate"], {f.home_us: m["home_us"], f.node_us: m["node_us"],
                                     f.client_us: m["client_us"], f.broker_us: m["broker_us"],
                                     f.busy: m["home_busy"]}
         return go
 
-    alternate_runs(ctx, result, {figs[n].rate.name: variant(n) for n in NODE_COUNTS},
-                   {figs[n].rate.name: figs[n].rate for n in NODE_COUNTS}, warmup=True,
-                   label="(a) ")
+    variants = {figs[n].rate.name: variant(n) for n in NODE_COUNTS}
+    variants[sync_figs.rate.name] = variant(top, sync=True)
+    rates = {figs[n].rate.name: figs[n].rate for n in NODE_COUNTS}
+    rates[sync_figs.rate.name] = sync_figs.rate
+    alternate_runs(ctx, result, variants, rates, warmup=True, label="(a) ")
+    result.notes.append(_provisional_reading(figs[top], sync_figs, top))
 
     sat = _Saturated(ctx, per_client * 2)
     who = f"home saturated by {CLIENTS} stand-in nodes (TallyFailures)"
@@ -395,6 +417,20 @@ def _reading(figs: dict[int, _Figs]) -> str:
     return ("CPU per failed record, medians, by role (the client figure includes building "
             "each record, a columns.Failure, from a template, not formatting a new exception: "
             "target 4 measures the executor side in Spark): " + "; ".join(parts) + "." + need)
+
+
+def _provisional_reading(prov: _Figs, sync: _Figs, n: int) -> str:
+    """What answering provisionally saves, against the same nodes waiting for their home."""
+    vals = [_median(x) for x in (prov.home_us, sync.home_us, prov.node_us, sync.node_us,
+                                 prov.client_us, sync.client_us)]
+    if None in vals:
+        return "Provisional verdicts against waiting for the home: not measured."
+    ph, sh, pn, sn, pc, sc = vals
+    return (f"Provisional verdicts ({n} nodes, same run, alternated): the home spends "
+            f"{fmt(ph)} µs per record where it spent {fmt(sh)} µs with each report waiting for "
+            f"it ({ph / sh:.2f}x: held reports go to it many a call); a node {fmt(pn)} µs "
+            f"against {fmt(sn)} ({pn / sn:.2f}x: a held row written, then released); a client "
+            f"{fmt(pc)} against {fmt(sc)} µs.")
 
 
 def _per_call_reading(call_us: Figure, sat_us: Figure, big_us: Figure) -> str:

@@ -53,6 +53,7 @@ RANGES: dict[str, tuple[float, float, tuple[float, ...], bool, bool]] = {
     "spool.low.water.percent": (0, 100, (), True, False),
     "kafka.check.interval.ms": (1000, DAY_MS, (), True, False),
     "producer.linger.ms": (0, 900_000, (), True, False),
+    "home.confirm.linger.ms": (0, 60_000, (), True, False),
     "producer.batch.size": (1, 2_147_483_647, (), True, False),
     "producer.max.inflight.bytes": (1024, 2_147_483_647, (), True, False),
     "flush.timeout.ms": (1, DAY_MS, (), True, False),

@@ -65,6 +65,7 @@ class _Held:
     records: Sequence | None = None   # converted records, for the log lines (None: adopted)
     dlq: list | None = None      # the held DLQ records (None: read back from the spool)
     segments: list | None = None
+    at: float = field(default_factory=time.monotonic)   # when it was queued
 
 
 @dataclass(eq=False)
@@ -76,6 +77,8 @@ class _RunQueue:
     retry_at: float = 0.0
     failures: int = 0
     inflight: int = 0   # reports taken for a call not yet applied
+    records: int = 0    # records queued
+    urgent: bool = False   # a flush or an end waits: send without lingering
 
 
 class Confirmations:
@@ -93,6 +96,8 @@ class Confirmations:
         if s.pipeline is not None and s.pipeline.holds:
             self._orphans = {rid for rid, _, _ in s.pipeline.store.held_rows()}
         self._orphans_at = time.monotonic() + s.registry.idle_timeout_s
+        # how long a held report may wait for others to share its call (a flush does not wait)
+        self._linger_s = s.props.get("home.confirm.linger.ms", 20) / 1000
         self._closing = False
         self.confirmed = self.released = self.dropped = self.calls = 0
         self._thread = threading.Thread(target=self._loop, name="spillway-confirm", daemon=True)
@@ -134,6 +139,7 @@ class Confirmations:
             if q is None:
                 q = self._runs[item.key] = _RunQueue(run.job, run.run_id)
             q.queue.append(item)
+            q.records += len(item.report.record_ids)
             if item.dlq is not None:
                 self._in_memory += len(item.dlq)
             t = self._tasks.get(item.tk)
@@ -161,6 +167,9 @@ class Confirmations:
                         raise JobConflictError(t[1])
                     return
                 q = self._runs.get(key)
+                if q is not None and not q.urgent:
+                    q.urgent = True    # confirmed now, not after the linger
+                    self._cv.notify_all()
                 error = q.error if q is not None else None
                 if error is not None and error.code is grpc.StatusCode.NOT_FOUND:
                     raise error   # the home lost the run: the caller registers it again
@@ -181,6 +190,9 @@ class Confirmations:
                 q = self._runs.get(key)
                 if q is None or not (q.queue or q.inflight) or time.monotonic() >= deadline:
                     break
+                if not q.urgent:
+                    q.urgent = True
+                    self._cv.notify_all()
                 self._cv.wait(min(max(deadline - time.monotonic(), 0.01), 0.1))
             q = self._runs.pop(key, None)
             left = list(q.queue) if q is not None else []
@@ -232,12 +244,22 @@ class Confirmations:
         while True:
             with self._cv:
                 now = time.monotonic()
-                ready = [(k, q) for k, q in self._runs.items()
-                         if q.queue and q.retry_at <= now]
+                ready, waits = [], [1.0]
+                for k, q in self._runs.items():
+                    if not q.queue:
+                        continue
+                    # a call goes when it is full, a flush waits, or its first report has
+                    # lingered long enough for others to share it (after a failed call: its
+                    # backoff)
+                    at = max(q.retry_at, q.queue[0].at + self._linger_s)
+                    if q.records >= MAX_RECORDS or (q.urgent and q.retry_at <= now):
+                        at = now
+                    if at <= now:
+                        ready.append((k, q))
+                    else:
+                        waits.append(at - now)
                 if not ready and not self._closing:
-                    waits = [q.retry_at - now for q in self._runs.values() if q.queue]
-                    self._cv.wait(min([1.0, *waits]))
-                    ready = []
+                    self._cv.wait(min(waits))
                 if self._closing:
                     return
             try:   # the one confirmer: it never dies of one run's trouble
@@ -260,6 +282,9 @@ class Confirmations:
                 batch.append(q.queue.popleft())
                 weight += n
             q.inflight += len(batch)
+            q.records -= weight
+            if not q.queue:
+                q.urgent = False
         if not batch:
             return
         run = self._s.registry.get(q.job, q.run_id)
@@ -279,6 +304,7 @@ class Confirmations:
                 ended = self._runs.get(key) is not q   # the run ended here meanwhile
                 if not ended:
                     q.queue.extendleft(reversed(batch))
+                    q.records += sum(len(i.report.record_ids) for i in batch)
                     q.error = exc
                     q.failures += 1
                     q.retry_at = time.monotonic() + min(_RETRY_S[0] * 2 ** q.failures,

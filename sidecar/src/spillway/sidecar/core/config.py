@@ -344,6 +344,10 @@ _PROPS: list[Prop] = [
          "handler, no tolerance limit), holds its DLQ records in the spool and confirms them "
          "with the home in the background (docs/POLICY.md, \"Provisional verdicts\"); false: "
          "every such report waits for its home (needs the spool)", job=False),
+    Prop("home.confirm.linger.ms", p_int(0, 60_000), "20",
+         "how long a node's held report may wait for others to share its confirmation call "
+         "(at most 64 reports and 16,384 records a call); a flush or an end of the run sends "
+         "at once", job=False),
     Prop("spool.group", p_str, "",
          "group given read access to the spool (directory 0750, files 0640); '': directory "
          "0700, files 0600, the sidecar's user alone", job=False),
