@@ -85,6 +85,7 @@ class ClusterRun:
     node_cpu_s: float  # all node sidecars in use, together
     client_cpu_s: float  # all client processes, together
     broker_cpu_s: float = 0.0
+    reports_per_call: float = 0.0   # held reports per confirmation call (provisional nodes)
 
     def per_record(self) -> dict[str, float]:
         """The run's figures: µs of CPU per record of each role, the home's decided rate and
@@ -98,6 +99,7 @@ class ClusterRun:
             "broker_us": cpu.us_per_record(self.broker_cpu_s, self.records),
             "home_rate": self.records / self.report_s,
             "home_busy": self.home_cpu_s / self.report_s,
+            "reports_per_call": self.reports_per_call,
         }
 
 
@@ -109,6 +111,7 @@ class _Figs:
     client_us: Figure
     broker_us: Figure
     busy: Figure
+    per_call: Figure | None   # provisional nodes only
 
 
 def _figures(result: TargetResult, n: int, sync: bool = False) -> _Figs:
@@ -120,7 +123,10 @@ def _figures(result: TargetResult, n: int, sync: bool = False) -> _Figs:
         node_us=result.figure(f"{nodes}: node sidecar CPU per dead-lettered record", "µs"),
         client_us=result.figure(f"{nodes}: client CPU per failed record", "µs"),
         broker_us=result.figure(f"{nodes}: broker (Tansu) CPU per DLQ record", "µs"),
-        busy=result.figure(f"{nodes}: home busy while deciding", "cores"))
+        busy=result.figure(f"{nodes}: home busy while deciding", "cores"),
+
+        per_call=None if sync else result.figure(f"{nodes}: held reports per confirmation call",
+                                                 "reports"))
 
 
 class _Cluster:
@@ -157,14 +163,17 @@ class _Cluster:
         pids = [self.home.pid, *(s.pid for s in nodes), *self.pool.pids, *([broker] if broker
                                                                            else [])]
         before: dict[int, float] = {}
+        confirmed0 = _confirm_counts(nodes)   # read outside the CPU window
         agg = self.pool.run(lambda i: {
             "target": nodes[node_of_client(i, n)].address, "home": self.home.address,
             "job": job, "props": _job_props(topic), "records": self.per_client, "batch": BATCH,
             "flush": True, "run_no": run_no},
             on_start=lambda: before.update(cpu.snapshot(pids)))
         after = cpu.snapshot(pids)
+        reports, calls = (a - b for a, b in zip(_confirm_counts(nodes), confirmed0, strict=True))
         self._check(agg, job)
         return ClusterRun(   # the window ends at the last flush: held reports confirmed by then
+            reports_per_call=reports / calls if calls else 0.0,
             records=agg.records, report_s=agg.seconds,
             home_cpu_s=cpu.cpu_used(before, after, [self.home.pid]),
             node_cpu_s=cpu.cpu_used(before, after, [s.pid for s in nodes]),
@@ -181,6 +190,19 @@ class _Cluster:
             raise BenchError(f"cluster run: {agg.records} records reported, "
                              f"{agg.dead_lettered} dead-lettered, {agg.acked} acknowledged")
         _end_at_home(self.home.address, job, agg.records)
+
+
+def _confirm_counts(nodes: list[SidecarProcess]) -> tuple[float, float]:
+    """(held reports confirmed, confirmation calls) of `nodes` together, from their status."""
+    from spillway.client import SidecarClient
+
+    reports = calls = 0.0
+    for node in nodes:
+        with SidecarClient(node.address, timeout_s=10) as c:
+            counters = c.status(page_size=1).counters
+        reports += counters.get("held-reports-confirmed", 0.0)
+        calls += counters.get("home-confirm-calls", 0.0)
+    return reports, calls
 
 
 def _token_files(workdir: str) -> tuple[str, str]:
@@ -307,13 +329,15 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
     top = max(NODE_COUNTS)
     sync_figs = _figures(result, top, sync=True)
 
+
     def variant(n: int, sync: bool = False):
         def go(run_no: int):
             f = sync_figs if sync else figs[n]
             m = cluster.run(n, run_no, sync=sync).per_record()
+            extra = {} if sync else {f.per_call: m["reports_per_call"]}
             return m["home_rate"], {f.home_us: m["home_us"], f.node_us: m["node_us"],
                                     f.client_us: m["client_us"], f.broker_us: m["broker_us"],
-                                    f.busy: m["home_busy"]}
+                                    f.busy: m["home_busy"], **extra}
         return go
 
     variants = {figs[n].rate.name: variant(n) for n in NODE_COUNTS}
