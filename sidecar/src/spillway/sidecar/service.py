@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from itertools import islice
 from operator import attrgetter
 
-import grpc
 
 from spillway.v1 import sidecar_pb2 as pb
 
-from . import memtune, security, siblings, tallying
+from . import ending, memtune, security, siblings, tallying
 from .adapters import convert
 from .admission import Admission
 from .confirm import Confirmations
@@ -40,7 +39,7 @@ from .errors import (
     UnknownJobError,
 )
 from .health import KafkaWatch
-from .peers import Home, HomeError, LocalSidecar, end_on_node, resolve_home
+from .peers import Home, HomeError, LocalSidecar, resolve_home
 from .registry import (
     MAX_TOKEN_CHARS,
     Caller,
@@ -48,7 +47,6 @@ from .registry import (
     Run,
     access_error,
     check_run_id,
-    may_end,
     may_use,
     new_token,
     token_digest,
@@ -461,87 +459,12 @@ class Sidecar:
         return status_page(self, request or pb.GetStatusRequest(), caller or _caller(), token)
     def end_job(self, request: pb.EndJobRequest, *, token: str | None, caller: Caller,
                 timeout_s: float) -> pb.EndJobResponse:
-        """Waits (within the deadline) for the run's DLQ records, releases it here and, at its
-        home, on every node sidecar that registered it."""
-        job, run_id = request.job, check_run_id(request.run_id)
-        if request.local_only and not caller.peer:
-            raise JobAccessError("EndJob.local_only is for sidecar-to-sidecar calls only "
-                                 "(an authenticated peer)")
-        run = self.registry.get(job, run_id)
-        if run is None:
-            owner = ("" if request.local_only else
-                     siblings.elsewhere(self.siblings, self.advertised_address, job, run_id))
-            if owner and token:  # homed at another process of this sidecar (siblings.py)
-                return siblings.end_at_owner(self.local, owner, job, run_id, token, timeout_s)
-            raise siblings.unknown_here(owner, job, run_id)
-        if not may_end(caller, run.digest, token, local_only=request.local_only):
-            raise access_error(job, run_id, token)
-        deadline = time.monotonic() + timeout_s
-        out = pb.EndJobResponse()
-        if run.home is not None and not request.local_only:
-            # ended at its home, which releases it on every node (this one included)
-            try:
-                answer = run.home.end(job, run_id, token=token, timeout_s=timeout_s)
-                out.CopyFrom(answer)
-            except HomeError as exc:
-                out.unreachable.append(run.home.address)
-                log.warning("job %r run %r: could not end it at its home: %s", job, run_id, exc)
-            if self.registry.get(job, run_id) is not run:
-                return out
-        if run.home is None and not request.local_only:
-            # the nodes first: while they end the run here still answers their held reports
-            for node in sorted(run.nodes):
-                remaining = deadline - time.monotonic()
-                try:
-                    answer = end_on_node(self.local, node, job, run_id, token=token,
-                                         timeout_s=min(max(remaining, 0.1), 10.0))
-                    out.summaries.extend(answer.summaries)
-                except HomeError as exc:
-                    if exc.code == grpc.StatusCode.NOT_FOUND:
-                        continue  # released there already (or it never recorded the run)
-                    out.unreachable.append(node)
-                    log.warning("job %r run %r: could not release it on node sidecar %s (it "
-                                "ends there on its idle timeout): %s", job, run_id, node, exc)
-        summary = self._release(run, deadline)
-        if summary is not None:
-            out.summaries.insert(0, summary)
-        return out
-
-    def _release(self, run: Run, deadline: float, *, expired: bool = False
-                 ) -> pb.JobSummary | None:
-        pending = 0
-        if run.home is not None and self.confirmations is not None:
-            # held reports confirmed while the home still has the run (it ends its nodes
-            # first); past the deadline, or expired, they are written as they are
-            self.confirmations.wait_run(run.key, 0.0 if expired else
-                                        max(0.0, deadline - time.monotonic()))
-        if self.pipeline is not None and not expired:  # the run stays live while it drains
-            pending = self.pipeline.wait_run(run.key + "/", max(0.0, deadline - time.monotonic()))
-        with self.registry.create_lock:  # never half released: registry and engine together
-            if not self.registry.remove(run, expired=expired):
-                return None  # released meanwhile by another EndJob or the reaper
-            final = self.engine.end_job(run.key)
-            if self.runstate is not None and run.home is None:
-                self.runstate.drop(run.key)
-        if self.pipeline is not None:  # the run is gone: no FlushTask can ask for its counts
-            self.pipeline.forget_run(run.key + "/")
-        if run.home is not None:
-            run.home.close()
-        self.trimmer.freed()
-        if pending:
-            log.warning("job %r run %r ended with %d DLQ record(s) not yet acknowledged by "
-                        "Kafka; they stay spooled and will be delivered", run.job, run.run_id,
-                        pending)
-        how = "expired after %.0f s idle" % self.registry.idle_timeout_s if expired else "ended"
-        log.info("job %r run %r %s", run.job, run.run_id, how)
-        return convert.summary_to_pb(final, self.sidecar_id) if final is not None else None
+        """EndJob (ending.py)."""
+        return ending.end_job(self, request, token=token, caller=caller, timeout_s=timeout_s)
 
     def expire(self, run: Run) -> None:
-        """The reaper's: a run nobody called for job.idle.timeout.ms."""
-        if run.last_active >= time.monotonic() - self.registry.idle_timeout_s:
-            return  # touched since it was picked
-        self._release(run, time.monotonic(), expired=True)
-
+        """The reaper's: a run nobody called for job.idle.timeout.ms (ending.py)."""
+        ending.expire(self, run)
 
 
 _ACTION_CATEGORY = attrgetter("action", "category")

@@ -62,6 +62,34 @@ class Settlement:
     _peak_bytes: int
     _rejected: int
 
+    def _load_settled(self) -> int:
+        """Apply the acknowledged index ranges of partly settled rows; returns how many
+        records they settle. A row they settle completely (never written so, but cheap to
+        guard) is deleted now."""
+        settled = 0
+        for rid, lo, hi in self._conn.execute("SELECT row, lo, hi FROM settled"):
+            row = self._rows.get(rid)
+            if row is None:
+                continue
+            if row.done is None:
+                row.done = bytearray(row.total)
+            done = row.done
+            for i in range(max(lo, 0), min(hi, row.total - 1) + 1):
+                if not done[i]:
+                    done[i] = 1
+                    row.left -= 1
+                    settled += 1
+        emptied = [rid for rid, row in self._rows.items() if row.left <= 0]
+        if emptied:
+            with self._conn:
+                for rid in emptied:
+                    self._conn.execute("DELETE FROM batches WHERE id = ?", (rid,))
+                    self._conn.execute("DELETE FROM settled WHERE row = ?", (rid,))
+            for rid in emptied:
+                del self._rows[rid]
+        self._conn.execute("DELETE FROM settled WHERE row NOT IN (SELECT id FROM batches)")
+        return settled
+
     def _settle(self, seqs: Sequence[int]
                 ) -> tuple[list[tuple[int, Row, list[int]]], list[int]]:
         """Which records of `seqs` are still pending, per row (row id, row, indexes); and which

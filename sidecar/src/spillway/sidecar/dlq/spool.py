@@ -19,10 +19,8 @@ memory as one byte per record for partly settled rows; after a crash only the re
 that are neither settled nor rejected are produced again. Duplicates are possible (records in
 flight, or acknowledged since the last `delete()`), loss is not.
 
-Deduplication: a record reported again (same job, record id and payload: `store.dedup_key`)
-while it is still pending and among the last ``_DEDUP_WINDOW`` records spooled (recovered ones
-included) is stored once, and the caller is told the seq it already has. Older ones may be
-stored twice.
+Deduplication: a record reported again while it is still pending and recent is stored once
+(dedup.py).
 
 Group commit: `append()` hands its records to one writer thread, which combines every request
 queued meanwhile into one transaction (one INSERT per batch row, one fsync) and then wakes each
@@ -39,8 +37,9 @@ loop; those keep counting against the bounds until an operator removes them (`pu
 
 Its neighbours: codec.py (how records are serialized into segments and rows), schema.py (the
 tables, the connection settings, the directory lock), settle.py (acknowledging, rejecting and
-purging records: the `Settlement` half of `Spool`), store.py (the `RecordStore` interface the
-drain uses) and memqueue.py (`MemoryQueue`, the same interface without durability, for
+purging records, and the settled ranges read at open: the `Settlement` part of `Spool`),
+held.py (records held for a home's confirmation: `Holding`), dedup.py (the dedup window:
+`DedupWindow`), store.py (the `RecordStore` interface the drain uses) and memqueue.py (`MemoryQueue`, the same interface without durability, for
 ``spool.enable=false``).
 """
 
@@ -62,8 +61,6 @@ from . import perms, schema
 from .codec import (
     IDX_MASK,
     ROW_BITS,
-    ROW_BYTES,
-    ROW_RECORDS,
     decode_row,
     encode_segments,
     record_from_row,
@@ -71,6 +68,7 @@ from .codec import (
     split_segments,
 )
 from .schema import DB_NAME, LOCK_NAME
+from .dedup import DEDUP_WINDOW, DedupWindow
 from .held import Holding, check_release, insert_held
 from .settle import Row, Settlement
 from .store import (
@@ -85,7 +83,6 @@ from .store import (
 
 log = logging.getLogger(__name__)
 
-_DEDUP_WINDOW = 65_536  # recent records a repeated report is matched against
 
 
 @dataclass(eq=False)
@@ -103,7 +100,7 @@ class _Request:
     held_id: int = 0  # the held row written (`hold`)
 
 
-class Spool(Settlement, Holding):
+class Spool(Settlement, Holding, DedupWindow):
     """SQLite-backed, group-committed, bounded spool in `directory` (one process at a time).
     Settling records (acknowledged, rejected, purged) is `settle.Settlement`'s part; records
     held for a home's confirmation, `held.Holding`'s."""
@@ -123,7 +120,7 @@ class Spool(Settlement, Holding):
         self._append_timeout_s = append_timeout_s
         self._rows: dict[int, Row] = {}
         # the dedup window: `dedup_key` -> (seq, task_key) of recently spooled records, in
-        # two generations of at most _DEDUP_WINDOW // 2 each
+        # two generations of at most DEDUP_WINDOW // 2 each
         self._recent: dict[DedupKey, tuple[int, str]] = {}
         self._recent_old: dict[DedupKey, tuple[int, str]] = {}
         # DLQ payloads at rest: directory 0700, files 0600 (spool.group: 0750 / 0640)
@@ -188,49 +185,6 @@ class Spool(Settlement, Holding):
             depth -= self._load_settled()
         self._depth = depth
         return pending_bytes
-
-    def _load_settled(self) -> int:
-        """Apply the acknowledged index ranges of partly settled rows; returns how many
-        records they settle. A row they settle completely (never written so, but cheap to
-        guard) is deleted now."""
-        settled = 0
-        for rid, lo, hi in self._conn.execute("SELECT row, lo, hi FROM settled"):
-            row = self._rows.get(rid)
-            if row is None:
-                continue
-            if row.done is None:
-                row.done = bytearray(row.total)
-            done = row.done
-            for i in range(max(lo, 0), min(hi, row.total - 1) + 1):
-                if not done[i]:
-                    done[i] = 1
-                    row.left -= 1
-                    settled += 1
-        emptied = [rid for rid, row in self._rows.items() if row.left <= 0]
-        if emptied:
-            with self._conn:
-                for rid in emptied:
-                    self._conn.execute("DELETE FROM batches WHERE id = ?", (rid,))
-                    self._conn.execute("DELETE FROM settled WHERE row = ?", (rid,))
-            for rid in emptied:
-                del self._rows[rid]
-        self._conn.execute("DELETE FROM settled WHERE row NOT IN (SELECT id FROM batches)")
-        return settled
-
-    def _fill_dedup_window(self) -> None:
-        """Put the newest recovered records in the dedup window (at most half of it)."""
-        room = _DEDUP_WINDOW // 2
-        window: list[tuple[DedupKey, tuple[int, str]]] = []
-        cur = self._conn.execute("SELECT id, ends, segs, data FROM batches ORDER BY id DESC")
-        for rid, ends, segs, data in cur:
-            row = self._rows[rid]
-            for i, rec in reversed(list(decode_row(rid, ends, segs, data, 0, row.done))):
-                window.append((dedup_key(rec.record),
-                               (rec.seq, rec.record.task_key)))
-            if len(window) >= room:
-                break
-        cur.close()
-        self._recent_old = dict(reversed(window))
 
     @staticmethod
     def _insert_row(conn: sqlite3.Connection, segments: list[tuple[bytes, int]]) -> int:
@@ -335,50 +289,6 @@ class Spool(Settlement, Holding):
             # not held while waiting for the next request: the last group of a burst (its
             # records, blobs, placements) would stay alive, and pin allocator arenas, until then
             del batch, req
-
-    def _spooled(self, key: DedupKey) -> tuple[int, str] | None:
-        """(seq, task_key) of this record when it is in the dedup window and still pending."""
-        hit = self._recent.get(key) or self._recent_old.get(key)
-        if hit is not None:
-            row = self._rows.get(hit[0] >> ROW_BITS)
-            if row is not None and row.pending(hit[0] & IDX_MASK):
-                return hit
-        return None
-
-    def _plan(self, accepted: list[_Request]
-              ) -> tuple[list[list[tuple[bytes, int]]], list[list[tuple[int, int, str, bool]]]]:
-        """Where each record goes when some were seen before: (row number in this group, index,
-        task_key, True) for a new one; (-1, its seq, its task_key, False) for one still spooled,
-        or (row number, index, task_key, False) for one repeated within this group. The new
-        records of each row are encoded again, as that row's segments."""
-        rows: list[list[DlqRecord]] = [[]]
-        row_bytes = 0
-        plans: list[list[tuple[int, int, str, bool]]] = []
-        local: dict[DedupKey, tuple[int, int, str]] = {}
-        for req in accepted:
-            plan = []
-            avg = req.size // req.n
-            for rec in req.records:
-                key = dedup_key(rec)
-                hit = local.get(key)
-                if hit is not None:
-                    plan.append((hit[0], hit[1], hit[2], False))
-                    continue
-                old = self._spooled(key)
-                if old is not None:
-                    plan.append((-1, old[0], old[1], False))
-                    continue
-                cur = rows[-1]
-                if len(cur) >= ROW_RECORDS or row_bytes >= ROW_BYTES:
-                    cur = []
-                    rows.append(cur)
-                    row_bytes = 0
-                local[key] = at = (len(rows) - 1, len(cur), rec.task_key)
-                cur.append(rec)
-                row_bytes += avg
-                plan.append((*at, True))
-            plans.append(plan)
-        return [encode_segments(r) for r in rows if r], plans
 
     def _commit(self, batch: list[_Request]) -> None:
         with self._wlock:
@@ -498,7 +408,7 @@ class Spool(Settlement, Holding):
                         placed.append(Placed(seq, owner, fresh, row_sizes[rn][idx]))
                         if fresh:
                             recent[dedup_key(rec)] = (seq, owner)
-            if len(recent) >= _DEDUP_WINDOW // 2:
+            if len(recent) >= DEDUP_WINDOW // 2:
                 self._recent_old, self._recent = recent, {}
             for req in accepted:
                 if req.on_commit is not None:
