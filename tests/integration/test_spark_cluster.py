@@ -270,8 +270,12 @@ def test_retried_and_speculative_tasks_leave_one_dead_letter_per_record(
 
 def test_each_executor_reports_to_its_own_nodes_sidecar(cluster, driver, broker, topic_name):
     _, sidecars, _ = cluster
+    confirmed = sidecars["node-b"].sidecar.confirmations.stats()["held-reports-confirmed"]
     out = driver.run(sidecars["node-a"].address, topic_name, "cluster-nodes", _props(topic_name))
     assert out == {"ok": True, "count": 48}
+    # node b answered its executors at once and confirmed their dead letters with the home
+    # (docs/POLICY.md, "Provisional verdicts"); each task's flush waited for that
+    assert sidecars["node-b"].sidecar.confirmations.stats()["held-reports-confirmed"] > confirmed
     records = read_all(broker.bootstrap_servers, topic_name)
     assert len(records) == 12
     by_sidecar = {n: 0 for n in sidecars}
