@@ -289,3 +289,58 @@ def test_past_its_memory_bound_a_report_waits_for_its_home(home, node, monkeypat
     assert run.home._tallies[(job, "r")].items == 1
     gate.open.set()
     assert _flush(node, job, token, _task(0)) == 20 and _flush(node, job, token, _task(1)) == 20
+
+
+def test_a_run_expiring_on_a_node_writes_what_it_still_holds(home, node, broker):
+    """Idle expiry on the node (no EndJob): what is held and not yet sent is written as it is
+    (never lost; a copy the home also has elsewhere would be a duplicate), and the report in
+    flight is applied when its answer comes."""
+    from spillway.sidecar import ending
+
+    job, token, topic, _ = _register(home, [node], {})
+    gate = _Gate(node, job)
+    _report(node, job, token, _task(0), [_record(f"i{i}") for i in range(10)])
+    deadline = time.monotonic() + 10
+    while gate.calls == 0 and time.monotonic() < deadline:   # the first report is in flight
+        time.sleep(0.01)
+    _report(node, job, token, _task(1), [_record(f"q{i}") for i in range(10)])   # queued
+    run = node.sidecar.registry.get(job, "r")
+    ending.release(node.sidecar, run, time.monotonic(), expired=True)
+    gate.open.set()
+    node.sidecar.pipeline.force_flush(20)
+    deadline = time.monotonic() + 20
+    while node.sidecar.pipeline.store.held_count() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert node.sidecar.pipeline.store.held_count() == 0
+    keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
+    assert keys == sorted([f"i{i}".encode() for i in range(10)]
+                          + [f"q{i}".encode() for i in range(10)])
+
+
+def test_held_rows_of_a_run_that_never_registers_again_are_written_after_the_idle_timeout(
+        home, broker, tmp_path):
+    from spillway.sidecar.server import start_server
+
+    spool = tmp_path / "orphans"
+    node = _start(broker, spool, "prov-orphan")
+    job, token, topic, _ = _register(home, [node], {})
+    gate = _Gate(node, job)
+    _report(node, job, token, _task(0), [_record(f"o{i}") for i in range(12)])
+    node.sidecar.confirmations.close()
+    node.stop(0.5)
+    gate.open.set()
+    node = start_server({
+        "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
+        "spool.dir": str(spool), "producer.linger.ms": "5", "sidecar.id": "prov-orphan",
+        "home.allowed.addresses": "127.0.0.0/8", "job.idle.timeout.ms": "1000"})
+    try:
+        assert node.sidecar.pipeline.store.held_count() == 12
+        deadline = time.monotonic() + 20   # nobody registers the run here again
+        while node.sidecar.pipeline.store.held_count() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert node.sidecar.pipeline.store.held_count() == 0
+        node.sidecar.pipeline.force_flush(20)
+        keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
+        assert keys == sorted(f"o{i}".encode() for i in range(12))
+    finally:
+        node.stop(1.0)

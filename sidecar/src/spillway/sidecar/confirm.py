@@ -28,6 +28,7 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,7 @@ MAX_RECORDS = 16_384      # and records (peers.MAX_TALLY_RECORDS)
 # held records whose reports are kept in memory (records for the log lines, DLQ records to
 # release) while their home has not answered; past it reports wait for their home as before
 MAX_HELD_IN_MEMORY = 65_536
+CALLERS = 4               # confirmation calls in flight at once (one per run)
 _RETRY_S = (0.05, 2.0)    # backoff between failed confirmation calls, first and last
 
 
@@ -77,6 +79,7 @@ class _RunQueue:
     retry_at: float = 0.0
     failures: int = 0
     inflight: int = 0   # reports taken for a call not yet applied
+    dispatched: bool = False   # a confirmer thread has it
     records: int = 0    # records queued
     urgent: bool = False   # a flush or an end waits: send without lingering
 
@@ -100,6 +103,8 @@ class Confirmations:
         self._linger_s = s.props.get("home.confirm.linger.ms", 100) / 1000
         self._closing = False
         self.confirmed = self.released = self.dropped = self.calls = 0
+        # one call in flight per run, a few runs at a time: a slow home holds up its own runs only
+        self._pool = ThreadPoolExecutor(CALLERS, thread_name_prefix="spillway-confirm-call")
         self._thread = threading.Thread(target=self._loop, name="spillway-confirm", daemon=True)
         self._thread.start()
 
@@ -246,7 +251,7 @@ class Confirmations:
                 now = time.monotonic()
                 ready, waits = [], [1.0]
                 for k, q in self._runs.items():
-                    if not q.queue:
+                    if not q.queue or q.inflight or q.dispatched:
                         continue
                     # a call goes when it is full, a flush waits, or its first report has
                     # lingered long enough for others to share it (after a failed call: its
@@ -255,6 +260,7 @@ class Confirmations:
                     if q.records >= MAX_RECORDS or (q.urgent and q.retry_at <= now):
                         at = now
                     if at <= now:
+                        q.dispatched = True
                         ready.append((k, q))
                     else:
                         waits.append(at - now)
@@ -262,14 +268,23 @@ class Confirmations:
                     self._cv.wait(min(waits))
                 if self._closing:
                     return
-            try:   # the one confirmer: it never dies of one run's trouble
-                for key, q in ready:
-                    self._confirm(key, q)
-                if time.monotonic() >= self._orphans_at:
-                    self._release_orphans()
-            except Exception:  # noqa: BLE001
-                log.exception("the confirmer of held reports failed a round (tried again)")
-                time.sleep(_RETRY_S[0])
+            for key, q in ready:
+                self._pool.submit(self._call, key, q)
+            if time.monotonic() >= self._orphans_at:
+                self._orphans_at = float("inf")
+                self._pool.submit(self._release_orphans)
+
+    def _call(self, key: str, q: _RunQueue) -> None:
+        try:   # a confirmer never dies of one run's trouble
+            self._confirm(key, q)
+        except Exception:  # noqa: BLE001
+            log.exception("confirming held reports of run %s failed (tried again)", key)
+            with self._cv:
+                q.retry_at = time.monotonic() + _RETRY_S[1]
+        finally:
+            with self._cv:
+                q.dispatched = False
+                self._cv.notify_all()
 
     def _confirm(self, key: str, q: _RunQueue) -> None:
         with self._cv:
@@ -288,8 +303,22 @@ class Confirmations:
         if not batch:
             return
         run = self._s.registry.get(q.job, q.run_id)
+        if run is None:
+            # ended or expired here while these were held (a report racing the run's end):
+            # nobody can confirm them now, so they are written as they are
+            with self._cv:
+                q.inflight -= len(batch)
+                if self._runs.get(key) is q and not q.queue and not q.inflight:
+                    del self._runs[key]
+                self._cv.notify_all()
+            log.warning("job %r run %r ended with %d held report(s) unconfirmed: their DLQ "
+                        "records are written as they are (possibly a second copy)", q.job,
+                        q.run_id, len(batch))
+            for item in batch:
+                self._apply(item, None)
+            return
         try:
-            if run is None or run.home is None:
+            if run.home is None:
                 raise HomeError(grpc.StatusCode.NOT_FOUND, f"job {q.job!r} run {q.run_id!r} "
                                 "is no longer registered here")
             token = next((i.token for i in reversed(batch) if i.token), None)
@@ -375,11 +404,15 @@ class Confirmations:
     def _release_orphans(self) -> None:
         """Held rows of runs that did not register again within job.idle.timeout.ms of the
         start: released as they are."""
-        self._orphans_at = float("inf")
         pipeline = self._s.pipeline
         if pipeline is None or not pipeline.holds or not self._orphans:
             return
-        for rid, key, meta in pipeline.store.held_rows():
+        try:
+            rows = pipeline.store.held_rows()
+        except Exception:  # noqa: BLE001 - tried again at the next restart
+            log.exception("could not read the held rows kept from before the restart")
+            return
+        for rid, key, meta in rows:
             with self._cv:
                 if rid not in self._orphans:
                     continue
@@ -395,6 +428,7 @@ class Confirmations:
             self._closing = True
             self._cv.notify_all()
         self._thread.join(5.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 __all__ = ["Confirmations"]
