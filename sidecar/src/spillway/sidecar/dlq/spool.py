@@ -39,8 +39,8 @@ Its neighbours: codec.py (how records are serialized into segments and rows), sc
 tables, the connection settings, the directory lock), settle.py (acknowledging, rejecting and
 purging records, and the settled ranges read at open: the `Settlement` part of `Spool`),
 held.py (records held for a home's confirmation: `Holding`), dedup.py (the dedup window:
-`DedupWindow`), store.py (the `RecordStore` interface the drain uses) and memqueue.py (`MemoryQueue`, the same interface without durability, for
-``spool.enable=false``).
+`DedupWindow`), store.py (the `RecordStore` interface the drain uses) and memqueue.py
+(`MemoryQueue`, the same interface without durability, for ``spool.enable=false``).
 """
 
 from __future__ import annotations
