@@ -344,3 +344,23 @@ def test_held_rows_of_a_run_that_never_registers_again_are_written_after_the_idl
         assert keys == sorted(f"o{i}".encode() for i in range(12))
     finally:
         node.stop(1.0)
+
+
+def test_a_home_that_cannot_confirm_gets_the_held_records_written_as_they_are(home, node,
+                                                                             broker):
+    """A home older than TallyFailures answers UNIMPLEMENTED: the held records are written
+    as they are (never lost), the task's flush succeeds, and later reports wait for it."""
+    from spillway.sidecar.peers import HomeError
+
+    job, token, topic, _ = _register(home, [node], {})
+    run = node.sidecar.registry.get(job, "r")
+
+    def older(*_a, **_kw):
+        run.home.tally_supported = False   # what peers.Home learns from UNIMPLEMENTED
+        raise HomeError(grpc.StatusCode.UNIMPLEMENTED, "unknown method TallyFailures")
+    run.home.confirm = older
+    _report(node, job, token, _task(0), [_record(f"u{i}") for i in range(8)])
+    assert _flush(node, job, token, _task(0)) == 8
+    keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
+    assert keys == sorted(f"u{i}".encode() for i in range(8))
+    assert node.sidecar.confirmations.answer(run, _task(1), None, [], token, "") is None

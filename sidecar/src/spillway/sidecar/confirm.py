@@ -54,6 +54,7 @@ MAX_RECORDS = 16_384      # and records (peers.MAX_TALLY_RECORDS)
 # release) while their home has not answered; past it reports wait for their home as before
 MAX_HELD_IN_MEMORY = 65_536
 CALLERS = 4               # confirmation calls in flight at once (one per run)
+MAX_TASK_FAILURES = 10_000  # task failures kept for flushes that have not come yet
 _RETRY_S = (0.05, 2.0)    # backoff between failed confirmation calls, first and last
 
 
@@ -92,6 +93,9 @@ class Confirmations:
         self._cv = threading.Condition()
         self._runs: dict[str, _RunQueue] = {}
         self._tasks: dict[str, list] = {}      # flush key -> [held reports, failure reason]
+        # tasks whose held reports are all answered, one of them otherwise than the node did:
+        # for their flush (bounded: a task that never flushes ages out)
+        self._failures: collections.OrderedDict[str, list] = collections.OrderedDict()
         self._failed: set[str] = set()         # runs a confirmation found failed: no more held
         self._in_memory = 0                    # records of queued reports held in memory
         # held rows kept from before a restart, until their run registers again (`adopt`)
@@ -165,11 +169,9 @@ class Confirmations:
             while True:
                 t = self._tasks.get(tk)
                 if t is None:
-                    return
-                if t[0] <= 0:
-                    del self._tasks[tk]
-                    if t[1]:
-                        raise JobConflictError(t[1])
+                    failed = self._failures.pop(tk, None)
+                    if failed is not None:
+                        raise JobConflictError(failed[1])
                     return
                 q = self._runs.get(key)
                 if q is not None and not q.urgent:
@@ -328,6 +330,16 @@ class Confirmations:
         except Exception as exc:  # noqa: BLE001 - the reports stay queued: tried again
             if not isinstance(exc, HomeError):
                 exc = HomeError(grpc.StatusCode.INTERNAL, f"confirming with the home: {exc!r}")
+            if exc.code is grpc.StatusCode.UNIMPLEMENTED:   # a home older than TallyFailures
+                log.warning("job %r run %r: its home cannot confirm held reports (an older "
+                            "version): %d are written as they are (possibly a second copy); "
+                            "later reports wait for the home", q.job, q.run_id, len(batch))
+                with self._cv:
+                    q.inflight -= len(batch)
+                    self._cv.notify_all()
+                for item in batch:
+                    self._apply(item, None)
+                return
             with self._cv:
                 q.inflight -= len(batch)
                 ended = self._runs.get(key) is not q   # the run ended here meanwhile
@@ -399,6 +411,13 @@ class Confirmations:
                 t[0] -= 1
                 if failure and not t[1]:
                     t[1] = failure
+                if t[0] <= 0:
+                    if t[1]:   # kept for the task's flush; a task that never flushes ages out
+                        self._failures[item.tk] = self._tasks.pop(item.tk)
+                        while len(self._failures) > MAX_TASK_FAILURES:
+                            self._failures.popitem(last=False)
+                    else:
+                        del self._tasks[item.tk]
             self._cv.notify_all()
 
     def _release_orphans(self) -> None:
