@@ -364,3 +364,55 @@ def test_a_home_that_cannot_confirm_gets_the_held_records_written_as_they_are(ho
     keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
     assert keys == sorted(f"u{i}".encode() for i in range(8))
     assert node.sidecar.confirmations.answer(run, _task(1), None, [], token, "") is None
+
+
+def test_a_waiting_report_whose_node_dies_before_spooling_is_not_lost(home, broker, tmp_path,
+                                                                     monkeypatch):
+    """A report that waits for its home (a tolerance limit): the node holds copies of its data
+    errors' DLQ records under a claim before asking. Killed after the home answered but before
+    it spooled (simulated: the spool write fails and the process does nothing more), the node
+    confirms the held copies after its restart and writes them; the task's retry is answered
+    "already in the DLQ". Without the held copies that record would be counted and never
+    dead-lettered."""
+    spool = tmp_path / "guarded"
+    node = _start(broker, spool, "prov-guard")
+    job, token, topic, props = _register(home, [node], {"errors.tolerance.max.errors": "100"})
+    s = node.sidecar
+    real_submit = s.pipeline.submit
+
+    def dies(records, *, release=0, segments=None):
+        if records:
+            raise RuntimeError("killed before the spool's commit")
+        return real_submit(records, release=release, segments=segments)
+    monkeypatch.setattr(s.pipeline, "submit", dies)
+    monkeypatch.setattr(s, "_undo_dead_letters", lambda *a, **kw: None)   # no time left
+    monkeypatch.setattr(s, "_drop_guard", lambda *a, **kw: None)
+    with pytest.raises(grpc.RpcError):
+        _report(node, job, token, _task(0), [_record(f"g{i}") for i in range(6)])
+    assert s.pipeline.store.held_count() == 6
+    s.confirmations.close()
+    node.stop(0.5)
+    monkeypatch.undo()
+
+    node = _start(broker, spool, "prov-guard")
+    try:
+        reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job=job, run_id="r",
+                                                            properties=props), timeout=10,
+                                      metadata=_md(token))
+        _stub(node).RegisterJob(pb.RegisterJobRequest(
+            job=job, run_id="r", properties=props, home=reg.home,
+            home_instance_id=reg.home_instance_id), timeout=20, metadata=_md(token))
+        deadline = time.monotonic() + 20
+        while node.sidecar.pipeline.store.held_count() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert node.sidecar.pipeline.store.held_count() == 0
+        # Spark's retry of the task: already in the DLQ, not written again
+        again = _report(node, job, token, _task(1), [_record(f"g{i}") for i in range(6)])
+        assert all("already in the DLQ" in v.reason for v in again.verdicts)
+        _flush(node, job, token, _task(1))
+        node.sidecar.pipeline.force_flush(20)
+        keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
+        assert keys == sorted(f"g{i}".encode() for i in range(6))   # each once
+        assert _summary(home, job, token).total_record_errors == 6
+    finally:
+        node.stop(1.0)

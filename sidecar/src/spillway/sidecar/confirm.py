@@ -72,6 +72,15 @@ class _Held:
 
 
 @dataclass(eq=False)
+class Guard:
+    """Copies of a waiting report's DLQ records, held before its home answers (`guard`)."""
+
+    rid: int                 # the held row
+    claim: int               # sent with the report: the home keeps it with what it skips
+    item: _Held              # to confirm it later if the answer never reaches the caller
+
+
+@dataclass(eq=False)
 class _RunQueue:
     job: str
     run_id: str
@@ -141,6 +150,41 @@ class Confirmations:
         for v in verdicts:   # in the DLQ once confirmed: this copy, or the one before it
             v.dead_lettered = True
         return verdicts
+
+    def guard(self, run: Run, task_pb: pb.TaskIdentity, task, records, digests: bytes,
+              token: str | None, traceparent: str) -> Guard | None:
+        """Before a report waits for its home: copies of the DLQ records its data errors get
+        if the home skips them, held under a claim sent with the report. The home keeps the
+        claim with each record it skips, so a node killed after the home answered but before
+        it spooled confirms the held row after its restart and writes those records (the home
+        answers the claim as the first time) instead of losing them to a re-report answered
+        "already in the DLQ". None when no record could be dead-lettered this way or the
+        spool cannot hold."""
+        s = self._s
+        pipeline = s.pipeline
+        if pipeline is None or not pipeline.holds:
+            return None
+        key = run.key
+        skips = s.engine.first_seen_skips(key, records)
+        if not skips:
+            return None
+        idx = [i for i, v in enumerate(skips) if v is not None]
+        if not idx:
+            return None
+        sub = [records[i] for i in idx]
+        view = memoryview(digests)
+        report = tally.tally_report(task_pb, sub, b"".join(view[8 * i:8 * i + 8] for i in idx))
+        report.claim = secrets.randbits(64) or 1
+        build = DlqBuilder(s.engine.settings(key), task, now_ms=SystemClock().wall_ms(),
+                           sidecar_id=s.sidecar_id, run=key, run_id=run.run_id).build
+        dlq = [build(r, skips[i], traceparent) for i, r in zip(idx, sub, strict=True)]
+        rid, _ = pipeline.hold(dlq, key, report.SerializeToString())
+        return Guard(rid, report.claim, _Held(rid, key, "", report, token))
+
+    def confirm_later(self, run: Run, guard: Guard) -> None:
+        """A guarded report whose home call failed (its answer may have been committed): its
+        held copies are confirmed in the background under its claim, as after a restart."""
+        self._queue(run, guard.item)
 
     def _queue(self, run: Run, item: _Held) -> None:
         with self._cv:

@@ -153,7 +153,7 @@ class Home:
                 for v in resp.verdicts]
 
     def tally(self, job: str, run_id: str, task: pb.TaskIdentity, records, digests: bytes,
-              timeout_s: float, *, token: str | None = None) -> list | None:
+              timeout_s: float, *, token: str | None = None, claim: int = 0) -> list | None:
         """A report decided by the home from its columns (`adapters/tally.py`): (decision,
         logged, rule) per record; None from a home that predates TallyFailures (the caller
         then sends the whole report). Reports of concurrent callers go together in one call
@@ -164,6 +164,7 @@ class Home:
                 lambda items, t: self._send_tallies(job, run_id, items, t),
                 max_items=MAX_TALLY_REPORTS, max_weight=MAX_TALLY_RECORDS))
         report = tally.tally_report(task, records, digests)
+        report.claim = claim
         try:
             return group.call((report, token), weight=len(records), timeout_s=timeout_s)
         except GroupCallTimeout as exc:

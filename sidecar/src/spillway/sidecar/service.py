@@ -340,9 +340,10 @@ class Sidecar:
                         span.set_attribute("spillway.provisional", True)
                     self.telemetry.record_verdict_duration(time.perf_counter() - started)
                     return [(v, False) for v in held]
+            guard = None
             if home is not None:  # the job's home decides; durability stays on this node
-                decisions = tallying.decide_at_home(self, run, request, task, records,
-                                                       timeout_s, token)
+                decisions, guard = tallying.decide_at_home(self, run, request, task, records,
+                                                           timeout_s, token, _traceparent(span))
             else:
                 decisions = self.engine.decide(key, task, records, journal=journal)
             verdicts = [d.verdict for d in decisions]
@@ -363,16 +364,19 @@ class Sidecar:
                 dlq = [build(records[i], verdicts[i], own) for i in to_dlq]
                 with tracer.start_as_current_span(
                         "spillway.spool", attributes={"spillway.records": len(dlq)}):
-                    try:
-                        self.pipeline.submit(dlq)  # durable (spooled) before we answer
+                    try:   # durable (spooled) before we answer; held copies go with it
+                        self.pipeline.submit(dlq, release=guard.rid if guard else 0)
                     except BaseException:
                         # nothing spooled: the home must not answer a re-report "already in
                         # the DLQ" (one dead letter per record id), so it forgets these
                         self._undo_dead_letters(run, request,
                                                 [records[i].record_id for i in to_dlq], token)
+                        self._drop_guard(guard)
                         raise
                 for i in to_dlq:  # fresh values from this call's decisions: marked in place
                     verdicts[i].dead_lettered = True
+            elif guard is not None:   # nothing to write: the held copies go
+                self._drop_guard(guard)
             self.persist(key, journal)
         self.telemetry.record_verdict_duration(time.perf_counter() - started)
         return [(v, False) for v in verdicts]
@@ -381,6 +385,16 @@ class Sidecar:
               caller: Caller | None = None) -> list[list]:
         """TallyFailures, at a run's home (tallying.py)."""
         return tallying.tally(self, request, reports, token=token, caller=caller)
+
+    def _drop_guard(self, guard) -> None:
+        """Discard a guard's held copies (a failure here leaves them held: confirmed again
+        after a restart, a possible duplicate, never a loss)."""
+        if guard is None:
+            return
+        try:
+            self.pipeline.submit((), release=guard.rid)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not discard held DLQ row %d: %s", guard.rid, exc)
 
     def _undo_dead_letters(self, run: Run, request: pb.ReportFailuresRequest,
                            record_ids: list[str], token: str | None) -> None:

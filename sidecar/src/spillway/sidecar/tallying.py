@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import grpc
 from spillway.v1 import sidecar_pb2 as pb
 
 from . import security
@@ -18,25 +19,48 @@ from .errors import JobAccessError, JobConflictError
 from .registry import Caller, Run
 
 if TYPE_CHECKING:
+    from .confirm import Guard
     from .service import Sidecar
 
 
+# a call to the home that failed so that it may have been decided there all the same
+_UNSURE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                     grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+                     grpc.StatusCode.INTERNAL})
+
+
 def decide_at_home(s: Sidecar, run: Run, request: pb.ReportFailuresRequest, task, records,
-                   timeout_s: float, token: str | None) -> list[Decision]:
+                   timeout_s: float, token: str | None, traceparent: str = ""
+                   ) -> tuple[list[Decision], Guard | None]:
     """A report of a run homed elsewhere, decided by its home: as columns (ids, payload
     digests, each way of failing once; reports arriving while one is in flight go together in
     the next call) when the run's handler is a built-in one; else, or to a home that predates
-    it, the whole report (ReportFailures.decide_only)."""
+    it, the whole report (ReportFailures.decide_only). With columns, copies of the DLQ records
+    its data errors would get are held first under a claim the home keeps (`Guard`): the
+    caller releases the records the home answered into the spool (`release=guard.rid`)."""
     home, key, engine = run.home, run.key, s.engine
     if (home.tally_supported and engine.builtin_handler(key)
             and not request.recovered_record_ids):
         digests = engine.payload_digests(key, records)
-        outcomes = home.tally(request.job, request.run_id, request.task, records, digests,
-                              timeout_s, token=token)
+        guard = (s.confirmations.guard(run, request.task, task, records, digests, token,
+                                       traceparent)
+                 if s.confirmations is not None else None)
+        try:
+            outcomes = home.tally(request.job, request.run_id, request.task, records, digests,
+                                  timeout_s, token=token, claim=guard.claim if guard else 0)
+        except BaseException as exc:
+            if guard is not None:
+                if getattr(exc, "code", None) in _UNSURE:   # it may have been answered:
+                    s.confirmations.confirm_later(run, guard)   # asked again later
+                else:   # refused before anything was decided
+                    s._drop_guard(guard)
+            raise
         if outcomes is not None:
             engine.write_logs(key, task, records, outcomes)
-            return [o[0] for o in outcomes]
-    return home.report(request, timeout_s, token=token, records=records)
+            return [o[0] for o in outcomes], guard
+        if guard is not None:   # an older home: the whole report goes, nothing was claimed
+            s._drop_guard(guard)
+    return home.report(request, timeout_s, token=token, records=records), None
 
 
 def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,

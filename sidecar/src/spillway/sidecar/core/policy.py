@@ -40,7 +40,7 @@ from .model import (
     Verdict,
 )
 from .ports import Clock, ErrorLogger, RandomSource
-from .provisional import provisional_verdicts
+from .provisional import first_seen_skips, provisional_verdicts
 from .runs import Group, Span, decide_groups
 from .settings import JobSettings, job_settings
 from .tolerance import record_key
@@ -207,6 +207,12 @@ class PolicyEngine:
         """The verdicts a node may answer before its run's home confirms them, or None
         (`provisional.provisional_verdicts`)."""
         return provisional_verdicts(self._job(job), records)
+
+    def first_seen_skips(self, job: str, records: Sequence[FailedRecord]
+                         ) -> list[Verdict | None] | None:
+        """Per record, its home's answer if it is a data error met first within the limits
+        (`provisional.first_seen_skips`)."""
+        return first_seen_skips(self._job(job), records)
 
     def builtin_handler(self, job: str) -> bool:
         """Whether the run's KIP-1033 handler is a built-in one, whose answer needs no record:

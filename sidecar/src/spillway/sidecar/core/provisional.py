@@ -25,26 +25,41 @@ def provisional_verdicts(j: JobState, records: Sequence[FailedRecord]) -> list[V
     otherwise: an error that is not a data error (retried, or failing the task or the job),
     a user handler or a tolerance limit (either may fail the run), no DLQ topic, or a run
     already failed."""
+    if not records or j.failure_reason or not runs_allowed(j):
+        return None
+    out = first_seen_skips(j, records, every=True)
+    return out if out is not None and len(out) == len(records) else None
+
+
+def first_seen_skips(j: JobState, records: Sequence[FailedRecord], *, every: bool = False
+                     ) -> list[Verdict | None] | None:
+    """Per record, the verdict its home gives a data error it meets first within the run's
+    limits (SKIP, dead-lettered), or None for a record that is not a data error; None for the
+    whole report when the run has no DLQ topic (or, with `every`, as soon as one record is not
+    a data error). What a node holds a copy of before its home answers (`confirm.py`)."""
     s = j.settings
-    if not records or j.failure_reason or not s.dlq.enabled or not runs_allowed(j):
+    if not s.dlq.enabled:
         return None
     classify = j.classifier.classify
     where = f"skipped, dead-lettered to {s.dlq.topic}: "
-    out: list[Verdict] = []
+    out: list[Verdict | None] = []
     append = out.append
     last_exc: object = None
-    reason = ""
+    reason: str | None = None
     skip, data = Action.SKIP, Category.DATA
     for r in records:
         exc = r.exception
         if exc is not last_exc:   # records failing the same way share one exception value
             cls = classify(exc)
             if cls.category is not data:
-                return None
-            reason = f"{where}{describe(r)} [{cls.describe()}]; {_DATA_WHY}"
+                if every:
+                    return None
+                reason = None
+            else:
+                reason = f"{where}{describe(r)} [{cls.describe()}]; {_DATA_WHY}"
             last_exc = exc
-        append(Verdict(r.record_id, skip, data, reason, 1))
+        append(Verdict(r.record_id, skip, data, reason, 1) if reason is not None else None)
     return out
 
 
-__all__ = ["provisional_verdicts"]
+__all__ = ["first_seen_skips", "provisional_verdicts"]
