@@ -453,8 +453,9 @@ def _provisional_reading(prov: _Figs, sync: _Figs, n: int) -> str:
     return (f"Provisional verdicts ({n} nodes, same run, alternated): the home spends "
             f"{fmt(ph)} µs per record where it spent {fmt(sh)} µs with each report waiting for "
             f"it ({ph / sh:.2f}x: held reports go to it many a call); a node {fmt(pn)} µs "
-            f"against {fmt(sn)} ({pn / sn:.2f}x: a held row written, then released); a client "
-            f"{fmt(pc)} against {fmt(sc)} µs.")
+            f"against {fmt(sn)} ({pn / sn:.2f}x; both hold each report's DLQ records before "
+            f"the home answers, and release them after); a client {fmt(pc)} against "
+            f"{fmt(sc)} µs.")
 
 
 def _per_call_reading(call_us: Figure, sat_us: Figure, big_us: Figure) -> str:
