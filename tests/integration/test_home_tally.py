@@ -13,6 +13,7 @@ import pytest
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from support.creds import peer_md
+from support.records import json_error
 
 pytestmark = pytest.mark.integration
 
@@ -61,11 +62,7 @@ def _md(token):
     return [("spillway-job-token", token)]
 
 
-def _exc(cls="json.decoder.JSONDecodeError", msg="Expecting value", **hints):
-    return pb.ExceptionInfo(class_name=cls, class_chain=[cls, "builtins.ValueError",
-                                                         "builtins.Exception"],
-                            message=msg, stack_trace=f'File "app.py", line 3\n{cls}: {msg}',
-                            **hints)
+_exc = json_error
 
 
 def _record(rid, value, exc, offset=0):

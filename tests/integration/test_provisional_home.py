@@ -18,6 +18,7 @@ from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from support.creds import peer_md
 from support.kafka import read_all
+from support.records import json_error
 
 pytestmark = pytest.mark.integration
 
@@ -53,11 +54,7 @@ def _md(token):
     return [("spillway-job-token", token)]
 
 
-def _exc(cls="json.decoder.JSONDecodeError", msg="Expecting value", **hints):
-    return pb.ExceptionInfo(class_name=cls, class_chain=[cls, "builtins.ValueError",
-                                                         "builtins.Exception"],
-                            message=msg, stack_trace=f'File "app.py", line 3\n{cls}: {msg}',
-                            **hints)
+_exc = json_error
 
 
 def _record(rid, value=b"{bad", exc=None):
@@ -99,6 +96,23 @@ def _flush(s, job, token, task, timeout=30):
 def _summary(home, job, token):
     return _stub(home).GetJobSummary(pb.GetJobSummaryRequest(job=job, run_id="r"), timeout=10,
                                      metadata=_md(token))
+
+
+def _register_again(home, node, job, token, props):
+    """After a node's restart: the run registered again at its home and at the node (as an
+    executor does on NOT_FOUND); returns once the node holds nothing (or 20 s passed)."""
+    reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job=job, run_id="r", properties=props),
+                                  timeout=10, metadata=_md(token))
+    _stub(node).RegisterJob(pb.RegisterJobRequest(
+        job=job, run_id="r", properties=props, home=reg.home,
+        home_instance_id=reg.home_instance_id), timeout=20, metadata=_md(token))
+    _until_nothing_held(node)
+
+
+def _until_nothing_held(node, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while node.sidecar.pipeline.store.held_count() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 class _Gate:
@@ -239,16 +253,7 @@ def test_a_node_restarted_mid_confirmation_writes_each_record_once(home, broker,
     node = _start(broker, spool, "prov-restart")
     try:
         assert node.sidecar.pipeline.store.held_count() == 40
-        reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job=job, run_id="r",
-                                                            properties=props), timeout=10,
-                                      metadata=_md(token))
-        _stub(node).RegisterJob(pb.RegisterJobRequest(
-            job=job, run_id="r", properties=props, home=reg.home,
-            home_instance_id=reg.home_instance_id), timeout=20, metadata=_md(token))
-        deadline = time.monotonic() + 20
-        while node.sidecar.pipeline.store.held_count() and \
-                time.monotonic() < deadline:
-            time.sleep(0.05)
+        _register_again(home, node, job, token, props)
         assert node.sidecar.pipeline.store.held_count() == 0
         node.sidecar.pipeline.force_flush(20)
         keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
@@ -308,9 +313,7 @@ def test_a_run_expiring_on_a_node_writes_what_it_still_holds(home, node, broker)
     ending.release(node.sidecar, run, time.monotonic(), expired=True)
     gate.open.set()
     node.sidecar.pipeline.force_flush(20)
-    deadline = time.monotonic() + 20
-    while node.sidecar.pipeline.store.held_count() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _until_nothing_held(node)
     assert node.sidecar.pipeline.store.held_count() == 0
     keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
     assert keys == sorted([f"i{i}".encode() for i in range(10)]
@@ -335,9 +338,7 @@ def test_held_rows_of_a_run_that_never_registers_again_are_written_after_the_idl
         "home.allowed.addresses": "127.0.0.0/8", "job.idle.timeout.ms": "1000"})
     try:
         assert node.sidecar.pipeline.store.held_count() == 12
-        deadline = time.monotonic() + 20   # nobody registers the run here again
-        while node.sidecar.pipeline.store.held_count() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _until_nothing_held(node)   # nobody registers the run here again
         assert node.sidecar.pipeline.store.held_count() == 0
         node.sidecar.pipeline.force_flush(20)
         keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
@@ -396,15 +397,7 @@ def test_a_waiting_report_whose_node_dies_before_spooling_is_not_lost(home, brok
 
     node = _start(broker, spool, "prov-guard")
     try:
-        reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job=job, run_id="r",
-                                                            properties=props), timeout=10,
-                                      metadata=_md(token))
-        _stub(node).RegisterJob(pb.RegisterJobRequest(
-            job=job, run_id="r", properties=props, home=reg.home,
-            home_instance_id=reg.home_instance_id), timeout=20, metadata=_md(token))
-        deadline = time.monotonic() + 20
-        while node.sidecar.pipeline.store.held_count() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _register_again(home, node, job, token, props)
         assert node.sidecar.pipeline.store.held_count() == 0
         # Spark's retry of the task: already in the DLQ, not written again
         again = _report(node, job, token, _task(1), [_record(f"g{i}") for i in range(6)])

@@ -12,3 +12,12 @@ def value_errors(*ids: str) -> list[pb.FailedRecord]:
         key=rid.encode(), value=b"value of " + rid.encode(),
         exception=pb.ExceptionInfo(class_name="builtins.ValueError", message="bad",
                                    class_chain=["builtins.ValueError"])) for rid in ids]
+
+
+def json_error(cls: str = "json.decoder.JSONDecodeError", msg: str = "Expecting value",
+               **hints) -> pb.ExceptionInfo:
+    """A data error as a Python executor reports it (class chain, message, a stack trace)."""
+    return pb.ExceptionInfo(class_name=cls, class_chain=[cls, "builtins.ValueError",
+                                                         "builtins.Exception"],
+                            message=msg, stack_trace=f'File "app.py", line 3\n{cls}: {msg}',
+                            **hints)
