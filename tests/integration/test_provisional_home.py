@@ -409,3 +409,28 @@ def test_a_waiting_report_whose_node_dies_before_spooling_is_not_lost(home, brok
         assert _summary(home, job, token).total_record_errors == 6
     finally:
         node.stop(1.0)
+
+
+def test_an_unreachable_home_is_asked_again_with_backoff_and_the_flush_says_why(home, node):
+    """The home does not answer: the held reports stay held, calls back off (even with a full
+    call's worth queued), and the task's flush times out naming the home's last error."""
+    from spillway.sidecar.peers import HomeError
+
+    job, token, _topic, _ = _register(home, [node], {})
+    run = node.sidecar.registry.get(job, "r")
+    calls = []
+
+    def down(*_a, **_kw):
+        calls.append(time.monotonic())
+        raise HomeError(grpc.StatusCode.UNAVAILABLE, "home 10.0.0.9:50051 unreachable")
+    run.home.confirm = down
+    for n in range(2):   # 20,000 records: more than one call carries
+        _report(node, job, token, _task(n), [_record(f"d{n}-{i}") for i in range(10_000)])
+    time.sleep(1.5)
+    assert 1 <= len(calls) <= 8, len(calls)    # 0.1, 0.2, 0.4, 0.8 s apart, not a busy loop
+    with pytest.raises(grpc.RpcError) as late:
+        _flush(node, job, token, _task(0), timeout=2.0)
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "not confirmed by the run's home" in late.value.details()
+    assert "home 10.0.0.9:50051 unreachable" in late.value.details()
+    assert node.sidecar.pipeline.store.held_count() == 20_000

@@ -302,9 +302,10 @@ class Confirmations:
                     # a call goes when it is full, a flush waits, or its first report has
                     # lingered long enough for others to share it (after a failed call: its
                     # backoff)
-                    at = max(q.retry_at, q.queue[0].at + self._linger_s)
-                    if q.records >= MAX_RECORDS or (q.urgent and q.retry_at <= now):
+                    at = q.queue[0].at + self._linger_s
+                    if q.records >= MAX_RECORDS or q.urgent:
                         at = now
+                    at = max(at, q.retry_at)
                     if at <= now:
                         q.dispatched = True
                         ready.append((k, q))
