@@ -6,8 +6,9 @@ the background, many reports a call.
 - `Confirmations.answer` (the report's path): the verdicts the home gives records it meets
   first (`core/provisional.py`), or None when the report needs the home's answer now; the held
   row carries the report's tally (ids, payload digests, groups) and a random 64-bit *claim*.
-- The confirmer thread sends each run's held reports to its home (TallyFailures, the claim in
-  each report) and applies the answers: records the home calls new are released to Kafka
+- The confirmer sends each run's held reports to its home (TallyFailures, the claim in each
+  report; a call lingers for others, one in flight per run, a few runs at once) and applies
+  the answers: records the home calls new are released to Kafka
   (`DlqPipeline.submit(..., release=)`, one transaction with the held row's delete), the rest
   dropped; the error log lines are written then. Asked again with the same claim (a node
   killed between the home's answer and the release), the home answers as the first time, so the
@@ -15,6 +16,9 @@ the background, many reports a call.
 - The flush barrier (`wait_task`) waits for a task's held reports to be confirmed, and fails
   the task when the home answered one of its records otherwise than SKIP (the run failed
   meanwhile): the task learns it at its flush instead of at its report.
+- `Confirmations.guard` (a report that waits for its home): copies of its data errors' DLQ
+  records held under the claim sent with it, released with the answer's records, so that a node
+  killed between the home's answer and its spool does not lose them.
 - After a restart, a run's held rows are confirmed again once the run registers here again
   (`adopt`, with its token: tokens are never on disk). Rows of runs that do not come back
   within ``job.idle.timeout.ms`` are released as they are: a possible duplicate, never a loss.
