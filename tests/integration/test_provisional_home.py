@@ -411,9 +411,23 @@ def test_a_waiting_report_whose_node_dies_before_spooling_is_not_lost(home, brok
         node.stop(1.0)
 
 
-def test_an_unreachable_home_is_asked_again_with_backoff_and_the_flush_says_why(home, node):
+def test_an_unreachable_home_is_asked_again_with_backoff_and_the_flush_says_why(home, broker,
+                                                                              tmp_path):
     """The home does not answer: the held reports stay held, calls back off (even with a full
     call's worth queued), and the task's flush times out naming the home's last error."""
+    from spillway.sidecar.server import start_server
+
+    node = start_server({   # flush.timeout.ms: the sidecar's own deadline, not the caller's
+        "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
+        "spool.dir": str(tmp_path / "down"), "sidecar.id": "prov-down",
+        "home.allowed.addresses": "127.0.0.0/8", "flush.timeout.ms": "1500"})
+    try:
+        _home_down(home, node)
+    finally:
+        node.stop(1.0)
+
+
+def _home_down(home, node):
     from spillway.sidecar.peers import HomeError
 
     job, token, _topic, _ = _register(home, [node], {})
@@ -428,8 +442,9 @@ def test_an_unreachable_home_is_asked_again_with_backoff_and_the_flush_says_why(
         _report(node, job, token, _task(n), [_record(f"d{n}-{i}") for i in range(10_000)])
     time.sleep(1.5)
     assert 1 <= len(calls) <= 8, len(calls)    # 0.1, 0.2, 0.4, 0.8 s apart, not a busy loop
-    with pytest.raises(grpc.RpcError) as late:
-        _flush(node, job, token, _task(0), timeout=2.0)
+    with pytest.raises(grpc.RpcError) as late:   # no deadline of the caller's: the sidecar's
+        _stub(node).FlushTask(pb.FlushTaskRequest(job=job, run_id="r", task=_task(0)),
+                              metadata=_md(token))
     assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "not confirmed by the run's home" in late.value.details()
     assert "home 10.0.0.9:50051 unreachable" in late.value.details()

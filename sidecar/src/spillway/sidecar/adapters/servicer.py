@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ErrorSidecar"].full_name
 # Flush barriers answer a little before the caller's deadline so the caller sees our error.
 _DEADLINE_MARGIN_S = 0.05
+_NO_DEADLINE_S = 1e8   # a time_remaining() beyond this (years) is no deadline at all
 
 
 # How the sidecar's typed errors answer over gRPC: the first row whose type matches wins (a
@@ -154,9 +155,13 @@ def _caller() -> security.Caller:
 
 
 def _timeout(context, default: float = 15.0) -> float:
-    """What is left of the caller's deadline, less a margin so the caller sees our answer."""
+    """What is left of the caller's deadline, less a margin so the caller sees our answer;
+    `default` when the caller set none (grpc then answers ~9.2e18 s, not None: a FlushTask
+    without a deadline waited for ever instead of flush.timeout.ms)."""
     remaining = context.time_remaining()
-    return default if remaining is None else max(0.0, remaining - _DEADLINE_MARGIN_S)
+    if remaining is None or remaining > _NO_DEADLINE_S:
+        return default
+    return max(0.0, remaining - _DEADLINE_MARGIN_S)
 
 
 __all__ = ["ErrorSidecarServicer", "SERVICE_NAME"]
