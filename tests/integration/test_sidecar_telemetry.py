@@ -155,6 +155,9 @@ def test_prometheus_endpoint_shows_kip_counters_per_job_and_stage(observed, topi
     assert 'task="' not in body  # no per-partition series unless asked for
     assert re.search(r"^spillway_dlq_produce_requests_total(\{[^}]*\})? [1-9]", body, re.M)
     assert re.search(r"^spillway_spool_records(\{[^}]*\})? ", body, re.M)
+    # provisional verdicts' series, at zero on a sidecar that is every run's home
+    assert re.search(r"^spillway_dlq_held(\{[^}]*\})? 0", body, re.M)
+    assert re.search(r"^spillway_home_confirm_calls_total(\{[^}]*\})? 0", body, re.M)
     assert re.search(r"^spillway_verdict_duration_seconds_count [1-9]", body, re.M)
     # the buckets are in seconds: a verdict of this sidecar (decide + spool) takes well under
     # a second, so it is counted below the 1 s boundary (the old ms buckets put all in "5")

@@ -76,6 +76,18 @@ METRICS: dict[str, tuple[str, str, str, str]] = {
     "retry-budget-exhausted": ("spillway.retry_budget.exhausted", "counter", "{retry}",
                                "retries a job's retry budget deferred (the record still "
                                "retries, later) or refused past the record's retry timeout"),
+    "held-records": ("spillway.dlq.held", "gauge", "{record}",
+                     "DLQ records held for their run's home to confirm (provisional "
+                     "verdicts, guarded reports)"),
+    "held-reports-confirmed": ("spillway.home.confirmed", "counter", "{report}",
+                               "held reports their run's home answered"),
+    "home-confirm-calls": ("spillway.home.confirm.calls", "counter", "{call}",
+                           "calls that confirmed held reports with a run's home (several "
+                           "reports a call)"),
+    "held-records-released": ("spillway.dlq.held.released", "counter", "{record}",
+                              "held records the home called new: produced"),
+    "held-records-dropped": ("spillway.dlq.held.dropped", "counter", "{record}",
+                             "held records already in the DLQ through another copy: dropped"),
     "jobs": ("spillway.jobs", "gauge", "{job}", "job runs registered (live) on this sidecar"),
     "jobs-failed": ("spillway.jobs.failed", "gauge", "{job}",
                     "live job runs whose tolerance was exceeded"),
