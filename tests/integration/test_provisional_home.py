@@ -387,7 +387,7 @@ def test_a_waiting_report_whose_node_dies_before_spooling_is_not_lost(home, brok
         return real_submit(records, release=release, segments=segments)
     monkeypatch.setattr(s.pipeline, "submit", dies)
     monkeypatch.setattr(s, "_undo_dead_letters", lambda *a, **kw: None)   # no time left
-    monkeypatch.setattr(s, "_drop_guard", lambda *a, **kw: None)
+    monkeypatch.setattr(s.confirmations, "drop", lambda *a, **kw: None)
     with pytest.raises(grpc.RpcError):
         _report(node, job, token, _task(0), [_record(f"g{i}") for i in range(6)])
     assert s.pipeline.store.held_count() == 6

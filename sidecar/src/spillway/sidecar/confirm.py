@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import grpc
@@ -63,7 +63,9 @@ _RETRY_S = (0.05, 2.0)    # backoff between failed confirmation calls, first and
 
 
 @dataclass(eq=False)
-class _Held:
+class Held:
+    """One held report: its row in the spool and what confirming it takes."""
+
     rid: int                     # the held row
     key: str                     # its run
     tk: str                      # its task's flush key
@@ -73,15 +75,6 @@ class _Held:
     dlq: list | None = None      # the held DLQ records (None: read back from the spool)
     segments: list | None = None
     at: float = field(default_factory=time.monotonic)   # when it was queued
-
-
-@dataclass(eq=False)
-class Guard:
-    """Copies of a waiting report's DLQ records, held before its home answers (`guard`)."""
-
-    rid: int                 # the held row
-    claim: int               # sent with the report: the home keeps it with what it skips
-    item: _Held              # to confirm it later if the answer never reaches the caller
 
 
 @dataclass(eq=False)
@@ -143,20 +136,15 @@ class Confirmations:
         verdicts = s.engine.provisional(key, records)
         if verdicts is None:
             return None
-        report = tally.tally_report(task_pb, records, s.engine.payload_digests(key, records))
-        report.claim = secrets.randbits(64) or 1
-        build = DlqBuilder(s.engine.settings(key), task, now_ms=SystemClock().wall_ms(),
-                           sidecar_id=s.sidecar_id, run=key, run_id=run.run_id).build
-        dlq = [build(r, v, traceparent) for r, v in zip(records, verdicts, strict=True)]
-        rid, segments = pipeline.hold(dlq, key, report.SerializeToString())
-        tk = task_key(key, task)
-        self._queue(run, _Held(rid, key, tk, report, token, records, dlq, segments))
+        self._queue(run, self._hold(run, task_pb, task, records, verdicts,
+                                    s.engine.payload_digests(key, records), token, traceparent,
+                                    task_key(key, task)))
         for v in verdicts:   # in the DLQ once confirmed: this copy, or the one before it
             v.dead_lettered = True
         return verdicts
 
     def guard(self, run: Run, task_pb: pb.TaskIdentity, task, records, digests: bytes,
-              token: str | None, traceparent: str) -> Guard | None:
+              token: str | None, traceparent: str) -> Held | None:
         """Before a report waits for its home: copies of the DLQ records its data errors get
         if the home skips them, held under a claim sent with the report. The home keeps the
         claim with each record it skips, so a node killed after the home answered but before
@@ -175,22 +163,38 @@ class Confirmations:
         idx = [i for i, v in enumerate(skips) if v is not None]
         if not idx:
             return None
-        sub = [records[i] for i in idx]
         view = memoryview(digests)
-        report = tally.tally_report(task_pb, sub, b"".join(view[8 * i:8 * i + 8] for i in idx))
+        return self._hold(run, task_pb, task, [records[i] for i in idx], [skips[i] for i in idx],
+                          b"".join(view[8 * i:8 * i + 8] for i in idx), token, traceparent, "")
+
+    def _hold(self, run: Run, task_pb: pb.TaskIdentity, task, records, verdicts,
+              digests: bytes, token: str | None, traceparent: str, tk: str) -> Held:
+        """`records`' DLQ records, built from `verdicts`, held in the spool as one row with
+        their tally under a fresh claim (BackpressureError past the spool's bounds)."""
+        s, key = self._s, run.key
+        report = tally.tally_report(task_pb, records, digests)
         report.claim = secrets.randbits(64) or 1
         build = DlqBuilder(s.engine.settings(key), task, now_ms=SystemClock().wall_ms(),
                            sidecar_id=s.sidecar_id, run=key, run_id=run.run_id).build
-        dlq = [build(r, skips[i], traceparent) for i, r in zip(idx, sub, strict=True)]
-        rid, _ = pipeline.hold(dlq, key, report.SerializeToString())
-        return Guard(rid, report.claim, _Held(rid, key, "", report, token))
+        dlq = [build(r, v, traceparent) for r, v in zip(records, verdicts, strict=True)]
+        rid, segments = s.pipeline.hold(dlq, key, report.SerializeToString())
+        return Held(rid, key, tk, report, token, records, dlq, segments)
 
-    def confirm_later(self, run: Run, guard: Guard) -> None:
+    def confirm_later(self, run: Run, guard: Held) -> None:
         """A guarded report whose home call failed (its answer may have been committed): its
-        held copies are confirmed in the background under its claim, as after a restart."""
-        self._queue(run, guard.item)
+        held copies are confirmed in the background under its claim, as after a restart (read
+        back from the spool then, so that a home down for long costs no memory)."""
+        self._queue(run, replace(guard, records=None, dlq=None, segments=None))
 
-    def _queue(self, run: Run, item: _Held) -> None:
+    def drop(self, guard: Held) -> None:
+        """Discard a guard's held copies (a failure here leaves them held: confirmed again
+        after a restart, a possible duplicate, never a loss)."""
+        try:
+            self._s.pipeline.submit((), release=guard.rid)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not discard held DLQ row %d: %s", guard.rid, exc)
+
+    def _queue(self, run: Run, item: Held) -> None:
         with self._cv:
             q = self._runs.get(item.key)
             if q is None:
@@ -286,7 +290,7 @@ class Confirmations:
                 self._orphans.discard(rid)
             report = pb.TallyReport.FromString(meta)
             task = convert.task_identity(report.task)
-            self._queue(run, _Held(rid, key, task_key(key, task), report, token))
+            self._queue(run, Held(rid, key, task_key(key, task), report, token))
             n += 1
         if n:
             log.info("job %r run %r: %d held report(s) kept from before a restart are "
@@ -339,7 +343,7 @@ class Confirmations:
 
     def _confirm(self, key: str, q: _RunQueue) -> None:
         with self._cv:
-            batch: list[_Held] = []
+            batch: list[Held] = []
             weight = 0
             while q.queue and len(batch) < MAX_REPORTS:
                 n = len(q.queue[0].report.record_ids)
@@ -417,7 +421,7 @@ class Confirmations:
                 q.inflight -= len(batch)
                 self._cv.notify_all()
 
-    def _apply(self, item: _Held, outcomes: list | None) -> None:
+    def _apply(self, item: Held, outcomes: list | None) -> None:
         """Release the records the home called new (None: all of them) and drop the rest; log;
         settle the task's count (and its failure, if the home answered otherwise)."""
         s = self._s
@@ -489,7 +493,7 @@ class Confirmations:
             log.warning("run %s did not register again within job.idle.timeout.ms: its %d held "
                         "DLQ record(s) are written unconfirmed (possibly a second copy)", key,
                         len(report.record_ids))
-            self._apply(_Held(rid, key, "", report), None)
+            self._apply(Held(rid, key, "", report), None)
 
     def close(self) -> None:
         with self._cv:

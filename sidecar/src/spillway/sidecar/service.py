@@ -329,11 +329,13 @@ class Sidecar:
             # are spooled (a refused report leaves none behind), or at once for a peer's
             # decide_only report (the peer spools, and says so if it could not)
             journal: list | None = [] if self.runstate is not None else None
+            # A record reported without a trace context still gets one: the decision's
+            # (made here once for a run homed elsewhere, whose records may be held first).
+            own = _traceparent(span) if home is not None else ""
             if home is not None and self.confirmations is not None \
                     and not request.recovered_record_ids:
                 # answered now, its DLQ records held until the home confirms them
-                held = self.confirmations.answer(run, request.task, task, records, token,
-                                                 _traceparent(span))
+                held = self.confirmations.answer(run, request.task, task, records, token, own)
                 if held is not None:
                     if span.is_recording():
                         _annotate(span, held)
@@ -343,7 +345,7 @@ class Sidecar:
             guard = None
             if home is not None:  # the job's home decides; durability stays on this node
                 decisions, guard = tallying.decide_at_home(self, run, request, task, records,
-                                                           timeout_s, token, _traceparent(span))
+                                                           timeout_s, token, own)
             else:
                 decisions = self.engine.decide(key, task, records, journal=journal)
             verdicts = [d.verdict for d in decisions]
@@ -354,8 +356,7 @@ class Sidecar:
                 _annotate(span, verdicts)
             to_dlq = [i for i, d in enumerate(decisions) if d.dead_letter]
             if to_dlq:
-                # A record reported without a trace context still gets one: the decision's.
-                own = _traceparent(span)
+                own = own or _traceparent(span)
                 settings = self.engine.settings(key)
                 now_ms = SystemClock().wall_ms()
                 build = DlqBuilder(settings, task, now_ms=now_ms,
@@ -371,12 +372,13 @@ class Sidecar:
                         # the DLQ" (one dead letter per record id), so it forgets these
                         self._undo_dead_letters(run, request,
                                                 [records[i].record_id for i in to_dlq], token)
-                        self._drop_guard(guard)
+                        if guard is not None:
+                            self.confirmations.drop(guard)
                         raise
                 for i in to_dlq:  # fresh values from this call's decisions: marked in place
                     verdicts[i].dead_lettered = True
             elif guard is not None:   # nothing to write: the held copies go
-                self._drop_guard(guard)
+                self.confirmations.drop(guard)
             self.persist(key, journal)
         self.telemetry.record_verdict_duration(time.perf_counter() - started)
         return [(v, False) for v in verdicts]
@@ -385,16 +387,6 @@ class Sidecar:
               caller: Caller | None = None) -> list[list]:
         """TallyFailures, at a run's home (tallying.py)."""
         return tallying.tally(self, request, reports, token=token, caller=caller)
-
-    def _drop_guard(self, guard) -> None:
-        """Discard a guard's held copies (a failure here leaves them held: confirmed again
-        after a restart, a possible duplicate, never a loss)."""
-        if guard is None:
-            return
-        try:
-            self.pipeline.submit((), release=guard.rid)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("could not discard held DLQ row %d: %s", guard.rid, exc)
 
     def _undo_dead_letters(self, run: Run, request: pb.ReportFailuresRequest,
                            record_ids: list[str], token: str | None) -> None:

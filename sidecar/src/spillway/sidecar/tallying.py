@@ -19,7 +19,7 @@ from .errors import JobAccessError, JobConflictError
 from .registry import Caller, Run
 
 if TYPE_CHECKING:
-    from .confirm import Guard
+    from .confirm import Held
     from .service import Sidecar
 
 
@@ -31,12 +31,13 @@ _UNSURE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEE
 
 def decide_at_home(s: Sidecar, run: Run, request: pb.ReportFailuresRequest, task, records,
                    timeout_s: float, token: str | None, traceparent: str = ""
-                   ) -> tuple[list[Decision], Guard | None]:
+                   ) -> tuple[list[Decision], Held | None]:
     """A report of a run homed elsewhere, decided by its home: as columns (ids, payload
     digests, each way of failing once; reports arriving while one is in flight go together in
     the next call) when the run's handler is a built-in one; else, or to a home that predates
     it, the whole report (ReportFailures.decide_only). With columns, copies of the DLQ records
-    its data errors would get are held first under a claim the home keeps (`Guard`): the
+    its data errors would get are held first under a claim the home keeps (a guard,
+    `Confirmations.guard`): the
     caller releases the records the home answered into the spool (`release=guard.rid`)."""
     home, key, engine = run.home, run.key, s.engine
     if (home.tally_supported and engine.builtin_handler(key)
@@ -47,19 +48,19 @@ def decide_at_home(s: Sidecar, run: Run, request: pb.ReportFailuresRequest, task
                  if s.confirmations is not None else None)
         try:
             outcomes = home.tally(request.job, request.run_id, request.task, records, digests,
-                                  timeout_s, token=token, claim=guard.claim if guard else 0)
+                                  timeout_s, token=token, claim=guard.report.claim if guard else 0)
         except BaseException as exc:
             if guard is not None:
                 if getattr(exc, "code", None) in _UNSURE:   # it may have been answered:
                     s.confirmations.confirm_later(run, guard)   # asked again later
                 else:   # refused before anything was decided
-                    s._drop_guard(guard)
+                    s.confirmations.drop(guard)
             raise
         if outcomes is not None:
             engine.write_logs(key, task, records, outcomes)
             return [o[0] for o in outcomes], guard
         if guard is not None:   # an older home: the whole report goes, nothing was claimed
-            s._drop_guard(guard)
+            s.confirmations.drop(guard)
     return home.report(request, timeout_s, token=token, records=records), None
 
 

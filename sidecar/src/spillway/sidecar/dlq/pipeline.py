@@ -266,13 +266,12 @@ class DlqPipeline(Drain):
     def hold(self, records: Sequence[DlqRecord], run: str, meta: bytes) -> tuple[int, list]:
         """Hold `records` in the spool until `submit(..., release=...)` (`held.py`); returns
         the held row's id and the records' segments. BackpressureError past the bounds."""
-        store = self._store
-        if not isinstance(store, Spool):
+        if not self.holds:
             raise DlqError("records can be held only in a durable spool (spool.enable=true)")
         if self._closing:
             raise DlqError("the DLQ pipeline is shutting down and accepts no more records")
         try:
-            return store.hold(records, run, meta)
+            return self._store.hold(records, run, meta)
         except BackpressureError:
             self._c_backpressure += 1
             raise
