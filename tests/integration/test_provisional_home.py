@@ -9,127 +9,47 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import grpc
 import pytest
 
 from spillway.v1 import sidecar_pb2 as pb
-from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from support.creds import peer_md
 from support.kafka import read_all
+from support.homes import (
+    Gate,
+    flush,
+    md,
+    record,
+    register,
+    register_again,
+    report,
+    start,
+    stub,
+    summary,
+    task,
+    until_nothing_held,
+)
 from support.records import json_error
 
 pytestmark = pytest.mark.integration
 
 
-def _start(broker, spool, sid):
-    from spillway.sidecar.server import start_server
-
-    return start_server({
-        "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
-        "spool.dir": str(spool), "producer.linger.ms": "5", "sidecar.id": sid,
-        "home.allowed.addresses": "127.0.0.0/8"})
-
-
 @pytest.fixture(scope="module")
 def home(broker, tmp_path_factory):
-    h = _start(broker, tmp_path_factory.mktemp("prov-home"), "prov-home")
+    h = start(broker, tmp_path_factory.mktemp("prov-home"), "prov-home")
     yield h
     h.stop(1.0)
 
 
 @pytest.fixture
 def node(broker, tmp_path):
-    n = _start(broker, tmp_path / "node-spool", "prov-node")
+    n = start(broker, tmp_path / "node-spool", "prov-node")
     yield n
     n.stop(1.0)
 
 
-def _stub(s):
-    return pb_grpc.ErrorSidecarStub(grpc.insecure_channel(s.address))
-
-
-def _md(token):
-    return [("spillway-job-token", token)]
-
-
 _exc = json_error
-
-
-def _record(rid, value=b"{bad", exc=None):
-    return pb.FailedRecord(record_id=rid, stage=pb.STAGE_TRANSFORMATION,
-                           function_name="app.parse", key=rid.encode(), value=value,
-                           exception=exc or _exc())
-
-
-def _task(n):
-    return pb.TaskIdentity(stage_id=1, partition_id=n, task_attempt_id=100 + n)
-
-
-def _register(home, nodes, props):
-    """A run homed at `home`, registered on each of `nodes` too: (job, token, topic)."""
-    job = f"prov-{uuid.uuid4().hex[:8]}"
-    topic = f"dlq.{job}"
-    props = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
-             "errors.deadletterqueue.auto.create.topics.enable": "true",
-             "errors.deadletterqueue.topic.replication.factor": "1", **props}
-    reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job=job, run_id="r", properties=props),
-                                  timeout=20)
-    for n in nodes:
-        _stub(n).RegisterJob(pb.RegisterJobRequest(
-            job=job, run_id="r", properties=props, home=reg.home,
-            home_instance_id=reg.home_instance_id), timeout=20, metadata=_md(reg.job_token))
-    return job, reg.job_token, topic, props
-
-
-def _report(s, job, token, task, records):
-    return _stub(s).ReportFailures(pb.ReportFailuresRequest(
-        job=job, run_id="r", task=task, records=records), timeout=30, metadata=_md(token))
-
-
-def _flush(s, job, token, task, timeout=30):
-    return _stub(s).FlushTask(pb.FlushTaskRequest(job=job, run_id="r", task=task),
-                              timeout=timeout, metadata=_md(token)).dlq_records_acknowledged
-
-
-def _summary(home, job, token):
-    return _stub(home).GetJobSummary(pb.GetJobSummaryRequest(job=job, run_id="r"), timeout=10,
-                                     metadata=_md(token))
-
-
-def _register_again(home, node, job, token, props):
-    """After a node's restart: the run registered again at its home and at the node (as an
-    executor does on NOT_FOUND); returns once the node holds nothing (or 20 s passed)."""
-    reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job=job, run_id="r", properties=props),
-                                  timeout=10, metadata=_md(token))
-    _stub(node).RegisterJob(pb.RegisterJobRequest(
-        job=job, run_id="r", properties=props, home=reg.home,
-        home_instance_id=reg.home_instance_id), timeout=20, metadata=_md(token))
-    _until_nothing_held(node)
-
-
-def _until_nothing_held(node, timeout_s=20.0):
-    deadline = time.monotonic() + timeout_s
-    while node.sidecar.pipeline.store.held_count() and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-class _Gate:
-    """Holds a node's confirmation calls for one run until opened (the home still answers
-    everything else)."""
-
-    def __init__(self, node, job):
-        self.open = threading.Event()
-        self.calls = 0
-        run = node.sidecar.registry.get(job, "r")
-        real = run.home.confirm
-
-        def confirm(*a, **kw):
-            self.calls += 1
-            self.open.wait(30)
-            return real(*a, **kw)
-        run.home.confirm = confirm
 
 
 def _verdicts(resp):
@@ -141,20 +61,20 @@ def test_answers_counts_and_dead_letters_are_those_of_waiting_for_the_home(home,
                                                                           monkeypatch):
     """The same reports (a run failing alike, distinct messages, a re-report of a task re-run)
     through a node that answers provisionally and one that waits for the home."""
-    reports = [[_record(f"r{i}") for i in range(60)]
-               + [_record(f"m{i}", exc=_exc(msg=f"Expecting value: column {i}"))
+    reports = [[record(f"r{i}") for i in range(60)]
+               + [record(f"m{i}", exc=_exc(msg=f"Expecting value: column {i}"))
                   for i in range(5)],
-               [_record(f"r{i}") for i in range(10)] + [_record(f"t{i}") for i in range(20)]]
+               [record(f"r{i}") for i in range(10)] + [record(f"t{i}") for i in range(20)]]
     out = {}
     for provisional in (False, True):
         monkeypatch.setitem(node.sidecar.props, "home.confirm.async", provisional)
-        job, token, topic, _ = _register(home, [node], {})
+        job, token, topic, _ = register(home, [node], {})
         calls = node.sidecar.confirmations.calls
         answers = [[(*v[:3], v[3].replace(topic, "<topic>"), *v[4:])
-                    for v in _verdicts(_report(node, job, token, _task(n), recs))]
+                    for v in _verdicts(report(node, job, token, task(n), recs))]
                    for n, recs in enumerate(reports)]
-        acked = [_flush(node, job, token, _task(n)) for n in range(len(reports))]
-        summary = _summary(home, job, token)
+        acked = [flush(node, job, token, task(n)) for n in range(len(reports))]
+        totals = summary(home, job, token)
         run = node.sidecar.registry.get(job, "r")
         if provisional:
             assert (job, "r") not in run.home._tallies   # no report waited for the home
@@ -162,9 +82,9 @@ def test_answers_counts_and_dead_letters_are_those_of_waiting_for_the_home(home,
         else:
             assert run.home._tallies[(job, "r")].items == 2
         dlq = sorted((m.key(), m.value()) for m in read_all(broker.bootstrap_servers, topic))
-        counts = (summary.total_record_failures, summary.total_record_errors,
-                  summary.total_records_skipped, summary.total_errors_logged,
-                  summary.dlq_records_written, list(summary.by_stage))
+        counts = (totals.total_record_failures, totals.total_record_errors,
+                  totals.total_records_skipped, totals.total_errors_logged,
+                  totals.dlq_records_written, list(totals.by_stage))
         out[provisional] = (answers, acked, counts, dlq)
     sync, prov = out[False], out[True]
     # the re-reported records: "already in the DLQ" when waiting, the first answer when not
@@ -180,23 +100,23 @@ def test_answers_counts_and_dead_letters_are_those_of_waiting_for_the_home(home,
 
 
 def test_a_record_reported_on_two_nodes_is_dead_lettered_once(home, broker, tmp_path):
-    n1 = _start(broker, tmp_path / "n1", "prov-n1")
-    n2 = _start(broker, tmp_path / "n2", "prov-n2")
+    n1 = start(broker, tmp_path / "n1", "prov-n1")
+    n2 = start(broker, tmp_path / "n2", "prov-n2")
     try:
-        job, token, topic, _ = _register(home, [n1, n2], {})
-        records = [_record(f"s{i}") for i in range(40)]
+        job, token, topic, _ = register(home, [n1, n2], {})
+        records = [record(f"s{i}") for i in range(40)]
         # a task and its speculative copy on another node, at the same time
-        with_threads = [threading.Thread(target=_report, args=(n, job, token, _task(k),
+        with_threads = [threading.Thread(target=report, args=(n, job, token, task(k),
                                                                 records))
                         for k, n in enumerate((n1, n2))]
         for t in with_threads:
             t.start()
         for t in with_threads:
             t.join()
-        assert _flush(n1, job, token, _task(0)) + _flush(n2, job, token, _task(1)) == 40
+        assert flush(n1, job, token, task(0)) + flush(n2, job, token, task(1)) == 40
         keys = [m.key() for m in read_all(broker.bootstrap_servers, topic)]
         assert sorted(keys) == sorted(r.record_id.encode() for r in records)
-        s = _summary(home, job, token)
+        s = summary(home, job, token)
         assert s.total_record_errors == 40 and s.total_record_failures == 80
     finally:
         n1.stop(1.0)
@@ -205,24 +125,24 @@ def test_a_record_reported_on_two_nodes_is_dead_lettered_once(home, broker, tmp_
 
 def test_a_task_learns_at_its_flush_that_the_run_failed_before_its_records_were_confirmed(
         home, node, broker):
-    job, token, topic, _ = _register(home, [node], {})
-    gate = _Gate(node, job)
-    held = _report(node, job, token, _task(0), [_record(f"h{i}") for i in range(5)])
+    job, token, topic, _ = register(home, [node], {})
+    gate = Gate(node, job)
+    held = report(node, job, token, task(0), [record(f"h{i}") for i in range(5)])
     assert all(v.action == pb.ACTION_SKIP and v.dead_lettered for v in held.verdicts)
     # meanwhile the run fails at its home (an invalid-configuration error elsewhere)
-    failing = _report(home, job, token, _task(9), [_record(
+    failing = report(home, job, token, task(9), [record(
         "cfg", exc=_exc("org.apache.kafka.common.errors.InvalidConfigurationException",
                         "bad setting"))])
     assert failing.verdicts[0].action == pb.ACTION_FAIL
     gate.open.set()
     with pytest.raises(grpc.RpcError) as failed:
-        _flush(node, job, token, _task(0))
+        flush(node, job, token, task(0))
     assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "answered record" in failed.value.details() and "FAIL" in failed.value.details()
     assert node.sidecar.pipeline.store.held_count() == 0
     assert read_all(broker.bootstrap_servers, topic, timeout_s=5) == []   # nothing written
     # and a report after that waits for the home: the run is known to have failed
-    again = _report(node, job, token, _task(1), [_record("late")])
+    again = report(node, job, token, task(1), [record("late")])
     assert again.verdicts[0].action == pb.ACTION_FAIL
 
 
@@ -232,34 +152,34 @@ def test_a_node_restarted_mid_confirmation_writes_each_record_once(home, broker,
     again, it asks again under the same claim and writes the records, once. A second held
     report whose records another task had dead-lettered meanwhile is dropped."""
     spool = tmp_path / "node"
-    node = _start(broker, spool, "prov-restart")
-    job, token, topic, props = _register(home, [node], {})
-    gate = _Gate(node, job)
-    _report(node, job, token, _task(0), [_record(f"a{i}") for i in range(30)])
-    _report(node, job, token, _task(1), [_record(f"b{i}") for i in range(10)])
+    node = start(broker, spool, "prov-restart")
+    job, token, topic, props = register(home, [node], {})
+    gate = Gate(node, job)
+    report(node, job, token, task(0), [record(f"a{i}") for i in range(30)])
+    report(node, job, token, task(1), [record(f"b{i}") for i in range(10)])
     store = node.sidecar.pipeline.store
     rows = store.held_rows()
     assert len(rows) == 2 and store.held_count() == 40
     # the home commits the first report under its claim (the node never hears the answer) ...
     first = pb.TallyReport.FromString(rows[0][2])
-    _stub(home).TallyFailures(pb.TallyRequest(job=job, run_id="r", reports=[first]),
-                              timeout=10, metadata=[*peer_md(), *_md(token)])
+    stub(home).TallyFailures(pb.TallyRequest(job=job, run_id="r", reports=[first]),
+                              timeout=10, metadata=[*peer_md(), *md(token)])
     # ... and another task dead-letters the second report's records through the home
-    _report(home, job, token, _task(5), [_record(f"b{i}") for i in range(10)])
+    report(home, job, token, task(5), [record(f"b{i}") for i in range(10)])
     node.sidecar.confirmations.close()   # a crash: nothing more is confirmed or released
     node.stop(0.5)
     gate.open.set()
 
-    node = _start(broker, spool, "prov-restart")
+    node = start(broker, spool, "prov-restart")
     try:
         assert node.sidecar.pipeline.store.held_count() == 40
-        _register_again(home, node, job, token, props)
+        register_again(home, node, job, token, props)
         assert node.sidecar.pipeline.store.held_count() == 0
         node.sidecar.pipeline.force_flush(20)
         keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
         assert keys == sorted([f"a{i}".encode() for i in range(30)]
                               + [f"b{i}".encode() for i in range(10)])   # each once
-        assert _summary(home, job, token).total_record_errors == 40
+        assert summary(home, job, token).total_record_errors == 40
     finally:
         node.stop(1.0)
 
@@ -268,12 +188,12 @@ def test_ending_the_run_at_its_home_confirms_what_its_nodes_hold_first(home, nod
     """EndJob right after a report, without a flush: the home ends the run on its nodes
     first, which confirm what they hold while it still has the run, so its final summary
     counts those records and each reaches the topic once."""
-    job, token, topic, _ = _register(home, [node], {})
-    gate = _Gate(node, job)
-    _report(node, job, token, _task(0), [_record(f"e{i}") for i in range(25)])
+    job, token, topic, _ = register(home, [node], {})
+    gate = Gate(node, job)
+    report(node, job, token, task(0), [record(f"e{i}") for i in range(25)])
     threading.Timer(0.5, gate.open.set).start()
-    ended = _stub(home).EndJob(pb.EndJobRequest(job=job, run_id="r"), timeout=30,
-                               metadata=_md(token))
+    ended = stub(home).EndJob(pb.EndJobRequest(job=job, run_id="r"), timeout=30,
+                               metadata=md(token))
     final = {s.sidecar_id: s for s in ended.summaries}
     assert final["prov-home"].total_record_errors == 25 and not ended.unreachable
     keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
@@ -284,16 +204,16 @@ def test_past_its_memory_bound_a_report_waits_for_its_home(home, node, monkeypat
     from spillway.sidecar import confirm
 
     monkeypatch.setattr(confirm, "MAX_HELD_IN_MEMORY", 30)
-    job, token, _topic, _ = _register(home, [node], {})
-    gate = _Gate(node, job)
-    _report(node, job, token, _task(0), [_record(f"x{i}") for i in range(20)])   # held
+    job, token, _topic, _ = register(home, [node], {})
+    gate = Gate(node, job)
+    report(node, job, token, task(0), [record(f"x{i}") for i in range(20)])   # held
     run = node.sidecar.registry.get(job, "r")
     assert (job, "r") not in run.home._tallies
     # 20 held + 20 more would pass 30: this one is decided by the home before it is answered
-    _report(node, job, token, _task(1), [_record(f"y{i}") for i in range(20)])
+    report(node, job, token, task(1), [record(f"y{i}") for i in range(20)])
     assert run.home._tallies[(job, "r")].items == 1
     gate.open.set()
-    assert _flush(node, job, token, _task(0)) == 20 and _flush(node, job, token, _task(1)) == 20
+    assert flush(node, job, token, task(0)) == 20 and flush(node, job, token, task(1)) == 20
 
 
 def test_a_run_expiring_on_a_node_writes_what_it_still_holds(home, node, broker):
@@ -302,18 +222,18 @@ def test_a_run_expiring_on_a_node_writes_what_it_still_holds(home, node, broker)
     flight is applied when its answer comes."""
     from spillway.sidecar import ending
 
-    job, token, topic, _ = _register(home, [node], {})
-    gate = _Gate(node, job)
-    _report(node, job, token, _task(0), [_record(f"i{i}") for i in range(10)])
+    job, token, topic, _ = register(home, [node], {})
+    gate = Gate(node, job)
+    report(node, job, token, task(0), [record(f"i{i}") for i in range(10)])
     deadline = time.monotonic() + 10
     while gate.calls == 0 and time.monotonic() < deadline:   # the first report is in flight
         time.sleep(0.01)
-    _report(node, job, token, _task(1), [_record(f"q{i}") for i in range(10)])   # queued
+    report(node, job, token, task(1), [record(f"q{i}") for i in range(10)])   # queued
     run = node.sidecar.registry.get(job, "r")
     ending.release(node.sidecar, run, time.monotonic(), expired=True)
     gate.open.set()
     node.sidecar.pipeline.force_flush(20)
-    _until_nothing_held(node)
+    until_nothing_held(node)
     assert node.sidecar.pipeline.store.held_count() == 0
     keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
     assert keys == sorted([f"i{i}".encode() for i in range(10)]
@@ -325,10 +245,10 @@ def test_held_rows_of_a_run_that_never_registers_again_are_written_after_the_idl
     from spillway.sidecar.server import start_server
 
     spool = tmp_path / "orphans"
-    node = _start(broker, spool, "prov-orphan")
-    job, token, topic, _ = _register(home, [node], {})
-    gate = _Gate(node, job)
-    _report(node, job, token, _task(0), [_record(f"o{i}") for i in range(12)])
+    node = start(broker, spool, "prov-orphan")
+    job, token, topic, _ = register(home, [node], {})
+    gate = Gate(node, job)
+    report(node, job, token, task(0), [record(f"o{i}") for i in range(12)])
     node.sidecar.confirmations.close()
     node.stop(0.5)
     gate.open.set()
@@ -338,7 +258,7 @@ def test_held_rows_of_a_run_that_never_registers_again_are_written_after_the_idl
         "home.allowed.addresses": "127.0.0.0/8", "job.idle.timeout.ms": "1000"})
     try:
         assert node.sidecar.pipeline.store.held_count() == 12
-        _until_nothing_held(node)   # nobody registers the run here again
+        until_nothing_held(node)   # nobody registers the run here again
         assert node.sidecar.pipeline.store.held_count() == 0
         node.sidecar.pipeline.force_flush(20)
         keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
@@ -353,18 +273,18 @@ def test_a_home_that_cannot_confirm_gets_the_held_records_written_as_they_are(ho
     as they are (never lost), the task's flush succeeds, and later reports wait for it."""
     from spillway.sidecar.peers import HomeError
 
-    job, token, topic, _ = _register(home, [node], {})
+    job, token, topic, _ = register(home, [node], {})
     run = node.sidecar.registry.get(job, "r")
 
     def older(*_a, **_kw):
         run.home.tally_supported = False   # what peers.Home learns from UNIMPLEMENTED
         raise HomeError(grpc.StatusCode.UNIMPLEMENTED, "unknown method TallyFailures")
     run.home.confirm = older
-    _report(node, job, token, _task(0), [_record(f"u{i}") for i in range(8)])
-    assert _flush(node, job, token, _task(0)) == 8
+    report(node, job, token, task(0), [record(f"u{i}") for i in range(8)])
+    assert flush(node, job, token, task(0)) == 8
     keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
     assert keys == sorted(f"u{i}".encode() for i in range(8))
-    assert node.sidecar.confirmations.answer(run, _task(1), None, [], token, "") is None
+    assert node.sidecar.confirmations.answer(run, task(1), None, [], token, "") is None
 
 
 def test_a_waiting_report_whose_node_dies_before_spooling_is_not_lost(home, broker, tmp_path,
@@ -376,8 +296,8 @@ def test_a_waiting_report_whose_node_dies_before_spooling_is_not_lost(home, brok
     "already in the DLQ". Without the held copies that record would be counted and never
     dead-lettered."""
     spool = tmp_path / "guarded"
-    node = _start(broker, spool, "prov-guard")
-    job, token, topic, props = _register(home, [node], {"errors.tolerance.max.errors": "100"})
+    node = start(broker, spool, "prov-guard")
+    job, token, topic, props = register(home, [node], {"errors.tolerance.max.errors": "100"})
     s = node.sidecar
     real_submit = s.pipeline.submit
 
@@ -389,24 +309,24 @@ def test_a_waiting_report_whose_node_dies_before_spooling_is_not_lost(home, brok
     monkeypatch.setattr(s, "_undo_dead_letters", lambda *a, **kw: None)   # no time left
     monkeypatch.setattr(s.confirmations, "drop", lambda *a, **kw: None)
     with pytest.raises(grpc.RpcError):
-        _report(node, job, token, _task(0), [_record(f"g{i}") for i in range(6)])
+        report(node, job, token, task(0), [record(f"g{i}") for i in range(6)])
     assert s.pipeline.store.held_count() == 6
     s.confirmations.close()
     node.stop(0.5)
     monkeypatch.undo()
 
-    node = _start(broker, spool, "prov-guard")
+    node = start(broker, spool, "prov-guard")
     try:
-        _register_again(home, node, job, token, props)
+        register_again(home, node, job, token, props)
         assert node.sidecar.pipeline.store.held_count() == 0
         # Spark's retry of the task: already in the DLQ, not written again
-        again = _report(node, job, token, _task(1), [_record(f"g{i}") for i in range(6)])
+        again = report(node, job, token, task(1), [record(f"g{i}") for i in range(6)])
         assert all("already in the DLQ" in v.reason for v in again.verdicts)
-        _flush(node, job, token, _task(1))
+        flush(node, job, token, task(1))
         node.sidecar.pipeline.force_flush(20)
         keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
         assert keys == sorted(f"g{i}".encode() for i in range(6))   # each once
-        assert _summary(home, job, token).total_record_errors == 6
+        assert summary(home, job, token).total_record_errors == 6
     finally:
         node.stop(1.0)
 
@@ -430,7 +350,7 @@ def test_an_unreachable_home_is_asked_again_with_backoff_and_the_flush_says_why(
 def _home_down(home, node):
     from spillway.sidecar.peers import HomeError
 
-    job, token, _topic, _ = _register(home, [node], {})
+    job, token, _topic, _ = register(home, [node], {})
     run = node.sidecar.registry.get(job, "r")
     calls = []
 
@@ -439,12 +359,12 @@ def _home_down(home, node):
         raise HomeError(grpc.StatusCode.UNAVAILABLE, "home 10.0.0.9:50051 unreachable")
     run.home.confirm = down
     for n in range(2):   # 20,000 records: more than one call carries
-        _report(node, job, token, _task(n), [_record(f"d{n}-{i}") for i in range(10_000)])
+        report(node, job, token, task(n), [record(f"d{n}-{i}") for i in range(10_000)])
     time.sleep(1.5)
     assert 1 <= len(calls) <= 8, len(calls)    # 0.1, 0.2, 0.4, 0.8 s apart, not a busy loop
     with pytest.raises(grpc.RpcError) as late:   # no deadline of the caller's: the sidecar's
-        _stub(node).FlushTask(pb.FlushTaskRequest(job=job, run_id="r", task=_task(0)),
-                              metadata=_md(token))
+        stub(node).FlushTask(pb.FlushTaskRequest(job=job, run_id="r", task=task(0)),
+                              metadata=md(token))
     assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "not confirmed by the run's home" in late.value.details()
     assert "home 10.0.0.9:50051 unreachable" in late.value.details()
