@@ -221,7 +221,9 @@ def test_every_request_field_is_covered_by_a_check():
                  "marker_category", "kafka_retriable", "kafka_fatal",
                  "kafka_txn_requires_abort", "exception", "source", "task", "key", "value",
                  "job", "run_id", "record_id", "records", "processed", "value",
-                 "claim"}   # TallyReport.claim: any 64-bit value (0: none)
+                 # TallyReport.claim and .slice, SliceUse.id: any 64-bit value (0: none);
+                 # SliceUse.used: any count (the home takes at most the slice's size)
+                 "claim", "slice", "id", "used"}
     seen = set()
 
     def walk(desc):

@@ -329,18 +329,42 @@ class TallyGroup(_message.Message):
     def __init__(self, count: _Optional[int] = ..., stage: _Optional[_Union[Stage, str]] = ..., custom_stage: _Optional[str] = ..., function_name: _Optional[str] = ..., exception: _Optional[_Union[ExceptionInfo, _Mapping]] = ...) -> None: ...
 
 class TallyReport(_message.Message):
-    __slots__ = ["task", "record_ids", "payload_digests", "groups", "claim"]
+    __slots__ = ["task", "record_ids", "payload_digests", "groups", "claim", "slice", "want_slice", "closed_slices"]
     TASK_FIELD_NUMBER: _ClassVar[int]
     RECORD_IDS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     CLAIM_FIELD_NUMBER: _ClassVar[int]
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    WANT_SLICE_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_SLICES_FIELD_NUMBER: _ClassVar[int]
     task: TaskIdentity
     record_ids: _containers.RepeatedScalarFieldContainer[str]
     payload_digests: bytes
     groups: _containers.RepeatedCompositeFieldContainer[TallyGroup]
     claim: int
-    def __init__(self, task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., record_ids: _Optional[_Iterable[str]] = ..., payload_digests: _Optional[bytes] = ..., groups: _Optional[_Iterable[_Union[TallyGroup, _Mapping]]] = ..., claim: _Optional[int] = ...) -> None: ...
+    slice: int
+    want_slice: int
+    closed_slices: _containers.RepeatedCompositeFieldContainer[SliceUse]
+    def __init__(self, task: _Optional[_Union[TaskIdentity, _Mapping]] = ..., record_ids: _Optional[_Iterable[str]] = ..., payload_digests: _Optional[bytes] = ..., groups: _Optional[_Iterable[_Union[TallyGroup, _Mapping]]] = ..., claim: _Optional[int] = ..., slice: _Optional[int] = ..., want_slice: _Optional[int] = ..., closed_slices: _Optional[_Iterable[_Union[SliceUse, _Mapping]]] = ...) -> None: ...
+
+class BudgetSlice(_message.Message):
+    __slots__ = ["id", "size", "lease_ms"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    size: int
+    lease_ms: int
+    def __init__(self, id: _Optional[int] = ..., size: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class SliceUse(_message.Message):
+    __slots__ = ["id", "used"]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    used: int
+    def __init__(self, id: _Optional[int] = ..., used: _Optional[int] = ...) -> None: ...
 
 class TallyRequest(_message.Message):
     __slots__ = ["job", "run_id", "reports"]
@@ -353,7 +377,7 @@ class TallyRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., run_id: _Optional[str] = ..., reports: _Optional[_Iterable[_Union[TallyReport, _Mapping]]] = ...) -> None: ...
 
 class TallyVerdicts(_message.Message):
-    __slots__ = ["actions", "categories", "flags", "attempts", "retry_delays_ms", "reasons", "reason_index", "rules", "rule_index"]
+    __slots__ = ["actions", "categories", "flags", "attempts", "retry_delays_ms", "reasons", "reason_index", "rules", "rule_index", "grant"]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     CATEGORIES_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
@@ -363,6 +387,7 @@ class TallyVerdicts(_message.Message):
     REASON_INDEX_FIELD_NUMBER: _ClassVar[int]
     RULES_FIELD_NUMBER: _ClassVar[int]
     RULE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
     actions: bytes
     categories: bytes
     flags: bytes
@@ -372,7 +397,8 @@ class TallyVerdicts(_message.Message):
     reason_index: bytes
     rules: _containers.RepeatedScalarFieldContainer[str]
     rule_index: bytes
-    def __init__(self, actions: _Optional[bytes] = ..., categories: _Optional[bytes] = ..., flags: _Optional[bytes] = ..., attempts: _Optional[bytes] = ..., retry_delays_ms: _Optional[bytes] = ..., reasons: _Optional[_Iterable[str]] = ..., reason_index: _Optional[bytes] = ..., rules: _Optional[_Iterable[str]] = ..., rule_index: _Optional[bytes] = ...) -> None: ...
+    grant: BudgetSlice
+    def __init__(self, actions: _Optional[bytes] = ..., categories: _Optional[bytes] = ..., flags: _Optional[bytes] = ..., attempts: _Optional[bytes] = ..., retry_delays_ms: _Optional[bytes] = ..., reasons: _Optional[_Iterable[str]] = ..., reason_index: _Optional[bytes] = ..., rules: _Optional[_Iterable[str]] = ..., rule_index: _Optional[bytes] = ..., grant: _Optional[_Union[BudgetSlice, _Mapping]] = ...) -> None: ...
 
 class TallyResponse(_message.Message):
     __slots__ = ["reports"]

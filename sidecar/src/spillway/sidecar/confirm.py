@@ -19,6 +19,8 @@ the background, many reports a call.
 - `Confirmations.guard` (a report that waits for its home): copies of its data errors' DLQ
   records held under the claim sent with it, released with the answer's records, so that a node
   killed between the home's answer and its spool does not lose them.
+- A run with an error limit is answered so only under a slice of its error budget that its
+  home granted this node (`node_slices.py`, docs/POLICY.md "Budget slices").
 - After a restart, a run's held rows are confirmed again once the run registers here again
   (`adopt`, with its token: tokens are never on disk). Rows of runs that do not come back
   within ``job.idle.timeout.ms`` are released as they are: a possible duplicate, never a loss.
@@ -44,6 +46,7 @@ from .core.dlq_record import DlqBuilder
 from .core.model import Action, Verdict, task_key
 from .core.ports import SystemClock
 from .errors import FlushTimeoutError, JobConflictError, UnknownJobError
+from .node_slices import NodeSlices
 from .peers import HomeError
 
 if TYPE_CHECKING:
@@ -113,6 +116,7 @@ class Confirmations:
         self._linger_s = s.props.get("home.confirm.linger.ms", 100) / 1000
         self._closing = False
         self.confirmed = self.released = self.dropped = self.calls = 0
+        self.slices = NodeSlices()   # this node's slices of its runs' error budgets
         # one call in flight per run, a few runs at a time: a slow home holds up its own runs only
         self._pool = ThreadPoolExecutor(CALLERS, thread_name_prefix="spillway-confirm-call")
         self._thread = threading.Thread(target=self._loop, name="spillway-confirm", daemon=True)
@@ -126,22 +130,39 @@ class Confirmations:
         None when the home must answer it now (`core.provisional`, a home that predates
         TallyFailures, a spool that cannot hold)."""
         s = self._s
-        pipeline = s.pipeline
-        if (not s.props.get("home.confirm.async", True) or pipeline is None
-                or not pipeline.holds or not run.home.tally_supported):
+        if not self._may_hold(run):
             return None
         key = run.key
-        if key in self._failed or self._in_memory + len(records) > MAX_HELD_IN_MEMORY:
+        if self._in_memory + len(records) > MAX_HELD_IN_MEMORY:
             return None
-        verdicts = s.engine.provisional(key, records)
+        # a limited run: only under a slice of its error budget (`node_slices.py`)
+        sliced = s.engine.sliceable(key)
+        if sliced and not self.slices.holds(key):
+            return None
+        verdicts = s.engine.provisional(key, records, sliced=sliced)
         if verdicts is None:
+            return None
+        sid = self.slices.take(key, len(records)) if sliced else 0
+        if sliced and not sid:
             return None
         self._queue(run, self._hold(run, task_pb, task, records, verdicts,
                                     s.engine.payload_digests(key, records), token, traceparent,
-                                    task_key(key, task)))
+                                    task_key(key, task), sid))
         for v in verdicts:   # in the DLQ once confirmed: this copy, or the one before it
             v.dead_lettered = True
         return verdicts
+
+    def _may_hold(self, run: Run) -> bool:
+        s, pipeline = self._s, self._s.pipeline
+        return (s.props.get("home.confirm.async", True) and pipeline is not None
+                and pipeline.holds and run.home.tally_supported and run.key not in self._failed)
+
+    def slice_ask(self, run: Run, n: int) -> tuple[int, list] | None:
+        """What a report of `n` records that waits for its home says about its run's budget
+        slices (`NodeSlices.ask`); None when the run has none or its reports are not held."""
+        if not self._may_hold(run) or not self._s.engine.sliceable(run.key):
+            return None
+        return self.slices.ask(run.key, n)
 
     def guard(self, run: Run, task_pb: pb.TaskIdentity, task, records, digests: bytes,
               token: str | None, traceparent: str) -> Held | None:
@@ -168,12 +189,15 @@ class Confirmations:
                           b"".join(view[8 * i:8 * i + 8] for i in idx), token, traceparent, "")
 
     def _hold(self, run: Run, task_pb: pb.TaskIdentity, task, records, verdicts,
-              digests: bytes, token: str | None, traceparent: str, tk: str) -> Held:
+              digests: bytes, token: str | None, traceparent: str, tk: str,
+              slice_id: int = 0) -> Held:
         """`records`' DLQ records, built from `verdicts`, held in the spool as one row with
-        their tally under a fresh claim (BackpressureError past the spool's bounds)."""
+        their tally under a fresh claim (BackpressureError past the spool's bounds);
+        `slice_id`: the budget slice they were answered under."""
         s, key = self._s, run.key
         report = tally.tally_report(task_pb, records, digests)
         report.claim = secrets.randbits(64) or 1
+        report.slice = slice_id
         build = DlqBuilder(s.engine.settings(key), task, now_ms=SystemClock().wall_ms(),
                            sidecar_id=s.sidecar_id, run=key, run_id=run.run_id).build
         dlq = [build(r, v, traceparent) for r, v in zip(records, verdicts, strict=True)]
@@ -256,6 +280,7 @@ class Confirmations:
             q = self._runs.pop(key, None)
             left = list(q.queue) if q is not None else []
             self._failed.discard(key)
+        self.slices.forget(key)
         if left:
             log.warning("run %s ends with %d held report(s) its home did not confirm: their "
                         "DLQ records are written as they are (possibly a second copy)", key,
@@ -272,6 +297,8 @@ class Confirmations:
             "held-records-released": float(self.released),
             "held-records-dropped": float(self.dropped),
             "home-confirm-calls": float(self.calls),
+            "budget-slices-granted": float(self.slices.granted),
+            "slice-records-answered": float(self.slices.answered),
         }
 
     # --- after a restart ---------------------------------------------------------------
@@ -377,6 +404,8 @@ class Confirmations:
                 raise HomeError(grpc.StatusCode.NOT_FOUND, f"job {q.job!r} run {q.run_id!r} "
                                 "is no longer registered here")
             token = next((i.token for i in reversed(batch) if i.token), None)
+            for sid, used in self.slices.closes(key):   # said with any call (lost: leased)
+                batch[0].report.closed_slices.add(id=sid, used=used)
             self.calls += 1
             answers = run.home.confirm(q.job, q.run_id, [i.report for i in batch], 30.0,
                                        token=token)

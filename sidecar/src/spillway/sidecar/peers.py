@@ -153,11 +153,15 @@ class Home:
                 for v in resp.verdicts]
 
     def tally(self, job: str, run_id: str, task: pb.TaskIdentity, records, digests: bytes,
-              timeout_s: float, *, token: str | None = None, claim: int = 0) -> list | None:
+              timeout_s: float, *, token: str | None = None, claim: int = 0,
+              slices: tuple[int, list] | None = None
+              ) -> tuple[list, pb.BudgetSlice | None] | None:
         """A report decided by the home from its columns (`adapters/tally.py`): (decision,
-        logged, rule) per record; None from a home that predates TallyFailures (the caller
-        then sends the whole report). Reports of concurrent callers go together in one call
-        (`coalesce.GroupCall`)."""
+        logged, rule) per record, and the budget slice granted with them; None from a home
+        that predates TallyFailures (the caller then sends the whole report). Reports of
+        concurrent callers go together in one call (`coalesce.GroupCall`). ``slices``: (size
+        wanted, [(closed slice, records answered under it)]) for a run whose error budget is
+        sliced (docs/POLICY.md, "Budget slices")."""
         group = self._tallies.get((job, run_id))
         if group is None:
             group = self._tallies.setdefault((job, run_id), GroupCall(
@@ -165,6 +169,10 @@ class Home:
                 max_items=MAX_TALLY_REPORTS, max_weight=MAX_TALLY_RECORDS))
         report = tally.tally_report(task, records, digests)
         report.claim = claim
+        if slices is not None:
+            report.want_slice = slices[0]
+            for sid, used in slices[1]:
+                report.closed_slices.add(id=sid, used=used)
         try:
             return group.call((report, token), weight=len(records), timeout_s=timeout_s)
         except GroupCallTimeout as exc:
@@ -180,7 +188,7 @@ class Home:
         if reports and out[0] is None:
             raise HomeError(grpc.StatusCode.UNIMPLEMENTED,
                             f"{self.role} {self.address} does not know TallyFailures")
-        return out
+        return [outcomes for outcomes, _ in out]
 
     def _send_tallies(self, job: str, run_id: str, items, timeout_s: float) -> list:
         if not self.tally_supported:
@@ -201,7 +209,8 @@ class Home:
                             f"TallyFailures at {self.role} {self.address}: answered "
                             f"{len(resp.reports)} of {len(items)} reports")
         try:
-            return [tally.tally_outcomes(v, report.record_ids)
+            return [(tally.tally_outcomes(v, report.record_ids),
+                     v.grant if v.HasField("grant") else None)
                     for v, (report, _) in zip(resp.reports, items, strict=True)]
         except ValueError as exc:
             raise HomeError(grpc.StatusCode.FAILED_PRECONDITION,

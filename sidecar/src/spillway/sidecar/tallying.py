@@ -8,13 +8,16 @@ At the home: a node's tally is decided like any report (`tally`). The wire forma
 
 from __future__ import annotations
 
+import secrets
 from typing import TYPE_CHECKING
 
 import grpc
 from spillway.v1 import sidecar_pb2 as pb
 
 from . import security
+from .core import slices
 from .core.model import Decision
+from .core.slices import SliceAsk
 from .errors import JobAccessError, JobConflictError
 from .registry import Caller, Run
 
@@ -46,9 +49,12 @@ def decide_at_home(s: Sidecar, run: Run, request: pb.ReportFailuresRequest, task
         guard = (s.confirmations.guard(run, request.task, task, records, digests, token,
                                        traceparent)
                  if s.confirmations is not None else None)
+        ask = (s.confirmations.slice_ask(run, len(records))
+               if s.confirmations is not None else None)
         try:
-            outcomes = home.tally(request.job, request.run_id, request.task, records, digests,
-                                  timeout_s, token=token, claim=guard.report.claim if guard else 0)
+            answer = home.tally(request.job, request.run_id, request.task, records, digests,
+                                timeout_s, token=token, claim=guard.report.claim if guard else 0,
+                                slices=ask)
         except BaseException as exc:
             if guard is not None:
                 if getattr(exc, "code", None) in _UNSURE:   # it may have been answered:
@@ -56,7 +62,10 @@ def decide_at_home(s: Sidecar, run: Run, request: pb.ReportFailuresRequest, task
                 else:   # refused before anything was decided
                     s.confirmations.drop(guard)
             raise
-        if outcomes is not None:
+        if answer is not None:
+            outcomes, grant = answer
+            if grant is not None:
+                s.confirmations.slices.grant(key, grant)
             engine.write_logs(key, task, records, outcomes)
             return [o[0] for o in outcomes], guard
         if guard is not None:   # an older home: the whole report goes, nothing was claimed
@@ -65,13 +74,14 @@ def decide_at_home(s: Sidecar, run: Run, request: pb.ReportFailuresRequest, task
 
 
 def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,
-          caller: Caller | None = None) -> list[list]:
+          caller: Caller | None = None) -> list[tuple[list, pb.BudgetSlice | None]]:
     """TallyFailures, at a run's home: a node's reports as columns (each with its task: record
     ids, payload digests, groups failing the same way), each decided like any report, in
     order; the node logs and dead-letters. A report with a claim confirms a node's held
-    records (docs/POLICY.md, "Provisional verdicts"). Answers (outcome, records) spans per report
-    (`PolicyEngine.decide_tally`); their journal slices are written together (one transaction
-    for the call)."""
+    records (docs/POLICY.md, "Provisional verdicts"); one may also close and ask for slices of
+    a limited run's error budget ("Budget slices"). Answers per report: (outcome, records)
+    spans (`PolicyEngine.decide_tally`) and the slice granted, if any; their journal slices are
+    written together (one transaction for the call)."""
     if not (caller or security.current_caller()).peer:
         raise JobAccessError("TallyFailures is for sidecar-to-sidecar calls only (an "
                              "authenticated peer)")
@@ -88,21 +98,38 @@ def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,
             "ReportFailures.decide_only")
     journal: list | None = [] if s.runstate is not None else None
     start_span = s.telemetry.tracer.start_as_current_span
+    sliced = s.engine.sliceable(key)
     out = []
     try:
         for (task, (ids, tags, groups)), report in zip(reports, request.reports, strict=True):
-            if not ids:
-                out.append([])
+            ask = _slice_ask(report) if sliced else None
+            if not ids and ask is None:
+                out.append(([], None))
                 continue
             with start_span("spillway.decide", attributes={
                     "spillway.job": run.job, "spillway.run": run.run_id,
                     "spillway.task.id": task.task_id, "spillway.records": len(ids),
                     "spillway.tally": True}):
-                out.append(s.engine.decide_tally(key, task, ids, tags, groups, journal,
-                                                 report.claim))
+                spans = s.engine.decide_tally(key, task, ids, tags, groups, journal,
+                                              report.claim, ask)
+            grant = None
+            if ask is not None and ask.granted:
+                grant = pb.BudgetSlice(id=ask.new_id, size=ask.granted,
+                                       lease_ms=slices.DEFAULT_LEASE_MS)
+            out.append((spans, grant))
     finally:
         s.persist(key, journal)  # the node spools, and says so if it could not
     return out
+
+
+def _slice_ask(report: pb.TallyReport) -> SliceAsk | None:
+    """What a report says about budget slices (None: nothing); a new slice's id is drawn here,
+    at random, so that a node cannot guess another's."""
+    if not (report.slice or report.want_slice or report.closed_slices):
+        return None
+    return SliceAsk(report.slice, [(c.id, c.used) for c in report.closed_slices],
+                    min(report.want_slice, slices.MAX_SLICE),
+                    secrets.randbits(64) or 1 if report.want_slice else 0)
 
 
 __all__ = ["decide_at_home", "tally"]

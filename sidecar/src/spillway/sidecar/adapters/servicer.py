@@ -111,7 +111,8 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
         with _answering(context):
             answers = self._s.tally(request, reports, token=_job_token(context),
                                     caller=_caller())
-        return pb.TallyResponse(reports=[tally.tally_span_verdicts(o) for o in answers])
+        return pb.TallyResponse(reports=[tally.tally_span_verdicts(o, grant)
+                                         for o, grant in answers])
 
     def FlushTask(self, request, context):
         try:

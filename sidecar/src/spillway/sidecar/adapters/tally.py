@@ -107,10 +107,14 @@ def tally_groups(req: pb.TallyReport, where: str = "reports[0]"
     return list(req.record_ids), unpack_le("Q", req.payload_digests), groups
 
 
-def tally_span_verdicts(spans) -> pb.TallyVerdicts:
-    """`PolicyEngine.decide_tally`'s answers, (outcome, records) spans, as TallyVerdicts."""
-    return encode_spans([((d.verdict, d.dead_letter, logged, rule), n)
-                         for (d, logged, rule), n in spans], rules=True)
+def tally_span_verdicts(spans, grant: pb.BudgetSlice | None = None) -> pb.TallyVerdicts:
+    """`PolicyEngine.decide_tally`'s answers, (outcome, records) spans, as TallyVerdicts
+    (with the budget slice granted to the report, if any)."""
+    out = encode_spans([((d.verdict, d.dead_letter, logged, rule), n)
+                        for (d, logged, rule), n in spans], rules=True)
+    if grant is not None:
+        out.grant.CopyFrom(grant)
+    return out
 
 
 def encode_spans(spans, *, rules: bool) -> pb.TallyVerdicts:

@@ -14,6 +14,7 @@ from spillway.client.columns import unpack_le
 from spillway.v1 import sidecar_pb2 as pb
 
 from ..core import names
+from ..core.slices import MAX_OPEN, MAX_SLICE
 
 # --- bounds (docs/CONFIGURATION.md, "Request bounds") ---------------------------------------
 MAX_PROPERTIES = 256
@@ -343,6 +344,7 @@ def _column_headers(c: pb.RecordColumns, n: int) -> None:
 
 
 MAX_TALLY_REPORTS = 256
+MAX_CLOSED_SLICES = MAX_OPEN   # a run's open slices at most
 
 
 def tally_failures(req: pb.TallyRequest) -> None:
@@ -369,6 +371,8 @@ def _tally_report(report: pb.TallyReport, where: str) -> None:
     for i, rid in enumerate(ids):
         if not 0 < len(rid) <= limit:
             names.check_record_id(rid, f"{where}.record_ids[{i}]")
+    _len(f"{where}.closed_slices", report.closed_slices, MAX_CLOSED_SLICES, "closed slices")
+    _range(f"{where}.want_slice", report.want_slice, 0, MAX_SLICE)
     if len(report.payload_digests) != 8 * n:
         raise ValueError(f"{where}.payload_digests: 8 bytes per record id ({8 * n}), got "
                          f"{len(report.payload_digests)}")

@@ -31,6 +31,7 @@ from .counters import EVICTED_TASK, ScopedCounts, copy_counts
 from .handlers import LoadedHandler
 from .model import Category, FailedRecord
 from .settings import JobSettings
+from .slices import SliceBook, sliceable
 from .tolerance import KEY_MASK, IdTable, ToleranceTracker, payload_tagger, record_key
 
 log = logging.getLogger("spillway.sidecar.policy")
@@ -108,6 +109,8 @@ class JobState:
         self.log_failures = 0
         self.collisions = 0     # distinct records reported under an id known with another payload
         self.other_keys: dict[int, list[int]] = {}   # id key -> its other records' keys
+        # the error budget's slices granted to nodes (`slices.py`), when the limit allows them
+        self.slices = (SliceBook(settings.tolerance.max_errors) if sliceable(self) else None)
         # durable state (`enable_journal`): what changed the run's job-wide state, in order
         self.journal: list | None = None
         self.generation = 0     # journal slices taken (`take_journal`)
@@ -146,6 +149,8 @@ class JobState:
     def enable_journal(self) -> None:
         self.journal = []
         self.tolerance.journal = self.ids.journal = self.journal
+        if self.slices is not None:
+            self.slices.journal = self.journal
 
     def take_journal(self, counted: bool = False) -> tuple[int, list]:
         """The changes since the last call, numbered (replayed in that order), with the
@@ -163,6 +168,9 @@ class JobState:
         """Redo journaled changes (from `take_journal` or `snapshot`), in order."""
         journal = self.journal
         self.tolerance.journal = self.ids.journal = None
+        book = self.slices
+        if book is not None:
+            book.journal = None
         try:
             ids, tol = self.ids, self.tolerance
             for e in entries:
@@ -185,8 +193,12 @@ class JobState:
                     self._restore_summary(e[1])
                 elif kind == "T":
                     tol.set_state(e[1])
+                elif kind == "b" and book is not None:
+                    book.set_state(e[1])
         finally:
             self.tolerance.journal = self.ids.journal = journal
+            if book is not None:
+                book.journal = journal
 
     def snapshot(self) -> tuple[int, list]:
         """The whole durable state as entries (a compaction of the journal so far): the
@@ -196,6 +208,8 @@ class JobState:
         out: list = [("T", self.tolerance.state()), ("I", *self.ids.export())]
         if self.failure_reason:
             out.append(("f", self.failure_reason))
+        if self.slices is not None and self.slices.slices:
+            out.append(("b", self.slices.state()))
         out.append(("s", self._summary_state()))
         if not pending:
             self.generation += 1

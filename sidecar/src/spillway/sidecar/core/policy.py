@@ -43,6 +43,7 @@ from .ports import Clock, ErrorLogger, RandomSource
 from .provisional import first_seen_skips, provisional_verdicts
 from .runs import Group, Span, decide_groups
 from .settings import JobSettings, job_settings
+from .slices import SliceAsk, settle
 from .tolerance import record_key
 
 __all__ = ["MAX_TRACKED_RECORDS", "PolicyEngine", "run_key"]
@@ -161,15 +162,20 @@ class PolicyEngine:
 
     def decide_tally(self, job: str, task: TaskIdentity, ids: Sequence[str],
                      tags: Sequence[int], groups: Sequence[Group],
-                     journal: list | None = None, claim: int = 0) -> list[Span]:
+                     journal: list | None = None, claim: int = 0,
+                     ask: SliceAsk | None = None) -> list[Span]:
         """A home's tally, from its columns: answers as `Span`s, a run of records decided
         alike once with its length (`runs.decide_groups`); the error log lines are the
-        node's to write. ``claim``: the node's provisional claim on the report (0: none)."""
+        node's to write. ``claim``: the node's provisional claim on the report (0: none);
+        ``ask``: what it says about budget slices (`slices.settle`)."""
         decider = self._decider
 
         def decide(j: JobState, b: Batch) -> list[Span]:
             b.claim = claim
-            return decide_groups(decider, j, b, ids, tags, groups)
+            out = decide_groups(decider, j, b, ids, tags, groups)
+            if ask is not None:
+                settle(j, ask, len(ids), b.wall)
+            return out
         return self._in_batch(job, task, journal, decide)[2]
 
     def _in_batch(self, job: str, task: TaskIdentity, journal: list | None, decide):
@@ -203,10 +209,15 @@ class PolicyEngine:
             digests.byteswap()
         return digests.tobytes()
 
-    def provisional(self, job: str, records: Sequence[FailedRecord]) -> list[Verdict] | None:
+    def provisional(self, job: str, records: Sequence[FailedRecord], *, sliced: bool = False
+                    ) -> list[Verdict] | None:
         """The verdicts a node may answer before its run's home confirms them, or None
         (`provisional.provisional_verdicts`)."""
-        return provisional_verdicts(self._job(job), records)
+        return provisional_verdicts(self._job(job), records, sliced=sliced)
+
+    def sliceable(self, job: str) -> bool:
+        """Whether the run has an error limit its home slices among nodes (`slices.py`)."""
+        return self._job(job).slices is not None
 
     def first_seen_skips(self, job: str, records: Sequence[FailedRecord]
                          ) -> list[Verdict | None] | None:

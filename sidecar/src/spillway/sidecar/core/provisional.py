@@ -19,13 +19,17 @@ from .jobstate import JobState, describe
 from .model import Action, Category, FailedRecord, Verdict
 
 
-def provisional_verdicts(j: JobState, records: Sequence[FailedRecord]) -> list[Verdict] | None:
+def provisional_verdicts(j: JobState, records: Sequence[FailedRecord], *, sliced: bool = False
+                         ) -> list[Verdict] | None:
     """Each record's verdict as its home answers it when the record is first seen (SKIP, a
     data error, dead-lettered), or None when the home could answer any record of the report
     otherwise: an error that is not a data error (retried, or failing the task or the job),
     a user handler or a tolerance limit (either may fail the run), no DLQ topic, or a run
-    already failed."""
-    if not records or j.failure_reason or not runs_allowed(j):
+    already failed. ``sliced``: the node holds room in a slice of the run's error budget
+    (`slices.py`), so a limit that slices allow does not stop it."""
+    if not records or j.failure_reason:
+        return None
+    if not runs_allowed(j) and not (sliced and j.slices is not None):
         return None
     out = first_seen_skips(j, records, every=True)
     return out if out is not None and len(out) == len(records) else None
