@@ -114,9 +114,12 @@ class _Figs:
     per_call: Figure | None   # provisional nodes only
 
 
-def _figures(result: TargetResult, n: int, sync: bool = False) -> _Figs:
+def _figures(result: TargetResult, n: int, sync: bool = False, limited: bool = False
+             ) -> _Figs:
     nodes = f"{n} node{'s' if n > 1 else ''}" + (", each report waiting for its home"
                                                  if sync else "")
+    if limited:
+        nodes += ", an error limit (budget slices)"
     return _Figs(
         rate=result.figure(f"{nodes}: records/s decided by the home", "records/s"),
         home_us=result.figure(f"{nodes}: home CPU per forwarded record", "µs"),
@@ -154,10 +157,13 @@ class _Cluster:
         self.pool = ClientPool(CLIENTS)
         ctx.infra.on_close(self.pool.close)
 
-    def run(self, n: int, run_no: int, *, sync: bool = False) -> ClusterRun:
+    def run(self, n: int, run_no: int, *, sync: bool = False, limit: int = -1) -> ClusterRun:
+        """``limit``: errors.tolerance.max.errors of the run (-1: none)."""
         ctx = self.ctx
         nodes = (self.sync_nodes if sync else self.nodes)[:n]
-        topic = ctx.infra.fresh_topic("cluster")
+        props = _job_props(ctx.infra.fresh_topic("cluster"))
+        if limit >= 0:
+            props["errors.tolerance.max.errors"] = str(limit)
         job = f"bench-cluster-{uuid.uuid4().hex[:8]}"
         broker = ctx.infra.broker_pid()
         pids = [self.home.pid, *(s.pid for s in nodes), *self.pool.pids, *([broker] if broker
@@ -166,7 +172,7 @@ class _Cluster:
         confirmed0 = _confirm_counts(nodes)   # read outside the CPU window
         agg = self.pool.run(lambda i: {
             "target": nodes[node_of_client(i, n)].address, "home": self.home.address,
-            "job": job, "props": _job_props(topic), "records": self.per_client, "batch": BATCH,
+            "job": job, "props": props, "records": self.per_client, "batch": BATCH,
             "flush": True, "run_no": run_no},
             on_start=lambda: before.update(cpu.snapshot(pids)))
         after = cpu.snapshot(pids)
@@ -285,11 +291,14 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
         f"and report {per_client:,} failed records each ({BATCH} per report: 200-byte values, "
         "one real JSONDecodeError with its stack trace), then call the flush barrier. Each node "
         "answers a report at once (provisional verdicts: nothing but the records' identity "
-        "decides them under this policy), holds its DLQ records in its spool and confirms them "
+        "decides them under this policy; with an error limit, within a slice of the run's error "
+        "budget the home granted it), holds its DLQ records in its spool and confirms them "
         "with the home in the background, several reports a call (TallyFailures: record ids, "
         "8-byte payload digests, each way of failing once, the node's claim; no payloads or "
         "stack traces), then releases the records the home calls new to Tansu. The baseline, "
-        f"alternated with them: {max(NODE_COUNTS)} other node sidecars with "
+        f"alternated with them: the largest N with errors.tolerance.max.errors set (twice the "
+        "records: never reached; the nodes answer within budget slices), and "
+        f"{max(NODE_COUNTS)} other node sidecars with "
         "`home.confirm.async=false`, where each report waits for the home's answer (its "
         "reports coalesced only while a call is in flight). CPU is read from each "
         "process's /proc/<pid>/stat (utime + stime, all threads) just before the clients start "
@@ -328,12 +337,14 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
     figs = {n: _figures(result, n) for n in NODE_COUNTS}
     top = max(NODE_COUNTS)
     sync_figs = _figures(result, top, sync=True)
+    # a limit the run never reaches: what its reports cost while slices answer them
+    limit = 2 * CLIENTS * per_client
+    lim_figs = _figures(result, top, limited=True)
 
-
-    def variant(n: int, sync: bool = False):
+    def variant(n: int, sync: bool = False, limited: bool = False):
         def go(run_no: int):
-            f = sync_figs if sync else figs[n]
-            m = cluster.run(n, run_no, sync=sync).per_record()
+            f = sync_figs if sync else lim_figs if limited else figs[n]
+            m = cluster.run(n, run_no, sync=sync, limit=limit if limited else -1).per_record()
             extra = {} if sync else {f.per_call: m["reports_per_call"]}
             return m["home_rate"], {f.home_us: m["home_us"], f.node_us: m["node_us"],
                                     f.client_us: m["client_us"], f.broker_us: m["broker_us"],
@@ -342,10 +353,13 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
 
     variants = {figs[n].rate.name: variant(n) for n in NODE_COUNTS}
     variants[sync_figs.rate.name] = variant(top, sync=True)
+    variants[lim_figs.rate.name] = variant(top, limited=True)
     rates = {figs[n].rate.name: figs[n].rate for n in NODE_COUNTS}
     rates[sync_figs.rate.name] = sync_figs.rate
+    rates[lim_figs.rate.name] = lim_figs.rate
     alternate_runs(ctx, result, variants, rates, warmup=True, label="(a) ")
     result.notes.append(_provisional_reading(figs[top], sync_figs, top))
+    result.notes.append(_sliced_reading(lim_figs, figs[top], sync_figs, top, limit))
 
     sat = _Saturated(ctx, per_client * 2)
     who = f"home saturated by {CLIENTS} stand-in nodes (TallyFailures)"
@@ -456,6 +470,20 @@ def _provisional_reading(prov: _Figs, sync: _Figs, n: int) -> str:
             f"against {fmt(sn)} ({pn / sn:.2f}x; both hold each report's DLQ records before "
             f"the home answers, and release them after); a client {fmt(pc)} against "
             f"{fmt(sc)} µs.")
+
+
+def _sliced_reading(lim: _Figs, free: _Figs, sync: _Figs, n: int, limit: int) -> str:
+    """What a run with an error limit costs now that its nodes answer within budget slices."""
+    vals = [_median(x) for x in (lim.home_us, free.home_us, sync.home_us, lim.node_us,
+                                 free.node_us)]
+    if None in vals:
+        return "A run with an error limit (budget slices): not measured."
+    lh, fh, sh, ln, fn = vals
+    return (f"A run with errors.tolerance.max.errors={limit:,} ({n} nodes, never reached; "
+            f"same run, alternated): its nodes answer within slices of its error budget, and "
+            f"the home spends {fmt(lh)} µs per record against {fmt(fh)} µs without a limit "
+            f"and {fmt(sh)} µs with each report waiting for it (before budget slices every "
+            f"report of a limited run waited); a node {fmt(ln)} against {fmt(fn)} µs.")
 
 
 def _per_call_reading(call_us: Figure, sat_us: Figure, big_us: Figure) -> str:

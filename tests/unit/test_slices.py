@@ -171,3 +171,13 @@ def test_a_tally_closing_more_slices_than_a_run_can_hold_is_refused():
     report.want_slice = MAX_SLICE + 1
     with pytest.raises(ValueError, match=r"reports\[0\].want_slice: must be in \[0, 65536\]"):
         validate.tally_failures(req)
+
+
+def test_errors_spent_on_a_report_the_spool_refused_go_back_to_their_slice():
+    n = NodeSlices()
+    n.grant("k", _slice(5, 20))
+    assert n.take("k", 15) == 5
+    n.give_back("k", 5, 15)
+    assert n.take("k", 20) == 5 and n.answered == 20    # the whole slice again, now spent
+    n.give_back("k", 5, 5)                               # its close counts 5 fewer
+    assert n.closes("k") == [(5, 15)] and n.answered == 15

@@ -145,9 +145,15 @@ class Confirmations:
         sid = self.slices.take(key, len(records)) if sliced else 0
         if sliced and not sid:
             return None
-        self._queue(run, self._hold(run, task_pb, task, records, verdicts,
-                                    s.engine.payload_digests(key, records), token, traceparent,
-                                    task_key(key, task), sid))
+        try:
+            held = self._hold(run, task_pb, task, records, verdicts,
+                              s.engine.payload_digests(key, records), token, traceparent,
+                              task_key(key, task), sid)
+        except BaseException:
+            if sid:
+                self.slices.give_back(key, sid, len(records))
+            raise
+        self._queue(run, held)
         for v in verdicts:   # in the DLQ once confirmed: this copy, or the one before it
             v.dead_lettered = True
         return verdicts

@@ -64,6 +64,22 @@ class NodeSlices:
                     return s.id
             return 0
 
+    def give_back(self, key: str, sid: int, n: int) -> None:
+        """`n` errors `take` spent on a report that was not answered after all (the spool
+        refused to hold it): back in their slice, or off its close's count."""
+        with self._lock:
+            self.answered -= n
+            for s in self._held.get(key, ()):
+                if s.id == sid:
+                    s.left += n
+                    s.used -= n
+                    return
+            closed = self._closed.get(key, [])
+            for i, (cid, used) in enumerate(closed):
+                if cid == sid:
+                    closed[i] = (cid, max(used - n, 0))
+                    return
+
     def ask(self, key: str, n: int) -> tuple[int, list[tuple[int, int]]]:
         """For a report of `n` records that waits for the home: the size to ask for and the
         slices to close (those without room for it: their rest goes back to the budget)."""
