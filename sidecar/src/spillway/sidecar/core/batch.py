@@ -32,7 +32,8 @@ class Batch:
     __slots__ = ("task", "tid", "now", "wall", "amounts", "last_stage", "last_amounts",
                  "last_ref", "by_stage", "by_class",
                  "by_category", "reports", "last_exc", "last_cls", "last_what", "reasons",
-                 "last_info", "cls_exc", "cls", "new_errors", "collisions", "claim")
+                 "last_info", "cls_exc", "cls", "new_errors", "collisions", "claim",
+                 "unchecked")
 
     def __init__(self, task: TaskIdentity, now: float, wall: int) -> None:
         self.task = task                  # the reporting Spark task attempt
@@ -57,6 +58,9 @@ class Batch:
         self.new_errors: dict[str, int] = {}   # by stage: errors counted by tolerance at the end
         self.collisions: list[FailedRecord] = []   # records under an id known with another payload
         self.claim = 0        # the report's provisional claim (a node's held records), 0: none
+        # no record of the report can exceed a tolerance limit (`ToleranceTracker.room_for`):
+        # its new errors are counted at its end, as without limits
+        self.unchecked = False
 
     def stage_amounts(self, stage: str) -> list[int]:
         if stage == self.last_stage:

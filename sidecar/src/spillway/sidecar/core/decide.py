@@ -77,7 +77,8 @@ class Decider:
         counts are exactly `decide_one`'s; any other record ends the run."""
         out: list[Outcome] = []
         append = out.append
-        if not runs_allowed(j):
+        b.unchecked = j.tolerance.room_for(len(records))
+        if not runs_allowed(j, b):
             for r in records:
                 append(self.decide_one(j, b, r))
             return out
@@ -347,7 +348,7 @@ class Decider:
                                              attempts, job_failed=True), cls)
 
         tolerance = j.tolerance
-        if tolerance.unlimited:           # no limit to check: counted per stage at the end
+        if b.unchecked or tolerance.unlimited:   # no limit to cross: counted at the end
             ids = j.ids
             if key in ids:
                 ids.touch(key)            # already counted by an earlier attempt
@@ -387,10 +388,12 @@ class Decider:
                                          attempts), cls, dead_letter=dead_letter)
 
 
-def runs_allowed(j: JobState) -> bool:
+def runs_allowed(j: JobState, b: Batch | None = None) -> bool:
     """Whether records failing the same way can share a skipped record's answer (a run): the
-    built-in CONTINUE handler and no tolerance limit, so nothing but the record's id decides."""
-    return j.tolerance.unlimited and j.handler.fixed is _CONTINUE
+    built-in CONTINUE handler and no tolerance limit (or, for the report `b`, none it can
+    cross), so nothing but the record's id decides."""
+    return ((j.tolerance.unlimited or (b is not None and b.unchecked))
+            and j.handler.fixed is _CONTINUE)
 
 
 def run_start(j: JobState, b: Batch, o: Outcome) -> tuple[str, object, str] | None:

@@ -172,15 +172,17 @@ class PolicyEngine:
 
         def decide(j: JobState, b: Batch) -> list[Span]:
             b.claim = claim
-            out = decide_groups(decider, j, b, ids, tags, groups)
-            if ask is not None:
-                settle(j, ask, len(ids), b.wall)
-            return out
-        return self._in_batch(job, task, journal, decide)[2]
+            return decide_groups(decider, j, b, ids, tags, groups)
 
-    def _in_batch(self, job: str, task: TaskIdentity, journal: list | None, decide):
-        """`decide(j, batch)` under the run's lock, then the report's counts applied and its
-        journal slice taken: (run state, batch, what `decide` answered)."""
+        def after(j: JobState, b: Batch) -> None:   # once the report's errors are counted
+            settle(j, ask, len(ids), b.wall)
+        return self._in_batch(job, task, journal, decide, after if ask is not None else None)[2]
+
+    def _in_batch(self, job: str, task: TaskIdentity, journal: list | None, decide,
+                  after=None):
+        """`decide(j, batch)` under the run's lock, then the report's counts applied (and
+        `after(j, batch)` called) and its journal slice taken: (run state, batch, what
+        `decide` answered)."""
         j = self._job(job)
         batch = Batch(task, self._clock.monotonic() * 1000.0, self._clock.wall_ms())
         with j.lock:
@@ -188,6 +190,8 @@ class PolicyEngine:
                 out = decide(j, batch)
             finally:
                 batch.apply(j)
+                if after is not None:
+                    after(j, batch)
                 _take(j, journal, counted=True)
         if batch.collisions:
             warn_collisions(j, batch.collisions)

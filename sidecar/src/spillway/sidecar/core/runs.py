@@ -38,7 +38,8 @@ def decide_groups(decider: Decider, j: JobState, b: Batch, ids: Sequence[str],
     out: list[Span] = []
     append = out.append
     decide_one = decider.decide_one
-    if not runs_allowed(j):
+    b.unchecked = j.tolerance.room_for(len(ids))
+    if not runs_allowed(j, b):
         x = 0
         for stage, exc, fn, n in groups:
             for k in range(x, x + n):

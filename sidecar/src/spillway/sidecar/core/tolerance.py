@@ -152,6 +152,18 @@ class ToleranceTracker:
         # a list: counted errors and progress are appended to it (`JobState.replay` redoes them)
         self.journal: list | None = None
 
+    def room_for(self, n: int) -> bool:
+        """Whether `n` more errors cannot exceed any limit, so a report of `n` records can be
+        counted at its end like one of a tracker without limits (`count_errors`): no limit,
+        or only a count limit (windowed or per stage: those counts are at most the run's
+        total) with room for all of them. A ratio depends on processed records as well, and
+        errors.tolerance=none fails on the first error."""
+        if self.unlimited:
+            return True
+        s = self.s
+        return (s.mode != "none" and s.max_ratio < 0
+                and self.errors_total + n <= s.max_errors)
+
     @property
     def ids_evicted(self) -> int:
         return self.ids.evicted
