@@ -194,6 +194,8 @@ class JobState:
                 elif kind == "T":
                     tol.set_state(e[1])
                 elif kind == "b" and book is not None:
+                    book.redo(e[1], e[2], e[3])
+                elif kind == "B" and book is not None:
                     book.set_state(e[1])
         finally:
             self.tolerance.journal = self.ids.journal = journal
@@ -209,7 +211,7 @@ class JobState:
         if self.failure_reason:
             out.append(("f", self.failure_reason))
         if self.slices is not None and self.slices.slices:
-            out.append(("b", self.slices.state()))
+            out.append(("B", self.slices.state()))
         out.append(("s", self._summary_state()))
         if not pending:
             self.generation += 1

@@ -110,7 +110,7 @@ class SliceBook:
             return 0
         self.slices[sid] = [size, 0, -1, now_wall_ms + self.lease_ms]
         self.granted += 1
-        self._changed()
+        self._changed(sid)
         return size
 
     def confirmed(self, sid: int, n: int) -> None:
@@ -121,7 +121,7 @@ class SliceBook:
         s[1] += n
         if s[2] >= 0 and s[1] >= s[2]:
             del self.slices[sid]
-        self._changed()
+        self._changed(sid)
 
     def close(self, sid: int, used: int) -> None:
         """The node answers nothing more under `sid`; it answered `used` records under it."""
@@ -131,20 +131,29 @@ class SliceBook:
         s[2] = min(max(used, 0), s[0])
         if s[1] >= s[2]:
             del self.slices[sid]
-        self._changed()
+        self._changed(sid)
 
     def _expire(self, now_wall_ms: int) -> None:
-        ended = [sid for sid, s in self.slices.items() if s[3] <= now_wall_ms]
-        if ended:
-            for sid in ended:
-                del self.slices[sid]
-            self._changed()
+        for sid in [sid for sid, s in self.slices.items() if s[3] <= now_wall_ms]:
+            del self.slices[sid]
+            self._changed(sid)
 
-    def _changed(self) -> None:
+    def _changed(self, sid: int) -> None:
+        """Journal one slice as it is now (None: ended), not the whole table: a run may have
+        a thousand open slices and each confirmation changes one."""
         if self.journal is not None:
-            self.journal.append(("b", self.state()))
+            s = self.slices.get(sid)
+            self.journal.append(("b", sid, list(s) if s is not None else None, self.granted))
 
     # --- durable state (`JobState.snapshot`, `JobState.replay`) -------------------------
+
+    def redo(self, sid: int, slice_: list | None, granted: int) -> None:
+        """Replay a journaled change (`_changed`)."""
+        if slice_ is None:
+            self.slices.pop(sid, None)
+        else:
+            self.slices[sid] = list(slice_)
+        self.granted = granted
 
     def state(self) -> dict:
         return {"slices": {k: list(v) for k, v in self.slices.items()}, "granted": self.granted}
