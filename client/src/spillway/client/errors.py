@@ -22,6 +22,8 @@ code on ``.code``.
     │                                   (PERMISSION_DENIED)
     ├── JobLimitError                   RegisterJob: the sidecar's live-run bound
     │                                   (jobs.max.live) is reached (RESOURCE_EXHAUSTED)
+    ├── RunStateLostError               RegisterJob: the state the sidecar kept for the run
+    │                                   before a restart cannot be read (DATA_LOSS)
     ├── SidecarProtocolError            any other status, or an answer that breaks the contract
     └── RecordFailedError               a FAIL verdict: the task must fail
         └── JobFailedError              ... with job_failed: the whole job has failed
@@ -122,6 +124,10 @@ class JobLimitError(SpillwayClientError):
     pass
 
 
+class RunStateLostError(SpillwayClientError):
+    """The run is not resumed: its kept state is unreadable (the message says what to do)."""
+
+
 class SidecarProtocolError(SpillwayClientError):
     pass
 
@@ -188,6 +194,7 @@ _BY_CODE: dict[grpc.StatusCode, type[SpillwayClientError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidPolicyError,
     grpc.StatusCode.FAILED_PRECONDITION: JobConflictError,
     grpc.StatusCode.PERMISSION_DENIED: JobAccessError,
+    grpc.StatusCode.DATA_LOSS: RunStateLostError,
 }
 
 

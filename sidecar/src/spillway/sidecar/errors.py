@@ -58,6 +58,11 @@ class LiveRunsExhaustedError(JobError):
     pass
 
 
+class RunStateError(JobError):
+    """The state a sidecar kept for a run before a restart cannot be read (DATA_LOSS): the run
+    is not resumed, since its counted errors and remembered records are unknown."""
+
+
 class DlqError(SpillwayError):
     pass
 

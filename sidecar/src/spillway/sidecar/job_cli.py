@@ -1,12 +1,14 @@
-"""`spillway job list|end`: the operator's view of job runs (see docs/DEPLOY.md).
+"""`spillway job list|end|forget`: the operator's view of job runs (see docs/DEPLOY.md).
 
     spillway job list [--job NAME] [--sidecar ADDR] [--json]
     spillway job end NAME [--run RUN_ID] [--sidecar ADDR] [--timeout S]
+    spillway job forget NAME --run RUN_ID [--spool-dir DIR]
 
-Both page through GetStatus (every run, whatever their number) and need an operator's
+`list` and `end` page through GetStatus (every run, whatever their number) and need an operator's
 credentials when the sidecar has authentication configured (``--admin-token-file`` or
 ``$SPILLWAY_ADMIN_TOKEN_FILE``): an operator sees and may end every run; any other caller sees
 only the runs whose job token it holds.
+`forget` works on the sidecar's spool directory itself (the state file is its owner's only).
 """
 
 from __future__ import annotations
@@ -71,8 +73,25 @@ def cmd_job_end(args: argparse.Namespace, make_client: Callable) -> int:
     return 0
 
 
+def cmd_job_forget(args: argparse.Namespace) -> int:
+    """Drop the state a sidecar kept for a run whose kept state cannot be read (its
+    RegisterJob answers DATA_LOSS naming this command); works on the spool directory, not
+    through the sidecar, since the run is not registered there."""
+    from .core.jobstate import run_key
+    from .dlq import default_spool_dir
+    from .runstate import forget
+
+    directory = args.spool_dir or default_spool_dir()
+    if forget(directory, run_key(args.name, args.run)):
+        print(f"dropped the state kept for job {args.name} run {args.run} in {directory}: "
+              "registered again, the run starts afresh")
+        return 0
+    print(f"spillway: no state is kept for job {args.name!r} run {args.run!r} in {directory}")
+    return 1
+
+
 def add_job_commands(sub, add_security_args: Callable, make_client: Callable) -> None:
-    j = sub.add_parser("job", help="list or end job runs (operator)")
+    j = sub.add_parser("job", help="list, end or forget job runs (operator)")
     jsub = j.add_subparsers(dest="job_command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -95,3 +114,11 @@ def add_job_commands(sub, add_security_args: Callable, make_client: Callable) ->
                      help="how long the sidecar may wait for the run's DLQ records, seconds")
     common(end)
     end.set_defaults(func=lambda a: cmd_job_end(a, make_client))
+
+    fg = jsub.add_parser("forget", help="drop the state a sidecar kept for a run before a "
+                                        "restart (when it cannot be read: RegisterJob answers "
+                                        "DATA_LOSS)")
+    fg.add_argument("name", help="the job name")
+    fg.add_argument("--run", required=True, help="the run id (the Spark application id)")
+    fg.add_argument("--spool-dir", help="the sidecar's spool.dir (default: the per-user one)")
+    fg.set_defaults(func=cmd_job_forget)

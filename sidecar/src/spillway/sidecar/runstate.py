@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import RunStateError
 
 log = logging.getLogger("spillway.sidecar.runstate")
 
@@ -62,6 +65,38 @@ class _Append:
     slices: list[tuple[int, bytes]]
     total: int = 0
     done: bool = False
+
+
+def unreadable_state(store: RunStore, job: str, run_id: str, exc: BaseException
+                     ) -> RunStateError:
+    """The refusal of a run whose kept state cannot be read: it is not resumed (its counted
+    errors and remembered records are unknown, so resuming could loosen a limit or repeat a
+    dead letter), and nothing of it is registered; the operator decides."""
+    return RunStateError(
+        f"job {job!r} run {run_id!r}: the state this sidecar kept for it before a restart, in "
+        f"{store.path}, cannot be read ({type(exc).__name__}: {exc}); the run is not resumed, "
+        "since its counted errors and dead-lettered records are unknown. Run the job under "
+        "a new run id, or drop the kept state to start this run afresh here (its tolerance "
+        "count and dead letters start from zero): spillway job forget "
+        f"{shlex.quote(job)} --run {shlex.quote(run_id)} "
+        f"--spool-dir {shlex.quote(str(store.path.parent))}")
+
+
+def forget(directory: str | os.PathLike, key: str) -> bool:
+    """Drop the state kept for run `key` in `directory` (`spillway job forget`); whether there
+    was one. Opens the file as it is (no seed check: that would drop every other run)."""
+    path = Path(directory) / FILE_NAME
+    if not path.exists():
+        return False
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        n = conn.execute("DELETE FROM runs WHERE key = ?", (key,)).rowcount
+        conn.execute("DELETE FROM slices WHERE key = ?", (key,))
+        conn.execute("COMMIT")
+        return n > 0
+    finally:
+        conn.close()
 
 
 class RunStore:

@@ -26,6 +26,7 @@ from ..errors import (
     JobConflictError,
     KafkaUnreachableError,
     LiveRunsExhaustedError,
+    RunStateError,
     SpillwayError,
     UnknownJobError,
 )
@@ -47,6 +48,7 @@ _NO_DEADLINE_S = 1e8   # a time_remaining() beyond this (years) is no deadline a
 _STATUS_OF: tuple[tuple[type[SpillwayError], grpc.StatusCode], ...] = (
     (JobAccessError, grpc.StatusCode.PERMISSION_DENIED),
     (LiveRunsExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (RunStateError, grpc.StatusCode.DATA_LOSS),
     (JobConflictError, grpc.StatusCode.FAILED_PRECONDITION),
     (UnknownJobError, grpc.StatusCode.NOT_FOUND),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
