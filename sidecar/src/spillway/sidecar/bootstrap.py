@@ -175,6 +175,21 @@ def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
     )
 
 
+class _Handlers:
+    """Collects what a generated ``add_XServicer_to_server`` registers, so that it is served
+    through `security.Authenticating` only (its registered-method copy is left out: grpc would
+    serve those methods around the wrapper)."""
+
+    def __init__(self) -> None:
+        self.generic: list[grpc.GenericRpcHandler] = []
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self.generic.extend(handlers)
+
+    def add_registered_method_handlers(self, service, handlers) -> None:
+        pass
+
+
 def start_server(
     raw: Mapping[str, str] | None = None,
     *,
@@ -213,11 +228,6 @@ def start_server(
         # gRPC server spans continue the executor's trace (W3C context in the metadata); only
         # a sampled call pays for its span
         spans = telemetry.ServerSpans(tel.tracer_provider)
-    # one interceptor, authentication first: nothing (tracing included) sees a call before it
-    # is authenticated; then the call's server span
-    interceptors = [security.AuthInterceptor(
-        security.Authenticator(sec, local_only=local_only),
-        around=spans.wrap if spans is not None else None), *interceptors]
     if sidecar.pipeline is not None:
         sidecar.pipeline.start()
         if sidecar.pipeline.holds:   # also to confirm rows held before a restart
@@ -229,15 +239,21 @@ def start_server(
             interval_s=sidecar.props["kafka.check.interval.ms"] / 1000).start()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="spillway-rpc"),
-        interceptors=interceptors,
+        interceptors=list(interceptors) or None,
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.so_reuseport", int(process is not None))],
     )
-    # raw bytes in, parsed and bounded inside: undecodable requests answer INVALID_ARGUMENT
-    rpc.add_servicer(ErrorSidecarServicer(sidecar), server)
+    # raw bytes in, parsed and bounded inside: undecodable requests answer INVALID_ARGUMENT;
+    # every method of both services authenticated first: nothing (tracing included) sees a
+    # call before it is, then the call's server span (a handler wrapper, not an interceptor)
     health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_handlers = _Handlers()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_handlers)
+    server.add_generic_rpc_handlers((security.Authenticating(
+        [rpc.generic_handler(ErrorSidecarServicer(sidecar)), *health_handlers.generic],
+        security.Authenticator(sec, local_only=local_only),
+        around=spans.wrap if spans is not None else None),))
     address = ""
     if sidecar.props["listen.unix.socket"]:
         path = sidecar.props["listen.unix.socket"]

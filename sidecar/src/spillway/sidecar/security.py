@@ -1,6 +1,6 @@
 """Who is calling: transport security (TLS, mTLS) and caller authentication, at the edge.
 
-Every call passes `AuthInterceptor` before any servicer code runs. It checks the credentials the
+Every call passes `Authenticating` before any servicer code runs. It checks the credentials the
 call carries (gRPC metadata) and the mTLS identity of the connection, then publishes the result
 as a `Caller` through a context variable (`current_caller()`), which the servicer and the
 registry ask instead of looking at metadata themselves.
@@ -434,14 +434,46 @@ def _wrap(behavior: Callable, auth: Callable, *, unary_request: bool,
 _MAX_CACHED_METHODS = 256
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
-    """Authenticates every call before any servicer code runs (the only interceptor in the
-    chain); the servicer reads the outcome with `current_caller()`.
+class Authenticating(grpc.GenericRpcHandler):
+    """The server's handlers (`inner`, grpc generic handlers), each method's wrapped so that
+    every call is authenticated before any servicer code runs; the servicer reads the outcome
+    with `current_caller()`. Registered in place of `inner` rather than as a grpc server
+    interceptor: grpc runs even a no-op interceptor at about 100 µs of CPU a call (measured
+    2026-11-27, 1-record calls), a tenth of a small call's whole cost.
 
     ``around(method, behavior, streaming_response)``, if given, wraps each method's behaviour
     inside the authentication (telemetry's server span: `telemetry.ServerSpans.wrap`), so a
     refused call reaches nothing, tracing included. A method's wrapped handler is built once
-    and reused for every call of it: a call pays for its own checks, not for closures."""
+    and reused for every call of it: a call pays for its own checks, not for closures. A
+    method no inner handler serves is left to grpc (UNIMPLEMENTED)."""
+
+    def __init__(self, inner: Sequence[grpc.GenericRpcHandler], authenticator: Authenticator,
+                 *, around: Callable[[str, Callable, bool], Callable] | None = None) -> None:
+        self._inner = tuple(inner)
+        self._auth = authenticator
+        self._around = around
+        self._handlers: dict[str, object] = {}
+
+    def service(self, handler_call_details):
+        method = handler_call_details.method
+        wrapped = self._handlers.get(method)
+        if wrapped is not None:
+            return wrapped
+        for inner in self._inner:
+            handler = inner.service(handler_call_details)
+            if handler is not None:
+                break
+        else:
+            return None
+        wrapped = authenticated(method, handler, self._auth, self._around)
+        if len(self._handlers) < _MAX_CACHED_METHODS:
+            self._handlers[method] = wrapped
+        return wrapped
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """`Authenticating` as a grpc server interceptor, for a server whose handlers are not
+    registered through it (same checks, same caching; costs grpc's interceptor pipeline)."""
 
     def __init__(self, authenticator: Authenticator, *,
                  around: Callable[[str, Callable, bool], Callable] | None = None) -> None:
@@ -457,34 +489,38 @@ class AuthInterceptor(grpc.ServerInterceptor):
         hit = self._handlers.get(method)
         if hit is not None and hit[0] is handler:
             return hit[1]
-        wrapped = self._wrap_handler(method, handler)
+        wrapped = authenticated(method, handler, self._auth, self._around)
         if len(self._handlers) < _MAX_CACHED_METHODS:
             self._handlers[method] = (handler, wrapped)
         return wrapped
 
-    def _wrap_handler(self, method: str, handler):
-        authenticate = self._auth.authenticate
 
-        def auth(context) -> Caller:
-            try:
-                return authenticate(method, _metadata(context.invocation_metadata()),
-                                    tls_identities(context), context.peer())
-            except Refused as exc:
-                log.info("refused %s from %s: %s", method, context.peer(), exc)
-                context.abort(exc.code, str(exc))
+def authenticated(method: str, handler, authenticator: Authenticator, around=None):
+    """`handler` (a grpc RpcMethodHandler of `method`) with every call authenticated first,
+    and ``around`` (the server span) inside the authentication."""
+    authenticate = authenticator.authenticate
 
-        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
-            behavior = getattr(handler, kind)
-            if behavior is not None:
-                streaming = kind.endswith("stream")
-                if self._around is not None:
-                    behavior = self._around(method, behavior, streaming)
-                return handler._replace(**{kind: _wrap(
-                    behavior, auth, unary_request=kind.startswith("unary"),
-                    streaming_response=streaming)})
-        return handler
+    def auth(context) -> Caller:
+        try:
+            return authenticate(method, _metadata(context.invocation_metadata()),
+                                tls_identities(context), context.peer())
+        except Refused as exc:
+            log.info("refused %s from %s: %s", method, context.peer(), exc)
+            context.abort(exc.code, str(exc))
+
+    for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+        behavior = getattr(handler, kind)
+        if behavior is not None:
+            streaming = kind.endswith("stream")
+            if around is not None:
+                behavior = around(method, behavior, streaming)
+            return handler._replace(**{kind: _wrap(
+                behavior, auth, unary_request=kind.startswith("unary"),
+                streaming_response=streaming)})
+    return handler
 
 
 __all__ = ["Caller", "current_caller", "Secret", "TokenFile", "SecurityConfig", "load_config",
-           "AuthInterceptor", "Authenticator", "check_sidecar_only",
+           "AuthInterceptor", "Authenticating", "Authenticator", "authenticated",
+           "check_sidecar_only",
            "NODE_TOKEN_KEY", "PEER_TOKEN_KEY", "ADMIN_TOKEN_KEY", "JOB_TOKEN_KEY"]
