@@ -70,3 +70,36 @@ def test_bad_probe_address_is_refused_naming_the_property():
     with pytest.raises(ConfigError, match="health.listen.address"):
         start_server({"listen.address": "127.0.0.1:0", "spool.enable": "false",
                       "health.listen.address": "no-port"})
+
+
+def test_with_a_node_token_every_method_but_health_check_needs_a_credential(tmp_path):
+    """Authentication wraps the server's handlers (security.Authenticating), the health
+    service's too: Check stays open for probes, Watch and every spillway.v1 method are
+    refused without a credential, and a method nobody serves is UNIMPLEMENTED."""
+    token = write_token(tmp_path / "node", "node-secret")
+    running = start_server({"listen.address": "127.0.0.1:0", "spool.enable": "false",
+                            "auth.token.file": str(token)})
+    try:
+        assert _check(running.address) == health_pb2.HealthCheckResponse.SERVING
+        with grpc.insecure_channel(running.address) as ch:
+            watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(),
+                                                         timeout=5)
+            with pytest.raises(grpc.RpcError) as refused:
+                next(watch)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            stub = pb_grpc.ErrorSidecarStub(ch)
+            for call, request in ((stub.RegisterJob, pb.RegisterJobRequest(job="j")),
+                                  (stub.GetStatus, pb.GetStatusRequest()),
+                                  (stub.TallyFailures, pb.TallyRequest(job="j"))):
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(request, timeout=5)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            ok = stub.GetStatus(pb.GetStatusRequest(), timeout=5,
+                                metadata=[("spillway-node-token", "node-secret")])
+            assert ok.sidecar_id
+            unknown = ch.unary_unary("/spillway.v1.ErrorSidecar/NoSuchMethod")
+            with pytest.raises(grpc.RpcError) as missing:
+                unknown(b"", timeout=5)
+            assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        running.stop(1.0)
