@@ -159,14 +159,19 @@ class RunStore:
         with self._lock:
             self._conn.close()
 
-    def load(self, key: str) -> tuple[bytes, list[bytes]] | None:
-        """The run's token digest and its slices, oldest first; None when not kept here."""
-        with self._lock:
-            row = self._conn.execute("SELECT digest FROM runs WHERE key = ?", (key,)).fetchone()
-            if row is None:
-                return None
-            blobs = [b for (b,) in self._conn.execute(
-                "SELECT blob FROM slices WHERE key = ? ORDER BY gen", (key,))]
+    def load(self, key: str, job: str = "", run_id: str = "") -> tuple[bytes, list[bytes]] | None:
+        """The run's token digest and its slices, oldest first; None when not kept here
+        (RunStateError when the file cannot be read)."""
+        try:
+            with self._lock:
+                row = self._conn.execute("SELECT digest FROM runs WHERE key = ?",
+                                         (key,)).fetchone()
+                if row is None:
+                    return None
+                blobs = [b for (b,) in self._conn.execute(
+                    "SELECT blob FROM slices WHERE key = ? ORDER BY gen", (key,))]
+        except sqlite3.Error as exc:
+            raise unreadable_state(self, job or key, run_id, exc) from exc
         return bytes(row[0]), blobs
 
     def open_run(self, key: str, job: str, run_id: str, digest: bytes) -> None:
@@ -254,12 +259,17 @@ class RunStore:
     def attach(self, engine, key: str, job: str, run_id: str, digest: bytes,
                kept: tuple[bytes, list[bytes]] | None) -> None:
         """Journal a run just registered in `engine`: resume it from `kept` (`load`, its token
-        already checked), or keep it as a new run."""
+        already checked), or keep it as a new run. A kept state that does not replay is
+        refused (RunStateError, DATA_LOSS) and the run unregistered from `engine` again."""
         engine.enable_journal(key)
-        if kept is not None:
-            engine.restore(key, kept[1])
-        else:
+        if kept is None:
             self.open_run(key, job, run_id, digest)
+            return
+        try:
+            engine.restore(key, kept[1])
+        except Exception as exc:   # refused: the engine forgets the run again
+            engine.end_job(key)
+            raise unreadable_state(self, job, run_id, exc) from exc
 
     def persist(self, engine, key: str, slices: list[tuple[int, bytes]]) -> None:
         """Write a run's journal slices; compact the run once it has grown past COMPACT_BYTES."""

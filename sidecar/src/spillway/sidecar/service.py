@@ -9,7 +9,6 @@ pages are built by status_page.py; `bootstrap.start_server` builds, serves and s
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 import uuid
 from collections import Counter
@@ -52,7 +51,7 @@ from .registry import (
     new_token,
     token_digest,
 )
-from .runstate import RunStore, unreadable_state
+from .runstate import RunStore
 from .status_page import status_page
 from .telemetry import Telemetry
 from .topic_checks import TopicChecks
@@ -216,10 +215,7 @@ class Sidecar:
                 return self.engine.register_job(job, properties, run_id=run_id), run
             reg.check_room()
             store = self.runstate if home is None else None  # kept where the run is decided
-            try:
-                kept = store.load(key) if store is not None else None
-            except sqlite3.Error as exc:
-                raise unreadable_state(store, job, run_id, exc) from exc
+            kept = store.load(key, job, run_id) if store is not None else None
             if kept is not None and not may_use(kept[0], token):
                 # a run this sidecar was deciding before it restarted: its token only
                 raise access_error(job, run_id, token)
@@ -227,11 +223,7 @@ class Sidecar:
                                                 tag_secret=run_secret(token))
             digest = token_digest(token)
             if store is not None:
-                try:
-                    store.attach(self.engine, key, job, run_id, digest, kept)
-                except Exception as exc:   # refused: the engine forgets the run again
-                    self.engine.end_job(key)
-                    raise unreadable_state(store, job, run_id, exc) from exc
+                store.attach(self.engine, key, job, run_id, digest, kept)
             run = reg.add(Run(job=job, run_id=run_id, key=key, digest=digest, home=home,
                               home_instance_id=home_instance_id))
         log.info("job %r run %r %s%s", job, run_id,
