@@ -148,3 +148,37 @@ def test_slices_are_durable_at_the_home_across_its_restart(broker, tmp_path):
     finally:
         h.stop(1.0)
         n.stop(1.0)
+
+
+def test_a_peer_asking_for_too_much_or_closing_too_many_is_refused_and_changes_nothing(home):
+    """A peer's slice fields are bounded (INVALID_ARGUMENT naming the field) and a refused
+    tally grants nothing."""
+    from support.creds import peer_md
+
+    job, token, _, _ = register(home, [], _limit(1000))
+    book = home.sidecar.engine._job(run_key(job, "r")).slices
+
+    def tally(**fields):
+        req = pb.TallyRequest(job=job, run_id="r")
+        rep = req.reports.add(task=task(0), record_ids=["x"], payload_digests=bytes(8),
+                              **fields)
+        rep.groups.add(count=1, stage=pb.STAGE_TRANSFORMATION, function_name="f",
+                       exception=pb.ExceptionInfo(class_name="builtins.ValueError"))
+        return stub(home).TallyFailures(req, timeout=10,
+                                        metadata=[*peer_md(), ("spillway-job-token", token)])
+
+    with pytest.raises(grpc.RpcError) as refused:
+        tally(want_slice=65_537)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "reports[0].want_slice" in refused.value.details()
+    with pytest.raises(grpc.RpcError) as refused:
+        tally(closed_slices=[pb.SliceUse(id=i + 1, used=1) for i in range(1025)])
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "reports[0].closed_slices" in refused.value.details()
+    assert book.slices == {} and summary(home, job, token).total_record_errors == 0
+    # asked within bounds, a peer gets a slice of the free budget, never more than half of it
+    granted = tally(want_slice=65_536).reports[0].grant
+    assert 0 < granted.size <= (1000 - 1) // 2 and granted.lease_ms > 0
+    # unknown slices closed or spent are ignored
+    tally(slice=12345, closed_slices=[pb.SliceUse(id=999, used=10**9)])
+    assert list(book.slices) == [granted.id]
