@@ -248,7 +248,8 @@ class DlqBuilder:
     # marshal writes them once per segment (a back-reference after that) and the drain's
     # in-flight byte window holds that many more records.
     __slots__ = ("_p", "_task_id_b", "_tail", "_task_key", "_run", "_kind", "_kind_fn",
-                 "_kind_b", "_stack_b", "_topic", "_topic_b", "_reason", "_reason_b")
+                 "_kind_b", "_stack_b", "_topic", "_topic_b", "_reason", "_reason_b",
+                 "_shared_key", "_mid", "_post", "_has_stack")
 
     def __init__(self, settings: JobSettings, task: TaskIdentity, *, now_ms: int,
                  sidecar_id: str, run: str = "", run_id: str = "") -> None:
@@ -264,6 +265,10 @@ class DlqBuilder:
         self._kind = self._kind_fn = self._stack_b = self._topic = self._reason = None
         self._kind_b: tuple[Header, ...] = ()
         self._topic_b = self._reason_b = b""
+        self._shared_key: tuple | None = None   # what `_mid` and `_post` were built for
+        self._mid: tuple[Header, ...] = ()
+        self._post: tuple[Header, ...] = ()
+        self._has_stack = False
 
     def _kind_headers(self, exc, fn: str) -> tuple[Header, ...]:
         if exc is not self._kind or fn != self._kind_fn:
@@ -278,91 +283,134 @@ class DlqBuilder:
     def build(self, record: FailedRecord, verdict: Verdict,
               fallback_traceparent: str = "") -> DlqRecord:
         """The DLQ record for `record`, dead-lettered with `verdict`. A record without a valid
-        trace context of its own gets `fallback_traceparent` (if valid) as if it were its own."""
+        trace context of its own gets `fallback_traceparent` (if valid) as if it were its own.
+
+        The headers are put together from tuples: what records failing and decided alike share
+        (the context headers from the job's name to the stack trace, and the verdict's and the
+        report's headers) is built once and kept while the records keep coming that way; a
+        record adds its coordinates, its id and its trace context."""
         p = self._p
         copy = p.copy
-        attempt_b = str(verdict.attempt).encode()
+        if p.keep_original and copy and record.headers:
+            return self._build_filtered(record, verdict, fallback_traceparent)
         exc = record.exception
-        has_stack = bool(exc.stack_trace) and p.stack_max > 0
+        key = (exc, record.function_name, record.stage, verdict.attempt, verdict.category,
+               verdict.reason, record.payload)
+        if key != self._shared_key:
+            self._share(key)
         source = record.source
+        if p.context and source is not None:
+            if source.topic != self._topic:
+                self._topic, self._topic_b = source.topic, _utf8(source.topic)
+            added = ((p.n_topic, self._topic_b), (p.n_partition, str(source.partition).encode()),
+                     (p.n_offset, str(source.offset).encode())) + self._mid
+        else:
+            added = self._mid
+        added += ((H_RECORD_ID, _utf8(record.record_id)),) + self._post
+        original = record.headers if copy else ()
+        parent, state = self._trace(record, original, fallback_traceparent)
+        if parent:
+            added += ((H_TRACEPARENT, parent.encode("ascii")),)
+            if state and valid_tracestate(state):
+                added += ((H_TRACESTATE, state.encode("ascii")),)
+        if original:
+            # added headers overwrite same-named original ones (KIP-1191); trace headers are
+            # always spillway's decision
+            replaced = p.replaced[source is not None, self._has_stack]
+            added = tuple([h for h in original if h[0] not in replaced]) + added
+        return _new_dlq_record(p.topic, record.key if copy else None,
+                               record.value if copy else None, added, record.record_id,
+                               self._run, self._task_key, parent)
+
+    def _share(self, key: tuple) -> None:
+        """The headers records failing and decided this way share (`key`: exception,
+        function, stage, attempt, category, reason, payload kind)."""
+        exc, fn, stage, attempt, category, reason, payload = key
+        p = self._p
+        attempt_b = str(attempt).encode()
+        self._has_stack = has_stack = bool(exc.stack_trace) and p.stack_max > 0
         if p.context:
-            added: list[Header] = []
-            if source is not None:
-                if source.topic != self._topic:
-                    self._topic, self._topic_b = source.topic, _utf8(source.topic)
-                added += ((p.n_topic, self._topic_b),
-                          (p.n_partition, str(source.partition).encode()),
-                          (p.n_offset, str(source.offset).encode()))
-            if p.connect:
-                added += ((p.n_job, p.job_b), (p.n_task_id, self._task_id_b))
-            else:
-                added += ((p.n_job, p.job_b), (p.n_delivery, attempt_b),
-                          (p.n_task_id, self._task_id_b))
-            stage = record.stage
             stage_b = _stage_b.get(stage)
             if stage_b is None:
                 stage_b = _utf8(stage.name)
                 if len(_stage_b) < 1024:
                     _stage_b[stage] = stage_b
-            added.append((p.n_stage, stage_b))
-            added += self._kind_headers(exc, record.function_name)
+            mid = (((p.n_job, p.job_b), (p.n_task_id, self._task_id_b)) if p.connect else
+                   ((p.n_job, p.job_b), (p.n_delivery, attempt_b),
+                    (p.n_task_id, self._task_id_b)))
+            mid += ((p.n_stage, stage_b),) + self._kind_headers(exc, fn)
             if has_stack:
-                added.append((p.n_stacktrace, self._stack_b))
-            if p.keep_original and copy and record.headers:
-                have = {h[0] for h in record.headers if h[0].startswith(CONNECT_PREFIX)}
-                if have:
-                    added = [h for h in added if h[0] not in have]
+                mid += ((p.n_stacktrace, self._stack_b),)
         else:
-            added = []
-        category = verdict.category
+            mid = ()
         category_b = _category_b.get(category)
         if category_b is None:
             category_b = _category_b[category] = category.value.encode()
-        reason = verdict.reason
         if reason is not self._reason:   # records decided alike share one reason string
             self._reason, self._reason_b = reason, _utf8(reason)
-        added += ((H_RECORD_ID, _utf8(record.record_id)),
-                  (H_CATEGORY, category_b),
-                  (H_ATTEMPTS, attempt_b),
-                  (H_REASON, self._reason_b))
-        added += self._tail
-        if copy:
-            added.append((H_PAYLOAD, _PAYLOAD_B.get(record.payload, _STAGE_INPUT_B)))
-        original = record.headers if copy else ()
-        # trace context: the record's own, else the fallback, else a valid one from the
-        # original headers; an invalid one is never copied through
+        post = ((H_CATEGORY, category_b), (H_ATTEMPTS, attempt_b),
+                (H_REASON, self._reason_b)) + self._tail
+        if p.copy:
+            post += ((H_PAYLOAD, _PAYLOAD_B.get(payload, _STAGE_INPUT_B)),)
+        self._mid, self._post, self._shared_key = mid, post, key
+
+    @staticmethod
+    def _trace(record: FailedRecord, original, fallback: str) -> tuple[str, str]:
+        """The record's trace context: its own, else the fallback, else a valid one from the
+        original headers; an invalid one is never copied through."""
         parent = record.traceparent
-        state = ""
         if valid_traceparent(parent):
-            state = record.tracestate
-        elif fallback_traceparent and valid_traceparent(fallback_traceparent):
-            parent = fallback_traceparent
-        else:
-            parent = ""
-            if original:
-                orig = dict(original)
-                raw_parent = orig.get(H_TRACEPARENT)
-                if raw_parent is not None:
-                    text = raw_parent.decode("ascii", "replace")
-                    if valid_traceparent(text):
-                        parent = text
-                        raw_state = orig.get(H_TRACESTATE)
-                        state = raw_state.decode("ascii", "replace") if raw_state is not None \
-                            else ""
+            return parent, record.tracestate
+        if fallback and valid_traceparent(fallback):
+            return fallback, ""
+        if original:
+            orig = dict(original)
+            raw_parent = orig.get(H_TRACEPARENT)
+            if raw_parent is not None:
+                text = raw_parent.decode("ascii", "replace")
+                if valid_traceparent(text):
+                    raw_state = orig.get(H_TRACESTATE)
+                    return text, (raw_state.decode("ascii", "replace")
+                                  if raw_state is not None else "")
+        return "", ""
+
+    def _build_filtered(self, record: FailedRecord, verdict: Verdict,
+                        fallback_traceparent: str) -> DlqRecord:
+        """`build` for a record whose original headers may hold some of the Connect-format
+        context headers: KIP-298 adds each only where the original has none of that name."""
+        p = self._p
+        exc = record.exception
+        attempt_b = str(verdict.attempt).encode()
+        has_stack = bool(exc.stack_trace) and p.stack_max > 0
+        source = record.source
+        added: list[Header] = []
+        if p.context:
+            if source is not None:
+                added += ((p.n_topic, _utf8(source.topic)),
+                          (p.n_partition, str(source.partition).encode()),
+                          (p.n_offset, str(source.offset).encode()))
+            added += ((p.n_job, p.job_b), (p.n_task_id, self._task_id_b),
+                      (p.n_stage, _utf8(record.stage.name)))
+            added += self._kind_headers(exc, record.function_name)
+            if has_stack:
+                added.append((p.n_stacktrace, self._stack_b))
+            have = {h[0] for h in record.headers if h[0].startswith(CONNECT_PREFIX)}
+            if have:
+                added = [h for h in added if h[0] not in have]
+        added += ((H_RECORD_ID, _utf8(record.record_id)),
+                  (H_CATEGORY, verdict.category.value.encode()), (H_ATTEMPTS, attempt_b),
+                  (H_REASON, _utf8(verdict.reason)))
+        added += self._tail
+        added.append((H_PAYLOAD, _PAYLOAD_B.get(record.payload, _STAGE_INPUT_B)))
+        original = record.headers
+        parent, state = self._trace(record, original, fallback_traceparent)
         if parent:
             added.append((H_TRACEPARENT, parent.encode("ascii")))
             if state and valid_tracestate(state):
                 added.append((H_TRACESTATE, state.encode("ascii")))
-        if original:
-            # added headers overwrite same-named original ones (KIP-1191; with the connect
-            # format, context headers the original has were not added); trace headers are
-            # always spillway's decision
-            replaced = p.replaced[source is not None, has_stack]
-            headers = tuple([h for h in original if h[0] not in replaced] + added)
-        else:
-            headers = tuple(added)
-        return _new_dlq_record(p.topic, record.key if copy else None,
-                               record.value if copy else None, headers, record.record_id,
+        replaced = p.replaced[source is not None, has_stack]
+        headers = tuple([h for h in original if h[0] not in replaced] + added)
+        return _new_dlq_record(p.topic, record.key, record.value, headers, record.record_id,
                                self._run, self._task_key, parent)
 
 
