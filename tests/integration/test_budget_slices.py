@@ -120,8 +120,9 @@ def test_near_the_limit_slices_shrink_and_then_reports_wait(home, nodes):
         assert resp.verdicts[0].action == pb.ACTION_SKIP
     for k in range(limit):
         flush(node, job, token, task(k))
-    # a slice never outgrows half the free budget, and they shrink with it
-    assert sizes and sizes[0] <= limit // 2 and sizes == sorted(sizes, reverse=True)
+    # a slice never outgrows half the free budget, and they shrink with it to one error (in
+    # an order that depends on how soon the home confirmed what was answered under them)
+    assert sizes and max(sizes) == sizes[0] <= limit // 2 and min(sizes) == 1
     assert sum(sizes) <= limit
     # the budget is spent: the next error waits for the home and fails the run at once
     resp = report(node, job, token, task(99), [record("one-too-many")])
