@@ -291,11 +291,8 @@ class DlqBuilder:
         record adds its coordinates, its id and its trace context."""
         p = self._p
         copy = p.copy
-        if p.keep_original and copy and record.headers:
-            return self._build_filtered(record, verdict, fallback_traceparent)
-        exc = record.exception
-        key = (exc, record.function_name, record.stage, verdict.attempt, verdict.category,
-               verdict.reason, record.payload)
+        key = (record.exception, record.function_name, record.stage, verdict.attempt,
+               verdict.category, verdict.reason, record.payload)
         if key != self._shared_key:
             self._share(key)
         source = record.source
@@ -306,6 +303,11 @@ class DlqBuilder:
                      (p.n_offset, str(source.offset).encode())) + self._mid
         else:
             added = self._mid
+        if p.keep_original and copy and record.headers:
+            # KIP-298 (Connect format): a context header only where the original has none
+            have = {h[0] for h in record.headers if h[0].startswith(CONNECT_PREFIX)}
+            if have:
+                added = tuple([h for h in added if h[0] not in have])
         added += ((H_RECORD_ID, _utf8(record.record_id)),) + self._post
         original = record.headers if copy else ()
         parent, state = self._trace(record, original, fallback_traceparent)
@@ -373,45 +375,6 @@ class DlqBuilder:
                     return text, (raw_state.decode("ascii", "replace")
                                   if raw_state is not None else "")
         return "", ""
-
-    def _build_filtered(self, record: FailedRecord, verdict: Verdict,
-                        fallback_traceparent: str) -> DlqRecord:
-        """`build` for a record whose original headers may hold some of the Connect-format
-        context headers: KIP-298 adds each only where the original has none of that name."""
-        p = self._p
-        exc = record.exception
-        attempt_b = str(verdict.attempt).encode()
-        has_stack = bool(exc.stack_trace) and p.stack_max > 0
-        source = record.source
-        added: list[Header] = []
-        if p.context:
-            if source is not None:
-                added += ((p.n_topic, _utf8(source.topic)),
-                          (p.n_partition, str(source.partition).encode()),
-                          (p.n_offset, str(source.offset).encode()))
-            added += ((p.n_job, p.job_b), (p.n_task_id, self._task_id_b),
-                      (p.n_stage, _utf8(record.stage.name)))
-            added += self._kind_headers(exc, record.function_name)
-            if has_stack:
-                added.append((p.n_stacktrace, self._stack_b))
-            have = {h[0] for h in record.headers if h[0].startswith(CONNECT_PREFIX)}
-            if have:
-                added = [h for h in added if h[0] not in have]
-        added += ((H_RECORD_ID, _utf8(record.record_id)),
-                  (H_CATEGORY, verdict.category.value.encode()), (H_ATTEMPTS, attempt_b),
-                  (H_REASON, _utf8(verdict.reason)))
-        added += self._tail
-        added.append((H_PAYLOAD, _PAYLOAD_B.get(record.payload, _STAGE_INPUT_B)))
-        original = record.headers
-        parent, state = self._trace(record, original, fallback_traceparent)
-        if parent:
-            added.append((H_TRACEPARENT, parent.encode("ascii")))
-            if state and valid_tracestate(state):
-                added.append((H_TRACESTATE, state.encode("ascii")))
-        replaced = p.replaced[source is not None, has_stack]
-        headers = tuple([h for h in original if h[0] not in replaced] + added)
-        return _new_dlq_record(p.topic, record.key, record.value, headers, record.record_id,
-                               self._run, self._task_key, parent)
 
 
 def build_dlq_record(settings: JobSettings, record: FailedRecord, verdict: Verdict,
