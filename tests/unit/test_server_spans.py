@@ -104,8 +104,7 @@ def test_an_abort_sets_the_status_and_an_exception_is_recorded():
     assert [e.name for e in server.events] == ["exception"]
 
 
-@pytest.mark.parametrize("as_interceptor", [False, True])
-def test_authentication_runs_before_the_span_and_a_refused_call_has_none(as_interceptor):
+def test_authentication_runs_before_the_span_and_a_refused_call_has_none():
     tp = TracerProvider()
     exported = InMemorySpanExporter()
     tp.add_span_processor(SimpleSpanProcessor(exported))
@@ -119,18 +118,13 @@ def test_authentication_runs_before_the_span_and_a_refused_call_has_none(as_inte
     auth = Refusing()
     handler = grpc.unary_unary_rpc_method_handler(lambda req, ctx: "reached")
     details = namedtuple("D", "method invocation_metadata")(METHOD, ())
-    if as_interceptor:
-        interceptor = security.AuthInterceptor(auth, around=ServerSpans(tp).wrap)
-        wrapped = interceptor.intercept_service(lambda d: handler, details)
-        assert interceptor.intercept_service(lambda d: handler, details) is wrapped  # once
-    else:   # how the sidecar serves: its handlers wrapped, no interceptor
-        inner = grpc.method_handlers_generic_handler("spillway.v1.ErrorSidecar",
-                                                     {"ReportFailures": handler})
-        served = security.Authenticating([inner], auth, around=ServerSpans(tp).wrap)
-        wrapped = served.service(details)
-        assert served.service(details) is wrapped   # built once
-        other = namedtuple("D", "method invocation_metadata")("/x.Y/Z", ())
-        assert served.service(other) is None and seen == []   # grpc answers UNIMPLEMENTED
+    inner = grpc.method_handlers_generic_handler("spillway.v1.ErrorSidecar",
+                                                 {"ReportFailures": handler})
+    served = security.Authenticating([inner], auth, around=ServerSpans(tp).wrap)
+    wrapped = served.service(details)
+    assert served.service(details) is wrapped   # built once
+    other = namedtuple("D", "method invocation_metadata")("/x.Y/Z", ())
+    assert served.service(other) is None and seen == []   # grpc answers UNIMPLEMENTED
     ctx = Context()
     ctx.auth_context = lambda: {}
     with pytest.raises(Exception):

@@ -465,37 +465,13 @@ class Authenticating(grpc.GenericRpcHandler):
                 break
         else:
             return None
-        wrapped = authenticated(method, handler, self._auth, self._around)
+        wrapped = _authenticated(method, handler, self._auth, self._around)
         if len(self._handlers) < _MAX_CACHED_METHODS:
             self._handlers[method] = wrapped
         return wrapped
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
-    """`Authenticating` as a grpc server interceptor, for a server whose handlers are not
-    registered through it (same checks, same caching; costs grpc's interceptor pipeline)."""
-
-    def __init__(self, authenticator: Authenticator, *,
-                 around: Callable[[str, Callable, bool], Callable] | None = None) -> None:
-        self._auth = authenticator
-        self._around = around
-        self._handlers: dict[str, tuple[object, object]] = {}
-
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
-        hit = self._handlers.get(method)
-        if hit is not None and hit[0] is handler:
-            return hit[1]
-        wrapped = authenticated(method, handler, self._auth, self._around)
-        if len(self._handlers) < _MAX_CACHED_METHODS:
-            self._handlers[method] = (handler, wrapped)
-        return wrapped
-
-
-def authenticated(method: str, handler, authenticator: Authenticator, around=None):
+def _authenticated(method: str, handler, authenticator: Authenticator, around=None):
     """`handler` (a grpc RpcMethodHandler of `method`) with every call authenticated first,
     and ``around`` (the server span) inside the authentication."""
     authenticate = authenticator.authenticate
@@ -521,6 +497,5 @@ def authenticated(method: str, handler, authenticator: Authenticator, around=Non
 
 
 __all__ = ["Caller", "current_caller", "Secret", "TokenFile", "SecurityConfig", "load_config",
-           "AuthInterceptor", "Authenticating", "Authenticator", "authenticated",
-           "check_sidecar_only",
+           "Authenticating", "Authenticator", "check_sidecar_only",
            "NODE_TOKEN_KEY", "PEER_TOKEN_KEY", "ADMIN_TOKEN_KEY", "JOB_TOKEN_KEY"]

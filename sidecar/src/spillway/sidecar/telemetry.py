@@ -251,7 +251,7 @@ class ServerSpans:
     an unsampled call gets the SDK's non-recording span, made current so that the spans under
     it (decision, spool) are not sampled either, and nothing else: no attributes, no peer
     parsing, no wrapped servicer context. Wrapping happens once per method
-    (`security.AuthInterceptor`'s ``around``), inside authentication."""
+    (`security.Authenticating`'s ``around``), inside authentication."""
 
     def __init__(self, tracer_provider) -> None:
         self._tracer = tracer_provider.get_tracer("spillway.sidecar.grpc", schema_url=SCHEMA_URL)
