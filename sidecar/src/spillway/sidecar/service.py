@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from itertools import islice
 from operator import attrgetter
 
-
 from spillway.v1 import sidecar_pb2 as pb
 
 from . import ending, memtune, security, siblings, tallying

@@ -15,7 +15,6 @@ import grpc
 from spillway.v1 import sidecar_pb2 as pb
 
 from . import security
-from .core import slices
 from .core.model import Decision
 from .core.slices import SliceAsk
 from .errors import JobAccessError, JobConflictError
@@ -114,8 +113,7 @@ def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,
                                               report.claim, ask)
             grant = None
             if ask is not None and ask.granted:
-                grant = pb.BudgetSlice(id=ask.new_id, size=ask.granted,
-                                       lease_ms=slices.DEFAULT_LEASE_MS)
+                grant = pb.BudgetSlice(id=ask.new_id, size=ask.granted, lease_ms=ask.lease_ms)
             out.append((spans, grant))
     finally:
         s.persist(key, journal)  # the node spools, and says so if it could not
@@ -128,8 +126,7 @@ def _slice_ask(report: pb.TallyReport) -> SliceAsk | None:
     if not (report.slice or report.want_slice or report.closed_slices):
         return None
     return SliceAsk(report.slice, [(c.id, c.used) for c in report.closed_slices],
-                    min(report.want_slice, slices.MAX_SLICE),
-                    secrets.randbits(64) or 1 if report.want_slice else 0)
+                    report.want_slice, secrets.randbits(64) or 1 if report.want_slice else 0)
 
 
 __all__ = ["decide_at_home", "tally"]

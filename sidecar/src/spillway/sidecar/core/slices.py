@@ -51,13 +51,14 @@ class SliceAsk:
     """What one node's report says about slices (`TallyReport`): the slice its held records
     were answered under, slices it closed (id, records answered under each) and the size it
     asks for, with the id the new slice gets (chosen by the adapter: the core draws no random
-    numbers). `granted`: the size granted, set by `settle`."""
+    numbers). `granted`, `lease_ms`: the size granted and its lease, set by `settle`."""
 
     slice: int = 0
     closed: Sequence[tuple[int, int]] = ()
     want: int = 0
     new_id: int = 0
     granted: int = 0
+    lease_ms: int = 0
 
 
 def settle(j: JobState, ask: SliceAsk, n: int, now_wall_ms: int) -> None:
@@ -75,6 +76,7 @@ def settle(j: JobState, ask: SliceAsk, n: int, now_wall_ms: int) -> None:
     if ask.want and ask.new_id and not j.failure_reason:
         ask.granted = book.grant(ask.new_id, ask.want, j.tolerance.errors_total, now_wall_ms,
                                  max(n, 1))
+        ask.lease_ms = book.lease_ms
 
 
 class SliceBook:
