@@ -95,8 +95,27 @@ class Drain:
         return 1.0
 
     def _more_to_read(self) -> bool:
-        return self._room() > 0 and (
-            bool(self._handoff) or (self._overflow and self._read_commits != self._commits))
+        room = self._room()
+        if room <= 0:
+            return False
+        if self._cursor < self._skipped_upto:
+            return self._spool_readable(room) > 0
+        return bool(self._handoff)
+
+    def _spool_readable(self, room: int) -> int:
+        """How many skipped rows to read from the spool now (0: none published yet, or the
+        window too full to be worth a read)."""
+        assert self._store is not None
+        if self._store.last_seq() <= self._cursor:
+            return 0
+        # as many rows as the byte budget allows (by the average size read so far); rather
+        # than many small reads, wait until a quarter of the window is free again
+        budget = self._max_inflight_bytes - self._held_bytes
+        limit = min(self._chunk, room, budget // self._avg_size + 1)
+        fit = self._max_inflight_bytes // self._avg_size + 1
+        if self._inflight and limit < min(self._chunk, self._max_inflight, fit) // 4:
+            return 0
+        return limit
 
     def _trim_when_idle(self) -> None:
         """Once a large backlog has drained and the drain has been idle for a second, hand the
@@ -124,63 +143,57 @@ class Drain:
         return self._max_inflight - held
 
     def _read_more(self) -> bool:
-        """Take new rows: from the in-memory hand-off, else (after a restart, or once the
-        hand-off overflowed) from the spool."""
+        """Take new rows: those the hand-off skipped (it was full, or they were recovered at
+        start) from the spool, in seq order, then the ones handed over in memory."""
         assert self._store is not None
         room = self._room()
         budget = self._max_inflight_bytes - self._held_bytes
         if room <= 0 or budget <= 0:
             return False
-        limit = min(self._chunk, room)
         last = self._store.last_seq()  # every row up to it has been handed off or skipped
         taken: list[Entry] = []
         with self._hlock:
-            handoff = self._handoff
-            while handoff and len(taken) < limit and budget > 0:
-                e = handoff.popleft()
-                budget -= e.size
-                taken.append(e)
-            self._handoff_bytes -= sum(e.size for e in taken)
-            from_spool = not handoff and self._overflow
-            if not handoff and not self._overflow and not taken:
-                self._cursor = max(self._cursor, last)  # rows up to `last` all taken
+            skipped = self._skipped_upto
+            if self._cursor >= skipped:
+                handoff = self._handoff
+                limit = min(self._chunk, room)
+                while handoff and len(taken) < limit and budget > 0:
+                    e = handoff.popleft()
+                    budget -= e.size
+                    taken.append(e)
+                self._handoff_bytes -= sum(e.size for e in taken)
+                if not handoff and not taken:
+                    self._cursor = max(self._cursor, last)  # rows up to `last` all taken
         if taken:
             self._cursor = taken[-1].seq
             return self._produce_new(taken)
-        if from_spool:
-            return self._read_spool(limit, budget)
+        if self._cursor < skipped:
+            return self._read_spool(skipped)
         return False
 
-    def _read_spool(self, limit: int, budget: int) -> bool:
+    def _read_spool(self, skipped: int) -> bool:
+        """Read skipped rows (seq <= `skipped`) from the spool. The hand-off hands over only
+        rows past `skipped`, so nothing is taken twice; once the drain has read up to it, it
+        goes back to the hand-off, whose rows are the next ones in seq order."""
         assert self._store is not None
-        with self._lock:
-            commits = self._commits
-        if commits == self._read_commits:
+        limit = self._spool_readable(self._room())
+        if limit <= 0:
             return False
-        # as many rows as the byte budget allows (by the average size read so far); rather
-        # than many small reads, wait until a quarter of the window is free again
-        fit = self._max_inflight_bytes // self._avg_size + 1
-        limit = min(limit, budget // self._avg_size + 1)
-        if self._inflight and limit < min(self._chunk, self._max_inflight, fit) // 4:
-            return False
-        last = self._store.last_seq()  # committed before it was published
-        rows = self._store.read_batch(self._cursor, limit)
-        short = len(rows) < limit
-        if short:
-            self._read_commits = commits
+        upto = min(skipped, self._store.last_seq())  # skipped rows are committed, published
+        rows = self._store.read_batch(self._cursor, limit, upto)   # once their hooks ran
         entries = [Entry(row.seq, row.record, row.size) for row in rows]
         self._c_spool_reads += len(entries)
         if entries:
             self._cursor = entries[-1].seq
             self._avg_size = max(1, sum(e.size for e in entries) // len(entries))
-        if short:
-            # read to the end: a seq up to `last` that is not there never will be (an ignored
-            # duplicate can use one up), so the cursor may pass it
-            self._cursor = max(self._cursor, last)
+        if len(rows) < limit:
+            # read to `upto`: a seq up to it that is not there never will be (an ignored
+            # duplicate can use one up, a settled record is left out), so the cursor may pass it
+            self._cursor = max(self._cursor, upto)
             with self._hlock:
-                if not self._handoff and self._skipped_upto <= self._cursor:
-                    self._overflow = False  # caught up: back to the in-memory hand-off
-                    self._floor = self._cursor
+                # caught up: the hand-off takes the next commits again, and the rows skipped
+                # meanwhile (after `upto`) are read in the next round
+                self._overflow = False
         return self._produce_new(entries)
 
     def _produce_new(self, entries: list[Entry]) -> bool:

@@ -67,11 +67,13 @@ class MemoryQueue:
                 on_commit(placed)
         return [p.seq for p in placed]
 
-    def read_batch(self, after_seq: int, limit: int) -> list[SpooledRecord]:
+    def read_batch(self, after_seq: int, limit: int, upto: int | None = None
+                   ) -> list[SpooledRecord]:
         out: list[SpooledRecord] = []
         with self._lock:
             seq = after_seq + 1
-            while seq <= self._last_seq and len(out) < limit:
+            last = self._last_seq if upto is None else min(upto, self._last_seq)
+            while seq <= last and len(out) < limit:
                 row = self._rows.get(seq)
                 if row is not None:
                     out.append(row)

@@ -26,8 +26,9 @@ Drain worker: one thread, woken by an Event. The spool's writer hands it each co
 from memory (``handoff_bytes``, 16 MiB, and ``handoff_records``, 16,384 records: a burst of
 reports from 32 executors fits): nothing just written is read back. When that hand-off is
 full (Kafka behind or gone), and after a restart, the drain reads the spool instead, in seq
-order and in chunks (``read_chunk``), until it has caught up, so that a million spooled
-records never sit in memory (at most ``max_inflight_records`` / ``max_inflight_bytes`` do,
+order and in chunks (``read_chunk``), until it has read to the spool's end once (the rows
+committed meanwhile are read next, the later ones handed over again), so that a million
+spooled records never sit in memory (at most ``max_inflight_records`` / ``max_inflight_bytes`` do,
 plus the hand-off). It hands many records to librdkafka before serving delivery reports (one
 poll per batch, never one flush per record), settles acknowledged records in batches, gives
 freed heap back to the OS once a large backlog has drained, and acts on failures by their
@@ -155,7 +156,6 @@ class DlqPipeline(Drain):
         self._followers: dict[int, list[str]] = {}  # seq -> other task keys waiting on it
         self._acked_set: set[int] = set()
         self._rejected_pending: dict[int, str] = {}
-        self._commits = 0
         self._flush_waiters = 0
         # acknowledgement rounds (`Drain._handle_reports`) and the last one settled in the
         # store: a flush barrier returns once its task's records are settled, so that a crash
@@ -170,15 +170,17 @@ class DlqPipeline(Drain):
         self._hlock = threading.Lock()
         self._handoff: collections.deque[Entry] = collections.deque()
         self._handoff_bytes = 0
-        self._overflow = True   # read the spool instead (at start: recovered rows)
-        self._skipped_upto = 0  # highest seq the hand-off refused (overflow): read from SQLite
-        self._floor = 0         # seqs up to here the drain already read from SQLite
+        # rows up to this seq were not handed over (recovered at start, or the hand-off was
+        # full): the drain reads them from the spool before it takes the hand-off's
+        self._skipped_upto = 0
+        # the hand-off was full: rows are skipped until the drain has read the spool to its
+        # end once (then the seqs skipped stop growing, and it soon reaches them)
+        self._overflow = False
 
         # drain-thread state
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._cursor = 0
-        self._read_commits = -1
         self._inflight: dict[int, Entry] = {}
         self._retry: list[tuple[float, Entry]] = []
         self._suspects: collections.deque[Entry] = collections.deque()
@@ -315,7 +317,6 @@ class DlqPipeline(Drain):
                     else:
                         self._followers.setdefault(seq, []).append(tk)
                         t.pending += 1
-            self._commits += 1
             self._evict()
         self._wake.set()
 
@@ -323,31 +324,27 @@ class DlqPipeline(Drain):
         """Runs in the spool's writer right after the commit (and `_register`), in seq order:
         give the new rows to the drain from memory, so that it need not read back what was just
         written. When the hand-off is full (Kafka is behind or gone) the rows are left to the
-        drain to read from the spool, and so is every later row until it has caught up."""
+        drain to read from the spool, and so is every later row until the drain has read the
+        spool to its end once; the rows after that are handed over again."""
         entries = [Entry(p.seq, rec, p.size) for rec, p in zip(records, placed, strict=True)
                    if p.fresh]
         if not entries:
             return
         size = sum(e.size for e in entries)
         with self._hlock:
-            if not self._overflow and (
-                    self._handoff_bytes + size > self._handoff_max
+            if self._overflow:   # until the drain has read back what was skipped
+                self._skipped_upto = entries[-1].seq
+                return
+            if (self._handoff_bytes + size > self._handoff_max
                     or len(self._handoff) + len(entries) > self._handoff_max_records):
                 # the drain is behind (Kafka slow or gone): let go of what waits here too, the
                 # drain reads it back from the spool when its turn comes
                 self._overflow = True
                 self._c_overflows += 1
-                if self._handoff:
-                    self._skipped_upto = max(self._skipped_upto, self._handoff[-1].seq)
-                    self._handoff.clear()
-                    self._handoff_bytes = 0
-            if self._overflow:
-                self._skipped_upto = max(self._skipped_upto, entries[-1].seq)
+                self._skipped_upto = entries[-1].seq
+                self._handoff.clear()
+                self._handoff_bytes = 0
                 return
-            floor = self._floor
-            if entries[0].seq <= floor:  # already read from the spool
-                entries = [e for e in entries if e.seq > floor]
-                size = sum(e.size for e in entries)
             self._handoff.extend(entries)
             self._handoff_bytes += size
         self._wake.set()

@@ -422,15 +422,18 @@ class Spool(Settlement, Holding, DedupWindow):
 
     # -- reading --------------------------------------------------------------------------
 
-    def read_batch(self, after_seq: int, limit: int) -> list[SpooledRecord]:
-        """Up to `limit` pending records with seq > `after_seq`, in seq order (records of a
-        batch row already settled in this process are left out)."""
+    def read_batch(self, after_seq: int, limit: int, upto: int | None = None
+                   ) -> list[SpooledRecord]:
+        """Up to `limit` pending records with `after_seq` < seq <= `upto` (default: the last
+        published), in seq order (records of a batch row already settled in this process are
+        left out)."""
         out: list[SpooledRecord] = []
         if limit <= 0:
             return out
         first_row = after_seq >> ROW_BITS
         with self._lock:
-            last_row = self._last_seq >> ROW_BITS
+            last = self._last_seq if upto is None else min(upto, self._last_seq)
+        last_row = last >> ROW_BITS
         with self._rlock:
             cur = self._reader.execute(
                 "SELECT id, ends, segs, data FROM batches WHERE id >= ? AND id <= ? "
@@ -445,6 +448,8 @@ class Spool(Settlement, Holding, DedupWindow):
                         done = bytes(row.done) if row.done is not None else None
                     start = (after_seq & IDX_MASK) + 1 if rid == first_row else 0
                     for _, r in decode_row(rid, ends, segs, data, start, done):
+                        if r.seq > last:
+                            return out
                         out.append(r)
                         if len(out) >= limit:
                             return out
