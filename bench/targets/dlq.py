@@ -8,7 +8,7 @@ import subprocess
 import sys
 import uuid
 
-from .. import peers, workloads
+from .. import cpu, peers, workloads
 from ..clients import REPO_ROOT, ClientPool
 from ..infra import BenchError, SidecarProcess
 from ..model import TargetResult, fmt, ratio_check
@@ -27,7 +27,9 @@ def _sidecar_props(**extra: str) -> dict[str, str]:
             **extra}
 
 
-def plain_producer_rate(ctx: Context, records: int) -> float:
+def plain_producer_rate(ctx: Context, records: int, cpu_figure=None):
+    """The plain producer's rate; with `cpu_figure`, ``(rate, {cpu_figure: CPU per record})``
+    (`alternate_runs`' secondary figure)."""
     topic = ctx.infra.fresh_topic("plain")
     out = subprocess.run(
         [sys.executable, "-m", "bench.produce", "--bootstrap", ctx.infra.bootstrap, "--topic",
@@ -40,14 +42,17 @@ def plain_producer_rate(ctx: Context, records: int) -> float:
     if r["acknowledged"] != records:
         raise BenchError(f"plain producer: {r['acknowledged']} of {records} acknowledged "
                          f"({r['first_error']})")
+    if cpu_figure is not None:
+        return records / r["seconds"], {cpu_figure: cpu.us_per_record(r["cpu_seconds"], records)}
     return records / r["seconds"]
 
 
 def spark_dlq_rate(ctx: Context, sidecar: SidecarProcess, records: int,
-                   env: dict[str, str] | None = None) -> float:
+                   env: dict[str, str] | None = None, cpu_figure=None):
     """Every record of a Kafka-shaped DataFrame fails in ``job.map_partitions``: the rate at
     which they reach the DLQ topic, acknowledged (the action returns after every task passed
-    its flush barrier)."""
+    its flush barrier). With `cpu_figure`: ``(rate, {cpu_figure: the sidecar's CPU per
+    dead-lettered record over the action})``."""
     from spillway.spark import Job
 
     ship_workloads()
@@ -58,11 +63,15 @@ def spark_dlq_rate(ctx: Context, sidecar: SidecarProcess, records: int,
     with executor_env(spark, env or {}):
         df = workloads.kafka_frame(spark, records, PARTITIONS, fail_every=1)
         out = job.map_partitions(df, workloads.parse_order, schema=workloads.OUT_SCHEMA)
+    before = cpu.snapshot([sidecar.pid])
     seconds = timed(lambda: workloads.noop_write(out))
+    used = cpu.cpu_used(before, cpu.snapshot([sidecar.pid]))
     written = job.summary().dlq_records_written
     if written < records:
         raise BenchError(f"the Spark job returned with {written} of {records} DLQ records "
                          f"acknowledged")
+    if cpu_figure is not None:
+        return records / seconds, {cpu_figure: cpu.us_per_record(used, records)}
     return records / seconds
 
 
@@ -124,17 +133,38 @@ def run_dlq_rate(ctx: Context, result: TargetResult) -> None:
     f_base = result.figure("plain producer", "records/s")
     f_peer = result.figure("peer (a): hand-rolled dead-lettering in Spark", "records/s")
     f_cand = result.figure("Spark → client → sidecar → DLQ", "records/s")
+    # CPU per record beside the rates: the plain producer's is the floor of producing these
+    # records from Python (its delivery reports and librdkafka's threads included)
+    f_base_cpu = result.figure("plain producer: CPU per record", "µs")
+    f_cand_cpu = result.figure("sidecar: CPU per dead-lettered record", "µs")
     alternate_runs(ctx, result, {
-        f_base.name: lambda _r: plain_producer_rate(ctx, n),
+        f_base.name: lambda _r: plain_producer_rate(ctx, n, f_base_cpu),
         f_peer.name: lambda _r: handrolled_dlq_rate(ctx, n),
-        f_cand.name: lambda _r: spark_dlq_rate(ctx, sidecar, n),
+        f_cand.name: lambda _r: spark_dlq_rate(ctx, sidecar, n, cpu_figure=f_cand_cpu),
     }, {f_base.name: f_base, f_peer.name: f_peer, f_cand.name: f_cand}, warmup=True)
+    result.notes.append(_cpu_reading(f_cand_cpu, f_base_cpu))
     result.checks.append(ratio_check("dead-letter rate vs plain producer", f_cand, f_base,
                                      ">=", 0.5))
     result.checks.append(ratio_check("dead-letter rate vs hand-rolled (a)", f_cand, f_peer,
                                      ">=", 0.8))
     if ctx.sizes.profile and result.met is False:
         profile_dlq_job(ctx, result, sidecar, n, "dlq-rate")
+
+
+def _cpu_reading(sidecar_cpu, producer_cpu) -> str:
+    """The sidecar's CPU per record against the plain producer's (the floor)."""
+    if not sidecar_cpu.values or not producer_cpu.values:
+        return "CPU per record: not measured."
+    side, floor = sidecar_cpu.summary.median, producer_cpu.summary.median
+    if not side or not floor:
+        return "CPU per record: not measured."
+    return (f"CPU per record (figures, not targets): the sidecar spends {fmt(side)} µs per "
+            f"dead-lettered record over the action, the plain producer {fmt(floor)} µs per "
+            f"record producing the same records with nine headers (its delivery reports and "
+            f"librdkafka's threads included): {fmt(side / floor)}× the floor of producing them "
+            f"from Python. The sidecar's records carry its default headers (about a dozen; "
+            f"more with errors.deadletterqueue.context.headers.enable), each one converted by "
+            f"every produce() call.")
 
 
 def profile_dlq_job(ctx: Context, result: TargetResult, sidecar: SidecarProcess, n: int,
