@@ -16,6 +16,8 @@ import heapq
 import logging
 import time
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, is_
 
 from ..core.model import DlqRecord
 from ..errors import DlqError
@@ -29,6 +31,10 @@ _TRIM_AFTER_RECORDS = 10_000  # records drained before an idle drain gives memor
 # Acknowledged records are settled in the spool (one small transaction) at least this often:
 # what was acknowledged but not yet settled is produced again after a crash.
 SETTLE_AFTER_S = 0.05
+
+
+_seq_of, _rec_of, _size_of = attrgetter("seq"), attrgetter("rec"), attrgetter("size")
+_job_of, _task_of = attrgetter("rec.job"), attrgetter("rec.task_key")
 
 
 @dataclass(slots=True)
@@ -157,11 +163,28 @@ class Drain:
             if self._cursor >= skipped:
                 handoff = self._handoff
                 limit = min(self._chunk, room)
-                while handoff and len(taken) < limit and budget > 0:
-                    e = handoff.popleft()
-                    budget -= e.size
-                    taken.append(e)
-                self._handoff_bytes -= sum(e.size for e in taken)
+                got = 0
+                while handoff and got < limit and budget > 0:
+                    group = handoff[0]      # [entries of one commit, their bytes]
+                    entries, size = group
+                    if len(entries) <= limit - got and size <= budget:
+                        handoff.popleft()
+                        k = len(entries)
+                        taken += entries
+                    else:   # part of it: while there is room, and bytes left (one may pass)
+                        k = size = 0
+                        while k < len(entries) and got + k < limit and budget - size > 0:
+                            size += entries[k].size
+                            k += 1
+                        taken += entries[:k]
+                        del entries[:k]
+                        group[1] -= size
+                        if not entries:
+                            handoff.popleft()
+                    got += k
+                    budget -= size
+                    self._handoff_n -= k
+                    self._handoff_bytes -= size
                 if not handoff and not taken:
                     self._cursor = max(self._cursor, last)  # rows up to `last` all taken
         if taken:
@@ -201,17 +224,21 @@ class Drain:
         kept for later, in order."""
         if not entries:
             return False
+        traced = self.tracer is not None and self.traced()
         sent_ns = time.time_ns()
         inflight = self._inflight
         producer = self._producer
         i, total = 0, len(entries)
         while i < total:
             batch = entries[i:] if i else entries
-            n, refused = producer.produce_many([(e.seq, e.rec) for e in batch], max_wait_s=0.5)
-            for e in batch[:n]:
-                e.sent_ns = sent_ns
-                inflight[e.seq] = e
-            self._held_bytes += sum(e.size for e in batch[:n])
+            n, refused = producer.produce_many(list(map(_seq_of, batch)),
+                                               list(map(_rec_of, batch)), max_wait_s=0.5)
+            sent = batch if n == len(batch) else batch[:n]
+            inflight.update(zip(map(_seq_of, sent), sent))
+            if traced:   # the start of the records' batch span
+                for e in sent:
+                    e.sent_ns = sent_ns
+            self._held_bytes += sum(map(_size_of, sent))
             self._c_requests += n
             i += n
             if refused is not None:  # refused synchronously (e.g. too large): filed alone
@@ -276,33 +303,39 @@ class Drain:
             if seq == probe:
                 self._probe = probe = None
             self._on_failure(e, failure, refused_alone=e.solo)
-        acked: list[Entry] = []
-        partitions: list[int] = []
-        for seq, partition in zip(acked_seqs, acked_partitions, strict=True):
-            e = inflight.pop(seq, None)
-            if e is None:
-                continue
-            if seq == probe:
-                self._probe = probe = None
-            acked.append(e)
-            partitions.append(partition)
-        if not acked:
+        if not acked_seqs:
             return
+        # batch operations, no Python step per record (the common case: every report is for
+        # a record in flight, none is followed by another task, none was recovered)
+        acked = list(map(inflight.pop, acked_seqs, repeat(None)))
+        if any(map(is_, acked, repeat(None))):   # reports of a rebuilt producer: dropped
+            keep = [k for k, e in enumerate(acked) if e is not None]
+            acked = [acked[k] for k in keep]
+            acked_seqs = [acked_seqs[k] for k in keep]
+            acked_partitions = [acked_partitions[k] for k in keep]
+            if not acked:
+                return
+        if probe is not None and probe in acked_seqs:
+            self._probe = None
         if self.tracer is not None and self.traced():
-            record_batch_spans(self.tracer, acked, partitions)
-        per_job: collections.Counter[str] = collections.Counter()
-        per_task: collections.Counter[str] = collections.Counter()
+            record_batch_spans(self.tracer, acked, acked_partitions)
+        per_job: collections.Counter[str] | None = None
         with self._cv:
             self._ack_gen += 1
             gen = self._ack_gen
-            self._acked_set.update(e.seq for e in acked)
+            self._acked_set.update(acked_seqs)
             followers, upto = self._followers, self._recovered_upto
-            for e in acked:
-                per_job[e.rec.job] += 1
-                if followers and e.seq in followers:
-                    self._settle(e, acked=True)
-                elif e.seq > upto:  # the owner's count, settled per task below
-                    per_task[e.rec.task_key] += 1
+            if not followers and (not upto or min(acked_seqs) > upto):
+                per_task = collections.Counter(map(_task_of, acked))
+            else:
+                per_job = collections.Counter()
+                per_task = collections.Counter()
+                for e in acked:
+                    per_job[e.rec.job] += 1
+                    if followers and e.seq in followers:
+                        self._settle(e, acked=True)
+                    elif e.seq > upto:  # the owner's count, settled per task below
+                        per_task[e.rec.task_key] += 1
             for tk, n in per_task.items():
                 t = self._task(tk)
                 t.pending -= n
@@ -310,14 +343,15 @@ class Drain:
                 t.ack_gen = gen
             self._evict()
             self._cv.notify_all()
-        for e in acked:
-            self._held_bytes -= e.size
+        self._held_bytes -= sum(map(_size_of, acked))
         if not self._acked_pending:
             self._first_ack_t = self._clock.monotonic()
-        self._acked_pending.extend(e.seq for e in acked)
+        self._acked_pending += acked_seqs
         self._c_written += len(acked)
         self._written_since_trim += len(acked)
         if self._on_ack is not None:
+            if per_job is None:
+                per_job = collections.Counter(map(_job_of, acked))
             for job, n in per_job.items():
                 try:
                     self._on_ack(job, n)

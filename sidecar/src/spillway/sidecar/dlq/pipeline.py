@@ -53,6 +53,7 @@ import random
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from confluent_kafka import Producer
@@ -70,6 +71,7 @@ from .store import Placed, RecordStore
 log = logging.getLogger(__name__)
 
 OnAck = Callable[[str, int], None]
+_SEQ, _FRESH, _SIZE = itemgetter(0), itemgetter(2), itemgetter(3)   # of a Placed
 _TASKS_KEPT = 65_536  # finished task attempts whose counts wait_task can still report
 
 
@@ -168,7 +170,9 @@ class DlqPipeline(Drain):
 
         # the in-memory hand-off from the spool's writer to the drain, under _hlock
         self._hlock = threading.Lock()
-        self._handoff: collections.deque[Entry] = collections.deque()
+        # groups: [the fresh entries of one commit, in seq order, their bytes]
+        self._handoff: collections.deque[list] = collections.deque()
+        self._handoff_n = 0     # entries in it
         self._handoff_bytes = 0
         # rows up to this seq were not handed over (recovered at start, or the hand-off was
         # full): the drain reads them from the spool before it takes the hand-off's
@@ -247,8 +251,9 @@ class DlqPipeline(Drain):
         keys = [rec.task_key for rec in records]
 
         def on_commit(placed: Sequence[Placed]) -> None:
-            self._register(keys, placed)
-            self._hand_off(records, placed)
+            fresh = all(map(_FRESH, placed))   # the usual case: every record new
+            self._register(keys, placed, fresh)
+            self._hand_off(records, placed, fresh)
 
         try:
             if release:
@@ -287,7 +292,8 @@ class DlqPipeline(Drain):
             self._tasks.move_to_end(tk)
         return t
 
-    def _register(self, keys: Sequence[str], placed: Sequence[Placed]) -> None:
+    def _register(self, keys: Sequence[str], placed: Sequence[Placed],
+                  all_fresh: bool) -> None:
         """Runs right after the commit, before any delete can run.
 
         A row counts for the task stored on it (its owner): the drain settles the owner's count
@@ -296,7 +302,6 @@ class DlqPipeline(Drain):
         under another task, or by an earlier process, is followed by seq: it is then unread, in
         the drain's hands, acknowledged-not-yet-deleted or rejected-not-yet-moved.
         """
-        all_fresh = all(p.fresh for p in placed)
         with self._cv:
             if all_fresh:  # the usual case: count per task, not per record
                 for tk, n in collections.Counter(keys).items():
@@ -320,32 +325,38 @@ class DlqPipeline(Drain):
             self._evict()
         self._wake.set()
 
-    def _hand_off(self, records: Sequence[DlqRecord], placed: Sequence[Placed]) -> None:
+    def _hand_off(self, records: Sequence[DlqRecord], placed: Sequence[Placed],
+                  all_fresh: bool) -> None:
         """Runs in the spool's writer right after the commit (and `_register`), in seq order:
         give the new rows to the drain from memory, so that it need not read back what was just
         written. When the hand-off is full (Kafka is behind or gone) the rows are left to the
         drain to read from the spool, and so is every later row until the drain has read the
         spool to its end once; the rows after that are handed over again."""
-        entries = [Entry(p.seq, rec, p.size) for rec, p in zip(records, placed, strict=True)
-                   if p.fresh]
+        if all_fresh:
+            entries = list(map(Entry, map(_SEQ, placed), records, map(_SIZE, placed)))
+            size = sum(map(_SIZE, placed))
+        else:
+            entries = [Entry(p.seq, rec, p.size)
+                       for rec, p in zip(records, placed, strict=True) if p.fresh]
+            size = sum(e.size for e in entries)
         if not entries:
             return
-        size = sum(e.size for e in entries)
         with self._hlock:
             if self._overflow:   # until the drain has read back what was skipped
                 self._skipped_upto = entries[-1].seq
                 return
             if (self._handoff_bytes + size > self._handoff_max
-                    or len(self._handoff) + len(entries) > self._handoff_max_records):
+                    or self._handoff_n + len(entries) > self._handoff_max_records):
                 # the drain is behind (Kafka slow or gone): let go of what waits here too, the
                 # drain reads it back from the spool when its turn comes
                 self._overflow = True
                 self._c_overflows += 1
                 self._skipped_upto = entries[-1].seq
                 self._handoff.clear()
-                self._handoff_bytes = 0
+                self._handoff_n = self._handoff_bytes = 0
                 return
-            self._handoff.extend(entries)
+            self._handoff.append([entries, size])
+            self._handoff_n += len(entries)
             self._handoff_bytes += size
         self._wake.set()
 

@@ -272,23 +272,24 @@ class KafkaDlqProducer:
         if poll:
             self.poll(0)
 
-    def produce_many(self, items: Sequence[tuple[int, DlqRecord]], *, max_wait_s: float = 0.5
-                     ) -> tuple[int, ProduceRefused | None]:
-        """Hand `(token, record)` pairs to librdkafka in order, without polling in between;
-        returns how many it took, and, when it refused the next one, why (the caller files that
-        one as failed and goes on after it). Fewer taken and no refusal: its queue stayed full
-        for `max_wait_s` (the caller keeps the rest for later)."""
+    def produce_many(self, tokens: Sequence[int], records: Sequence[DlqRecord], *,
+                     max_wait_s: float = 0.5) -> tuple[int, ProduceRefused | None]:
+        """Hand ``records`` (each reported under its ``tokens[i]``) to librdkafka in order,
+        without polling in between; returns how many it took, and, when it refused the next
+        one, why (the caller files that one as failed and goes on after it). Fewer taken and no
+        refusal: its queue stayed full for `max_wait_s` (the caller keeps the rest for
+        later)."""
         produce = self._get().produce
         report = self._deliveries.report
         partial = functools.partial
-        n, total, deadline = 0, len(items), 0.0
+        n, total, deadline = 0, len(records), 0.0
         while n < total:
-            token, rec = items[n]
+            rec = records[n]
             headers = rec.headers
             try:
                 produce(rec.topic, value=rec.value, key=rec.key,
                         headers=list(headers) if headers else None,
-                        on_delivery=partial(report, token))
+                        on_delivery=partial(report, tokens[n]))
             except BufferError:
                 now = time.monotonic()
                 if not deadline:

@@ -46,6 +46,7 @@ held.py (records held for a home's confirmation: `Holding`), dedup.py (the dedup
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import logging
 import os
@@ -82,6 +83,10 @@ from .store import (
 )
 
 log = logging.getLogger(__name__)
+
+# Placed((seq, owner, fresh, size)) without the named tuple's Python-level __new__ (a row's
+# records are placed by the hundred)
+_new_placed = functools.partial(tuple.__new__, Placed)
 
 
 
@@ -393,8 +398,9 @@ class Spool(Settlement, Holding, DedupWindow):
                 pos = 0
                 for req in accepted:
                     end = pos + req.n
-                    req.placed = list(map(Placed, seqs[pos:end], owners[pos:end],
-                                          itertools.repeat(True), all_sizes[pos:end]))
+                    req.placed = list(map(_new_placed, zip(
+                        seqs[pos:end], owners[pos:end], itertools.repeat(True),
+                        all_sizes[pos:end])))
                     pos = end
             else:
                 for req, plan in zip(accepted, plans, strict=True):
