@@ -249,7 +249,7 @@ class DlqBuilder:
     # in-flight byte window holds that many more records.
     __slots__ = ("_p", "_task_id_b", "_tail", "_task_key", "_run", "_kind", "_kind_fn",
                  "_kind_b", "_stack_b", "_topic", "_topic_b", "_reason", "_reason_b",
-                 "_shared_key", "_mid", "_post", "_has_stack")
+                 "_shared_key", "_mid", "_post", "_has_stack", "_part", "_part_b", "_fallback")
 
     def __init__(self, settings: JobSettings, task: TaskIdentity, *, now_ms: int,
                  sidecar_id: str, run: str = "", run_id: str = "") -> None:
@@ -269,6 +269,8 @@ class DlqBuilder:
         self._mid: tuple[Header, ...] = ()
         self._post: tuple[Header, ...] = ()
         self._has_stack = False
+        self._part, self._part_b = -1, b""   # a report's records mostly share a partition
+        self._fallback: tuple[str, str] = ("", "")   # a fallback trace context, if valid
 
     def _kind_headers(self, exc, fn: str) -> tuple[Header, ...]:
         if exc is not self._kind or fn != self._kind_fn:
@@ -299,7 +301,9 @@ class DlqBuilder:
         if p.context and source is not None:
             if source.topic != self._topic:
                 self._topic, self._topic_b = source.topic, _utf8(source.topic)
-            added = ((p.n_topic, self._topic_b), (p.n_partition, str(source.partition).encode()),
+            if source.partition != self._part:
+                self._part, self._part_b = source.partition, str(source.partition).encode()
+            added = ((p.n_topic, self._topic_b), (p.n_partition, self._part_b),
                      (p.n_offset, str(source.offset).encode())) + self._mid
         else:
             added = self._mid
@@ -310,7 +314,17 @@ class DlqBuilder:
                 added = tuple([h for h in added if h[0] not in have])
         added += ((H_RECORD_ID, _utf8(record.record_id)),) + self._post
         original = record.headers if copy else ()
-        parent, state = self._trace(record, original, fallback_traceparent)
+        parent = record.traceparent
+        if parent and valid_traceparent(parent):
+            state = record.tracestate
+        else:
+            if fallback_traceparent != self._fallback[0]:   # checked once per report
+                self._fallback = (fallback_traceparent,
+                                  fallback_traceparent
+                                  if valid_traceparent(fallback_traceparent) else "")
+            parent, state = self._fallback[1], ""
+            if not parent and original:
+                parent, state = self._trace_of(original)
         if parent:
             added += ((H_TRACEPARENT, parent.encode("ascii")),)
             if state and valid_tracestate(state):
@@ -357,23 +371,17 @@ class DlqBuilder:
         self._mid, self._post, self._shared_key = mid, post, key
 
     @staticmethod
-    def _trace(record: FailedRecord, original, fallback: str) -> tuple[str, str]:
-        """The record's trace context: its own, else the fallback, else a valid one from the
-        original headers; an invalid one is never copied through."""
-        parent = record.traceparent
-        if valid_traceparent(parent):
-            return parent, record.tracestate
-        if fallback and valid_traceparent(fallback):
-            return fallback, ""
-        if original:
-            orig = dict(original)
-            raw_parent = orig.get(H_TRACEPARENT)
-            if raw_parent is not None:
-                text = raw_parent.decode("ascii", "replace")
-                if valid_traceparent(text):
-                    raw_state = orig.get(H_TRACESTATE)
-                    return text, (raw_state.decode("ascii", "replace")
-                                  if raw_state is not None else "")
+    def _trace_of(original) -> tuple[str, str]:
+        """A valid trace context from the original headers; an invalid one is never copied
+        through (a record's own context, else the report's fallback, come first)."""
+        orig = dict(original)
+        raw_parent = orig.get(H_TRACEPARENT)
+        if raw_parent is not None:
+            text = raw_parent.decode("ascii", "replace")
+            if valid_traceparent(text):
+                raw_state = orig.get(H_TRACESTATE)
+                return text, (raw_state.decode("ascii", "replace")
+                              if raw_state is not None else "")
         return "", ""
 
 
