@@ -344,7 +344,7 @@ _PROPS: list[Prop] = [
          "handler, no tolerance limit), holds its DLQ records in the spool and confirms them "
          "with the home in the background (docs/POLICY.md, \"Provisional verdicts\"); false: "
          "every such report waits for its home (needs the spool)", job=False),
-    Prop("home.confirm.linger.ms", p_int(0, 60_000), "100",
+    Prop("home.confirm.linger.ms", p_int(0, 60_000), "250",
          "how long a node's held report may wait for others to share its confirmation call "
          "(at most 64 reports and 16,384 records a call); a flush or an end of the run sends "
          "at once", job=False),
