@@ -333,6 +333,23 @@ def test_the_hand_off_resumes_though_a_commit_lands_during_every_read_back(fake,
     assert p.stats()["spool-reads"] <= 205
 
 
+def test_skipped_rows_not_yet_published_are_looked_for_again_shortly(fake, pipeline):
+    # The writer wakes the drain from its commit hook, before it publishes the commit's last
+    # seq: a drain that ran in between finds skipped rows it cannot read yet, and must look
+    # again in milliseconds rather than idle for a second.
+    p = pipeline()
+    p.submit([rec("warm", "t0")])
+    assert p.wait_task("t0", 5) == 1
+    p._stop.set()
+    p._wake.set()
+    p._thread.join(5)   # the rounds are run by hand below
+    last = p._store.last_seq()
+    p._skipped_upto = last + 3          # skipped by a commit whose seq is not published yet
+    assert p._step() == pytest.approx(0.005)
+    p._skipped_upto = last              # nothing skipped left: idle
+    assert p._step() == 1.0
+
+
 def _wait_for(cond, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():

@@ -95,6 +95,10 @@ class Drain:
             # the window was full when this round began and its reports came back during
             # the poll above: go on reading at once instead of idling a second per window
             return 0.0
+        if self._cursor < self._skipped_upto and self._room() > 0:
+            # skipped rows whose commit is not published yet (the writer wakes the drain
+            # before it publishes): look again shortly, not in a second
+            return 0.005
         if self._retry:
             return max(0.0, min(1.0, self._retry[0][0] - self._clock.monotonic()))
         self._trim_when_idle()
