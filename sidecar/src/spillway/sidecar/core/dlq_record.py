@@ -230,7 +230,8 @@ def _dlq_record_factory() -> Callable[..., DlqRecord]:
 
 
 _MEMBER_DESCRIPTOR = type(TaskIdentity.__dict__["stage_id"])
-_new_dlq_record = _dlq_record_factory()
+# DlqRecord(...) by position, fast (the builder; the spool's decoding, `dlq.codec`)
+new_dlq_record = _dlq_record_factory()
 
 _category_b: dict[object, bytes] = {}
 _STAGE_INPUT_B = b"stage-input"
@@ -334,7 +335,7 @@ class DlqBuilder:
             # always spillway's decision
             replaced = p.replaced[source is not None, self._has_stack]
             added = tuple([h for h in original if h[0] not in replaced]) + added
-        return _new_dlq_record(p.topic, record.key if copy else None,
+        return new_dlq_record(p.topic, record.key if copy else None,
                                record.value if copy else None, added, record.record_id,
                                self._run, self._task_key, parent)
 

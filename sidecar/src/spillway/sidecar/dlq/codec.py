@@ -13,6 +13,7 @@ import marshal
 from array import array
 from collections.abc import Iterator, Sequence
 
+from ..core.dlq_record import new_dlq_record
 from ..core.model import DlqRecord, Header
 from ..errors import DlqError
 from .store import SpooledRecord
@@ -131,7 +132,7 @@ def decode_row(rid: int, ends: bytes, segs: bytes, data: bytes, start: int,
                     if type(fields) is not tuple or len(fields) != 8:
                         raise DlqError("corrupt DLQ spool row: a record does not decode to its "
                                        "8 fields")
-                    yield i, SpooledRecord(base | i, DlqRecord(*fields), end - prev)
+                    yield i, SpooledRecord(base | i, new_dlq_record(*fields), end - prev)
                 prev = end
         first = last
 
