@@ -370,7 +370,7 @@ def test_the_fast_dlq_record_factory_builds_ordinary_frozen_records():
     from spillway.sidecar.core.model import DlqRecord
 
     args = ("dlq.x", None, b"v", (("h", b"1"),), "r", "j", "j/1.2.0/7", TP)
-    rec = dlq_record._new_dlq_record(*args)
+    rec = dlq_record.new_dlq_record(*args)
     want = DlqRecord(*args)
     assert type(rec) is DlqRecord and rec == want and hash(rec) == hash(want)
     assert repr(rec) == repr(want)
