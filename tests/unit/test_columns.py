@@ -189,6 +189,38 @@ def test_verdict_columns_read_back_as_the_verdicts():
     assert len(wire.reasons) == 3 and not wire.rules
 
 
+def test_verdict_columns_write_a_run_once_and_keep_every_difference():
+    skip = "skipped: data error"
+    V = m.Verdict
+
+    def run(n, **kw):
+        return [(V(f"r{i}", m.Action.SKIP, m.Category.DATA, skip, 1, **kw), False)
+                for i in range(n)]
+
+    answers = (run(3) + run(2, dead_lettered=True) + run(1)
+               + [(V("x", m.Action.SKIP, m.Category.DATA, skip, 2), False),
+                  (V("y", m.Action.SKIP, m.Category.DATA, skip, 1), True),
+                  (V("z", m.Action.RETRY, m.Category.RETRIABLE, skip, 1, retry_delay_ms=5),
+                   False),
+                  (V("w", m.Action.RETRY, m.Category.RETRIABLE, skip, 1, retry_delay_ms=6),
+                   False),
+                  (V("u", m.Action.FAIL, m.Category.DATA, skip, 1, job_failed=True), False),
+                  (V("t", m.Action.FAIL, m.Category.DATA, skip, 1, job_failed=True,
+                     retry_budget_exhausted=True), False),
+                  (V("s", m.Action.SKIP, m.Category.DATA, "another reason", 1), False)])
+    wire = pb.TallyVerdicts.FromString(side.verdict_columns(answers).SerializeToString())
+    ids = [v.record_id for v, _ in answers]
+    got = columns.verdicts(wire, ids, "test")
+    assert [v.to_pb() for v in got] == [
+        pb.Verdict(record_id=v.record_id, action=convert.ACTION_TO_PB[v.action],
+                   category=convert.CATEGORY_TO_PB[v.category], reason=v.reason,
+                   attempt=v.attempt, dead_lettered=v.dead_lettered, dead_letter=dl,
+                   job_failed=v.job_failed, retry_budget_exhausted=v.retry_budget_exhausted,
+                   retry_delay_ms=v.retry_delay_ms)
+        for v, dl in answers]
+    assert list(wire.reasons) == [skip, "another reason"]
+
+
 def test_verdict_columns_that_do_not_answer_the_report_are_a_protocol_error():
     answers = [(m.Verdict("a", m.Action.SKIP, m.Category.DATA, "s", 1), False)]
     wire = side.verdict_columns(answers)
