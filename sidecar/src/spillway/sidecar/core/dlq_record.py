@@ -298,7 +298,9 @@ class DlqBuilder:
                verdict.category, verdict.reason, record.payload)
         if key != self._shared_key:
             self._share(key)
-        source = record.source
+        original = record.headers if copy else ()
+        # the coordinates are needed for the context headers and to merge original headers
+        source = record.source if p.context or original else None
         if p.context and source is not None:
             if source.topic != self._topic:
                 self._topic, self._topic_b = source.topic, _utf8(source.topic)
@@ -308,13 +310,12 @@ class DlqBuilder:
                      (p.n_offset, str(source.offset).encode())) + self._mid
         else:
             added = self._mid
-        if p.keep_original and copy and record.headers:
+        if p.keep_original and original:
             # KIP-298 (Connect format): a context header only where the original has none
-            have = {h[0] for h in record.headers if h[0].startswith(CONNECT_PREFIX)}
+            have = {h[0] for h in original if h[0].startswith(CONNECT_PREFIX)}
             if have:
                 added = tuple([h for h in added if h[0] not in have])
         added += ((H_RECORD_ID, _utf8(record.record_id)),) + self._post
-        original = record.headers if copy else ()
         parent = record.traceparent
         if parent and valid_traceparent(parent):
             state = record.tracestate
