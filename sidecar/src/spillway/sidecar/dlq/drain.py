@@ -109,14 +109,14 @@ class Drain:
         if room <= 0:
             return False
         if self._cursor < self._skipped_upto:
-            return self._spool_readable(room) > 0
+            assert self._store is not None
+            return self._spool_readable(room, self._store.last_seq()) > 0
         return bool(self._handoff)
 
-    def _spool_readable(self, room: int) -> int:
-        """How many skipped rows to read from the spool now (0: none published yet, or the
-        window too full to be worth a read)."""
-        assert self._store is not None
-        if self._store.last_seq() <= self._cursor:
+    def _spool_readable(self, room: int, last: int) -> int:
+        """How many skipped rows to read from the spool now (0: none published yet, `last`
+        being the last published seq, or the window too full to be worth a read)."""
+        if last <= self._cursor:
             return 0
         # as many rows as the byte budget allows (by the average size read so far); rather
         # than many small reads, wait until a quarter of the window is free again
@@ -165,49 +165,54 @@ class Drain:
         with self._hlock:
             skipped = self._skipped_upto
             if self._cursor >= skipped:
-                handoff = self._handoff
-                limit = min(self._chunk, room)
-                got = 0
-                while handoff and got < limit and budget > 0:
-                    group = handoff[0]      # [entries of one commit, their bytes]
-                    entries, size = group
-                    if len(entries) <= limit - got and size <= budget:
-                        handoff.popleft()
-                        k = len(entries)
-                        taken += entries
-                    else:   # part of it: while there is room, and bytes left (one may pass)
-                        k = size = 0
-                        while k < len(entries) and got + k < limit and budget - size > 0:
-                            size += entries[k].size
-                            k += 1
-                        taken += entries[:k]
-                        del entries[:k]
-                        group[1] -= size
-                        if not entries:
-                            handoff.popleft()
-                    got += k
-                    budget -= size
-                    self._handoff_n -= k
-                    self._handoff_bytes -= size
-                if not handoff and not taken:
+                taken = self._take_handoff(min(self._chunk, room), budget)
+                if not self._handoff and not taken:
                     self._cursor = max(self._cursor, last)  # rows up to `last` all taken
         if taken:
             self._cursor = taken[-1].seq
             return self._produce_new(taken)
         if self._cursor < skipped:
-            return self._read_spool(skipped)
+            return self._read_spool(skipped, last)
         return False
 
-    def _read_spool(self, skipped: int) -> bool:
-        """Read skipped rows (seq <= `skipped`) from the spool. The hand-off hands over only
-        rows past `skipped`, so nothing is taken twice; once the drain has read up to it, it
-        goes back to the hand-off, whose rows are the next ones in seq order."""
+    def _take_handoff(self, limit: int, budget: int) -> list[Entry]:
+        """Up to `limit` entries from the hand-off, in order, while `budget` bytes are left
+        (the last one may pass it); whole commits at once where they fit. Under _hlock."""
+        handoff = self._handoff
+        taken: list[Entry] = []
+        while handoff and len(taken) < limit and budget > 0:
+            group = handoff[0]      # [entries of one commit, their bytes]
+            entries, size = group
+            if len(entries) <= limit - len(taken) and size <= budget:
+                handoff.popleft()
+                k = len(entries)
+                taken += entries
+            else:   # part of it
+                k = size = 0
+                while k < len(entries) and len(taken) + k < limit and budget - size > 0:
+                    size += entries[k].size
+                    k += 1
+                taken += entries[:k]
+                del entries[:k]
+                group[1] -= size
+                if not entries:
+                    handoff.popleft()
+            budget -= size
+            self._handoff_n -= k
+            self._handoff_bytes -= size
+        return taken
+
+    def _read_spool(self, skipped: int, last: int) -> bool:
+        """Read skipped rows (seq <= `skipped`) from the spool, `last` being the last
+        published seq. The hand-off hands over only rows past `skipped`, so nothing is taken
+        twice; once the drain has read up to it, it goes back to the hand-off, whose rows are
+        the next ones in seq order."""
         assert self._store is not None
-        limit = self._spool_readable(self._room())
+        limit = self._spool_readable(self._room(), last)
         if limit <= 0:
             return False
-        upto = min(skipped, self._store.last_seq())  # skipped rows are committed, published
-        rows = self._store.read_batch(self._cursor, limit, upto)   # once their hooks ran
+        upto = min(skipped, last)  # skipped rows are committed, published once their hooks ran
+        rows = self._store.read_batch(self._cursor, limit, upto)
         entries = [Entry(row.seq, row.record, row.size) for row in rows]
         self._c_spool_reads += len(entries)
         if entries:
