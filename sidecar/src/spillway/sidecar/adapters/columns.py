@@ -177,27 +177,9 @@ def as_messages(recs) -> list[pb.FailedRecord]:
 
 def verdict_columns(answers) -> pb.TallyVerdicts:
     """The answer to a report sent with ``verdict_columns``: `(verdict, dead_letter)` pairs as
-    columns (no classification rules: those are the home protocol's). Consecutive verdicts
-    that differ in nothing the columns carry (a run's records: one reason object) go as one
-    span, written once."""
-    spans: list = []
-    prev = prev_dl = None
-    n = 0
-    for v, dl in answers:
-        if (prev is not None and dl is prev_dl and v.reason is prev.reason
-                and v.action is prev.action and v.category is prev.category
-                and v.attempt == prev.attempt and v.dead_lettered == prev.dead_lettered
-                and v.job_failed == prev.job_failed
-                and v.retry_budget_exhausted == prev.retry_budget_exhausted
-                and v.retry_delay_ms == prev.retry_delay_ms):
-            n += 1
-            continue
-        if prev is not None:
-            spans.append(((prev, prev_dl, False, None), n))
-        prev, prev_dl, n = v, dl, 1
-    if prev is not None:
-        spans.append(((prev, prev_dl, False, None), n))
-    return encode_spans(spans, rules=False)
+    columns (no classification rules: those are the home protocol's)."""
+    return encode_spans([((v, dead_letter, False, None), 1) for v, dead_letter in answers],
+                        rules=False)
 
 
 __all__ = ["ColumnRecord", "as_messages", "records", "verdict_columns"]

@@ -117,9 +117,32 @@ def tally_span_verdicts(spans, grant: pb.BudgetSlice | None = None) -> pb.TallyV
     return out
 
 
+def _joined(spans, rules: bool) -> list:
+    """`spans` with neighbours whose records get the same columns made one (records decided
+    one by one that still read alike, e.g. a run's, share one reason object)."""
+    out: list = []
+    pv = pdl = plogged = prule = None
+    for span in spans:
+        (v, dl, logged, rule), k = span
+        if (pv is not None and dl == pdl and logged == plogged
+                and (not rules or rule == prule) and v.reason is pv.reason
+                and v.action is pv.action and v.category is pv.category
+                and v.attempt == pv.attempt and v.dead_lettered == pv.dead_lettered
+                and v.job_failed == pv.job_failed
+                and v.retry_budget_exhausted == pv.retry_budget_exhausted
+                and v.retry_delay_ms == pv.retry_delay_ms):
+            out[-1] = (out[-1][0], out[-1][1] + k)
+            continue
+        out.append(span)
+        pv, pdl, plogged, prule = v, dl, logged, rule
+    return out
+
+
 def encode_spans(spans, *, rules: bool) -> pb.TallyVerdicts:
     """((verdict, dead_letter, logged, rule), records) spans, in order, as TallyVerdicts
-    columns: a span's records get the same verdict, written once per span."""
+    columns: a span's records get the same verdict, written once per span (neighbours that
+    read alike joined first)."""
+    spans = _joined(spans, rules)
     n = sum(k for _, k in spans)
     actions, categories, flags = bytearray(n), bytearray(n), bytearray(n)
     attempts, delays = array("I", bytes(4 * n)), None
