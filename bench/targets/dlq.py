@@ -27,8 +27,8 @@ def _sidecar_props(**extra: str) -> dict[str, str]:
             **extra}
 
 
-def plain_producer_rate(ctx: Context, records: int, cpu_figure=None):
-    """The plain producer's rate; with `cpu_figure`, ``(rate, {cpu_figure: CPU per record})``
+def plain_producer_rate(ctx: Context, records: int, cpu_figure):
+    """The plain producer's rate, and its CPU per record as `cpu_figure`
     (`alternate_runs`' secondary figure)."""
     topic = ctx.infra.fresh_topic("plain")
     out = subprocess.run(
@@ -42,9 +42,7 @@ def plain_producer_rate(ctx: Context, records: int, cpu_figure=None):
     if r["acknowledged"] != records:
         raise BenchError(f"plain producer: {r['acknowledged']} of {records} acknowledged "
                          f"({r['first_error']})")
-    if cpu_figure is not None:
-        return records / r["seconds"], {cpu_figure: cpu.us_per_record(r["cpu_seconds"], records)}
-    return records / r["seconds"]
+    return records / r["seconds"], {cpu_figure: cpu.us_per_record(r["cpu_seconds"], records)}
 
 
 def spark_dlq_rate(ctx: Context, sidecar: SidecarProcess, records: int,
@@ -153,9 +151,8 @@ def run_dlq_rate(ctx: Context, result: TargetResult) -> None:
 
 def _cpu_reading(sidecar_cpu, producer_cpu) -> str:
     """The sidecar's CPU per record against the plain producer's (the floor)."""
-    if not sidecar_cpu.values or not producer_cpu.values:
-        return "CPU per record: not measured."
-    side, floor = sidecar_cpu.summary.median, producer_cpu.summary.median
+    side = sidecar_cpu.summary.median if sidecar_cpu.values else 0.0
+    floor = producer_cpu.summary.median if producer_cpu.values else 0.0
     if not side or not floor:
         return "CPU per record: not measured."
     return (f"CPU per record (figures, not targets): the sidecar spends {fmt(side)} µs per "
