@@ -169,5 +169,12 @@ def test_a_result_that_does_not_fit_the_return_type_is_a_reported_failure(sideca
     assert value is None
     assert error[2] == "spillway.spark._schema.OutputSchemaError"
     assert "TRANSFORMATION output does not fit the declared type int" in error[3]
+    # the inlined fast test lets a fitting int and None through, never an int out of range
+    big = _udf_function(spec, _wrapper("big"), lambda s: None if s == "n" else 1 << (8 * len(s)),
+                        True, None, None, check=check)
+    assert big("n") == (None, None)
+    assert big("aaa") == (1 << 24, None)
+    value, error = big("aaaa")
+    assert value is None and "does not fit the declared type int" in error[3]
     summary = job.summary()
-    assert summary.by_category == {"data": 1}
+    assert summary.by_category == {"data": 2}

@@ -117,6 +117,8 @@ def value_checker(dtype: Any, name: str, stage: str, *, exact: bool = True,
         raise OutputSchemaError(f"{stage} output does not fit the declared type {declared}: "
                                 f"{_why(refused)}")
 
+    # (kind, bounds) of the fast test, for a caller that inlines it per row (`_udf`)
+    check.fast_type = _FAST.get(declared)  # type: ignore[attr-defined]
     return check
 
 
