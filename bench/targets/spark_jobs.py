@@ -7,13 +7,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import peers, workloads
+from .. import cpu, peers, workloads
 from ..infra import BenchError
 from ..model import TargetResult, ratio_check
 from ..profiling import Recording, section
 from ..runner import Context, missing_prerequisite
 from .common import POLICY_ONLY, alternate_runs, dlq_props, profiled
-from .sparkutil import python_daemons, ship_workloads, timed
+from .sparkutil import WorkerCpu, python_daemons, ship_workloads, timed
 
 PARTITIONS = 8
 
@@ -176,26 +176,43 @@ def run_error_path(ctx: Context, result: TargetResult) -> None:
         f_peer = result.figure(f"{pct:g}% failing: peer (a), hand-rolled dead-lettering", "s")
         f_cand = result.figure(f"{pct:g}% failing: spillway, dead-lettered", "s")
 
+        w_bare, w_peer, w_cand = (result.figure(
+            f"{pct:g}% failing: {who}: Spark Python workers' CPU per failed record", "µs")
+            for who in ("catch and drop", "peer (a)", "spillway"))
+        f_side = result.figure(f"{pct:g}% failing: spillway: sidecar CPU per failed record",
+                               "µs")
+
+        def measured(action, workers, n_fail=n_fail, side=None):
+            """(wall seconds of the action, {CPU figures per failed record})."""
+            spark_cpu, side0 = WorkerCpu(), cpu.cpu_seconds(sidecar.pid)
+            seconds = timed(action)
+            extras = {workers: cpu.us_per_record(spark_cpu.used(), n_fail)}
+            if side is not None:
+                extras[side] = cpu.us_per_record(cpu.cpu_seconds(sidecar.pid) - side0, n_fail)
+            return seconds, extras
+
         def bare(_r, every=every):
             rdd = workloads.order_values(spark.sparkContext, rows, PARTITIONS, every)
-            return timed(lambda: rdd.mapPartitions(workloads.bare_rows_dropping).count())
+            return measured(lambda: rdd.mapPartitions(workloads.bare_rows_dropping).count(),
+                            w_bare)
 
         def handrolled(_r, every=every, n_fail=n_fail):
             topic = ctx.infra.fresh_topic("peer-a")
             rdd = workloads.order_values(spark.sparkContext, rows, PARTITIONS, every)
             run = functools.partial(peers.values_partition, conf, topic, workloads.parse_order)
-            seconds = timed(lambda: rdd.mapPartitions(run).count())
+            out = measured(lambda: rdd.mapPartitions(run).count(), w_peer)
             expect_topic_records(ctx, topic, n_fail, "hand-rolled dead-lettering", result)
-            return seconds
+            return out
 
         def wrapped(_r, every=every, n_fail=n_fail):
             job = _job(ctx, sidecar.address, dlq_props(ctx.infra.fresh_topic("errors")))
             rdd = workloads.order_values(spark.sparkContext, rows, PARTITIONS, every)
-            seconds = timed(lambda: job.map_partitions(rdd, workloads.parse_order).count())
+            out = measured(lambda: job.map_partitions(rdd, workloads.parse_order).count(),
+                           w_cand, side=f_side)
             written = job.summary().dlq_records_written
             if written < n_fail:
                 raise BenchError(f"{written} of {n_fail} failed rows acknowledged in the DLQ")
-            return seconds
+            return out
 
         alternate_runs(ctx, result, {f_bare.name: bare, f_peer.name: handrolled,
                                      f_cand.name: wrapped},
@@ -206,7 +223,20 @@ def run_error_path(ctx: Context, result: TargetResult) -> None:
         peer_check = ratio_check(f"{pct:g}% failing rows vs hand-rolled (a) (wall time)", f_cand,
                                  f_peer, "<=", 1.2)
         result.checks += [check, peer_check]
+        result.notes.append(_executor_reading(pct, w_bare, w_peer, w_cand, f_side))
         if ctx.sizes.profile and (check.met is False or peer_check.met is False):
             _profile_workers(ctx, result, f"{pct:g}% failing rows, {rows:,} rows",
                              lambda w=wrapped: w(0), extra_pids=[sidecar.pid],
                              label=f"errors-{pct:g}")
+
+
+def _executor_reading(pct, bare, peer, cand, side) -> str:
+    """Where the CPU of one failed record goes at this failure rate (medians): the executor
+    side is the Python workers' CPU above the catch-and-drop baseline's."""
+    m = [f.summary.median if f.values else 0.0 for f in (bare, peer, cand, side)]
+    return (f"CPU per failed record at {pct:g}% (medians; Spark's Python workers: every "
+            f"PySpark daemon and the workers it forked, from their /proc counters): the "
+            f"executor side of spillway's failure path costs {m[2] - m[0]:,.1f} µs above "
+            f"catch-and-drop ({m[2]:,.1f} against {m[0]:,.1f} µs, the parse and the rows' "
+            f"own work included), hand-rolled dead-lettering (a) {m[1] - m[0]:,.1f} µs; the "
+            f"sidecar spends {m[3]:,.1f} µs per failed record besides.")

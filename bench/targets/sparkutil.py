@@ -1,5 +1,5 @@
 """Spark plumbing for the targets: shipping the workload module to workers, per-variant executor
-environments, the Python worker processes (for profiles) and timing an action."""
+environments, the Python worker processes (for profiles and their CPU) and timing an action."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from ..infra import child_pids, cmdline, descendants
+from .. import cpu
+from ..infra import BenchError, child_pids, cmdline, descendants
 
 _registered = False
 
@@ -52,6 +53,24 @@ def python_daemons() -> list[int]:
     ours = [p for p in descendants(os.getpid()) if "pyspark.daemon" in cmdline(p)]
     forked = {c for p in ours for c in child_pids(p)}
     return [p for p in ours if p not in forked]
+
+
+class WorkerCpu:
+    """CPU seconds this driver's PySpark workers use from now on: every daemon's tree (its
+    forked workers, live or exited; `cpu.tree_cpu_seconds`). A daemon started meanwhile counts
+    from zero; one that exits loses its tree's counts, so that is an error, not a low figure."""
+
+    def __init__(self) -> None:
+        self._before = {d: cpu.tree_cpu_seconds(d, descendants) for d in python_daemons()}
+
+    def used(self) -> float:
+        now = python_daemons()
+        gone = set(self._before) - set(now)
+        if gone:
+            raise BenchError(f"PySpark daemon(s) {sorted(gone)} exited during the action: "
+                             f"their workers' CPU cannot be counted")
+        return sum(cpu.tree_cpu_seconds(d, descendants) - self._before.get(d, 0.0)
+                   for d in now)
 
 
 def timed(action: Callable[[], object]) -> float:

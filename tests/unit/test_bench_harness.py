@@ -497,6 +497,42 @@ def test_parse_stat_cpu_refuses_what_is_not_a_stat_line(text):
         parse_stat_cpu(text, 100)
 
 
+def test_parse_stat_reaped_reads_the_waited_for_children_fields():
+    from bench.cpu import parse_stat_reaped
+
+    reaped = STAT.replace(" 250 75 0 0 ", " 250 75 40 10 ")
+    assert parse_stat_reaped(reaped, 100) == pytest.approx(0.5)  # (40 + 10) ticks / 100
+    assert parse_stat_reaped(STAT, 100) == 0.0
+    with pytest.raises(ValueError, match="stat"):
+        parse_stat_reaped("4242 (x) S 1 2 3", 100)
+
+
+def test_tree_cpu_counts_a_worker_that_ran_and_exited():
+    """A daemon whose forked worker burned CPU and was reaped: the worker is gone from /proc,
+    its CPU is in the daemon's tree (as a PySpark daemon's workers are, bench target 4)."""
+    import subprocess
+    import sys
+
+    from bench.cpu import tree_cpu_seconds
+    from bench.infra import descendants
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    daemon = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        f"subprocess.run([sys.executable, '-c', {burn!r}], check=True)\n"
+        "print('reaped', flush=True)\n"
+        "time.sleep(30)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert daemon.stdout.readline().strip() == "reaped"
+        assert descendants(daemon.pid) == []          # the worker is gone
+        assert tree_cpu_seconds(daemon.pid, descendants) >= 0.3
+        with pytest.raises(OSError):
+            tree_cpu_seconds(2 ** 22 + 7, descendants)  # no such root: never a silent zero
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
 def test_cpu_seconds_reads_this_process_own_counters():
     from bench.cpu import cpu_seconds, snapshot
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import sys
+import weakref
+
 import pytest
 from spillway.client import (
     JobFailedError,
@@ -196,6 +200,34 @@ def test_fail_raises_readable_error_from_the_user_exception():
         list(eng.rows([1]))
     assert "TRANSFORMATION" in str(info.value) and "builtins.ValueError: bad row" in str(info.value)
     assert isinstance(info.value.__cause__, ValueError)
+    if sys.version_info >= (3, 11):  # the trace the queued failure dropped, as a note
+        note = "\n".join(info.value.__cause__.__notes__)
+        assert "Traceback (most recent call last)" in note and "in fn" in note
+
+
+def test_a_queued_failure_frees_its_frames_without_the_cyclic_gc():
+    """A failure waiting for its report holds no traceback: its frames' locals go at once, not
+    at the GC's next full collection (which a burst of failures ran every ~50 records)."""
+    session, clock = FakeSession(skip_data), FakeClock()
+    held = []
+
+    class Local:
+        pass
+
+    def fn(x):
+        if any(ref() is not None for ref in held):
+            raise AssertionError("a queued failure still holds its frame's locals")
+        local = Local()
+        held.append(weakref.ref(local))
+        raise ValueError(f"bad {x}")
+
+    gc.disable()
+    try:
+        list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=100).rows(range(5)))
+    finally:
+        gc.enable()
+    assert [len(r) for r in session.reports] == [5]     # queued together, reported at the end
+    assert all("ValueError: bad" in r.exception.stack_trace for r in session.reports[0])
 
 
 def test_job_failed_verdict_wins_over_task_fail_and_tolerance_is_typed():
