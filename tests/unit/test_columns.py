@@ -76,6 +76,45 @@ def test_a_failure_is_the_record_failed_record_builds():
     assert [f.to_pb() for f in fs] == msgs
 
 
+def _parse(text: str, note: str = "") -> BaseException:
+    try:
+        int(text)
+    except ValueError as e:
+        if note:
+            e.add_note(note)
+        return e
+    raise AssertionError("parsed")
+
+
+def _parse_elsewhere(text: str) -> BaseException:
+    try:
+        int(text)
+    except ValueError as e:
+        return e
+    raise AssertionError("parsed")
+
+
+def test_a_failure_alike_an_earlier_one_is_described_as_the_message_path_does():
+    """Failures of one class with one message at one place share one description, looked up
+    without formatting; any difference (message, place, a note, a cause) is described anew."""
+    cases = [_parse("x"), _parse("x"), _parse("y"), _parse_elsewhere("x"), _parse("x", "a note"),
+             _parse("x"), _raised(ValueError("invalid literal for int() with base 10: 'x'"))]
+    try:
+        try:
+            int("x")
+        except ValueError as inner:
+            raise ValueError("invalid literal for int() with base 10: 'x'") from inner
+    except ValueError as e:
+        cases.append(e)
+    fs = [columns.failure(f"r{i}", "TRANSFORMATION", e) for i, e in enumerate(cases)]
+    for i, (f, e) in enumerate(zip(fs, cases, strict=True)):
+        assert f.to_pb() == report.failed_record(f"r{i}", "TRANSFORMATION", e), i
+    assert fs[1].exception is fs[0].exception and fs[5].exception is fs[0].exception
+    assert len({id(f.exception) for f in fs}) == 6
+    assert "a note" in fs[4].exception.stack_trace and "a note" not in fs[5].exception.stack_trace
+    assert "direct cause" in fs[-1].exception.stack_trace
+
+
 def test_columns_describe_every_record_as_the_messages_do():
     fs, msgs = _failures()
     from_columns = [r.to_model() for r in _decoded(fs)]

@@ -52,14 +52,7 @@ class StackCache:
     def frames(self, tb: Any) -> str:
         """The formatted frames of traceback ``tb`` (what follows "Traceback (most recent call
         last):"), formatted once per frame signature."""
-        key: list = []
-        append = key.append
-        t = tb
-        while t is not None:
-            append(id(t.tb_frame.f_code))
-            append(t.tb_lasti)
-            t = t.tb_next
-        sig = tuple(key)
+        sig, codes = frame_signature(tb)
         # ids are unique among live objects only: an entry holds its code objects, so they stay
         # alive and no other code object can have their ids while the entry is kept; a matching
         # signature therefore names the same code objects
@@ -69,19 +62,31 @@ class StackCache:
                 self._entries.move_to_end(sig)
                 self.hits += 1
                 return entry[1]
-        codes = []
-        t = tb
-        while t is not None:
-            codes.append(t.tb_frame.f_code)
-            t = t.tb_next
         text = "".join(traceback.format_tb(tb))
         with self._lock:
             self.misses += 1
-            self._entries[sig] = (tuple(codes), text)
+            self._entries[sig] = (codes, text)
             self._entries.move_to_end(sig)
             while len(self._entries) > self.maxsize:
                 self._entries.popitem(last=False)
         return text
+
+
+def frame_signature(tb: Any) -> tuple[tuple, tuple]:
+    """(signature, code objects) of traceback ``tb``: its frames' code object ids and
+    instruction offsets (which fix its formatted text), and the code objects, which a cache
+    keyed by the signature holds so that no other code object can take their ids."""
+    key: list = []
+    codes: list = []
+    append, keep = key.append, codes.append
+    t = tb
+    while t is not None:
+        code = t.tb_frame.f_code
+        keep(code)
+        append(id(code))
+        append(t.tb_lasti)
+        t = t.tb_next
+    return tuple(key), tuple(codes)
 
 
 #: The process's cache, used by `format_stack_trace`.
@@ -124,7 +129,7 @@ def _exception_only(exc: BaseException) -> str:
 
 #: Formatted the standard way: their text depends on more than the frames. (Exception groups
 #: exist from Python 3.11; the client also runs on 3.10.)
-_UNCACHED = (SyntaxError,) + tuple(
+UNCACHED = (SyntaxError,) + tuple(
     t for t in (getattr(builtins, "BaseExceptionGroup", None),) if t is not None)
 
 
@@ -132,7 +137,7 @@ def format_stack_trace(exc: BaseException) -> str:
     """``"".join(traceback.format_exception(exc))``, with each traceback's frames formatted once
     per frame signature (see `StackCache`)."""
     if exc.__cause__ is None and (exc.__suppress_context__ or exc.__context__ is None) \
-            and not isinstance(exc, _UNCACHED):
+            and not isinstance(exc, UNCACHED):
         # the common case, one exception and no chain to print (a suppressed context is not
         # printed, whatever it is)
         only = _exception_only(exc)
@@ -145,7 +150,7 @@ def format_stack_trace(exc: BaseException) -> str:
     queue = [exc]
     while queue:
         e = queue.pop()
-        if isinstance(e, _UNCACHED):
+        if isinstance(e, UNCACHED):
             return "".join(traceback.format_exception(exc))
         cause = e.__cause__
         if cause is not None and id(cause) not in seen:

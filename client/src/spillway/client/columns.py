@@ -24,6 +24,8 @@ from opentelemetry.context import Context
 from spillway.v1 import sidecar_pb2 as pb
 
 from . import report
+from ._stack import UNCACHED, frame_signature
+from .markers import SpillwayMarker
 from ._runtable import RunTable
 from .errors import SidecarProtocolError
 
@@ -36,20 +38,49 @@ DEAD_LETTER, DEAD_LETTERED, JOB_FAILED, BUDGET_EXHAUSTED = 1, 2, 4, 8
 
 _MAX_KINDS = 4096
 _kinds_lock = threading.Lock()
-_exceptions: dict[tuple, pb.ExceptionInfo] = {}
+_exceptions: dict[tuple, tuple[tuple, pb.ExceptionInfo]] = {}
+_NOT_ALIKE = (SpillwayMarker, *UNCACHED)   # described by more than class, message and frames
 
 
 def _shared_exception(fields: dict[str, Any]) -> tuple[tuple, pb.ExceptionInfo]:
-    """(key, message) of an exception's fields: records failing alike share one message
-    (never mutate it)."""
+    """(key, message) of an exception's fields: records failing alike share one message and
+    one key (never mutate them; a failure waiting for its report holds no tuples of its own)."""
     key = tuple((k, tuple(v) if type(v) is list else v) for k, v in fields.items())
-    info = _exceptions.get(key)
-    if info is None:
-        info = pb.ExceptionInfo(**fields)
+    shared = _exceptions.get(key)
+    if shared is None:
+        shared = (key, pb.ExceptionInfo(**fields))
         with _kinds_lock:
             if len(_exceptions) >= _MAX_KINDS:
                 _exceptions.clear()
-            _exceptions[key] = info
+            _exceptions[key] = shared
+    return shared
+
+
+# (class, message, frame signature) -> (code objects, key, message): an exception that carries
+# nothing else (`report._hintless`: no hint attributes, no chain; no notes, not a marker, not a
+# SyntaxError or group) describes exactly as the last one of its class that failed with the
+# same message at the same place, so a failure like an earlier one formats nothing (its stack
+# trace, the key's hash: 9 of 15 µs per failed record). The codes keep the signature's ids.
+_alike: dict[tuple, tuple[tuple, tuple, pb.ExceptionInfo]] = {}
+
+
+def _exception_kind(exc: BaseException) -> tuple[tuple, pb.ExceptionInfo]:
+    """`_shared_exception` of ``exc``'s fields, looked up without building them when an
+    exception alike failed before."""
+    tb = exc.__traceback__
+    if tb is None or not report._hintless(exc) or isinstance(exc, _NOT_ALIKE) \
+            or getattr(exc, "__notes__", None) is not None:
+        return _shared_exception(report._exception_fields(exc))
+    sig, codes = frame_signature(tb)
+    alike = (type(exc), str(exc), sig)
+    hit = _alike.get(alike)
+    if hit is not None:
+        return hit[1], hit[2]
+    key, info = _shared_exception(report._exception_fields(exc))
+    with _kinds_lock:
+        if len(_alike) >= _MAX_KINDS:
+            _alike.clear()
+        _alike[alike] = (codes, key, info)
     return key, info
 
 
@@ -114,7 +145,7 @@ def failure(record_id: str, stage: int | str, exc: BaseException, *, custom_stag
     """`report.failed_record`'s record as a `Failure` (the same checks, the same fields)."""
     stage_v = report.checked_stage(record_id, stage, custom_stage)
     payload_v = pb.PAYLOAD_UNSPECIFIED if payload is None else report.payload_value(payload)
-    exc_key, info = _shared_exception(report._exception_fields(exc))
+    exc_key, info = _exception_kind(exc)
     traceparent, tracestate = report.trace_context(context)
     if source is not None:
         topic, partition, offset = source
