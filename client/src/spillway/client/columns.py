@@ -84,6 +84,18 @@ def _exception_kind(exc: BaseException) -> tuple[tuple, pb.ExceptionInfo]:
     return key, info
 
 
+_kind_tuples: dict[tuple, tuple] = {}
+
+
+def _shared_kind(kind: tuple) -> tuple:
+    """One tuple per way of failing, shared by its failures (none of their own for the cyclic
+    GC to look at while they wait for their report)."""
+    with _kinds_lock:
+        if len(_kind_tuples) >= _MAX_KINDS:
+            _kind_tuples.clear()
+        return _kind_tuples.setdefault(kind, kind)
+
+
 class Failure:
     """One failed record, as `report.failed_record` would describe it, without a message."""
 
@@ -152,8 +164,9 @@ def failure(record_id: str, stage: int | str, exc: BaseException, *, custom_stag
         source = (topic, int(partition), int(offset))
     as_bytes = report.as_bytes
     hs = tuple((k, as_bytes(v)) for k, v in headers) if headers else ()
-    return Failure(record_id, stage_v, custom_stage, function_name, payload_v, info,
-                   (stage_v, custom_stage, function_name, payload_v, exc_key), source,
+    kind = (stage_v, custom_stage, function_name, payload_v, exc_key)
+    kind = _kind_tuples.get(kind) or _shared_kind(kind)
+    return Failure(record_id, stage_v, custom_stage, function_name, payload_v, info, kind, source,
                    as_bytes(key), as_bytes(value), hs,
                    None if timestamp_ms is None else int(timestamp_ms), max(1, int(attempt)),
                    traceparent, tracestate)

@@ -95,7 +95,6 @@ class Unit:
     attempt: int = 1
     exc: BaseException | None = None
     record: Failure | None = None
-    ctx: RecordContext | None = None
 
 
 def trim_traceback(exc: BaseException) -> BaseException:
@@ -382,9 +381,7 @@ class Engine:
     def _failed(self, unit: Unit, exc: Exception, stage: StageRef, fname: str) -> None:
         """A single record failed: build its report and queue it."""
         trim_traceback(exc)
-        if unit.ctx is None:
-            unit.ctx = self.adapter.context(unit)
-        ctx = unit.ctx
+        ctx = self.adapter.context(unit)  # (again on a retry: not kept while the report waits)
         unit.exc = exc
         unit.record = columns.failure(
             ctx.record_id, stage.stage, exc, custom_stage=stage.custom, function_name=fname,
