@@ -433,3 +433,29 @@ def test_a_report_is_stored_as_one_segment_and_read_back_record_by_record(spool)
     assert sum(r.size for r in spool.read_batch(0, 1000)) == size  # sizes add up to the row
     assert spool.delete(seqs[:299]) == 299 and spool.depth() == 1
     assert [r.record for r in spool.read_batch(0, 10)] == [rec(299)]
+
+
+def test_reading_back_takes_every_pending_record_in_its_window_once(spool):
+    """Rows of one and of several segments, records settled inside segments (partly settled
+    rows): a read of (after, limit, upto) is the pending records after `after` up to `upto`,
+    the first `limit` of them, with the bytes each accounts for."""
+    records, seqs = [], []
+    for n in (3, 7, 4100, 5):  # one group commit each; 4,100 records make two segments
+        batch = [rec(len(records) + i, size=(len(records) + i) % 7) for i in range(n)]
+        records += batch
+        seqs += spool.append(batch)
+    gone = set(seqs[1:3] + seqs[10:14] + seqs[4000:4200] + seqs[-2:])
+    spool.delete(sorted(gone))
+    pending = [(s, r) for s, r in zip(seqs, records, strict=True) if s not in gone]
+    whole = spool.read_batch(0, 10_000)
+    assert [(r.seq, r.record) for r in whole] == pending
+    size_of = {r.seq: r.size for r in whole}
+    for after in [0, *seqs[::331], seqs[3999], seqs[4095], seqs[4096]]:
+        for upto in [None, *seqs[2::1000], seqs[4105]]:
+            for limit in (1, 3, 100, 5000):
+                want = [(s, r) for s, r in pending
+                        if s > after and (upto is None or s <= upto)][:limit]
+                got_seqs, got_records, got_sizes = spool.read_columns(after, limit, upto)
+                assert list(zip(got_seqs, got_records)) == want, (after, upto, limit)
+                assert got_sizes == [size_of[s] for s in got_seqs]
+    assert spool.read_columns(0, 0) == ([], [], [])

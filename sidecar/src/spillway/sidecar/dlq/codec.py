@@ -12,6 +12,8 @@ from __future__ import annotations
 import marshal
 from array import array
 from collections.abc import Iterator, Sequence
+from itertools import compress, starmap
+from operator import not_, sub
 
 from ..core.dlq_record import new_dlq_record
 from ..core.model import DlqRecord, Header
@@ -134,6 +136,41 @@ def decode_row(rid: int, ends: bytes, segs: bytes, data: bytes, start: int,
                                        "8 fields")
                     yield i, SpooledRecord(base | i, new_dlq_record(*fields), end - prev)
                 prev = end
+        first = last
+
+
+def decode_columns(rid: int, ends: bytes, segs: bytes, data: bytes, start: int, stop: int,
+                   done: bytes | bytearray | None, seqs: list[int], records: list[DlqRecord],
+                   sizes: list[int]) -> None:
+    """`decode_row`'s records with index in [`start`, `stop`), appended as columns (seqs,
+    records, bytes): a segment's records are picked, checked and made in one pass each, so the
+    drain reading a backlog back makes no object per record but the record."""
+    e = row_ends(ends)
+    base = rid << ROW_BITS
+    first = 0
+    for count in row_ends(segs):
+        last = first + count
+        lo, hi = max(first, start), min(last, stop)
+        if hi > lo and (done is None or not all(done[lo:hi])):
+            seg_start = e[first - 1] if first else 0
+            items = marshal.loads(memoryview(data)[seg_start:e[last - 1]])
+            if type(items) is not list or len(items) != count:
+                raise DlqError("corrupt DLQ spool row: a segment does not decode to its records")
+            picked = items[lo - first:hi - first]
+            size = map(sub, e[lo:hi], [e[lo - 1] if lo else 0, *e[lo:hi - 1]])
+            index = range(base | lo, base | hi)
+            if done is not None:
+                keep = list(map(not_, done[lo:hi]))
+                picked, size, index = (list(compress(picked, keep)), compress(size, keep),
+                                       compress(index, keep))
+            if set(map(type, picked)) != {tuple} or set(map(len, picked)) != {8}:
+                raise DlqError("corrupt DLQ spool row: a record does not decode to its 8 "
+                               "fields")
+            seqs.extend(index)
+            records.extend(starmap(new_dlq_record, picked))
+            sizes.extend(size)
+        if last >= stop:
+            return
         first = last
 
 

@@ -212,13 +212,13 @@ class Drain:
         if limit <= 0:
             return False
         upto = min(skipped, last)  # skipped rows are committed, published once their hooks ran
-        rows = self._store.read_batch(self._cursor, limit, upto)
-        entries = [Entry(row.seq, row.record, row.size) for row in rows]
+        seqs, records, sizes = self._store.read_columns(self._cursor, limit, upto)
+        entries = list(map(Entry, seqs, records, sizes))
         self._c_spool_reads += len(entries)
         if entries:
-            self._cursor = entries[-1].seq
-            self._avg_size = max(1, sum(e.size for e in entries) // len(entries))
-        if len(rows) < limit:
+            self._cursor = seqs[-1]
+            self._avg_size = max(1, sum(sizes) // len(entries))
+        if len(entries) < limit:
             # read to `upto`: a seq up to it that is not there never will be (an ignored
             # duplicate can use one up, a settled record is left out), so the cursor may pass it
             self._cursor = max(self._cursor, upto)

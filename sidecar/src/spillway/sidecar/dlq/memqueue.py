@@ -80,6 +80,11 @@ class MemoryQueue:
                 seq += 1
         return out
 
+    def read_columns(self, after_seq: int, limit: int, upto: int | None = None
+                     ) -> tuple[list[int], list[DlqRecord], list[int]]:
+        rows = self.read_batch(after_seq, limit, upto)
+        return ([r.seq for r in rows], [r.record for r in rows], [r.size for r in rows])
+
     def delete(self, seqs: Sequence[int]) -> int:
         n = 0
         with self._lock:

@@ -62,7 +62,8 @@ from . import perms, schema
 from .codec import (
     IDX_MASK,
     ROW_BITS,
-    decode_row,
+    ROW_RECORDS,
+    decode_columns,
     encode_segments,
     record_from_row,
     seg_sizes,
@@ -433,9 +434,16 @@ class Spool(Settlement, Holding, DedupWindow):
         """Up to `limit` pending records with `after_seq` < seq <= `upto` (default: the last
         published), in seq order (records of a batch row already settled in this process are
         left out)."""
-        out: list[SpooledRecord] = []
+        return list(map(SpooledRecord, *self.read_columns(after_seq, limit, upto)))
+
+    def read_columns(self, after_seq: int, limit: int, upto: int | None = None
+                     ) -> tuple[list[int], list[DlqRecord], list[int]]:
+        """`read_batch` as columns: (seqs, records, bytes)."""
+        seqs: list[int] = []
+        records: list[DlqRecord] = []
+        sizes: list[int] = []
         if limit <= 0:
-            return out
+            return seqs, records, sizes
         first_row = after_seq >> ROW_BITS
         with self._lock:
             last = self._last_seq if upto is None else min(upto, self._last_seq)
@@ -453,15 +461,17 @@ class Spool(Settlement, Holding, DedupWindow):
                             continue
                         done = bytes(row.done) if row.done is not None else None
                     start = (after_seq & IDX_MASK) + 1 if rid == first_row else 0
-                    for _, r in decode_row(rid, ends, segs, data, start, done):
-                        if r.seq > last:
-                            return out
-                        out.append(r)
-                        if len(out) >= limit:
-                            return out
+                    stop = (last & IDX_MASK) + 1 if rid == last_row else ROW_RECORDS
+                    if done is None:  # no record left out: the limit is an index
+                        stop = min(stop, start + limit - len(seqs))
+                    decode_columns(rid, ends, segs, data, start, stop, done, seqs, records,
+                                   sizes)
+                    if len(seqs) >= limit:
+                        del seqs[limit:], records[limit:], sizes[limit:]
+                        break
             finally:
                 cur.close()
-        return out
+        return seqs, records, sizes
 
     def rejected(self, limit: int = 100) -> list[RejectedRecord]:
         with self._rlock:
