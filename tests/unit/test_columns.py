@@ -113,6 +113,11 @@ def test_a_failure_alike_an_earlier_one_is_described_as_the_message_path_does():
     assert len({id(f.exception) for f in fs}) == 6
     assert "a note" in fs[4].exception.stack_trace and "a note" not in fs[5].exception.stack_trace
     assert "direct cause" in fs[-1].exception.stack_trace
+    long = [_raised(ValueError("x" * 5000)) for _ in range(2)]   # kept whole by no table
+    before = len(columns._alike)
+    assert [columns.failure("r", "TRANSFORMATION", e).to_pb() for e in long] == [
+        report.failed_record("r", "TRANSFORMATION", e) for e in long]
+    assert len(columns._alike) == before
 
 
 def test_columns_describe_every_record_as_the_messages_do():

@@ -62,6 +62,7 @@ def _shared_exception(fields: dict[str, Any]) -> tuple[tuple, pb.ExceptionInfo]:
 # same message at the same place, so a failure like an earlier one formats nothing (its stack
 # trace, the key's hash: 9 of 15 µs per failed record). The codes keep the signature's ids.
 _alike: dict[tuple, tuple[tuple, tuple, pb.ExceptionInfo]] = {}
+_ALIKE_MESSAGE_CHARS = 4096
 
 
 def _exception_kind(exc: BaseException) -> tuple[tuple, pb.ExceptionInfo]:
@@ -71,8 +72,11 @@ def _exception_kind(exc: BaseException) -> tuple[tuple, pb.ExceptionInfo]:
     if tb is None or not report._hintless(exc) or isinstance(exc, _NOT_ALIKE) \
             or getattr(exc, "__notes__", None) is not None:
         return _shared_exception(report._exception_fields(exc))
+    message = str(exc)
+    if len(message) > _ALIKE_MESSAGE_CHARS:   # the table keeps it whole: long ones go uncached
+        return _shared_exception(report._exception_fields(exc))
     sig, codes = frame_signature(tb)
-    alike = (type(exc), str(exc), sig)
+    alike = (type(exc), message, sig)
     hit = _alike.get(alike)
     if hit is not None:
         return hit[1], hit[2]
