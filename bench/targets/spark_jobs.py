@@ -164,7 +164,10 @@ def run_error_path(ctx: Context, result: TargetResult) -> None:
         "`errors.tolerance=all` and a DLQ topic (fresh per run): every failed row is reported "
         "(256 per report), decided by the sidecar (its own process, spool on), dead-lettered "
         "and acknowledged before the task ends (flush barrier). Wall time of `count()`, the "
-        "three alternated run by run.")
+        "three alternated run by run. CPU per failed record over the same action: Spark's "
+        "Python workers (every PySpark daemon and the workers it forked, live or exited, from "
+        "their /proc counters; the executor side is the difference from catch-and-drop) and, "
+        "for spillway, the sidecar process.")
     ship_workloads()
     sidecar = ctx.infra.sidecar(name="errors")
     spark = ctx.infra.spark
