@@ -24,10 +24,10 @@ from opentelemetry.context import Context
 from spillway.v1 import sidecar_pb2 as pb
 
 from . import report
-from ._stack import UNCACHED, frame_signature
-from .markers import SpillwayMarker
 from ._runtable import RunTable
+from ._stack import UNCACHED, frame_signature
 from .errors import SidecarProtocolError
+from .markers import SpillwayMarker
 
 _SWAP = sys.byteorder != "little"   # fixed-size columns are little-endian on the wire
 NO_KEY, NO_VALUE, NO_TIMESTAMP = 1, 2, 4   # RecordColumns.absent
