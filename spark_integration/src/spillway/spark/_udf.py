@@ -132,11 +132,13 @@ def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column
     direct = hasattr(tc_class, "_taskContext")  # pyspark's layout; else the public accessor
     current = (lambda: tc_class._taskContext) if direct else tc_class.get
     # The result check's fast test (a type, and a range for integers), inlined: calling it
-    # was half of the per-row overhead. Anything it does not pass (None too) asks `check`.
-    kind, bounds = getattr(check, "fast_type", None) or (None, None)
+    # was half of the per-row overhead. Anything it does not pass (None too) asks `check`;
+    # without a fast test (or a check) every result does.
+    kind, bounds = getattr(check, "fast_type", None) or (_NoFastTest, None)
     bounded = bounds is not None
     lo, hi = bounds or (0, 0)
-    if direct and single_argument(fn) and kind is not None:
+    verify = check if check is not None else _accept
+    if direct and single_argument(fn):
         def call(arg):
             st = holder[0]
             if st is None or st.tc is not tc_class._taskContext:
@@ -146,21 +148,7 @@ def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column
             try:
                 out = fn(arg)
                 if type(out) is not kind or bounded and not lo <= out <= hi:
-                    check(out)
-            except Exception as exc:  # noqa: BLE001 - user code
-                return failed(st, (arg,), index, exc)
-            return (out, None) if error_column else out
-    elif direct and single_argument(fn):
-        def call(arg):
-            st = holder[0]
-            if st is None or st.tc is not tc_class._taskContext:
-                st = enter()
-            index = st.rows
-            st.rows = index + 1
-            try:
-                out = fn(arg)
-                if check is not None:
-                    check(out)
+                    verify(out)
             except Exception as exc:  # noqa: BLE001 - user code
                 return failed(st, (arg,), index, exc)
             return (out, None) if error_column else out
@@ -180,6 +168,14 @@ def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column
             return (out, None) if error_column else out
 
     return call
+
+
+class _NoFastTest:
+    """A type no result has: every result goes to the check."""
+
+
+def _accept(_value: Any) -> None:
+    """No check."""
 
 
 def single_argument(fn: Callable) -> bool:
