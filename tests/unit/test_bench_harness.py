@@ -642,3 +642,17 @@ def test_cpu_children_are_the_live_child_processes(tmp_path):
             p.kill()
             p.wait()
     assert not set(p.pid for p in kids) & set(cpu.children(os.getpid()))
+
+
+def test_the_executor_side_is_the_median_of_the_rounds_own_differences():
+    """Target 4's reading: alternated rounds share the machine's moment, so the executor side
+    is the median of each round's difference, not the difference of the medians."""
+    from bench.targets.spark_jobs import _executor_reading
+
+    r = TargetResult("k", 4, "t")
+    bare, peer, cand, side = (r.figure(n, "µs") for n in ("bare", "peer", "cand", "side"))
+    for b, p, c, s in ((10, 11, 12, 40), (50, 50, 55, 41), (30, 33, 45, 42)):
+        bare.add(b), peer.add(p), cand.add(c), side.add(s)
+    text = _executor_reading(10.0, bare, peer, cand, side)
+    assert "costs 5.0 µs above catch-and-drop" in text      # diffs 2, 5, 15 (medians: 15)
+    assert "dead-lettering (a) 1.0 µs" in text and "spends 41.0 µs" in text
