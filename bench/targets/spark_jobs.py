@@ -188,7 +188,8 @@ def run_error_path(ctx: Context, result: TargetResult) -> None:
 
         def measured(action, workers, n_fail=n_fail, side=None):
             """(wall seconds of the action, {CPU figures per failed record})."""
-            spark_cpu, side0 = WorkerCpu(), cpu.cpu_seconds(sidecar.pid)
+            spark_cpu = WorkerCpu()
+            side0 = cpu.cpu_seconds(sidecar.pid) if side is not None else 0.0
             seconds = timed(action)
             extras = {workers: cpu.us_per_record(spark_cpu.used(), n_fail)}
             if side is not None:

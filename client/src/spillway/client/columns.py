@@ -69,11 +69,10 @@ def _exception_kind(exc: BaseException) -> tuple[tuple, pb.ExceptionInfo]:
     """`_shared_exception` of ``exc``'s fields, looked up without building them when an
     exception alike failed before."""
     tb = exc.__traceback__
+    # (the table keeps a message whole: long ones go uncached)
     if tb is None or not report._hintless(exc) or isinstance(exc, _NOT_ALIKE) \
-            or getattr(exc, "__notes__", None) is not None:
-        return _shared_exception(report._exception_fields(exc))
-    message = str(exc)
-    if len(message) > _ALIKE_MESSAGE_CHARS:   # the table keeps it whole: long ones go uncached
+            or getattr(exc, "__notes__", None) is not None \
+            or len(message := str(exc)) > _ALIKE_MESSAGE_CHARS:
         return _shared_exception(report._exception_fields(exc))
     sig, codes = frame_signature(tb)
     alike = (type(exc), message, sig)

@@ -113,7 +113,7 @@ class Confirmations:
             self._orphans = {rid for rid, _, _ in s.pipeline.store.held_rows()}
         self._orphans_at = time.monotonic() + s.registry.idle_timeout_s
         # how long a held report may wait for others to share its call (a flush does not wait)
-        self._linger_s = s.props.get("home.confirm.linger.ms", 250) / 1000
+        self._linger_s = s.props["home.confirm.linger.ms"] / 1000
         self._closing = False
         self.confirmed = self.released = self.dropped = self.calls = 0
         self.slices = NodeSlices()   # this node's slices of its runs' error budgets

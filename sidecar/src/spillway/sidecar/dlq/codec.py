@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import marshal
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from itertools import compress, starmap
 from operator import not_, sub
 
@@ -112,39 +112,24 @@ def row_ends(data_ends: bytes) -> array:
 
 
 def decode_row(rid: int, ends: bytes, segs: bytes, data: bytes, start: int,
-               done: bytes | bytearray | None) -> Iterator[tuple[int, SpooledRecord]]:
+               done: bytes | bytearray | None) -> list[tuple[int, SpooledRecord]]:
     """The records of batch row `rid` from index `start` on, in order, but those `done` marks
-    settled: `segs` holds the record count of each segment (one marshalled list of records)."""
-    e = row_ends(ends)
-    base = rid << ROW_BITS
-    first = 0
-    for count in row_ends(segs):
-        last = first + count
-        lo = max(first, start)
-        if last > lo and (done is None or not all(done[lo:last])):
-            seg_start = e[first - 1] if first else 0
-            items = marshal.loads(memoryview(data)[seg_start:e[last - 1]])
-            if type(items) is not list or len(items) != count:
-                raise DlqError("corrupt DLQ spool row: a segment does not decode to its records")
-            prev = e[lo - 1] if lo else 0
-            for i in range(lo, last):
-                end = e[i]
-                if done is None or not done[i]:
-                    fields = items[i - first]
-                    if type(fields) is not tuple or len(fields) != 8:
-                        raise DlqError("corrupt DLQ spool row: a record does not decode to its "
-                                       "8 fields")
-                    yield i, SpooledRecord(base | i, new_dlq_record(*fields), end - prev)
-                prev = end
-        first = last
+    settled, as (index, record) pairs (`decode_columns`)."""
+    seqs: list[int] = []
+    records: list[DlqRecord] = []
+    sizes: list[int] = []
+    decode_columns(rid, ends, segs, data, start, ROW_RECORDS, done, seqs, records, sizes)
+    return [(seq & IDX_MASK, SpooledRecord(seq, rec, size))
+            for seq, rec, size in zip(seqs, records, sizes)]
 
 
 def decode_columns(rid: int, ends: bytes, segs: bytes, data: bytes, start: int, stop: int,
                    done: bytes | bytearray | None, seqs: list[int], records: list[DlqRecord],
                    sizes: list[int]) -> None:
     """`decode_row`'s records with index in [`start`, `stop`), appended as columns (seqs,
-    records, bytes): a segment's records are picked, checked and made in one pass each, so the
-    drain reading a backlog back makes no object per record but the record."""
+    records, bytes): `segs` holds the record count of each segment (one marshalled list of
+    records); a segment's records are picked, checked and made in one pass each, so the drain
+    reading a backlog back makes no object per record but the record."""
     e = row_ends(ends)
     base = rid << ROW_BITS
     first = 0
