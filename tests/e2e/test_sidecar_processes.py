@@ -315,3 +315,62 @@ def test_the_supervisors_end_ends_every_process(tmp_path):
         while any(_alive(k) for k in kids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(_alive(k) for k in kids), sig
+
+
+def test_a_restart_with_another_process_count_keeps_what_the_old_spools_hold(broker, tmp_path):
+    """Records spooled by two processes and not yet written (a long linger, then SIGKILL) would
+    sit in spool.dir/process-i where a single process never looks: that start is refused,
+    naming them, and a start with two processes again writes every one of them."""
+    topic = f"dlq.strand-{uuid.uuid4().hex[:8]}"
+    props = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
+             "errors.deadletterqueue.auto.create.topics.enable": "true",
+             "errors.deadletterqueue.topic.replication.factor": "1"}
+
+    def start(processes: int, linger_ms: int):
+        return serve.spawn(["--listen", "127.0.0.1:0", "--bootstrap-servers",
+                            broker.bootstrap_servers, "--set", f"spool.dir={tmp_path}",
+                            "--set", f"producer.linger.ms={linger_ms}",
+                            "--set", f"sidecar.processes={processes}"],
+                           stderr=subprocess.DEVNULL)
+
+    proc, address = start(2, 600_000)
+    ids = []
+    for n in range(6):   # fresh connections land on either process
+        ch, stub = _fresh_stub(address)
+        reg = stub.RegisterJob(pb.RegisterJobRequest(job=f"strand{n}", run_id="r",
+                                                     properties=props), timeout=30)
+        ch.close()
+        ch, stub = _fresh_stub(f"127.0.0.1:{reg.process_port}")
+        batch = [f"s{n}-{i}" for i in range(3)]
+        verdicts = stub.ReportFailures(pb.ReportFailuresRequest(
+            job=f"strand{n}", run_id="r", task=TASK, records=_records(*batch)),
+            metadata=[("spillway-job-token", reg.job_token)], timeout=30).verdicts
+        assert all(v.dead_lettered for v in verdicts)
+        ids += batch
+        ch.close()
+    for kid in _children(proc.pid):
+        os.kill(kid, signal.SIGKILL)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    used = sorted(d for d in os.listdir(tmp_path) if d.startswith("process-"))
+    assert used == ["process-0", "process-1"]
+
+    done = subprocess.run(
+        [sys.executable, "-m", "spillway.sidecar.cli", "serve", "--listen", "127.0.0.1:0",
+         "--bootstrap-servers", broker.bootstrap_servers, "--set", f"spool.dir={tmp_path}"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "DLQ record(s) not yet written to Kafka" in done.stderr
+    assert "only a start with sidecar.processes=2 or more" in done.stderr
+    assert not read_all(broker.bootstrap_servers, topic, idle_s=0.5)
+
+    proc, _ = start(2, 5)
+    try:
+        deadline = time.monotonic() + 60
+        got = []
+        while len(got) < len(ids) and time.monotonic() < deadline:
+            got = read_all(broker.bootstrap_servers, topic, idle_s=0.5)
+        assert sorted(m.value() for m in got) == sorted(b"value of " + i.encode()
+                                                        for i in ids)
+    finally:
+        serve.stop(proc, 30)

@@ -147,11 +147,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from .processes import supervise
 
         return supervise(args, raw, props)
+    from .dlq import default_spool_dir
     from .runstate import pin_hash_seed, wanted
 
-    if getattr(args, "own_command_line", False) and wanted(props):
-        from .dlq import default_spool_dir
+    if role is None:  # (the supervisor checked the directories of all its processes)
+        from . import stranded
 
+        stranded.check(props["spool.dir"] or default_spool_dir(raw), props)
+    if getattr(args, "own_command_line", False) and wanted(props):
         # run states are kept as hash() digests: the same seed after a restart (runstate.py)
         pin_hash_seed(props["spool.dir"] or default_spool_dir(raw))
     if props.get("listen.address") and role is None:  # the supervisor holds a shared one

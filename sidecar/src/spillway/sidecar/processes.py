@@ -44,7 +44,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from . import listeners
+from . import listeners, stranded
 from .errors import ConfigError
 
 log = logging.getLogger("spillway.sidecar.processes")
@@ -242,6 +242,12 @@ def plan(argv: list[str], raw: Mapping[str, str], props: Mapping[str, object],
                 else listeners.split_host_port(listeners.default_advertised(listen))[0])
     siblings = tuple(_join(adv_host, p) for p in ports)
     spool = str(props.get("spool.dir") or default_spool_dir({**raw, "listen.address": listen}))
+    try:  # another process count's directories must hold nothing (stranded.py)
+        stranded.check(spool, props)
+    except BaseException:
+        for s in reserved:
+            s.close()
+        raise
     ident = str(props.get("sidecar.id") or socket.gethostname())
     children = []
     for i, p in enumerate(ports):

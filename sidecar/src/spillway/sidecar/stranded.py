@@ -1,0 +1,155 @@
+"""What a start would strand in spool directories it does not open, refused before it serves.
+
+One sidecar process keeps its DLQ spool and its runs' kept states in ``spool.dir`` itself;
+``sidecar.processes=N`` keeps one set per process in ``spool.dir/process-i`` (processes.py), and
+``spool.enable=false`` keeps none. A restart with another process count, or with the spool
+turned off, opens other directories than the last start did, and what the old ones hold would
+sit there without a word: DLQ records spooled and not yet written to Kafka (never produced,
+though their reports were answered), records held for their run's home to confirm, records
+Kafka rejected (kept for the operator), and the state of live runs (whose limits a restart must
+never loosen). So such a start is refused, naming each directory, what it holds and the
+setting that opens it again. Directories that hold nothing are left alone; runs idle past
+``job.idle.timeout.ms`` do not count (a start drops them anyway).
+
+Read-only: the spool's and run store's SQLite files are opened ``mode=ro`` and never locked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Mapping
+from contextlib import closing as _closing
+from dataclasses import dataclass
+
+from .dlq import schema
+from .errors import ConfigError
+from .runstate import FILE_NAME as RUNS_FILE
+
+_PROCESS_DIR = re.compile(r"process-(\d+)")
+
+
+@dataclass(frozen=True)
+class Held:
+    """What one directory holds (counts of records and of live runs)."""
+
+    directory: str
+    pending: int = 0
+    held: int = 0
+    rejected: int = 0
+    runs: int = 0
+    unreadable: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.pending or self.held or self.rejected or self.runs or self.unreadable)
+
+    def describe(self) -> str:
+        if self.unreadable:
+            return f"{self.directory} could not be read ({self.unreadable})"
+        parts = []
+        if self.pending:
+            parts.append(f"{self.pending} DLQ record(s) not yet written to Kafka")
+        if self.held:
+            parts.append(f"{self.held} DLQ record(s) held for their run's home to confirm")
+        if self.rejected:
+            parts.append(f"{self.rejected} record(s) Kafka rejected, kept for the operator")
+        if self.runs:
+            parts.append(f"the kept state of {self.runs} live run(s)")
+        return f"{self.directory} holds " + ", ".join(parts)
+
+
+def opened(root: str, processes: int, spool: bool) -> list[str]:
+    """The directories a start opens: ``spool.dir`` itself, one per process, or none."""
+    if not spool:
+        return []
+    if processes > 1:
+        return [os.path.join(root, f"process-{i}") for i in range(processes)]
+    return [root]
+
+
+def _ro(path: str) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def holdings(directory: str, max_idle_s: float) -> Held:
+    """What `directory` holds (read-only; a file that cannot be read is reported as such)."""
+    pending = held = rejected = runs = 0
+    spool = os.path.join(directory, schema.DB_NAME)
+    store = os.path.join(directory, RUNS_FILE)
+    try:
+        if os.path.exists(spool):
+            with _closing(_ro(spool)) as conn:
+                tables = _tables(conn)
+                if "batches" in tables:
+                    rows, total = conn.execute(
+                        "SELECT COUNT(*), COALESCE(SUM(n), 0) FROM batches").fetchone()
+                    settled = conn.execute(
+                        "SELECT COALESCE(SUM(hi - lo + 1), 0) FROM settled").fetchone()[0] \
+                        if "settled" in tables else 0
+                    pending = max(total - settled, rows)   # a row kept has a record pending
+                if "held" in tables:   # (a spool written before held rows has none)
+                    held = conn.execute("SELECT COALESCE(SUM(n), 0) FROM held").fetchone()[0]
+                if "rejected" in tables:
+                    rejected = conn.execute("SELECT COUNT(*) FROM rejected").fetchone()[0]
+        if os.path.exists(store):
+            with _closing(_ro(store)) as conn:
+                if "runs" in _tables(conn):
+                    runs = conn.execute("SELECT COUNT(*) FROM runs WHERE updated >= ?",
+                                        (time.time() - max_idle_s,)).fetchone()[0]
+    except sqlite3.Error as exc:
+        return Held(directory, unreadable=f"{type(exc).__name__}: {exc}")
+    return Held(directory, pending, held, rejected, runs)
+
+
+def _setting(root: str, directory: str) -> str:
+    """The start that opens `directory` of `root`."""
+    m = _PROCESS_DIR.fullmatch(os.path.basename(directory))
+    if directory != root and m:
+        return f"sidecar.processes={max(int(m.group(1)) + 1, 2)} or more"
+    return "sidecar.processes=1"
+
+
+def stranded(root: str, processes: int, spool: bool, max_idle_s: float) -> list[Held]:
+    """The directories under `root` (and `root` itself) this start would not open that still
+    hold something."""
+    if not os.path.isdir(root):
+        return []
+    mine = set(opened(root, processes, spool))
+    candidates = [root] + sorted(
+        (os.path.join(root, e) for e in os.listdir(root) if _PROCESS_DIR.fullmatch(e)),
+        key=lambda d: int(_PROCESS_DIR.fullmatch(os.path.basename(d)).group(1)))
+    out = []
+    for d in candidates:
+        if d not in mine and os.path.isdir(d):
+            h = holdings(d, max_idle_s)
+            if h:
+                out.append(h)
+    return out
+
+
+def check(root: str, props: Mapping[str, object]) -> None:
+    """Refuse (ConfigError) a start that would strand what another layout's directories hold."""
+    processes = int(props["sidecar.processes"])
+    spool = bool(props["bootstrap.servers"]) and bool(props["spool.enable"])
+    found = stranded(root, processes, spool, int(props["job.idle.timeout.ms"]) / 1000)
+    if not found:
+        return
+    this = (f"sidecar.processes={processes}" if spool else
+            "spool.enable=false" if props["bootstrap.servers"] else "no bootstrap.servers")
+    what = "; ".join(f"{h.describe()}, and only a start with {_setting(root, h.directory)} "
+                     "(and the spool on) opens it" for h in found)
+    raise ConfigError(
+        "spool.dir",
+        f"{what}. This start ({this}) would leave that there, never written and not counted. "
+        "Start with that setting again until the records are written (`spillway status` "
+        "shows the spool's depth) and the runs have ended (EndJob, or job.idle.timeout.ms "
+        "without a report), or move the directory away to discard what it holds")
+
+
+__all__ = ["Held", "check", "holdings", "opened", "stranded"]
