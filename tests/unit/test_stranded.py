@@ -61,6 +61,12 @@ def test_each_layout_opens_its_own_directories_and_is_refused_the_others(tmp_pat
     assert stranded.stranded(str(root), 3, True, 3600) == []   # more processes: opens them
     found = stranded.stranded(str(root), 1, True, 3600)
     assert [h.directory for h in found] == [str(root / "process-0"), str(root / "process-1")]
+    live = spool_in(root / "process-1")    # a sidecar still serving from it is named
+    try:
+        assert f"process-1 (in use by pid {os.getpid()}) holds 1 DLQ" in \
+            stranded.stranded(str(root), 1, True, 3600)[1].describe()
+    finally:
+        live.close()
     with pytest.raises(ConfigError) as err:
         stranded.check(str(root), props(1))
     msg = str(err.value)

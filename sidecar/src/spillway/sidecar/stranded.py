@@ -46,8 +46,10 @@ class Held:
         return bool(self.pending or self.held or self.rejected or self.runs or self.unreadable)
 
     def describe(self) -> str:
+        user = _holder(self.directory)
+        where = f"{self.directory} (in use by pid {user})" if user else self.directory
         if self.unreadable:
-            return f"{self.directory} could not be read ({self.unreadable})"
+            return f"{where} could not be read ({self.unreadable})"
         parts = []
         if self.pending:
             parts.append(f"{self.pending} DLQ record(s) not yet written to Kafka")
@@ -57,7 +59,24 @@ class Held:
             parts.append(f"{self.rejected} record(s) Kafka rejected, kept for the operator")
         if self.runs:
             parts.append(f"the kept state of {self.runs} live run(s)")
-        return f"{self.directory} holds " + ", ".join(parts)
+        return f"{where} holds " + ", ".join(parts)
+
+
+def _holder(directory: str) -> int:
+    """The pid holding the spool's lock (0: none), from /proc/locks: a sidecar still serving
+    from that directory. Looked up, not locked: a start must not race it for the lock."""
+    try:
+        st = os.stat(os.path.join(directory, schema.LOCK_NAME))
+        with open("/proc/locks") as f:
+            table = f.read()
+    except OSError:
+        return 0
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():   # "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF"
+        f = line.split()
+        if len(f) >= 6 and f[1] == "FLOCK" and f[5] == dev and f[4].isdigit():
+            return int(f[4])
+    return 0
 
 
 def opened(root: str, processes: int, spool: bool) -> list[str]:
