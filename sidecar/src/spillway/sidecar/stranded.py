@@ -137,11 +137,13 @@ def _setting(root: str, directory: str) -> str:
 def stranded(root: str, processes: int, spool: bool, max_idle_s: float) -> list[Held]:
     """The directories under `root` (and `root` itself) this start would not open that still
     hold something."""
-    if not os.path.isdir(root):
+    try:
+        entries = os.listdir(root)
+    except OSError:   # absent, or not ours to read: opening the spool says so if it matters
         return []
     mine = set(opened(root, processes, spool))
     candidates = [root] + sorted(
-        (os.path.join(root, e) for e in os.listdir(root) if _PROCESS_DIR.fullmatch(e)),
+        (os.path.join(root, e) for e in entries if _PROCESS_DIR.fullmatch(e)),
         key=lambda d: int(_PROCESS_DIR.fullmatch(os.path.basename(d)).group(1)))
     out = []
     for d in candidates:
