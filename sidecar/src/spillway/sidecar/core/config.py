@@ -327,7 +327,9 @@ _PROPS: list[Prop] = [
     Prop("sidecar.processes", p_int(1, 64), "1",
          "sidecar processes behind listen.address (Linux SO_REUSEPORT), to use more than one "
          "core of a node: each has its own process port, spool (spool.dir/process-N) and run "
-         "state, and is started again when it exits (docs/DEPLOY.md)", job=False),
+         "state, and is started again when it exits; a start with another count is refused "
+         "while the other count's directories hold records or live runs (docs/DEPLOY.md)",
+         job=False),
     Prop("sidecar.processes.port.base", p_int(0, 65535), "0",
          "with sidecar.processes > 1, process N listens and is advertised on this port + N "
          "(0: the listen port + 1 + N, or free ports when that is 0)", job=False),
