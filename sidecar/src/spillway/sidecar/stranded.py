@@ -11,7 +11,7 @@ never loosen). So such a start is refused, naming each directory, what it holds 
 setting that opens it again. Directories that hold nothing are left alone; runs idle past
 ``job.idle.timeout.ms`` do not count (a start drops them anyway).
 
-Read-only: the spool's and run store's SQLite files are opened ``mode=ro`` and never locked.
+Read-only: the SQLite files are opened ``mode=ro``, and the spool's lock file is never taken.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ _PROCESS_DIR = re.compile(r"process-(\d+)")
 
 
 @dataclass(frozen=True)
-class Held:
+class Holdings:
     """What one directory holds (counts of records and of live runs)."""
 
     directory: str
@@ -96,7 +96,7 @@ def _tables(conn: sqlite3.Connection) -> set[str]:
     return {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
-def holdings(directory: str, max_idle_s: float) -> Held:
+def holdings(directory: str, max_idle_s: float) -> Holdings:
     """What `directory` holds (read-only; a file that cannot be read is reported as such)."""
     pending = held = rejected = runs = 0
     spool = os.path.join(directory, schema.DB_NAME)
@@ -122,8 +122,8 @@ def holdings(directory: str, max_idle_s: float) -> Held:
                     runs = conn.execute("SELECT COUNT(*) FROM runs WHERE updated >= ?",
                                         (time.time() - max_idle_s,)).fetchone()[0]
     except sqlite3.Error as exc:
-        return Held(directory, unreadable=f"{type(exc).__name__}: {exc}")
-    return Held(directory, pending, held, rejected, runs)
+        return Holdings(directory, unreadable=f"{type(exc).__name__}: {exc}")
+    return Holdings(directory, pending, held, rejected, runs)
 
 
 def _setting(root: str, directory: str) -> str:
@@ -134,7 +134,7 @@ def _setting(root: str, directory: str) -> str:
     return "sidecar.processes=1"
 
 
-def stranded(root: str, processes: int, spool: bool, max_idle_s: float) -> list[Held]:
+def stranded(root: str, processes: int, spool: bool, max_idle_s: float) -> list[Holdings]:
     """The directories under `root` (and `root` itself) this start would not open that still
     hold something."""
     try:
@@ -173,4 +173,4 @@ def check(root: str, props: Mapping[str, object]) -> None:
         "without a report), or move the directory away to discard what it holds")
 
 
-__all__ = ["Held", "check", "holdings", "opened", "stranded"]
+__all__ = ["Holdings", "check", "holdings", "opened", "stranded"]
