@@ -114,3 +114,34 @@ def test_a_spool_without_the_newer_tables_is_read(tmp_path):
     conn.close()
     # (no held, rejected or settled table: an older spool)
     assert stranded.holdings(str(d), 3600).pending == 3
+
+
+def test_default_directories_of_other_addresses_are_reported_not_refused(tmp_path, caplog):
+    base = tmp_path / "spillway"
+    mine = base / "spool-127.0.0.1_50051"
+    mine.mkdir(parents=True)
+    left = spool_in(base / "spool-127.0.0.1_50099")        # a start on another port left these
+    left.append([rec(1), rec(2)])
+    left.close()
+    serving = spool_in(base / "spool-127.0.0.1_50077")     # another sidecar serving: its own
+    serving.append([rec(3)])
+    several = spool_in(base / "spool-0.0.0.0_50060" / "process-1")
+    several.append([rec(4)])
+    several.close()
+    try:
+        found = stranded.elsewhere(str(mine), 3600)
+        assert [(h.directory, h.pending) for h in found] == [
+            (str(base / "spool-0.0.0.0_50060" / "process-1"), 1),
+            (str(base / "spool-127.0.0.1_50099"), 2)]
+        with caplog.at_level("WARNING", logger="spillway.sidecar"):
+            stranded.warn_elsewhere(str(mine), {**props(1), "spool.dir": ""})
+        assert [r.getMessage().split(",")[0] for r in caplog.records] == [
+            f"{base / 'spool-0.0.0.0_50060' / 'process-1'} holds 1 DLQ record(s) not yet "
+            "written to Kafka",
+            f"{base / 'spool-127.0.0.1_50099'} holds 2 DLQ record(s) not yet written to Kafka"]
+        caplog.clear()
+        stranded.warn_elsewhere(str(mine), {**props(1), "spool.dir": str(mine)})
+        assert not caplog.records                          # a spool.dir of one's own: not read
+        stranded.check(str(mine), props(1))                # and never a refusal
+    finally:
+        serving.close()

@@ -154,6 +154,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from . import stranded
 
         stranded.check(props["spool.dir"] or default_spool_dir(raw), props)
+        stranded.warn_elsewhere(props["spool.dir"] or default_spool_dir(raw), props)
     if getattr(args, "own_command_line", False) and wanted(props):
         # run states are kept as hash() digests: the same seed after a restart (runstate.py)
         pin_hash_seed(props["spool.dir"] or default_spool_dir(raw))

@@ -16,6 +16,7 @@ Read-only: the SQLite files are opened ``mode=ro``, and the spool's lock file is
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
@@ -28,6 +29,7 @@ from .dlq import schema
 from .errors import ConfigError
 from .runstate import FILE_NAME as RUNS_FILE
 
+log = logging.getLogger("spillway.sidecar")
 _PROCESS_DIR = re.compile(r"process-(\d+)")
 
 
@@ -173,4 +175,35 @@ def check(root: str, props: Mapping[str, object]) -> None:
         "without a report), or move the directory away to discard what it holds")
 
 
-__all__ = ["Holdings", "check", "holdings", "opened", "stranded"]
+_SIBLINGS_MAX = 64   # default directories read at a start, at most
+
+
+def elsewhere(root: str, max_idle_s: float) -> list[Holdings]:
+    """Default spool directories of other listen addresses (``spool-<address>`` beside `root`)
+    that no live sidecar serves from and that still hold something: a sidecar left them when
+    it was started on another address with ``spool.dir`` unset. They may be another sidecar's
+    that is only stopped, so they are reported, not refused (`warn_elsewhere`)."""
+    parent, mine = os.path.split(root)
+    try:
+        names = sorted(e for e in os.listdir(parent) if e.startswith("spool-") and e != mine)
+    except OSError:
+        return []
+    out = []
+    for name in names[:_SIBLINGS_MAX]:
+        d = os.path.join(parent, name)
+        if os.path.isdir(d):
+            out += [h for h in stranded(d, 1, False, max_idle_s) if not _holder(h.directory)]
+    return out
+
+
+def warn_elsewhere(root: str, props: Mapping[str, object]) -> None:
+    """Log what `elsewhere` finds, when this start uses the default ``spool.dir``."""
+    if props.get("spool.dir"):
+        return
+    for h in elsewhere(root, int(props["job.idle.timeout.ms"]) / 1000):
+        log.warning("%s, and no sidecar serves from it: a sidecar with spool.dir unset left it "
+                    "when it listened on another address (the directory's name). Start one "
+                    "there, or with spool.dir set to it, to write them", h.describe())
+
+
+__all__ = ["Holdings", "check", "elsewhere", "holdings", "opened", "stranded", "warn_elsewhere"]
