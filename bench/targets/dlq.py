@@ -14,7 +14,7 @@ from ..infra import BenchError, SidecarProcess
 from ..model import TargetResult, fmt, ratio_check
 from ..runner import Context
 from .common import alternate_runs, dlq_props, profiled, start_listening
-from .sparkutil import executor_env, python_daemons, ship_workloads, timed
+from .sparkutil import WorkerCpu, executor_env, python_daemons, ship_workloads, timed
 
 PARTITIONS = 4
 CLIENTS = 4
@@ -46,11 +46,12 @@ def plain_producer_rate(ctx: Context, records: int, cpu_figure):
 
 
 def spark_dlq_rate(ctx: Context, sidecar: SidecarProcess, records: int,
-                   env: dict[str, str] | None = None, cpu_figure=None):
+                   env: dict[str, str] | None = None, cpu_figure=None, worker_figure=None):
     """Every record of a Kafka-shaped DataFrame fails in ``job.map_partitions``: the rate at
     which they reach the DLQ topic, acknowledged (the action returns after every task passed
     its flush barrier). With `cpu_figure`: ``(rate, {cpu_figure: the sidecar's CPU per
-    dead-lettered record over the action})``."""
+    dead-lettered record over the action})``; with `worker_figure` too, the Spark Python
+    workers' CPU per record (`WorkerCpu`)."""
     from spillway.spark import Job
 
     ship_workloads()
@@ -61,16 +62,21 @@ def spark_dlq_rate(ctx: Context, sidecar: SidecarProcess, records: int,
     with executor_env(spark, env or {}):
         df = workloads.kafka_frame(spark, records, PARTITIONS, fail_every=1)
         out = job.map_partitions(df, workloads.parse_order, schema=workloads.OUT_SCHEMA)
+    workers = WorkerCpu() if worker_figure is not None else None
     before = cpu.snapshot([sidecar.pid])
     seconds = timed(lambda: workloads.noop_write(out))
     used = cpu.cpu_used(before, cpu.snapshot([sidecar.pid]))
+    worker_s = workers.used() if workers is not None else 0.0
     written = job.summary().dlq_records_written
     if written < records:
         raise BenchError(f"the Spark job returned with {written} of {records} DLQ records "
                          f"acknowledged")
+    extras = {}
     if cpu_figure is not None:
-        return records / seconds, {cpu_figure: cpu.us_per_record(used, records)}
-    return records / seconds
+        extras[cpu_figure] = cpu.us_per_record(used, records)
+    if worker_figure is not None:
+        extras[worker_figure] = cpu.us_per_record(worker_s, records)
+    return (records / seconds, extras) if extras else records / seconds
 
 
 def handrolled_dlq_rate(ctx: Context, records: int) -> float:
@@ -147,6 +153,17 @@ def run_dlq_rate(ctx: Context, result: TargetResult) -> None:
                                      ">=", 0.8))
     if ctx.sizes.profile and result.met is False:
         profile_dlq_job(ctx, result, sidecar, n, "dlq-rate")
+
+
+def _tracing_cpu_reading(side: dict, work: dict) -> str:
+    """Each variant's CPU per record, sidecar and Spark workers, against tracing off."""
+    med = {k: (side[k].summary.median if side[k].values else 0.0,
+               work[k].summary.median if work[k].values else 0.0) for k in side}
+    off_s, off_w = med["tracing off"]
+    parts = [f"{k}: sidecar {fmt(s)} µs ({s - off_s:+.1f}), Spark workers {fmt(w)} µs "
+             f"({w - off_w:+.1f})" for k, (s, w) in med.items() if k != "tracing off"]
+    return (f"CPU per record, medians (figures, not targets; against tracing off: sidecar "
+            f"{fmt(off_s)} µs, Spark workers {fmt(off_w)} µs): " + "; ".join(parts) + ".")
 
 
 def _cpu_reading(sidecar_cpu, producer_cpu) -> str:
@@ -248,8 +265,14 @@ def run_tracing(ctx: Context, result: TargetResult) -> None:
     sidecars = {name: ctx.infra.sidecar(_sidecar_props(), name=f"trace{i}", env=env)
                 for i, (name, env) in enumerate(variants.items())}
     figs = {name: result.figure(name, "records/s") for name in TRACING_VARIANTS}
+    # where the time goes: each variant's sidecar and Spark workers, CPU per record
+    side = {name: result.figure(f"{name}: sidecar CPU per record", "µs")
+            for name in TRACING_VARIANTS}
+    work = {name: result.figure(f"{name}: Spark workers' CPU per record", "µs")
+            for name in TRACING_VARIANTS}
     alternate_runs(ctx, result, {
-        name: (lambda _r, name=name: spark_dlq_rate(ctx, sidecars[name], n, variants[name]))
+        name: (lambda _r, name=name: spark_dlq_rate(ctx, sidecars[name], n, variants[name],
+                                                    side[name], work[name]))
         for name in TRACING_VARIANTS}, figs, warmup=True)
     off, one, full = (figs[k] for k in TRACING_VARIANTS)
     result.checks.append(ratio_check("1% sampling vs off", one, off, ">=", 0.97))
@@ -257,6 +280,7 @@ def run_tracing(ctx: Context, result: TargetResult) -> None:
     result.notes.append(
         f"Medians: off {fmt(off.summary.median)}, 1% {fmt(one.summary.median)}, 100% "
         f"{fmt(full.summary.median)} records/s.")
+    result.notes.append(_tracing_cpu_reading(side, work))
     if ctx.sizes.profile and result.met is False:
         name = "100% parent-based sampling"
         profile_dlq_job(ctx, result, sidecars[name], n, "tracing", variants[name])
