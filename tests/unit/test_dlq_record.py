@@ -304,6 +304,20 @@ def _reference(settings, record, verdict, task, *, now_ms, sidecar_id, fallback=
         traceparent=parent)
 
 
+class _SharedTrace(FailedRecord):
+    """A record whose (traceparent, tracestate) tuple is shared with every record of the same
+    trace, as a report's columns give them (`ColumnRecord.trace`): the builder works a trace
+    out once and reuses it."""
+
+    __slots__ = ()
+    _pairs: dict = {}
+
+    @property
+    def trace(self):
+        pair = (self.traceparent, self.tracestate)
+        return self._pairs.setdefault(pair, pair)
+
+
 def test_the_builder_matches_the_reference_for_varied_records():
     import random
 
@@ -328,6 +342,7 @@ def test_the_builder_matches_the_reference_for_varied_records():
                         "errors.deadletterqueue.copy.record.enable": copy,
                         "errors.deadletterqueue.stacktrace.max.bytes": max_bytes})
                     builder = DlqBuilder(s, TASK, now_ms=123, sidecar_id="sc")
+                    shared_builder = DlqBuilder(s, TASK, now_ms=123, sidecar_id="sc")
                     for i in range(40):
                         rec = failed(
                             record_id=f"r-{i}-é", stage=rnd.choice(stages),
@@ -347,9 +362,13 @@ def test_the_builder_matches_the_reference_for_varied_records():
                                     "why é", rnd.randint(1, 12))
                         assert build_dlq_record(s, rec, v, TASK, now_ms=123, sidecar_id="sc") \
                             == _reference(s, rec, v, TASK, now_ms=123, sidecar_id="sc")
+                        shared = _SharedTrace(*(getattr(rec, f.name)
+                                                for f in dataclasses.fields(rec)))
                         for fallback in ("", own, bad):
-                            assert builder.build(rec, v, fallback) == _reference(
-                                s, rec, v, TASK, now_ms=123, sidecar_id="sc", fallback=fallback)
+                            want = _reference(s, rec, v, TASK, now_ms=123, sidecar_id="sc",
+                                              fallback=fallback)
+                            assert builder.build(rec, v, fallback) == want
+                            assert shared_builder.build(shared, v, fallback) == want
                         n += 1
     assert n == 2 * 2 * 2 * 3 * 40
 

@@ -24,6 +24,8 @@ from .tally import encode_spans
 
 
 
+_NO_TRACE = ("", "")
+
 class _Columns:
     """One report's per-record columns, decoded once and shared by its records."""
 
@@ -119,6 +121,13 @@ class ColumnRecord(convert.RecordView):
     def tracestate(self) -> str:
         c, i = self._c, self._i
         return c.traces[c.trace_ix[i] - 1][1] if c.trace_ix is not None and c.trace_ix[i] else ""
+
+    @property
+    def trace(self) -> tuple[str, str]:
+        """The records of one trace share this tuple (the column's dictionary entry)."""
+        c, i = self._c, self._i
+        return c.traces[c.trace_ix[i] - 1] if c.trace_ix is not None and c.trace_ix[i] \
+            else _NO_TRACE
 
 
 def records(c: pb.RecordColumns) -> list[ColumnRecord]:

@@ -125,6 +125,10 @@ class RecordView:
 
     __hash__ = None  # type: ignore[assignment]  # like the (mutable) dataclass
 
+    @property
+    def trace(self) -> tuple[str, str]:
+        return (self.traceparent, self.tracestate)
+
     def __repr__(self) -> str:
         return repr(self.to_model()).replace("FailedRecord(", f"{type(self).__name__}(", 1)
 

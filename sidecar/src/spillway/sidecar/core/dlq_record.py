@@ -184,6 +184,14 @@ class _JobParts:
                 self.replaced[has_source, has_stack] = frozenset(names)
 
 
+def _trace_headers(parent: str, state: str) -> tuple[Header, ...]:
+    """The trace headers of a DLQ record with this (valid) traceparent: its tracestate too
+    when that is valid."""
+    if state and valid_tracestate(state):
+        return ((H_TRACEPARENT, parent.encode("ascii")), (H_TRACESTATE, state.encode("ascii")))
+    return ((H_TRACEPARENT, parent.encode("ascii")),)
+
+
 _job_parts: dict[int, _JobParts] = {}
 _JOB_PARTS_MAX = 256
 
@@ -250,7 +258,8 @@ class DlqBuilder:
     # in-flight byte window holds that many more records.
     __slots__ = ("_p", "_task_id_b", "_tail", "_task_key", "_run", "_kind", "_kind_fn",
                  "_kind_b", "_stack_b", "_topic", "_topic_b", "_reason", "_reason_b",
-                 "_shared_key", "_mid", "_post", "_has_stack", "_part", "_part_b", "_fallback")
+                 "_shared_key", "_mid", "_post", "_has_stack", "_part", "_part_b", "_fallback",
+                 "_trace", "_trace_fb", "_trace_own", "_trace_parent", "_trace_b")
 
     def __init__(self, settings: JobSettings, task: TaskIdentity, *, now_ms: int,
                  sidecar_id: str, run: str = "", run_id: str = "") -> None:
@@ -272,6 +281,13 @@ class DlqBuilder:
         self._has_stack = False
         self._part, self._part_b = -1, b""   # a report's records mostly share a partition
         self._fallback: tuple[str, str] = ("", "")   # a fallback trace context, if valid
+        # the last trace tuple worked out (with the fallback it was given, whether it was the
+        # record's own context), the traceparent it gave and its headers
+        self._trace: tuple[str, str] | None = None
+        self._trace_fb = ""
+        self._trace_own = False
+        self._trace_parent = ""
+        self._trace_b: tuple[Header, ...] = ()
 
     def _kind_headers(self, exc, fn: str) -> tuple[Header, ...]:
         if exc is not self._kind or fn != self._kind_fn:
@@ -316,21 +332,28 @@ class DlqBuilder:
             if have:
                 added = tuple([h for h in added if h[0] not in have])
         added += ((H_RECORD_ID, _utf8(record.record_id)),) + self._post
-        parent = record.traceparent
-        if parent and valid_traceparent(parent):
-            state = record.tracestate
+        # The records of one trace share its tuple (a report's columns), so what it gives is
+        # worked out once: its own context, else the fallback when no original headers count
+        trace = record.trace
+        if trace is self._trace and fallback_traceparent is self._trace_fb \
+                and (self._trace_own or not original):
+            parent, trace_b = self._trace_parent, self._trace_b
         else:
-            if fallback_traceparent != self._fallback[0]:   # checked once per report
-                self._fallback = (fallback_traceparent,
-                                  fallback_traceparent
-                                  if valid_traceparent(fallback_traceparent) else "")
-            parent, state = self._fallback[1], ""
-            if not parent and original:
-                parent, state = self._trace_of(original)
-        if parent:
-            added += ((H_TRACEPARENT, parent.encode("ascii")),)
-            if state and valid_tracestate(state):
-                added += ((H_TRACESTATE, state.encode("ascii")),)
+            parent, state = trace
+            own = bool(parent) and valid_traceparent(parent)
+            if not own:
+                if fallback_traceparent != self._fallback[0]:   # checked once per report
+                    self._fallback = (fallback_traceparent,
+                                      fallback_traceparent
+                                      if valid_traceparent(fallback_traceparent) else "")
+                parent, state = self._fallback[1], ""
+                if not parent and original:
+                    parent, state = self._trace_of(original)
+            trace_b = _trace_headers(parent, state) if parent else ()
+            if own or not original:
+                self._trace, self._trace_fb, self._trace_own = trace, fallback_traceparent, own
+                self._trace_parent, self._trace_b = parent, trace_b
+        added += trace_b
         if original:
             # added headers overwrite same-named original ones (KIP-1191); trace headers are
             # always spillway's decision

@@ -138,6 +138,12 @@ class FailedRecord:
     # tally to the job's home); -1: computed from key and value
     tag: int = -1
 
+    @property
+    def trace(self) -> tuple[str, str]:
+        """(traceparent, tracestate); a view over a report's columns gives the records of one
+        trace the same tuple, which `DlqBuilder` checks once (`adapters/columns.py`)."""
+        return (self.traceparent, self.tracestate)
+
 
 PAYLOAD_SOURCE = "source"
 PAYLOAD_STAGE_INPUT = "stage-input"
