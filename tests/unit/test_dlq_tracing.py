@@ -61,3 +61,38 @@ def test_links_past_the_cap_are_counted_not_kept():
 def test_one_span_per_partition():
     spans = spans_of([entry(0, tp(0)), entry(1, tp(1)), entry(2, tp(2))], [0, 1, 0])
     assert sorted(s.attributes["messaging.batch.message_count"] for s in spans) == [1, 2]
+
+
+class _Untouchable:
+    """A DLQ record whose trace context and job must not be read (a span not recorded)."""
+
+    topic = "dlq.t"
+
+    @property
+    def traceparent(self):
+        raise AssertionError("read for a span that is not recorded")
+
+    job = traceparent
+
+
+def test_a_span_not_recorded_reads_no_record_past_its_topic_and_hand_off():
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    entries = [Entry(_Untouchable(), sent_ns=5) for _ in range(300)]
+    record_batch_spans(provider.get_tracer("t"), entries, [i % 3 for i in range(300)])
+    assert exporter.get_finished_spans() == ()
+
+
+def test_the_spans_start_at_the_first_hand_off_of_the_records_acknowledged_with_them():
+    entries = [entry(0, tp(0)), entry(1, tp(1)), entry(2, tp(2))]
+    entries[0].sent_ns, entries[1].sent_ns, entries[2].sent_ns = 3_000, 1_000, 2_000
+    spans = spans_of(entries, [0, 1, 0])
+    assert sorted((s.attributes["messaging.destination.partition.id"],
+                   s.attributes["messaging.batch.message_count"], len(s.links))
+                  for s in spans) == [("0", 2, 2), ("1", 1, 1)]
+    assert {s.start_time for s in spans} == {1_000}
+    assert all(s.end_time >= s.start_time and s.attributes["spillway.jobs"] == ("job",)
+               for s in spans)

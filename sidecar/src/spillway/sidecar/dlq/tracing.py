@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from operator import attrgetter
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
@@ -19,6 +20,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 from ..core.dlq_record import valid_traceparent
 
 MAX_LINKS_PER_SPAN = 128
+_sent_of = attrgetter("sent_ns")
+_topic_of = attrgetter("rec.topic")
 
 
 def _context(traceparent: str) -> SpanContext | None:
@@ -51,27 +54,47 @@ def _links(batch: Sequence) -> tuple[list[Link], int]:
 
 
 def record_batch_spans(tracer: trace.Tracer, entries: Sequence, partitions: Sequence[int]) -> None:
-    """`entries` carry `.rec` (a DlqRecord) and `.sent_ns`; `partitions` the acked partition."""
-    groups: dict[tuple[str, int], list] = defaultdict(list)
-    for e, p in zip(entries, partitions, strict=True):
-        groups[(e.rec.topic, p)].append(e)
+    """`entries` carry `.rec` (a DlqRecord) and `.sent_ns`; `partitions` the acked partition.
+
+    Each span is started before its records are looked at one by one: at a low sampling ratio
+    most are not recorded, and then a record costs only its share of finding the topics and
+    partitions (C loops). A recorded span gets its record count, jobs and links once started.
+    Its start is the first hand-off among the records acknowledged with it (one drain step's
+    acknowledgements, mostly handed to the producer together)."""
+    if not entries:
+        return
     end = time.time_ns()
-    for (topic, partition), batch in groups.items():
-        links, dropped = _links(batch)
+    start = min(map(_sent_of, entries)) or end
+    topics = set(map(_topic_of, entries))
+    if len(topics) == 1:   # the common case: one DLQ topic
+        (only,) = topics
+        keys = [(only, p) for p in sorted(set(partitions))]
+    else:
+        keys = sorted(set(zip(map(_topic_of, entries), partitions, strict=True)))
+    no_parent = trace.set_span_in_context(trace.INVALID_SPAN)
+    groups: dict[tuple[str, int], list] | None = None   # made for the first recorded span
+    for topic, partition in keys:
         attrs = {
             "messaging.system": "kafka",
             "messaging.operation.type": "send",
             "messaging.operation.name": "send",
             "messaging.destination.name": topic,
-            "messaging.batch.message_count": len(batch),
-            "spillway.jobs": sorted({e.rec.job for e in batch}),
         }
-        if dropped:
-            attrs["spillway.links.dropped"] = dropped
         if partition >= 0:
             attrs["messaging.destination.partition.id"] = str(partition)
-        span = tracer.start_span(f"send {topic}", kind=SpanKind.PRODUCER, links=links,
-                                 attributes=attrs,
-                                 start_time=min(e.sent_ns for e in batch) or end,
-                                 context=trace.set_span_in_context(trace.INVALID_SPAN))
+        span = tracer.start_span(f"send {topic}", kind=SpanKind.PRODUCER, attributes=attrs,
+                                 start_time=start, context=no_parent)
+        if span.is_recording():
+            if groups is None:
+                groups = defaultdict(list)
+                for e, p in zip(entries, partitions, strict=True):
+                    groups[(e.rec.topic, p)].append(e)
+            batch = groups[(topic, partition)]
+            links, dropped = _links(batch)
+            for link in links:
+                span.add_link(link.context)
+            span.set_attribute("messaging.batch.message_count", len(batch))
+            span.set_attribute("spillway.jobs", sorted({e.rec.job for e in batch}))
+            if dropped:
+                span.set_attribute("spillway.links.dropped", dropped)
         span.end(end_time=end)
