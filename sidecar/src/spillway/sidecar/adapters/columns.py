@@ -22,9 +22,8 @@ from ..core import model as m
 from . import convert
 from .tally import encode_spans
 
+_NO_TRACE = ("", "")   # a record without a trace context (`ColumnRecord.trace`)
 
-
-_NO_TRACE = ("", "")
 
 class _Columns:
     """One report's per-record columns, decoded once and shared by its records."""
