@@ -485,3 +485,31 @@ def test_evicted_task_counts_leave_the_run_index_too(fake, pipeline, monkeypatch
     p.submit([rec("x", "job/run9/1.0.0/9")])  # the next registration evicts the oldest
     assert len(p._tasks) == 2
     assert set(p._run_tasks) == {"job/run4/", "job/run9/"}
+
+
+def test_a_delivery_report_asks_its_partition_only_when_the_batch_spans_need_it():
+    from spillway.sidecar.dlq.producer import KafkaDlqProducer, producer_config
+
+    asked = []
+
+    class Msg:
+        def partition(self):
+            asked.append(1)
+            return 3
+
+    class Placing(FakeProducer):
+        def poll(self, timeout=0):
+            queue, self.queue = self.queue, []
+            for _, cb in queue:
+                cb(None, Msg())
+            return len(queue)
+
+    prod = KafkaDlqProducer(producer_config("fake:9092", linger_ms=5, batch_size=1000),
+                            factory=Placing)
+    assert prod.produce_many([1, 2], [rec("a", "t"), rec("b", "t")], partitions=False) \
+        == (2, None)
+    prod.poll(0)
+    assert prod.take_reports() == ([1, 2], [-1, -1], []) and not asked
+    prod.produce_many([3], [rec("c", "t")])   # (the drain asks while spans are exported)
+    prod.poll(0)
+    assert prod.take_reports() == ([3], [3], []) and asked == [1]

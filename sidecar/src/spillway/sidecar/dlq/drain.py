@@ -241,7 +241,8 @@ class Drain:
         while i < total:
             batch = entries[i:] if i else entries
             n, refused = producer.produce_many(list(map(_seq_of, batch)),
-                                               list(map(_rec_of, batch)), max_wait_s=0.5)
+                                               list(map(_rec_of, batch)), max_wait_s=0.5,
+                                               partitions=traced)
             sent = batch if n == len(batch) else batch[:n]
             inflight.update(zip(map(_seq_of, sent), sent))
             if traced:   # the start of the records' batch span

@@ -173,6 +173,15 @@ class _Deliveries:
         else:
             self.failed.append((token, err))
 
+    def report_unplaced(self, token: int, err: KafkaError | None, msg: Any) -> None:
+        """`report` without asking the message its partition (-1): only the DLQ batch spans
+        read it, and a record produced while they are not exported needs none."""
+        if err is None:
+            self.acked.append(token)
+            self.partitions.append(-1)
+        else:
+            self.failed.append((token, err))
+
 
 class KafkaDlqProducer:
     """One idempotent producer, built lazily and rebuilt after a fatal error.
@@ -273,14 +282,16 @@ class KafkaDlqProducer:
             self.poll(0)
 
     def produce_many(self, tokens: Sequence[int], records: Sequence[DlqRecord], *,
-                     max_wait_s: float = 0.5) -> tuple[int, ProduceRefused | None]:
+                     max_wait_s: float = 0.5, partitions: bool = True
+                     ) -> tuple[int, ProduceRefused | None]:
         """Hand ``records`` (each reported under its ``tokens[i]``) to librdkafka in order,
         without polling in between; returns how many it took, and, when it refused the next
         one, why (the caller files that one as failed and goes on after it). Fewer taken and no
         refusal: its queue stayed full for `max_wait_s` (the caller keeps the rest for
-        later)."""
+        later). ``partitions``: whether their delivery reports note the partition (-1 else)."""
         produce = self._get().produce
-        report = self._deliveries.report
+        d = self._deliveries
+        report = d.report if partitions else d.report_unplaced
         partial = functools.partial
         n, total, deadline = 0, len(records), 0.0
         while n < total:
