@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .. import cpu, peers, workloads
 from ..infra import BenchError
-from ..model import TargetResult, ratio_check
+from ..model import TargetResult, fmt, ratio_check
 from ..profiling import Recording, section
 from ..runner import Context, missing_prerequisite
 from .common import POLICY_ONLY, alternate_runs, dlq_props, profiled
@@ -110,6 +110,21 @@ def _profile_workers(ctx: Context, result: TargetResult, title: str, run: Callab
         result.notes.append(f"profile of {title} failed: {'; '.join(rec.errors)}")
 
 
+def _timed_cpu(action: Callable[[], object], figure, rows: int) -> tuple[float, dict]:
+    """The action's wall time, and the Spark Python workers' CPU per row as `figure`."""
+    workers = WorkerCpu()
+    seconds = timed(action)
+    return seconds, {figure: workers.used() * 1e9 / rows}
+
+
+def _happy_cpu_reading(name: str, bare, wrapped) -> str:
+    if not bare.values or not wrapped.values:
+        return f"{name}: the workers' CPU was not measured."
+    b, w = bare.summary.median, wrapped.summary.median
+    return (f"{name}, Spark Python workers' CPU per row (medians, a figure, not the target): "
+            f"bare {fmt(b)} ns, wrapped {fmt(w)} ns ({w - b:+,.0f} ns, {w / b:.3f}x).")
+
+
 def run_happy(ctx: Context, result: TargetResult) -> None:
     rows = ctx.sizes.happy_rows
     result.setup = (
@@ -134,13 +149,19 @@ def run_happy(ctx: Context, result: TargetResult) -> None:
         job = _job(ctx, sidecar.address, POLICY_ONLY)
         f_bare = result.figure(f"{w.name}: bare PySpark", "s")
         f_wrapped = result.figure(f"{w.name}: spillway wrapper", "s")
+        # the workers' CPU beside the wall time, which this machine's noise moves more than
+        # the wrappers do
+        c_bare = result.figure(f"{w.name}: bare, Spark workers' CPU per row", "ns")
+        c_wrapped = result.figure(f"{w.name}: wrapper, Spark workers' CPU per row", "ns")
         alternate_runs(ctx, result, {
-            f_bare.name: lambda _r, w=w: timed(lambda: w.bare(spark, rows)),
-            f_wrapped.name: lambda _r, w=w, job=job: timed(lambda: w.wrapped(spark, job, rows)),
+            f_bare.name: lambda _r, w=w: _timed_cpu(lambda: w.bare(spark, rows), c_bare, rows),
+            f_wrapped.name: lambda _r, w=w, job=job: _timed_cpu(
+                lambda: w.wrapped(spark, job, rows), c_wrapped, rows),
         }, {f_bare.name: f_bare, f_wrapped.name: f_wrapped}, warmup=True)
         check = ratio_check(f"{w.name} wrapped vs bare (wall time)", f_wrapped, f_bare, "<=",
                             w.threshold)
         result.checks.append(check)
+        result.notes.append(_happy_cpu_reading(w.name, c_bare, c_wrapped))
         if ctx.sizes.profile and check.met is False:
             _profile_workers(ctx, result, f"{w.name} wrapped, {rows:,} rows",
                              lambda w=w, job=job: w.wrapped(spark, job, rows),
