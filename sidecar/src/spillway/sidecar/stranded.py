@@ -172,7 +172,8 @@ def check(root: str, props: Mapping[str, object]) -> None:
         f"{what}. This start ({this}) would leave that there, never written and not counted. "
         "Start with that setting again until the records are written (`spillway status` "
         "shows the spool's depth) and the runs have ended (EndJob, or job.idle.timeout.ms "
-        "without a report), or move the directory away to discard what it holds")
+        f"without a report), or move that away to discard what it holds (a process-N "
+        f"directory; for spool.dir itself, its {schema.DB_NAME}* and {RUNS_FILE}* files)")
 
 
 _SIBLINGS_MAX = 64   # default directories read at a start, at most
