@@ -150,14 +150,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .dlq import default_spool_dir
     from .runstate import pin_hash_seed, wanted
 
+    spool_dir = props["spool.dir"] or default_spool_dir(raw)
     if role is None:  # (the supervisor checked the directories of all its processes)
         from . import stranded
 
-        stranded.check(props["spool.dir"] or default_spool_dir(raw), props)
-        stranded.warn_elsewhere(props["spool.dir"] or default_spool_dir(raw), props)
+        stranded.check(spool_dir, props)
     if getattr(args, "own_command_line", False) and wanted(props):
         # run states are kept as hash() digests: the same seed after a restart (runstate.py)
-        pin_hash_seed(props["spool.dir"] or default_spool_dir(raw))
+        pin_hash_seed(spool_dir)
     if props.get("listen.address") and role is None:  # the supervisor holds a shared one
         host, _, port = props["listen.address"].rpartition(":")
         _check_free("listen.address", host, int(port))

@@ -244,7 +244,6 @@ def plan(argv: list[str], raw: Mapping[str, str], props: Mapping[str, object],
     spool = str(props.get("spool.dir") or default_spool_dir({**raw, "listen.address": listen}))
     try:  # another process count's directories must hold nothing (stranded.py)
         stranded.check(spool, props)
-        stranded.warn_elsewhere(spool, props)
     except BaseException:
         for s in reserved:
             s.close()

@@ -157,11 +157,13 @@ def stranded(root: str, processes: int, spool: bool, max_idle_s: float) -> list[
 
 
 def check(root: str, props: Mapping[str, object]) -> None:
-    """Refuse (ConfigError) a start that would strand what another layout's directories hold."""
+    """Refuse (ConfigError) a start that would strand what another layout's directories hold;
+    then `warn_elsewhere`."""
     processes = int(props["sidecar.processes"])
     spool = bool(props["bootstrap.servers"]) and bool(props["spool.enable"])
     found = stranded(root, processes, spool, int(props["job.idle.timeout.ms"]) / 1000)
     if not found:
+        warn_elsewhere(root, props)
         return
     this = (f"sidecar.processes={processes}" if spool else
             "spool.enable=false" if props["bootstrap.servers"] else "no bootstrap.servers")
