@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from operator import attrgetter
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
 from ..core.dlq_record import valid_traceparent
 
@@ -32,13 +32,14 @@ def _context(traceparent: str) -> SpanContext | None:
                        trace_flags=TraceFlags(int(flags, 16)))
 
 
-def _links(batch: Sequence) -> tuple[list[Link], int]:
-    """The batch's links and how many were left out past the cap."""
+def _link_contexts(batch: Sequence) -> tuple[list[SpanContext], int]:
+    """The trace contexts the batch's span links to, and how many were left out past the
+    cap."""
     if len(batch) <= MAX_LINKS_PER_SPAN:
         parents = [e.rec.traceparent for e in batch]
     else:
         parents = list(dict.fromkeys(e.rec.traceparent for e in batch))
-    links: list[Link] = []
+    links: list[SpanContext] = []
     cache: dict[str, SpanContext | None] = {}
     dropped = 0
     for tp in parents:
@@ -49,7 +50,7 @@ def _links(batch: Sequence) -> tuple[list[Link], int]:
             continue
         ctx = cache[tp] if tp in cache else cache.setdefault(tp, _context(tp))
         if ctx is not None:
-            links.append(Link(ctx))
+            links.append(ctx)
     return links, dropped
 
 
@@ -90,9 +91,9 @@ def record_batch_spans(tracer: trace.Tracer, entries: Sequence, partitions: Sequ
                 for e, p in zip(entries, partitions, strict=True):
                     groups[(e.rec.topic, p)].append(e)
             batch = groups[(topic, partition)]
-            links, dropped = _links(batch)
-            for link in links:
-                span.add_link(link.context)
+            links, dropped = _link_contexts(batch)
+            for ctx in links:
+                span.add_link(ctx)
             span.set_attribute("messaging.batch.message_count", len(batch))
             span.set_attribute("spillway.jobs", sorted({e.rec.job for e in batch}))
             if dropped:
