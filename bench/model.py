@@ -62,6 +62,11 @@ class Figure:
     def summary(self) -> Summary:
         return Summary.of(self.values)
 
+    @property
+    def median(self) -> float | None:
+        """The values' median; None before any value (a variant that did not run)."""
+        return self.summary.median if self.values else None
+
 
 @dataclass(frozen=True)
 class Check:

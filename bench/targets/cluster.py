@@ -410,15 +410,11 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
         _profile(ctx, result, cluster)
 
 
-def _median(fig: Figure) -> float | None:
-    return fig.summary.median if fig.values else None
-
-
 def _judge(result: TargetResult, figs: dict[int, _Figs], sat_rate: Figure,
            sat_busy: Figure) -> None:
     n = max(figs)
     f = figs[n]
-    home_us, node_us = _median(f.home_us), _median(f.node_us)
+    home_us, node_us = f.home_us.median, f.node_us.median
     ceiling = cpu.per_core_ceiling(home_us) if home_us else None
     result.checks.append(absolute_check(
         f"home CPU per forwarded record ({n} nodes)", home_us, "<=", HOME_US_TARGET, "µs",
@@ -427,9 +423,9 @@ def _judge(result: TargetResult, figs: dict[int, _Figs], sat_rate: Figure,
         f"one home: failed records/s, projected ceiling ({n} nodes)", ceiling, ">=",
         HOME_RATE_TARGET, "records/s",
         f"1 core / median home CPU per forwarded record {fmt(home_us or 0)} µs; measured "
-        f"saturated (b): {fmt(_median(sat_rate) or 0)} records/s with the home busy "
-        f"{fmt(_median(sat_busy) or 0)} cores; behind {n} real nodes (a): "
-        f"{fmt(_median(f.rate) or 0)} records/s, home busy {fmt(_median(f.busy) or 0)}"))
+        f"saturated (b): {fmt(sat_rate.median or 0)} records/s with the home busy "
+        f"{fmt(sat_busy.median or 0)} cores; behind {n} real nodes (a): "
+        f"{fmt(f.rate.median or 0)} records/s, home busy {fmt(f.busy.median or 0)}"))
     result.checks.append(absolute_check(
         f"node sidecar CPU per dead-lettered record ({n} nodes)", node_us, "<=",
         NODE_US_TARGET, "µs", f"median of the {n} nodes' CPU seconds together / records"))
@@ -440,7 +436,7 @@ def _reading(figs: dict[int, _Figs]) -> str:
     """Where the CPU of one failed record goes, per node count, in one sentence."""
     parts = []
     for n, f in sorted(figs.items()):
-        vals = [_median(x) for x in (f.client_us, f.node_us, f.home_us, f.broker_us)]
+        vals = [x.median for x in (f.client_us, f.node_us, f.home_us, f.broker_us)]
         if None in vals:
             continue
         c, nd, h, b = vals
@@ -448,7 +444,7 @@ def _reading(figs: dict[int, _Figs]) -> str:
                      f"home {fmt(h)} + broker {fmt(b)} = {fmt(c + nd + h + b)} µs "
                      f"(home {h / (c + nd + h + b):.0%})")
     top = figs[max(figs)]
-    home_us = _median(top.home_us)
+    home_us = top.home_us.median
     need = (f" A cluster failing at {fmt(HOME_RATE_TARGET)} records/s would need "
             f"{fmt(HOME_RATE_TARGET * home_us / 1e6)} cores of home work at today's cost."
             if home_us else "")
@@ -459,7 +455,7 @@ def _reading(figs: dict[int, _Figs]) -> str:
 
 def _provisional_reading(prov: _Figs, sync: _Figs, n: int) -> str:
     """What answering provisionally saves, against the same nodes waiting for their home."""
-    vals = [_median(x) for x in (prov.home_us, sync.home_us, prov.node_us, sync.node_us,
+    vals = [x.median for x in (prov.home_us, sync.home_us, prov.node_us, sync.node_us,
                                  prov.client_us, sync.client_us)]
     if None in vals:
         return "Provisional verdicts against waiting for the home: not measured."
@@ -474,7 +470,7 @@ def _provisional_reading(prov: _Figs, sync: _Figs, n: int) -> str:
 
 def _sliced_reading(lim: _Figs, free: _Figs, sync: _Figs, n: int, limit: int) -> str:
     """What a run with an error limit costs now that its nodes answer within budget slices."""
-    vals = [_median(x) for x in (lim.home_us, free.home_us, sync.home_us, lim.node_us,
+    vals = [x.median for x in (lim.home_us, free.home_us, sync.home_us, lim.node_us,
                                  free.node_us)]
     if None in vals:
         return "A run with an error limit (budget slices): not measured."
@@ -489,7 +485,7 @@ def _sliced_reading(lim: _Figs, free: _Figs, sync: _Figs, n: int, limit: int) ->
 def _per_call_reading(call_us: Figure, sat_us: Figure, big_us: Figure) -> str:
     """The home's CPU per record split into its per-call part and its per-record part, and
     what it comes to when reports are coalesced."""
-    per_call, per_record = _median(call_us), _median(sat_us)
+    per_call, per_record = call_us.median, sat_us.median
     if per_call is None or per_record is None:
         return "Per-call cost: not measured."
     share = per_call / BATCH
@@ -498,7 +494,7 @@ def _per_call_reading(call_us: Figure, sat_us: Figure, big_us: Figure) -> str:
            f"{fmt(per_call)} µs per call whatever it carries, / {BATCH}) and "
            f"{fmt(max(per_record - share, 0.0))} µs the records' own work (decoding the "
            "columns, deciding, journaling, encoding the verdicts).")
-    big = _median(big_us)
+    big = big_us.median
     if big:
         out += (f" At {COALESCED * BATCH:,} records a call (b2: what a node sends when "
                 f"{COALESCED} reports of its executors arrive while its last call is in "

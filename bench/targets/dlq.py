@@ -14,7 +14,7 @@ from ..infra import BenchError, SidecarProcess
 from ..model import TargetResult, fmt, ratio_check
 from ..runner import Context
 from .common import alternate_runs, dlq_props, profiled, start_listening
-from .sparkutil import WorkerCpu, executor_env, python_daemons, ship_workloads, timed
+from .sparkutil import executor_env, python_daemons, ship_workloads, timed, timed_workers
 
 PARTITIONS = 4
 CLIENTS = 4
@@ -62,11 +62,12 @@ def spark_dlq_rate(ctx: Context, sidecar: SidecarProcess, records: int,
     with executor_env(spark, env or {}):
         df = workloads.kafka_frame(spark, records, PARTITIONS, fail_every=1)
         out = job.map_partitions(df, workloads.parse_order, schema=workloads.OUT_SCHEMA)
-    workers = WorkerCpu() if worker_figure is not None else None
     before = cpu.snapshot([sidecar.pid])
-    seconds = timed(lambda: workloads.noop_write(out))
+    if worker_figure is not None:
+        seconds, worker_s = timed_workers(lambda: workloads.noop_write(out))
+    else:
+        seconds = timed(lambda: workloads.noop_write(out))
     used = cpu.cpu_used(before, cpu.snapshot([sidecar.pid]))
-    worker_s = workers.used() if workers is not None else 0.0
     written = job.summary().dlq_records_written
     if written < records:
         raise BenchError(f"the Spark job returned with {written} of {records} DLQ records "
@@ -157,8 +158,7 @@ def run_dlq_rate(ctx: Context, result: TargetResult) -> None:
 
 def _tracing_cpu_reading(side: dict, work: dict) -> str:
     """Each variant's CPU per record, sidecar and Spark workers, against tracing off."""
-    med = {k: (side[k].summary.median if side[k].values else 0.0,
-               work[k].summary.median if work[k].values else 0.0) for k in side}
+    med = {k: (side[k].median or 0.0, work[k].median or 0.0) for k in side}
     off_s, off_w = med["tracing off"]
     parts = [f"{k}: sidecar {fmt(s)} µs ({s - off_s:+.1f}), Spark workers {fmt(w)} µs "
              f"({w - off_w:+.1f})" for k, (s, w) in med.items() if k != "tracing off"]
@@ -168,8 +168,7 @@ def _tracing_cpu_reading(side: dict, work: dict) -> str:
 
 def _cpu_reading(sidecar_cpu, producer_cpu) -> str:
     """The sidecar's CPU per record against the plain producer's (the floor)."""
-    side = sidecar_cpu.summary.median if sidecar_cpu.values else 0.0
-    floor = producer_cpu.summary.median if producer_cpu.values else 0.0
+    side, floor = sidecar_cpu.median, producer_cpu.median
     if not side or not floor:
         return "CPU per record: not measured."
     return (f"CPU per record (figures, not targets): the sidecar spends {fmt(side)} µs per "

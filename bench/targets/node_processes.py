@@ -63,8 +63,8 @@ def run_node_processes(ctx: Context, result: TargetResult, node: NodeProcesses) 
 
 
 def _reading(rate: dict[int, Figure], us: dict[int, Figure]) -> str:
-    med = {p: (f.summary.median if f.values else None) for p, f in us.items()}
-    rates = {p: (f.summary.median if f.values else None) for p, f in rate.items()}
+    med = {p: f.median for p, f in us.items()}
+    rates = {p: f.median for p, f in rate.items()}
     if None in med.values() or None in rates.values():
         return "Several processes per node (d): not measured."
     one, two = med[1], med[2]

@@ -80,7 +80,7 @@ def run_report_formats(ctx: Context, result: TargetResult, formats: ReportFormat
 
 def _reading(node_us: dict[str, Figure], client_us: dict[str, Figure],
              wire: dict[str, float], batch: int) -> str:
-    med = {k: {h: (f.summary.median if f.values else None) for h, f in d.items()}
+    med = {k: {h: f.median for h, f in d.items()}
            for k, d in (("node", node_us), ("client", client_us))}
     if any(v is None for d in med.values() for v in d.values()):
         return "Reports as columns (e): not measured."

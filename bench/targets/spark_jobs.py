@@ -14,7 +14,7 @@ from ..model import TargetResult, fmt, ratio_check
 from ..profiling import Recording, section
 from ..runner import Context, missing_prerequisite
 from .common import POLICY_ONLY, alternate_runs, dlq_props, profiled
-from .sparkutil import WorkerCpu, python_daemons, ship_workloads, timed
+from .sparkutil import python_daemons, ship_workloads, timed_workers
 
 PARTITIONS = 8
 
@@ -112,15 +112,14 @@ def _profile_workers(ctx: Context, result: TargetResult, title: str, run: Callab
 
 def _timed_cpu(action: Callable[[], object], figure, rows: int) -> tuple[float, dict]:
     """The action's wall time, and the Spark Python workers' CPU per row as `figure`."""
-    workers = WorkerCpu()
-    seconds = timed(action)
-    return seconds, {figure: workers.used() * 1e9 / rows}
+    seconds, worker_s = timed_workers(action)
+    return seconds, {figure: worker_s * 1e9 / rows}
 
 
 def _happy_cpu_reading(name: str, bare, wrapped) -> str:
-    if not bare.values or not wrapped.values:
+    b, w = bare.median, wrapped.median
+    if not b or not w:
         return f"{name}: the workers' CPU was not measured."
-    b, w = bare.summary.median, wrapped.summary.median
     return (f"{name}, Spark Python workers' CPU per row (medians, a figure, not the target): "
             f"bare {fmt(b)} ns, wrapped {fmt(w)} ns ({w - b:+,.0f} ns, {w / b:.3f}x).")
 
@@ -209,10 +208,9 @@ def run_error_path(ctx: Context, result: TargetResult) -> None:
 
         def measured(action, workers, n_fail=n_fail, side=None):
             """(wall seconds of the action, {CPU figures per failed record})."""
-            spark_cpu = WorkerCpu()
             side0 = cpu.cpu_seconds(sidecar.pid) if side is not None else 0.0
-            seconds = timed(action)
-            extras = {workers: cpu.us_per_record(spark_cpu.used(), n_fail)}
+            seconds, worker_s = timed_workers(action)
+            extras = {workers: cpu.us_per_record(worker_s, n_fail)}
             if side is not None:
                 extras[side] = cpu.us_per_record(cpu.cpu_seconds(sidecar.pid) - side0, n_fail)
             return seconds, extras
@@ -260,7 +258,7 @@ def _executor_reading(pct, bare, peer, cand, side) -> str:
     """Where the CPU of one failed record goes at this failure rate: the executor side is the
     Python workers' CPU above the catch-and-drop baseline's, the median of the rounds' own
     differences (the variants alternate, so a round's runs share the machine's moment)."""
-    m = [f.summary.median if f.values else 0.0 for f in (bare, peer, cand, side)]
+    m = [f.median or 0.0 for f in (bare, peer, cand, side)]
 
     def above(f) -> float:
         diffs = [x - y for x, y in zip(f.values, bare.values)]

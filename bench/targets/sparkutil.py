@@ -73,6 +73,14 @@ class WorkerCpu:
                    for d in now)
 
 
+def timed_workers(action: Callable[[], object]) -> tuple[float, float]:
+    """The action's wall seconds, and the CPU seconds this driver's PySpark workers used over
+    it (`WorkerCpu`)."""
+    workers = WorkerCpu()
+    seconds = timed(action)
+    return seconds, workers.used()
+
+
 def timed(action: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     action()
