@@ -204,3 +204,59 @@ def test_add_new_takes_keys_and_tags_in_any_sequence():
     assert bulk.add_new(array("L", range(10)), array("I", range(100, 110)), "v", 0, 10) == 10
     assert bulk.keys() == plain.keys() and [bulk.tag(k) for k in range(10)] == list(
         range(100, 110))
+
+
+def _spelled_out(outcomes) -> list:
+    """Outcomes as plain values (verdicts compared field by field)."""
+    return [(d.verdict, d.dead_letter, logged, rule) for d, logged, rule in outcomes]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_node_reads_an_answer_alike_for_every_record_as_the_records_one_by_one(seed):
+    """`tally_outcomes` gives an `AlikeOutcomes` only when every column is the same for every
+    record, and its items are what the record-by-record reading makes."""
+    from spillway.sidecar.core.model import Action, Category, Decision, Verdict
+
+    rnd = random.Random(seed)
+    n = rnd.choice([1, 2, 7, 256])
+    ids = [f"r-{seed}-{i}" for i in range(n)]
+    kinds = [
+        (Verdict("", Action.SKIP, Category.DATA, "skipped, dead-lettered", 1), True, False, ""),
+        (Verdict("", Action.SKIP, Category.DATA, "already in the DLQ", 2, dead_lettered=True),
+         False, True, "r1"),
+        (Verdict("", Action.FAIL, Category.DATA, "job failed", 1, job_failed=True), False,
+         False, "r2"),
+        (Verdict("", Action.RETRY, Category.RETRIABLE, "retry 1 in 50 ms", 1,
+                 retry_delay_ms=50, retry_budget_exhausted=True), False, False, "r3"),
+    ]
+    alike = rnd.random() < 0.5
+    first = rnd.randrange(len(kinds))
+    picks = [first if alike else rnd.randrange(len(kinds)) for _ in range(n)]
+    spans = [((Decision(Verdict(rid, *[getattr(kinds[k][0], f) for f in
+                                      ("action", "category", "reason", "attempt",
+                                       "retry_delay_ms", "dead_lettered", "job_failed",
+                                       "retry_budget_exhausted")]), kinds[k][1]),
+               kinds[k][2], kinds[k][3]), 1) for rid, k in zip(ids, picks, strict=True)]
+    resp = tally.tally_span_verdicts(spans)
+    got = tally.tally_outcomes(resp, ids)
+    uniform = len(set(picks)) == 1
+    assert (type(got) is tally.AlikeOutcomes) == uniform
+    want = [(d.verdict, d.dead_letter, logged, rule) for (d, logged, rule), _ in spans]
+    assert _spelled_out(got) == want
+    assert len(got) == n
+    if uniform:
+        kind = kinds[picks[0]]
+        assert got.action is kind[0].action
+        assert got.dead_letter is kind[1] and got.logged is kind[2]
+        assert _spelled_out(got[1:3]) == want[1:3]
+        assert got[0][0].verdict is not got[0][0].verdict   # a fresh verdict each time
+
+
+def test_an_alike_answer_of_the_wrong_length_is_refused():
+    from spillway.sidecar.core.model import Action, Category, Decision, Verdict
+
+    spans = [((Decision(Verdict("a", Action.SKIP, Category.DATA, "s", 1), True), False, ""),
+              3)]
+    resp = tally.tally_span_verdicts(spans)
+    with pytest.raises(ValueError, match="one entry per record"):
+        tally.tally_outcomes(resp, ["a", "b"])

@@ -465,16 +465,18 @@ class Confirmations:
             dlq = item.dlq if item.dlq is not None else s.pipeline.store.held_records(item.rid)
             if outcomes is None:
                 keep = dlq
+            elif type(outcomes) is tally.AlikeOutcomes:   # the usual answer: read once
+                if len(outcomes) != len(dlq):
+                    raise ValueError(f"{len(outcomes)} answers for {len(dlq)} held records")
+                keep = dlq if outcomes.dead_letter else []
+                if outcomes.action is not Action.SKIP and dlq:
+                    failure = self._otherwise(item, outcomes[0][0].verdict)
             else:
                 keep = [r for r, o in zip(dlq, outcomes, strict=True) if o[0].dead_letter]
                 bad = next((o[0].verdict for o in outcomes
                             if o[0].verdict.action is not Action.SKIP), None)
                 if bad is not None:
-                    if bad.job_failed:
-                        self._failed.add(item.key)   # its next reports wait for the home
-                    failure = (f"the run's home answered record {bad.record_id!r} "
-                               f"{bad.action.value} after this sidecar answered SKIP: "
-                               f"{bad.reason}")
+                    failure = self._otherwise(item, bad)
             segments = item.segments if len(keep) == len(dlq) else None
             s.pipeline.submit(keep, release=item.rid, segments=segments)
             self.confirmed += 1
@@ -485,7 +487,8 @@ class Confirmations:
                       "confirmed again after a restart): %s", item.rid, item.key, exc)
             failure = failure or f"its held DLQ records could not be released: {exc}"
             outcomes = None
-        if outcomes is not None and item.records is not None:
+        if (outcomes is not None and item.records is not None
+                and (type(outcomes) is not tally.AlikeOutcomes or outcomes.logged)):
             try:   # the error log lines, with the records' whole context, once released
                 s.engine.write_logs(item.key, convert.task_identity(item.report.task),
                                     item.records, outcomes)
@@ -507,6 +510,13 @@ class Confirmations:
                     else:
                         del self._tasks[item.tk]
             self._cv.notify_all()
+
+    def _otherwise(self, item: Held, bad: Verdict) -> str:
+        """The task's failure when its home answered a record otherwise than SKIP."""
+        if bad.job_failed:
+            self._failed.add(item.key)   # its next reports wait for the home
+        return (f"the run's home answered record {bad.record_id!r} {bad.action.value} after "
+                f"this sidecar answered SKIP: {bad.reason}")
 
     def _release_orphans(self) -> None:
         """Held rows of runs that did not register again within job.idle.timeout.ms of the
