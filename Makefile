@@ -13,7 +13,8 @@ XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 .PHONY: run test test-fast test-unit test-integration test-e2e test-fuzz test-compat \
 	bench bench-short protos venv clean
 
-$(STAMP): requirements/dev.txt client/pyproject.toml sidecar/pyproject.toml spark_integration/pyproject.toml
+$(STAMP): requirements/dev.txt client/pyproject.toml sidecar/pyproject.toml spark_integration/pyproject.toml \
+		sidecar/src/spillway/sidecar/core/_idindex.c
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "spillway needs Python 3.11+ (found $$($(PYTHON) --version))"; exit 1; }
 	@command -v java >/dev/null || { echo "spillway's Spark job needs Java 17 on PATH"; exit 1; }

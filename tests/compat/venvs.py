@@ -114,8 +114,12 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 
 def build_wheels(out: Path) -> list[Path]:
     """`pip wheel` of each distribution (the installable-distributions check)."""
-    try:  # the build backend pinned in requirements/dev.txt: no isolated build env to set up
+    try:  # the build backends pinned in requirements/dev.txt: no isolated build env to set up
         import hatchling  # noqa: F401
+        import setuptools
+
+        if tuple(int(x) for x in setuptools.__version__.split(".")[:2]) < (74, 1):
+            raise ImportError("setuptools older than the sidecar's build needs")
 
         isolation = ["--no-build-isolation"]
     except ImportError:
@@ -123,7 +127,7 @@ def build_wheels(out: Path) -> list[Path]:
     proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation,
                  "--wheel-dir", str(out), *(str(ROOT / d) for d in DISTS)])
     if proc.returncode != 0:
-        why = pypi_unreachable()  # the build backend (hatchling) comes from the index
+        why = pypi_unreachable()  # the build backends come from the index
         if why and not in_ci():
             pytest.skip(f"compat: cannot build the wheels: {why}")
         pytest.fail(f"pip wheel failed:\n{proc.stdout}\n{proc.stderr}")

@@ -26,7 +26,7 @@ from . import listeners, localcred, prometheus, runstate, security, telemetry
 from .adapters import rpc
 from .adapters.servicer import SERVICE_NAME, ErrorSidecarServicer
 from .admission import Admission
-from .core import config
+from .core import config, idtable
 from .core.guardrails import check_topic_name
 from .core.handlers import HandlerRules
 from .core.policy import PolicyEngine
@@ -309,6 +309,10 @@ def start_server(
              security.describe(sec, local_only=local_only))
     for weakness in security.weaknesses(sec, local_only=local_only):
         log.warning("security: %s", weakness)
+    if not idtable.NATIVE:
+        log.warning("the sidecar was installed without its C extension (no C compiler then): "
+                    "its id tables' per-id loops run in Python, which about doubles what a "
+                    "run's home spends per record (docs/DEPLOY.md)")
     return running
 
 

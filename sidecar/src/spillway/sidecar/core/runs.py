@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 from .batch import Batch
 from .decide import Decider, Outcome, count_run, run_start, runs_allowed
+from .idtable import digests
 from .jobstate import JobState
 from .model import Action, Category, Decision, ExceptionInfo, FailedRecord, StageRef, Verdict
-from .tolerance import KEY_MASK
 
 # a group of a tally: records failing the same way, in order (stage, exception, function, count)
 Group = tuple[StageRef, ExceptionInfo, str, int]
@@ -59,7 +59,7 @@ def decide_groups(decider: Decider, j: JobState, b: Batch, ids: Sequence[str],
         while k < end:
             if exc is run_exc and stage is run_ref:
                 if keys is None:
-                    keys = [hash(rid) & KEY_MASK for rid in ids[x:end]]  # record_key, inline
+                    keys = digests(ids[x:end])   # record_key of each
                     gtags = tags[x:end]
                 if not len(tracked):   # nothing retrying: only `known` can end the run
                     added = known.add_new(keys, gtags, info, k - x, end - x)
