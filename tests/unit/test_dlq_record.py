@@ -388,6 +388,7 @@ def test_the_fast_dlq_record_factory_builds_ordinary_frozen_records():
     from spillway.sidecar.core import dlq_record
     from spillway.sidecar.core.model import DlqRecord
 
+    assert dlq_record.new_dlq_record is not DlqRecord   # the fast path is in use
     args = ("dlq.x", None, b"v", (("h", b"1"),), "r", "j", "j/1.2.0/7", TP)
     rec = dlq_record.new_dlq_record(*args)
     want = DlqRecord(*args)
