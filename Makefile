@@ -20,9 +20,11 @@ $(STAMP): requirements/dev.txt client/pyproject.toml sidecar/pyproject.toml spar
 	@command -v java >/dev/null || { echo "spillway's Spark job needs Java 17 on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements/dev.txt
-	# --no-deps: the three share one repo and their dependencies are pinned above
+	# --no-deps: the three share one repo and their dependencies are pinned above; compat: the
+	# sidecar's editable install (setuptools) as a plain path entry, not an import hook that
+	# every Python process (Spark workers, sidecars) would load at start
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps \
-		-e client -e sidecar -e spark_integration
+		--config-settings editable_mode=compat -e client -e sidecar -e spark_integration
 	@touch $@
 
 venv: $(STAMP)

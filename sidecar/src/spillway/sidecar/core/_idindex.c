@@ -24,9 +24,31 @@ flat(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const ch
                            | PyBUF_C_CONTIGUOUS) < 0)
         return -1;
     if (view->itemsize != itemsize || view->ndim != 1) {
-        PyErr_Format(PyExc_TypeError, "%s: an array of %zd-byte unsigned items is needed",
+        PyErr_Format(PyExc_TypeError, "%s: arrays of %zd-byte unsigned items are needed",
                      what, itemsize);
         PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* The index (4-byte slots, a power of two of them, `mask` + 1) and the keys (8-byte) of a call,
+ * as buffers; -1 with an exception set (and nothing held) when either does not fit. */
+static int
+index_and_keys(PyObject *io, PyObject *ko, unsigned long long mask, Py_buffer *ib,
+               Py_buffer *kb, const char *fn)
+{
+    if (flat(io, ib, 1, 4, fn) < 0)
+        return -1;
+    if (flat(ko, kb, 0, 8, fn) < 0) {
+        PyBuffer_Release(ib);
+        return -1;
+    }
+    Py_ssize_t nslots = ib->len / 4;
+    if ((unsigned long long)nslots != mask + 1 || (nslots & (nslots - 1))) {
+        PyBuffer_Release(ib);
+        PyBuffer_Release(kb);
+        PyErr_Format(PyExc_ValueError, "%s: the mask does not fit the index", fn);
         return -1;
     }
     return 0;
@@ -50,22 +72,16 @@ insert(PyObject *self, PyObject *args)
     Py_buffer ib, kb;
     if (!PyArg_ParseTuple(args, "OKOnn:insert", &io, &mask, &ko, &first, &off))
         return NULL;
-    if (flat(io, &ib, 1, 4, "insert: index") < 0)
+    if (index_and_keys(io, ko, mask, &ib, &kb, "insert") < 0)
         return NULL;
-    if (flat(ko, &kb, 0, 8, "insert: keys") < 0) {
-        PyBuffer_Release(&ib);
-        return NULL;
-    }
     uint32_t *index = (uint32_t *)ib.buf;
     const uint64_t *keys = (const uint64_t *)kb.buf;
     Py_ssize_t nslots = ib.len / 4, nkeys = kb.len / 8;
-    if ((unsigned long long)nslots != mask + 1 || (nslots & (nslots - 1)) || first < 0
-            || first > nkeys || off < 1 || first + off + (nkeys - first) > (Py_ssize_t)UINT32_MAX
+    if (first < 0 || first > nkeys || off < 1 || first + off + (nkeys - first) > (Py_ssize_t)UINT32_MAX
             || 2 * (nkeys - first) > nslots) {
         PyBuffer_Release(&ib);
         PyBuffer_Release(&kb);
-        PyErr_SetString(PyExc_ValueError,
-                        "insert: mask, first or off do not fit the index and the keys");
+        PyErr_SetString(PyExc_ValueError, "insert: first or off do not fit the keys");
         return NULL;
     }
     for (Py_ssize_t p = first; p < nkeys; p++) {
@@ -107,12 +123,8 @@ reindex(PyObject *self, PyObject *args)
     Py_buffer ib, kb;
     if (!PyArg_ParseTuple(args, "OKO:reindex", &io, &mask, &ko))
         return NULL;
-    if (flat(io, &ib, 1, 4, "reindex: index") < 0)
+    if (index_and_keys(io, ko, mask, &ib, &kb, "reindex") < 0)
         return NULL;
-    if (flat(ko, &kb, 0, 8, "reindex: keys") < 0) {
-        PyBuffer_Release(&ib);
-        return NULL;
-    }
     uint32_t *index = (uint32_t *)ib.buf;
     const uint64_t *keys = (const uint64_t *)kb.buf;
     Py_ssize_t nslots = ib.len / 4, nkeys = kb.len / 8, n;
@@ -120,12 +132,11 @@ reindex(PyObject *self, PyObject *args)
         if (index[n])
             break;
     }
-    if ((unsigned long long)nslots != mask + 1 || (nslots & (nslots - 1)) || n < nslots
-            || nkeys >= nslots || nkeys >= (Py_ssize_t)UINT32_MAX) {
+    if (n < nslots || nkeys >= nslots || nkeys >= (Py_ssize_t)UINT32_MAX) {
         PyBuffer_Release(&ib);
         PyBuffer_Release(&kb);
         PyErr_SetString(PyExc_ValueError,
-                        "reindex: the index must be empty, a power of two and larger than the keys");
+                        "reindex: the index must be empty and larger than the keys");
         return NULL;
     }
     for (n = 0; n < nkeys; n++) {
