@@ -169,3 +169,18 @@ def test_compat_oldest_set_is_the_declared_floors():
     for path in (ROOT / "requirements" / "compat").glob("*.txt"):
         pyspark = _pins(path)["pyspark"]
         assert Version("3.5") <= pyspark < Version("5"), f"{path.name}: pyspark {pyspark}"
+
+
+def test_a_spark_worker_running_a_wrapper_imports_none_of_the_drivers_api():
+    """`spillway.spark`'s driver API (Job, the DLQ reader, the native deserializer) is imported
+    when first used: a Python worker imports the package to run a wrapper, once per process."""
+    import sys
+
+    code = ("import sys, spillway.spark._partitions, spillway.spark._udf\n"
+            "print(sorted(m for m in ('spillway.spark.job', 'spillway.spark._dlq_reader', "
+            "'spillway.spark._native') if m in sys.modules))\n"
+            "import spillway.spark as s\n"
+            "print(all(hasattr(s, n) for n in s.__all__), s.Job.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    assert out[0] == "[]" and out[1] == "True spillway.spark.job"
