@@ -4,6 +4,7 @@ tables, index, journal and digests, whichever runs; and what the extension refus
 from __future__ import annotations
 
 import random
+import sys
 import shutil
 import sysconfig
 from array import array
@@ -151,3 +152,17 @@ def test_a_sidecar_without_the_extension_says_so_at_start(built, monkeypatch, ca
         running.stop(0)
     said = [r.getMessage() for r in caplog.records if "C extension" in r.getMessage()]
     assert bool(said) is not built
+
+
+@native
+def test_an_id_whose_hash_changes_the_list_is_an_error_not_a_crash():
+    """(Ids come from protobuf as plain str; this is the extension's own memory safety.)"""
+    class Shrinking(str):
+        def __hash__(self):
+            ids.clear()
+            return 5
+
+    ids = [Shrinking("a"), "b", "c"]
+    with pytest.raises(IndexError):
+        idt._native.digests(ids)
+    assert idt._native.digests([Shrinking("a")]) == (5).to_bytes(8, sys.byteorder)

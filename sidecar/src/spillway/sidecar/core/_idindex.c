@@ -164,21 +164,22 @@ digests(PyObject *self, PyObject *ids)
     uint64_t *d = (uint64_t *)PyBytes_AsString(out);
     int is_list = PyList_Check(ids);
     for (Py_ssize_t k = 0; k < n; k++) {
+        /* a strong reference while it is hashed: a str subclass's __hash__ may change the list */
         PyObject *item = is_list ? PyList_GetItem(ids, k) : PySequence_GetItem(ids, k);
         if (item == NULL) {
             Py_DECREF(out);
             return NULL;
         }
+        if (is_list)
+            Py_INCREF(item);
         if (!PyUnicode_Check(item)) {
             PyErr_Format(PyExc_TypeError, "digests: record ids are str, item %zd is not", k);
-            if (!is_list)
-                Py_DECREF(item);
+            Py_DECREF(item);
             Py_DECREF(out);
             return NULL;
         }
         Py_hash_t h = PyObject_Hash(item);
-        if (!is_list)
-            Py_DECREF(item);
+        Py_DECREF(item);
         if (h == -1 && PyErr_Occurred()) {
             Py_DECREF(out);
             return NULL;
