@@ -84,6 +84,9 @@ class AlikeOutcomes(Sequence):
     def __len__(self) -> int:
         return len(self.record_ids)
 
+    def __iter__(self):   # (Sequence's own goes by IndexError)
+        return map(self.__getitem__, range(len(self.record_ids)))
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
