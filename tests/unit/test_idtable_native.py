@@ -121,6 +121,10 @@ def test_the_extension_refuses_what_the_table_never_passes():
         lib.insert(b"\0" * 64, 15, keys, 0, 1)          # not writable
     with pytest.raises(ValueError, match="mask"):
         lib.insert(index, 7, keys, 0, 1)                # mask of another size
+    with pytest.raises(ValueError, match="mask"):
+        lib.insert(array("I"), (1 << 64) - 1, keys, 0, 1)   # no slots (mask + 1 wraps to 0)
+    with pytest.raises(ValueError, match="mask"):
+        lib.reindex(array("I"), (1 << 64) - 1, array("Q"))
     with pytest.raises(ValueError, match="do not fit"):
         lib.insert(index, 15, keys, 4, 1)               # first past the keys
     with pytest.raises(ValueError, match="do not fit"):

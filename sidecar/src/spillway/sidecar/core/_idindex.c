@@ -45,7 +45,7 @@ index_and_keys(PyObject *io, PyObject *ko, unsigned long long mask, Py_buffer *i
         return -1;
     }
     Py_ssize_t nslots = ib->len / 4;
-    if ((unsigned long long)nslots != mask + 1 || (nslots & (nslots - 1))) {
+    if (nslots == 0 || (unsigned long long)nslots != mask + 1 || (nslots & (nslots - 1))) {
         PyBuffer_Release(ib);
         PyBuffer_Release(kb);
         PyErr_Format(PyExc_ValueError, "%s: the mask does not fit the index", fn);
