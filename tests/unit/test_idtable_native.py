@@ -28,7 +28,7 @@ def test_the_extension_is_built_where_a_c_compiler_and_pythons_headers_are():
 
 
 def test_the_key_mask_is_tolerances():
-    assert idt._KEY_MASK == tolerance.KEY_MASK
+    assert idt.KEY_MASK == tolerance.KEY_MASK
 
 
 class _Both:

@@ -90,16 +90,21 @@ class AlikeOutcomes(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
-        f = self.flags
-        v = m.Verdict(self.record_ids[i], self.action, self.category, self.reason,
-                      self.attempt)
-        if f:
-            v.dead_lettered = bool(f & DEAD_LETTERED)
-            v.job_failed = bool(f & JOB_FAILED)
-            v.retry_budget_exhausted = bool(f & BUDGET_EXHAUSTED)
-        if self.delay is not None:
-            v.retry_delay_ms = self.delay
-        return (m.Decision(v, bool(f & DEAD_LETTER)), bool(f & LOGGED), self.rule)
+        return _outcome(self.record_ids[i], self.action, self.category, self.reason,
+                        self.attempt, self.flags, self.delay, self.rule)
+
+
+def _outcome(rid: str, action: m.Action, category: m.Category, reason: str, attempt: int,
+             f: int, delay: int | None, rule: str):
+    """One record's (decision, logged, rule) from its columns' values."""
+    v = m.Verdict(rid, action, category, reason, attempt)
+    if f:
+        v.dead_lettered = bool(f & DEAD_LETTERED)
+        v.job_failed = bool(f & JOB_FAILED)
+        v.retry_budget_exhausted = bool(f & BUDGET_EXHAUSTED)
+    if delay is not None:
+        v.retry_delay_ms = delay
+    return (m.Decision(v, bool(f & DEAD_LETTER)), bool(f & LOGGED), rule)
 
 
 def tally_outcomes(resp: pb.TallyVerdicts, record_ids: Sequence[str]):
@@ -127,21 +132,10 @@ def tally_outcomes(resp: pb.TallyVerdicts, record_ids: Sequence[str]):
         return AlikeOutcomes(record_ids, action_of[actions[0]], category_of[categories[0]],
                              reasons[reason_ix[0]], attempts[0], flags[0],
                              delays[0] if delays is not None else None, rules[rule_ix[0]])
-    out = []
-    append = out.append
-    Verdict, Decision = m.Verdict, m.Decision
-    for i, rid in enumerate(record_ids):
-        f = flags[i]
-        v = Verdict(rid, action_of[actions[i]], category_of[categories[i]],
-                    reasons[reason_ix[i]], attempts[i])
-        if f:
-            v.dead_lettered = bool(f & DEAD_LETTERED)
-            v.job_failed = bool(f & JOB_FAILED)
-            v.retry_budget_exhausted = bool(f & BUDGET_EXHAUSTED)
-        if delays is not None:
-            v.retry_delay_ms = delays[i]
-        append((Decision(v, bool(f & DEAD_LETTER)), bool(f & LOGGED), rules[rule_ix[i]]))
-    return out
+    return [_outcome(rid, action_of[actions[i]], category_of[categories[i]],
+                     reasons[reason_ix[i]], attempts[i], flags[i],
+                     delays[i] if delays is not None else None, rules[rule_ix[i]])
+            for i, rid in enumerate(record_ids)]
 
 
 # --- home side --------------------------------------------------------------------------------

@@ -218,10 +218,8 @@ def _dlq_record_factory() -> Callable[..., DlqRecord]:
     works; otherwise the class itself is called."""
     names = ("topic", "key", "value", "headers", "record_id", "job", "task_key", "traceparent")
     fields = dataclasses.fields(DlqRecord)
-    slots = [DlqRecord.__dict__.get(n) for n in names]
     if (tuple(f.name for f in fields) != names or "__post_init__" in DlqRecord.__dict__
-            or tuple(getattr(DlqRecord, "__slots__", ())) != names
-            or not all(type(d) is _MEMBER_DESCRIPTOR for d in slots)):
+            or tuple(getattr(DlqRecord, "__slots__", ())) != names):
         return DlqRecord
     frozen = DlqRecord
 
@@ -249,7 +247,6 @@ def _dlq_record_factory() -> Callable[..., DlqRecord]:
     return _Unfrozen
 
 
-_MEMBER_DESCRIPTOR = type(TaskIdentity.__dict__["stage_id"])
 # DlqRecord(...) by position, fast (the builder; the spool's decoding, `dlq.codec`)
 new_dlq_record = _dlq_record_factory()
 

@@ -51,8 +51,8 @@ _DEAD = (1 << 64) - 1          # a dead entry's key (digests have 60 bits)
 _MIN_SLOTS = 16
 _MAX_NUMBER = (1 << 32) - 2    # entry numbers + 1 must fit the index's 32 bits
 _COMPACT_SLACK = 1024
-_KEY_MASK = (1 << 60) - 1      # tolerance.KEY_MASK (tolerance imports this module; a test
-                               # checks that the two agree)
+KEY_BITS = 60                  # keys are record-id digests of this many bits (tolerance.py)
+KEY_MASK = (1 << KEY_BITS) - 1
 
 
 def _le(column: array) -> bytes:
@@ -74,7 +74,7 @@ def _from_le(data: bytes) -> array:
 def digests(ids: Sequence[str]) -> Sequence[int]:
     """`tolerance.record_key` of each record id, in order (an array of unsigned 64-bit)."""
     if _native is None:
-        return array("Q", [hash(rid) & _KEY_MASK for rid in ids])
+        return array("Q", [hash(rid) & KEY_MASK for rid in ids])
     out = array("Q")
     out.frombytes(_native.digests(ids))
     return out

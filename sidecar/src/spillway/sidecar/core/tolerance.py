@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from hashlib import blake2b
 
 from .counters import WindowedCounter
-from .idtable import IdTable
+from .idtable import KEY_MASK, IdTable
 from .settings import ToleranceSettings
 
 MAX_COUNTED_IDS = 200_000
@@ -51,13 +51,12 @@ TaskKey = tuple[int, int]   # (Spark stage id, partition id): stable across task
 # Two of n remembered ids collide with probability about n^2 / 2^61 (~4e-8 at 300 000 ids). A
 # collision can only make a distinct record look already counted / already skipped: it is still
 # answered SKIP (and dead-lettered when the job has a DLQ), never lost; it is just not counted as
-# a new error (docs/POLICY.md).
-KEY_BITS = 60
-KEY_MASK = (1 << KEY_BITS) - 1
+# a new error (docs/POLICY.md). The mask (idtable.KEY_BITS) lives with the table, which this
+# module imports.
 
 
 def record_key(record_id: str) -> int:
-    """The digest under which a record id is remembered (see KEY_BITS)."""
+    """The digest under which a record id is remembered (see above)."""
     return hash(record_id) & KEY_MASK
 
 
