@@ -56,7 +56,6 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from confluent_kafka import Producer
 
 from ..core.model import DlqRecord, task_run_prefix
 from ..core.ports import Clock, RandomSource, SystemClock
@@ -110,7 +109,8 @@ class DlqPipeline(Drain):
         delete_batch: int = 1_000,
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 5_000,
-        producer_factory: Callable[[dict[str, Any]], Any] = Producer,
+        producer_factory: Callable[[dict[str, Any]], Any] | None = None,
+        native_producer: bool = True,
         spool_group: str = "",
     ) -> None:
         if max_bytes < 1:
@@ -141,8 +141,8 @@ class DlqPipeline(Drain):
         self._backoff_s = retry_backoff_ms / 1000.0
         self._backoff_max_s = retry_backoff_max_ms / 1000.0
         self._random: RandomSource = rng or random.Random()
-        self._producer = KafkaDlqProducer(self._config,
-                                          factory=producer_factory)
+        self._producer = KafkaDlqProducer(self._config, factory=producer_factory,
+                                          native_ok=native_producer)
         self._store: RecordStore | None = None
         self._thread: threading.Thread | None = None
 

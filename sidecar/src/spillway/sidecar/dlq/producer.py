@@ -37,6 +37,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from ..core.model import DlqRecord
 from ..errors import ConfigError, DlqError
+from . import native
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ _LOCKED = {
     "bootstrap.servers": "set the bootstrap.servers property instead",
     "on_delivery": "the pipeline owns the delivery callback",
     "error_cb": "the pipeline owns the error callback",
+    "delivery.report.only.error": "the pipeline needs every record's delivery report",
 }
 
 
@@ -192,9 +194,14 @@ class KafkaDlqProducer:
     """
 
     def __init__(self, config: Mapping[str, Any], *,
-                 factory: Callable[[dict[str, Any]], Any] = Producer) -> None:
+                 factory: Callable[[dict[str, Any]], Any] | None = None,
+                 native_ok: bool = True) -> None:
         self._config = dict(config)
-        self._factory = factory
+        # no factory: `native.NativeHandle` where it can run (no Python work per record), else
+        # confluent-kafka's Producer; a factory given (tests' fakes) is always used
+        self._native = (factory is None and native_ok and native.unavailable() is None
+                        and native.settings(self._config) is not None)
+        self._factory = factory or Producer
         self._producer: Any = None
         self._deliveries = _Deliveries()
         self._lock = threading.Lock()
@@ -210,10 +217,15 @@ class KafkaDlqProducer:
     def _get(self) -> Any:
         if self._producer is None:
             conf = dict(self._config)
-            conf["error_cb"] = self._on_error
-            conf.setdefault("logger", logging.getLogger("spillway.dlq.librdkafka"))
+            logger = logging.getLogger("spillway.dlq.librdkafka")
             try:
-                self._producer = self._factory(conf)
+                if self._native:
+                    self._producer = native.NativeHandle(native.settings(conf) or {},
+                                                         self._deliveries, self._on_error, logger)
+                else:
+                    conf["error_cb"] = self._on_error
+                    conf.setdefault("logger", logger)
+                    self._producer = self._factory(conf)
             except KafkaException as exc:
                 raise ConfigError("producer.kafka", f"invalid DLQ producer settings: "
                                   f"{exc.args[0].str() if exc.args else exc}") from exc
@@ -262,6 +274,15 @@ class KafkaDlqProducer:
         BufferError when its queue stays full for `max_wait_s` (the caller retries later).
         ``poll=False``: the caller polls itself once after a batch of produce calls."""
         p = self._get()
+        if self._native:
+            n, refused = self._produce_native(p, [token], [rec], max_wait_s)
+            if refused is not None:
+                raise refused
+            if not n:
+                raise BufferError("the DLQ producer's queue stayed full")
+            if poll:
+                self.poll(0)
+            return
         report = functools.partial(self._deliveries.report, token)
         headers = list(rec.headers) if rec.headers else None
         deadline = 0.0
@@ -289,6 +310,8 @@ class KafkaDlqProducer:
         one, why (the caller files that one as failed and goes on after it). Fewer taken and no
         refusal: its queue stayed full for `max_wait_s` (the caller keeps the rest for
         later). ``partitions``: whether their delivery reports note the partition (-1 else)."""
+        if self._native:
+            return self._produce_native(self._get(), tokens, records, max_wait_s)
         produce = self._get().produce
         d = self._deliveries
         report = d.report if partitions else d.report_unplaced
@@ -312,6 +335,27 @@ class KafkaDlqProducer:
             except KafkaException as exc:
                 return n, self._refused(exc)
             n += 1
+        return n, None
+
+    def _produce_native(self, p: native.NativeHandle, tokens: Sequence[int],
+                        records: Sequence[DlqRecord], max_wait_s: float
+                        ) -> tuple[int, ProduceRefused | None]:
+        """`produce_many` through `native.NativeHandle`: a batch a call, the same outcomes."""
+        records, tokens = list(records), list(tokens)
+        n, total, deadline = 0, len(records), 0.0
+        while n < total:
+            taken, code, reason = p.produce_records(records, tokens, n)
+            n += taken
+            if not code:
+                break
+            if code != KafkaError._QUEUE_FULL:
+                return n, self._refused(KafkaException(KafkaError(code, reason)))
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + max_wait_s
+            elif now >= deadline:
+                break
+            self.poll(0.05)
         return n, None
 
     def _raised(self, exc: KafkaException) -> None:
