@@ -221,3 +221,19 @@ def test_reports_errors_and_a_loss_are_read_as_confluent_kafka_would_give_them()
     assert classify(errors[0]).outcome is Outcome.REBUILD
     # a delivery report C could not store: the producer is rebuilt, its records produced again
     assert errors[1].fatal() and classify(errors[1]).outcome is Outcome.REBUILD
+
+
+@pytest.mark.parametrize("why", [None, "the C extension was not built"])
+def test_a_sidecar_without_the_native_producer_says_so_and_why_at_start(why, monkeypatch,
+                                                                        caplog):
+    from spillway.sidecar.server import start_server
+
+    monkeypatch.setattr(native, "unavailable", lambda: why)
+    with caplog.at_level(logging.WARNING, logger="spillway.sidecar.bootstrap"):
+        running = start_server({"listen.address": "127.0.0.1:0", "spool.enable": "false",
+                                "bootstrap.servers": "127.0.0.1:1"})
+        running.stop(0)
+    said = [r.getMessage() for r in caplog.records if "confluent-kafka's produce()" in
+            r.getMessage()]
+    assert len(said) == (1 if why else 0)
+    assert not why or why in said[0]
