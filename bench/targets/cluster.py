@@ -29,6 +29,7 @@ from ..profiling import Recording, section
 from ..runner import Context
 from .common import alternate_runs, dlq_props, profiled
 from .node_processes import NodeProcesses, run_node_processes
+from .producer_paths import ProducerPaths, run_producer_paths
 from .report_format import ReportFormats, run_report_formats
 
 NODE_COUNTS = (1, 2, 4)
@@ -405,6 +406,9 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
                                                   BATCH, per_client))
     # (e) one node fed columns against FailedRecord messages (report_format.py)
     run_report_formats(ctx, result, ReportFormats(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
+                                                  BATCH, per_client))
+    # (f) one node's producer: native against confluent-kafka's produce() (producer_paths.py)
+    run_producer_paths(ctx, result, ProducerPaths(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
                                                   BATCH, per_client))
     if ctx.sizes.profile and result.met is False:
         _profile(ctx, result, cluster)

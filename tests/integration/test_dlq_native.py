@@ -237,3 +237,22 @@ def test_a_sidecar_without_the_native_producer_says_so_and_why_at_start(why, mon
             r.getMessage()]
     assert len(said) == (1 if why else 0)
     assert not why or why in said[0]
+
+
+@needs_native
+def test_closing_while_another_thread_flushes_is_refused_not_a_crash():
+    import threading
+
+    p = KafkaDlqProducer(producer_config("127.0.0.1:1", linger_ms=5, batch_size=1000))
+    h = p._get()
+    assert h.produce_records(_records("t", 1), [1], 0) == (1, 0, "")   # held: no broker
+    flushing = threading.Thread(target=h.flush, args=(2.0,))
+    flushing.start()
+    time.sleep(0.3)
+    with pytest.raises(RuntimeError, match="another thread"):
+        h.close()
+    flushing.join()
+    h.purge()
+    h.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        h.flush(0)

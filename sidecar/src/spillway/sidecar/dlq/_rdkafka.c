@@ -194,6 +194,7 @@ typedef struct {
     PyObject_HEAD
     rd_kafka_t *rk;
     Sink *sink;
+    int busy;     /* calls running with the GIL released: close() must not destroy under them */
 } Producer;
 
 static PyObject *s_topic, *s_key, *s_value, *s_headers;
@@ -461,9 +462,11 @@ Producer_poll(Producer *self, PyObject *args)
     rd_kafka_t *rk = live(self);
     if (rk == NULL || timeout_ms(args, &ms) < 0)
         return NULL;
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
     n = rdk.poll(rk, ms);
     Py_END_ALLOW_THREADS
+    self->busy--;
     return PyLong_FromLong(n);
 }
 
@@ -475,10 +478,12 @@ Producer_flush(Producer *self, PyObject *args)
     rd_kafka_t *rk = live(self);
     if (rk == NULL || timeout_ms(args, &ms) < 0)
         return NULL;
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
     rdk.flush(rk, ms);
     n = rdk.outq_len(rk);
     Py_END_ALLOW_THREADS
+    self->busy--;
     return PyLong_FromLong(n);
 }
 
@@ -502,9 +507,11 @@ Producer_purge(Producer *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "purge: flags are 1, 2 and 4 or'ed");
         return NULL;
     }
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
     err = rdk.purge(rk, flags);
     Py_END_ALLOW_THREADS
+    self->busy--;
     return PyLong_FromLong(err);
 }
 
@@ -602,6 +609,11 @@ static PyObject *
 Producer_close(Producer *self, PyObject *unused)
 {
     (void)unused;
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "the native DLQ producer is polled, flushed or "
+                        "purged by another thread: close it after that call returns");
+        return NULL;
+    }
     shut(self);
     Py_RETURN_NONE;
 }
