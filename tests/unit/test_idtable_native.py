@@ -170,3 +170,50 @@ def test_an_id_whose_hash_changes_the_list_is_an_error_not_a_crash():
     with pytest.raises(IndexError):
         idt._native.digests(ids)
     assert idt._native.digests([Shrinking("a")]) == (5).to_bytes(8, sys.byteorder)
+
+
+class _Rec:
+    __slots__ = ("key", "value", "tag")
+
+    def __init__(self, key, value, tag=-1) -> None:
+        self.key, self.value, self.tag = key, value, tag
+
+
+def _payload_records(rng: random.Random) -> list[_Rec]:
+    out = []
+    for n in [*range(0, 260), 383, 384, 385, 1000, 5000]:    # around every block boundary
+        for kn in (None, 0, 3, 122, 123, 124, 200):
+            key = None if kn is None else rng.randbytes(kn)
+            out.append(_Rec(key, None if n == 7 else rng.randbytes(n)))
+    out += [_Rec(b"a", b"b", 12345), _Rec(b"a", b"b", 2**64 - 1), _Rec(b"a", b"b", 0)]
+    return out
+
+
+@native
+@pytest.mark.parametrize("secret", [b"", b"x", tolerance.run_secret("a token"), b"k" * 64])
+def test_payload_tags_in_c_are_hashlibs_blake2b(secret, monkeypatch):
+    """The C BLAKE2b gives the digests `payload_tagger` (hashlib) gives, key and value of every
+    length around the 128-byte block, null and empty ones, unkeyed and keyed; a record's own
+    tag (a tally's record) is kept, up to 2**64 - 1. The fallback gives the same."""
+    recs = _payload_records(random.Random(7))
+    tag = tolerance.payload_tagger(secret)
+    want = [r.tag if r.tag >= 0 else tag(r.key, r.value) for r in recs]
+    assert list(tolerance.payload_tags(secret, recs)) == want
+    monkeypatch.setattr(idt, "_native", None)
+    assert list(tolerance.payload_tags(secret, recs)) == want
+
+
+@native
+def test_payload_tags_refuse_what_is_not_a_payload_by_name():
+    lib = idt._native
+    with pytest.raises(TypeError, match="record 1's key"):
+        lib.payload_tags(b"s", [_Rec(b"k", b"v"), _Rec("str", b"v")])
+    with pytest.raises(TypeError, match="record 0's value"):
+        lib.payload_tags(b"s", [_Rec(b"k", 3)])
+    with pytest.raises(ValueError, match="64 bytes"):
+        lib.payload_tags(b"k" * 65, [])
+    with pytest.raises(TypeError):
+        lib.payload_tags(b"s", (_Rec(b"k", b"v"),))     # a list is needed
+    with pytest.raises(AttributeError):
+        lib.payload_tags(b"s", [object()])
+    assert lib.payload_tags(b"s", []) == b""

@@ -5,7 +5,8 @@
  * - insert: a stretch of new keys indexed in order, up to the first key already present
  *   (IdTable.add_new's loop: a home's tally inserts every id of a run this way);
  * - reindex: every key indexed into a fresh, empty index (IdTable._rebuild: growth);
- * - digests: record ids' 60-bit digests, hash(id) & (2**60 - 1) (tolerance.record_key).
+ * - digests: record ids' 60-bit digests, hash(id) & (2**60 - 1) (tolerance.record_key);
+ * - payload_tags: records' keyed BLAKE2b-64 payload tags (tolerance.payload_tagger).
  *
  * Built against the stable ABI of Python 3.11 (Py_LIMITED_API), so one wheel serves every
  * Python the sidecar supports.
@@ -14,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #define KEY_MASK ((UINT64_C(1) << 60) - 1)
 
@@ -189,11 +191,237 @@ digests(PyObject *self, PyObject *ids)
     return out;
 }
 
+
+/* --- payload tags: keyed BLAKE2b-64 of a record's key and value (tolerance.payload_tag) ---
+ * BLAKE2b as RFC 7693 specifies it (the same digests as hashlib.blake2b(digest_size=8,
+ * key=secret): tests/unit/test_idtable_native.py compares them over every length around the
+ * block size). The keyed first block is compressed once per call, as payload_tagger does. */
+static const uint64_t B2_IV[8] = {
+    UINT64_C(0x6a09e667f3bcc908), UINT64_C(0xbb67ae8584caa73b), UINT64_C(0x3c6ef372fe94f82b),
+    UINT64_C(0xa54ff53a5f1d36f1), UINT64_C(0x510e527fade682d1), UINT64_C(0x9b05688c2b3e6c1f),
+    UINT64_C(0x1f83d9abfb41bd6b), UINT64_C(0x5be0cd19137e2179)};
+static const uint8_t B2_SIGMA[12][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3},
+    {11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4},
+    {7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8},
+    {9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13},
+    {2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9},
+    {12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11},
+    {13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10},
+    {6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5},
+    {10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3}};
+
+typedef struct {
+    uint64_t h[8];
+    uint64_t t;          /* bytes compressed so far (a record is far below 2**64) */
+    uint8_t b[128];
+    size_t c;            /* bytes in b */
+} B2;
+
+#define ROTR64(x, n) (((x) >> (n)) | ((x) << (64 - (n))))
+#define B2_G(a, b, c, d, x, y) do { \
+        v[a] = v[a] + v[b] + (x); v[d] = ROTR64(v[d] ^ v[a], 32); \
+        v[c] = v[c] + v[d]; v[b] = ROTR64(v[b] ^ v[c], 24); \
+        v[a] = v[a] + v[b] + (y); v[d] = ROTR64(v[d] ^ v[a], 16); \
+        v[c] = v[c] + v[d]; v[b] = ROTR64(v[b] ^ v[c], 63); } while (0)
+
+static void
+b2_compress(B2 *s, int last)
+{
+    uint64_t v[16], m[16];
+    for (int i = 0; i < 8; i++) {
+        v[i] = s->h[i];
+        v[i + 8] = B2_IV[i];
+    }
+    v[12] ^= s->t;
+    if (last)
+        v[14] = ~v[14];
+    for (int i = 0; i < 16; i++) {
+        const uint8_t *p = s->b + 8 * i;
+        m[i] = (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16
+               | (uint64_t)p[3] << 24 | (uint64_t)p[4] << 32 | (uint64_t)p[5] << 40
+               | (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
+    }
+    for (int r = 0; r < 12; r++) {
+        const uint8_t *z = B2_SIGMA[r];
+        B2_G(0, 4, 8, 12, m[z[0]], m[z[1]]);
+        B2_G(1, 5, 9, 13, m[z[2]], m[z[3]]);
+        B2_G(2, 6, 10, 14, m[z[4]], m[z[5]]);
+        B2_G(3, 7, 11, 15, m[z[6]], m[z[7]]);
+        B2_G(0, 5, 10, 15, m[z[8]], m[z[9]]);
+        B2_G(1, 6, 11, 12, m[z[10]], m[z[11]]);
+        B2_G(2, 7, 8, 13, m[z[12]], m[z[13]]);
+        B2_G(3, 4, 9, 14, m[z[14]], m[z[15]]);
+    }
+    for (int i = 0; i < 8; i++)
+        s->h[i] ^= v[i] ^ v[i + 8];
+}
+
+static void
+b2_update(B2 *s, const uint8_t *in, size_t n)
+{
+    while (n > 0) {
+        if (s->c == 128) {      /* a full block is compressed only once more input comes */
+            s->t += 128;
+            b2_compress(s, 0);
+            s->c = 0;
+        }
+        size_t k = 128 - s->c < n ? 128 - s->c : n;
+        memcpy(s->b + s->c, in, k);
+        s->c += k;
+        in += k;
+        n -= k;
+    }
+}
+
+static uint64_t
+b2_final64(B2 *s)
+{
+    s->t += s->c;
+    memset(s->b + s->c, 0, 128 - s->c);
+    b2_compress(s, 1);
+    return s->h[0];     /* the 8-byte digest, read little-endian */
+}
+
+/* bytes or None (NULL) of a record's key or value */
+static int
+payload_part(PyObject *o, const char **p, Py_ssize_t *n, const char *what, Py_ssize_t k)
+{
+    if (o == Py_None) {
+        *p = NULL;
+        return 0;
+    }
+    char *b;
+    if (!PyBytes_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "payload_tags: record %zd's %s is not bytes or None",
+                     k, what);
+        return -1;
+    }
+    if (PyBytes_AsStringAndSize(o, &b, n) < 0)
+        return -1;
+    *p = b;
+    return 0;
+}
+
+static PyObject *s_key, *s_value, *s_tag;
+
+/* payload_tags(secret, records) -> bytes: each record's payload tag (its own `tag` when that
+ * is >= 0), 8 bytes each in native order, as tolerance.payload_tagger(secret) gives them */
+static PyObject *
+payload_tags(PyObject *self, PyObject *args)
+{
+    const char *secret;
+    Py_ssize_t secret_n;
+    PyObject *records;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y#O!", &secret, &secret_n, &PyList_Type, &records))
+        return NULL;
+    if (secret_n > 64) {
+        PyErr_SetString(PyExc_ValueError, "payload_tags: a BLAKE2b key is at most 64 bytes");
+        return NULL;
+    }
+    B2 keyed;
+    for (int i = 0; i < 8; i++)
+        keyed.h[i] = B2_IV[i];
+    keyed.h[0] ^= UINT64_C(0x01010000) ^ ((uint64_t)secret_n << 8) ^ 8;
+    keyed.t = 0;
+    keyed.c = 0;
+    if (secret_n > 0) {     /* the key, padded to a block; compressed with the first input */
+        memset(keyed.b, 0, 128);
+        memcpy(keyed.b, secret, (size_t)secret_n);
+        keyed.c = 128;
+    }
+    Py_ssize_t n = PyList_Size(records);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (out == NULL)
+        return NULL;
+    uint64_t *d = (uint64_t *)PyBytes_AsString(out);
+    int compressed = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *rec = PyList_GetItem(records, k), *tag, *key = NULL, *value = NULL;
+        Py_INCREF(rec);     /* held while its properties run (they may change the list) */
+        if ((tag = PyObject_GetAttr(rec, s_tag)) == NULL)
+            goto fail;
+        long long given = PyLong_AsLongLong(tag);
+        if (given == -1 && PyErr_Occurred()) {   /* a tag past 2**63 is a tag too */
+            unsigned long long u = (unsigned long long)-1;
+            if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                u = PyLong_AsUnsignedLongLong(tag);
+            }
+            Py_DECREF(tag);
+            if (u == (unsigned long long)-1 && PyErr_Occurred())
+                goto fail;
+            d[k] = (uint64_t)u;
+            Py_DECREF(rec);
+            continue;
+        }
+        Py_DECREF(tag);
+        if (given >= 0) {
+            d[k] = (uint64_t)given;
+            Py_DECREF(rec);
+            continue;
+        }
+        if (!compressed && keyed.c == 128) {   /* as b2_update would, once for all records */
+            keyed.t = 128;
+            b2_compress(&keyed, 0);
+            keyed.c = 0;
+        }
+        compressed = 1;
+        const char *kp, *vp;
+        Py_ssize_t kn = 0, vn = 0;
+        if ((key = PyObject_GetAttr(rec, s_key)) == NULL
+                || payload_part(key, &kp, &kn, "key", k) < 0
+                || (value = PyObject_GetAttr(rec, s_value)) == NULL
+                || payload_part(value, &vp, &vn, "value", k) < 0)
+            goto fail;
+        B2 s = keyed;
+        if (kp == NULL) {
+            static const uint8_t no_key[4] = {0xff, 0xff, 0xff, 0xff};
+            b2_update(&s, no_key, 4);
+        } else {
+            uint8_t len[4] = {(uint8_t)kn, (uint8_t)(kn >> 8), (uint8_t)(kn >> 16),
+                              (uint8_t)(kn >> 24)};
+            if ((uint64_t)kn > UINT32_MAX) {
+                PyErr_Format(PyExc_ValueError, "payload_tags: record %zd's key is too long", k);
+                goto fail;
+            }
+            b2_update(&s, len, 4);
+            b2_update(&s, (const uint8_t *)kp, (size_t)kn);
+        }
+        if (vp == NULL) {
+            static const uint8_t no_value = 0xff;
+            b2_update(&s, &no_value, 1);
+        } else {
+            static const uint8_t some = 0;
+            b2_update(&s, &some, 1);
+            b2_update(&s, (const uint8_t *)vp, (size_t)vn);
+        }
+        d[k] = b2_final64(&s);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        Py_DECREF(rec);
+        continue;
+fail:
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        Py_DECREF(rec);
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"insert", insert, METH_VARARGS,
      "insert(index, mask, keys, first, off) -> how many of keys[first:] were indexed"},
     {"reindex", reindex, METH_VARARGS, "reindex(index, mask, keys): every key, into an empty index"},
     {"digests", digests, METH_O, "digests(ids) -> bytes: each id's hash & (2**60 - 1)"},
+    {"payload_tags", payload_tags, METH_VARARGS,
+     "payload_tags(secret, records) -> bytes: each record's keyed BLAKE2b-64 payload tag"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -205,5 +433,9 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__idindex(void)
 {
+    if ((s_key = PyUnicode_InternFromString("key")) == NULL
+            || (s_value = PyUnicode_InternFromString("value")) == NULL
+            || (s_tag = PyUnicode_InternFromString("tag")) == NULL)
+        return NULL;
     return PyModule_Create(&module);
 }

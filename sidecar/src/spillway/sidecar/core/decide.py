@@ -82,7 +82,7 @@ class Decider:
             for r in records:
                 append(self.decide_one(j, b, r))
             return out
-        ids, tracked, tag_of = j.ids, j.records, j.tag_of
+        ids, tracked, tag_of, tags_of = j.ids, j.records, j.tag_of, j.tags_of
         logged = j.settings.log_enable
         dead_letter = j.settings.dlq.enabled
         run_exc = run_ref = reason = info = rule = None
@@ -103,7 +103,7 @@ class Decider:
                         end += 1
                     stretch = records[i:end]
                     added = ids.add_new([record_key(x.record_id) for x in stretch],
-                                        [tag_of(x) for x in stretch], info, 0, end - i)
+                                        tags_of(stretch), info, 0, end - i)
                     for x in stretch[:added]:
                         append((Decision(Verdict(x.record_id, skip, category, reason, 1),
                                          dead_letter), logged, rule))

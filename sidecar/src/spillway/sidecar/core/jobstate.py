@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,7 +33,14 @@ from .handlers import LoadedHandler
 from .model import Category, FailedRecord
 from .settings import JobSettings
 from .slices import SliceBook, sliceable
-from .tolerance import KEY_MASK, IdTable, ToleranceTracker, payload_tagger, record_key
+from .tolerance import (
+    KEY_MASK,
+    IdTable,
+    ToleranceTracker,
+    payload_tagger,
+    payload_tags,
+    record_key,
+)
 
 log = logging.getLogger("spillway.sidecar.policy")
 
@@ -257,6 +265,10 @@ class JobState:
         """The record's payload digest: given (a tally's record has no payload) or computed."""
         tag = record.tag
         return tag if tag >= 0 else self._payload_tag(record.key, record.value)
+
+    def tags_of(self, records: Sequence[FailedRecord]) -> array:
+        """`tag_of` of each record, as an array('Q') (`tolerance.payload_tags`: one C call)."""
+        return payload_tags(self.tag_secret, records, self._payload_tag)
 
     def identity(self, record: FailedRecord,
                  collisions: list[FailedRecord]) -> tuple[int, int]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import pickle
 import sys
 import threading
-from array import array
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter
@@ -208,7 +207,7 @@ class PolicyEngine:
     def payload_digests(self, job: str, records: Sequence[FailedRecord]) -> bytes:
         """The records' payload digests (keyed by the run), 8 bytes each, little-endian: what a
         node sends the run's home instead of the payloads (`adapters/tally.py`)."""
-        digests = array("Q", map(self._job(job).tag_of, records))
+        digests = self._job(job).tags_of(records)
         if sys.byteorder != "little":
             digests.byteswap()
         return digests.tobytes()

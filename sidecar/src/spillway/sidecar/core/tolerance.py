@@ -31,11 +31,13 @@ but can no longer be replaced).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from array import array
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
 
 from .counters import WindowedCounter
+from . import idtable
 from .idtable import KEY_MASK, IdTable
 from .settings import ToleranceSettings
 
@@ -97,6 +99,23 @@ def payload_tagger(secret: bytes = b"") -> Callable[[bytes | None, bytes | None]
         return from_bytes(h.digest(), "little")
 
     return tag
+
+
+def payload_tags(secret: bytes, records: Sequence,
+                 tag: Callable[[bytes | None, bytes | None], int] | None = None) -> array:
+    """Each record's payload tag, its own ``tag`` when that is >= 0 (`JobState.tag_of`), as an
+    array('Q'). One C call where the sidecar's extension was built (`_idindex.c`: BLAKE2b as
+    RFC 7693 writes it, the same digests as hashlib's; ~0.6 instead of ~1.3 µs a record of 200
+    bytes), else ``tag`` (`payload_tagger(secret)`) per record."""
+    out = array("Q")
+    native = idtable._native
+    if native is not None:
+        out.frombytes(native.payload_tags(secret, records if type(records) is list
+                                          else list(records)))
+        return out
+    tag = tag or payload_tagger(secret)
+    out.extend([r.tag if r.tag >= 0 else tag(r.key, r.value) for r in records])
+    return out
 
 
 def run_secret(token: str) -> bytes:
