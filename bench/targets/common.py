@@ -75,6 +75,21 @@ def alternate_runs(ctx: Context, result: TargetResult, variants: Mapping[str, Ru
                 fig.add(v)
 
 
+def alternate_variants(ctx: Context, result: TargetResult, keys: Sequence, run: Callable,
+                       rate: Mapping, extras: Sequence[Mapping], *, label: str) -> None:
+    """`alternate_runs` (with a warm-up round) over variants ``keys``, where ``run(key,
+    run_no)`` returns (rate, *more): ``rate[key]`` is the variant's figure, ``extras[i][key]``
+    the figure of its i-th further value."""
+    def variant(key):
+        def go(run_no: int):
+            first, *more = run(key, run_no)
+            return first, {figs[key]: v for figs, v in zip(extras, more, strict=True)}
+        return go
+
+    alternate_runs(ctx, result, {rate[k].name: variant(k) for k in keys},
+                   {rate[k].name: rate[k] for k in keys}, warmup=True, label=label)
+
+
 def profiled(ctx: Context, result: TargetResult, title: str, pids: Sequence[int],
              run: Callable[[], object], *, subprocesses: bool = False, diagnosis: str = "",
              label: str = "profile") -> object:

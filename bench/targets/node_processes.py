@@ -16,7 +16,7 @@ from ..clients import ClientPool
 from ..infra import BenchError
 from ..model import Figure, TargetResult, fmt
 from ..runner import Context
-from .common import alternate_runs, node_clients_run
+from .common import alternate_variants, node_clients_run
 
 PROCESSES = (1, 2)
 
@@ -51,14 +51,7 @@ def run_node_processes(ctx: Context, result: TargetResult, node: NodeProcesses) 
     us = {p: result.figure(f"node of {p} process{'es' if p > 1 else ''}: CPU per "
                            "dead-lettered record (all its processes)", "µs") for p in PROCESSES}
 
-    def variant(p: int):
-        def go(run_no: int):
-            r, u = node.run(p, run_no)
-            return r, {us[p]: u}
-        return go
-
-    alternate_runs(ctx, result, {rate[p].name: variant(p) for p in PROCESSES},
-                   {rate[p].name: rate[p] for p in PROCESSES}, warmup=True, label="(d) ")
+    alternate_variants(ctx, result, PROCESSES, node.run, rate, [us], label="(d) ")
     result.notes.append(_reading(rate, us))
 
 

@@ -13,7 +13,7 @@ from .. import cpu
 from ..clients import ClientPool
 from ..model import Figure, TargetResult, fmt
 from ..runner import Context
-from .common import alternate_runs, node_clients_run
+from .common import alternate_variants, node_clients_run
 
 PATHS = ("native", "confluent-kafka")
 _LABEL = {"native": "native producer", "confluent-kafka": "confluent-kafka's produce()"}
@@ -47,14 +47,7 @@ def run_producer_paths(ctx: Context, result: TargetResult, paths: ProducerPaths)
     node_us = {h: result.figure(f"{_LABEL[h]}: node CPU per dead-lettered record", "µs")
                for h in PATHS}
 
-    def variant(how: str):
-        def go(run_no: int):
-            r, n = paths.run(how, run_no)
-            return r, {node_us[how]: n}
-        return go
-
-    alternate_runs(ctx, result, {rate[h].name: variant(h) for h in PATHS},
-                   {rate[h].name: rate[h] for h in PATHS}, warmup=True, label="(f) ")
+    alternate_variants(ctx, result, PATHS, paths.run, rate, [node_us], label="(f) ")
     result.notes.append(_reading(node_us))
 
 

@@ -14,7 +14,7 @@ from .. import cpu
 from ..clients import ClientPool
 from ..model import Figure, TargetResult, fmt
 from ..runner import Context
-from .common import alternate_runs, node_clients_run
+from .common import alternate_variants, node_clients_run
 
 FORMATS = ("columns", "messages")
 
@@ -66,14 +66,8 @@ def run_report_formats(ctx: Context, result: TargetResult, formats: ReportFormat
     client_us = {h: result.figure(f"{label[h]}: clients' CPU per failed record", "µs")
                  for h in FORMATS}
 
-    def variant(how: str):
-        def go(run_no: int):
-            r, n, c = formats.run(how, run_no)
-            return r, {node_us[how]: n, client_us[how]: c}
-        return go
-
-    alternate_runs(ctx, result, {rate[h].name: variant(h) for h in FORMATS},
-                   {rate[h].name: rate[h] for h in FORMATS}, warmup=True, label="(e) ")
+    alternate_variants(ctx, result, FORMATS, formats.run, rate, [node_us, client_us],
+                       label="(e) ")
     result.notes.append(_reading(node_us, client_us, request_bytes(formats.batch),
                                  formats.batch))
 

@@ -454,9 +454,10 @@ timeout_ms(PyObject *args, int *ms)
     return 0;
 }
 
-/* poll(timeout_s) -> events served (delivery reports are stored, see take) */
+/* poll(timeout_s) -> events served; flush(timeout_s) -> records still outstanding. librdkafka
+ * serves its events with the GIL released (delivery reports are stored, see take) */
 static PyObject *
-Producer_poll(Producer *self, PyObject *args)
+serve_events(Producer *self, PyObject *args, int flush)
 {
     int ms, n;
     rd_kafka_t *rk = live(self);
@@ -464,27 +465,27 @@ Producer_poll(Producer *self, PyObject *args)
         return NULL;
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    n = rdk.poll(rk, ms);
+    if (flush) {
+        rdk.flush(rk, ms);
+        n = rdk.outq_len(rk);
+    } else {
+        n = rdk.poll(rk, ms);
+    }
     Py_END_ALLOW_THREADS
     self->busy--;
     return PyLong_FromLong(n);
 }
 
-/* flush(timeout_s) -> records still outstanding */
+static PyObject *
+Producer_poll(Producer *self, PyObject *args)
+{
+    return serve_events(self, args, 0);
+}
+
 static PyObject *
 Producer_flush(Producer *self, PyObject *args)
 {
-    int ms, n;
-    rd_kafka_t *rk = live(self);
-    if (rk == NULL || timeout_ms(args, &ms) < 0)
-        return NULL;
-    self->busy++;
-    Py_BEGIN_ALLOW_THREADS
-    rdk.flush(rk, ms);
-    n = rdk.outq_len(rk);
-    Py_END_ALLOW_THREADS
-    self->busy--;
-    return PyLong_FromLong(n);
+    return serve_events(self, args, 1);
 }
 
 static PyObject *
