@@ -144,8 +144,10 @@ def test_bad_settings_and_bad_records_are_refused_by_name():
                      job="j", task_key="j/0.0.0/1"),
            DlqRecord(topic="t", key=None, value=None, headers=((b"h", b""),), record_id="x",
                      job="j", task_key="j/0.0.0/1"),
-           DlqRecord(topic="t", key=None, value=None, headers=[("h", b"")], record_id="x",
-                     job="j", task_key="j/0.0.0/1")]
+           DlqRecord(topic="t", key=None, value=None, headers="h: v", record_id="x",
+                     job="j", task_key="j/0.0.0/1"),
+           DlqRecord(topic="t", key=None, value=None, headers=(("h", b"v", b"w"),),
+                     record_id="x", job="j", task_key="j/0.0.0/1")]
     try:
         for b in bad:
             with pytest.raises(TypeError, match="DLQ record 1"):
@@ -155,9 +157,14 @@ def test_bad_settings_and_bad_records_are_refused_by_name():
         with pytest.raises(ValueError, match="start"):
             h.produce_records([rec], [1], 2)
         assert h.produce_records([rec], [1], 1) == (0, 0, "")
+        # headers as lists are headers too (DlqRecords hold tuples)
+        listed = DlqRecord(topic="t", key=None, value=None, headers=[["h", b"v"]],
+                           record_id="x", job="j", task_key="j/0.0.0/1")
+        assert h.produce_records([listed], [7], 0) == (1, 0, "")
         h.purge()       # what was queued would now be reported failed (_PURGE_QUEUE)
         p.poll(0.2)
-        assert p.take_reports() == ([], [], [])      # nothing refused was queued
+        _, _, failed = p.take_reports()
+        assert [token for token, _ in failed] == [7]    # nothing refused was queued
     finally:
         p.close(0)
     with pytest.raises(RuntimeError, match="closed"):

@@ -318,6 +318,19 @@ as_mem(PyObject *o, const char **p, Py_ssize_t *n, int str_ok)
     return 1;
 }
 
+/* headers and their (name, value) pairs: tuples (what DlqRecords hold) or lists; -1 else */
+static Py_ssize_t
+seq_size(PyObject *o)
+{
+    return PyTuple_Check(o) ? PyTuple_Size(o) : (PyList_Check(o) ? PyList_Size(o) : -1);
+}
+
+static PyObject *   /* borrowed, from a tuple or list of at least i + 1 items */
+seq_item(PyObject *o, Py_ssize_t i)
+{
+    return PyTuple_Check(o) ? PyTuple_GetItem(o, i) : PyList_GetItem(o, i);
+}
+
 #define FIXED 5     /* topic, value, key, opaque, flags */
 #define MAX_HEADERS 1024
 
@@ -361,11 +374,10 @@ Producer_produce(Producer *self, PyObject *args)
         headers = value ? PyObject_GetAttr(rec, s_headers) : NULL;
         if (headers == NULL)
             goto fail_rec;
-        Py_ssize_t nh = headers == Py_None ? 0 : (PyTuple_Check(headers) ? PyTuple_Size(headers)
-                                                                       : -1);
+        Py_ssize_t nh = headers == Py_None ? 0 : seq_size(headers);
         if (nh < 0 || nh > MAX_HEADERS || !PyUnicode_Check(topic)) {
-            PyErr_Format(PyExc_TypeError, "DLQ record %zd: a str topic and a tuple of at most "
-                         "%d headers are needed", i, MAX_HEADERS);
+            PyErr_Format(PyExc_TypeError, "DLQ record %zd: a str topic and a tuple or list of "
+                         "at most %d headers are needed", i, MAX_HEADERS);
             goto fail_rec;
         }
         if ((size_t)nh + FIXED > vu_cap) {
@@ -398,9 +410,8 @@ Producer_produce(Producer *self, PyObject *args)
         vu[4].vtype = V_MSGFLAGS;
         vu[4].u.i = RDK_MSG_F_COPY;
         for (Py_ssize_t h = 0; h < nh; h++) {
-            PyObject *pair = PyTuple_GetItem(headers, h), *name;
-            if (!PyTuple_Check(pair) || PyTuple_Size(pair) != 2
-                    || !PyUnicode_Check(name = PyTuple_GetItem(pair, 0))) {
+            PyObject *pair = seq_item(headers, h), *name;
+            if (seq_size(pair) != 2 || !PyUnicode_Check(name = seq_item(pair, 0))) {
                 bad = 1;
                 goto bad_rec;
             }
@@ -408,7 +419,7 @@ Producer_produce(Producer *self, PyObject *args)
             x->vtype = V_HEADER;
             if ((x->u.header.name = PyUnicode_AsUTF8AndSize(name, NULL)) == NULL)
                 goto fail_rec;
-            if ((bad = as_mem(PyTuple_GetItem(pair, 1), &p, &n, 1)) != 0)
+            if ((bad = as_mem(seq_item(pair, 1), &p, &n, 1)) != 0)
                 goto bad_rec;
             x->u.header.val = p;
             x->u.header.size = p == NULL ? 0 : n;
