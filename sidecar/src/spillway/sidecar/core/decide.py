@@ -42,6 +42,7 @@ from .handlers import ErrorHandlerContext, HandlerResponse, invoke
 from .jobstate import JobState, RecordState, claim_of, describe
 from .model import Action, Category, Decision, ExceptionInfo, FailedRecord, Verdict
 from .ports import RandomSource
+from .idtable import digests
 from .tolerance import _WITHIN, record_key
 
 
@@ -102,7 +103,7 @@ class Decider:
                             and records[end].stage is run_ref:
                         end += 1
                     stretch = records[i:end]
-                    added = ids.add_new([record_key(x.record_id) for x in stretch],
+                    added = ids.add_new(digests([x.record_id for x in stretch]),
                                         tags_of(stretch), info, 0, end - i)
                     for x in stretch[:added]:
                         append((Decision(Verdict(x.record_id, skip, category, reason, 1),
