@@ -320,7 +320,7 @@ def start_server(
         why = native.unavailable()
         if why:
             log.warning("the DLQ producer runs through confluent-kafka's produce(), which "
-                        "costs a node ~5 us more per dead-lettered record: %s (docs/DEPLOY.md)",
+                        "costs a node 3-5 us more per dead-lettered record: %s (docs/DEPLOY.md)",
                         why)
     return running
 
