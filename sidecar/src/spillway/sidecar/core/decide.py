@@ -39,10 +39,10 @@ from .backoff import RetryState
 from .batch import DROPPED, ERRORS, FAILURES, LOGGED, RETRIES, SKIPPED, Batch
 from .classify import Classification
 from .handlers import ErrorHandlerContext, HandlerResponse, invoke
+from .idtable import digests
 from .jobstate import JobState, RecordState, claim_of, describe
 from .model import Action, Category, Decision, ExceptionInfo, FailedRecord, Verdict
 from .ports import RandomSource
-from .idtable import digests
 from .tolerance import _WITHIN, record_key
 
 

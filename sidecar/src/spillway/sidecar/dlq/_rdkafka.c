@@ -80,7 +80,6 @@ static struct {
     rd_kafka_error_t *(*produceva)(rd_kafka_t *, const rdk_vu_t *, size_t);
     int (*error_code)(const rd_kafka_error_t *);
     const char *(*error_string)(const rd_kafka_error_t *);
-    int (*error_is_fatal)(const rd_kafka_error_t *);
     void (*error_destroy)(rd_kafka_error_t *);
     int (*poll)(rd_kafka_t *, int);
     int (*flush)(rd_kafka_t *, int);
@@ -359,15 +358,19 @@ Producer_produce(Producer *self, PyObject *args)
     rdk_vu_t fixed[FIXED + 32], *vu = fixed;
     size_t vu_cap = FIXED + 32;
     int err = 0;
-    const char *reason = "";
     PyObject *reason_o = NULL;
-    for (i = start; i < total && err == 0; i++) {
-        PyObject *rec = PyList_GetItem(records, i), *topic = NULL, *key = NULL, *value = NULL,
-                 *headers = NULL;
-        long long token = PyLong_AsLongLong(PyList_GetItem(tokens, i));
+    for (i = start; i < total; i++) {
+        /* the record and its token are held: reading them may run Python code (a property,
+         * __index__) that changes the lists */
+        PyObject *rec = PyList_GetItem(records, i), *tok = PyList_GetItem(tokens, i),
+                 *topic = NULL, *key = NULL, *value = NULL, *headers = NULL;
+        Py_INCREF(rec);
+        Py_INCREF(tok);
+        long long token = PyLong_AsLongLong(tok);
+        Py_DECREF(tok);
         int bad = 0;
         if (token == -1 && PyErr_Occurred())
-            goto fail;
+            goto fail_rec;
         topic = PyObject_GetAttr(rec, s_topic);
         key = topic ? PyObject_GetAttr(rec, s_key) : NULL;
         value = key ? PyObject_GetAttr(rec, s_value) : NULL;
@@ -431,21 +434,23 @@ Producer_produce(Producer *self, PyObject *args)
             rdk.error_destroy(e);
             if (reason_o == NULL)
                 goto fail_rec;
-            i--;    /* not taken */
         }
-        Py_DECREF(topic); Py_DECREF(key); Py_DECREF(value); Py_DECREF(headers);
+        Py_DECREF(rec); Py_DECREF(topic); Py_DECREF(key); Py_DECREF(value); Py_DECREF(headers);
+        if (err)
+            break;      /* records[i] was not taken */
         continue;
 bad_rec:
         if (bad > 0)
             PyErr_Format(PyExc_TypeError, "DLQ record %zd: keys and values must be bytes or "
                          "None, headers (str, bytes | str | None) pairs", i);
 fail_rec:
+        Py_DECREF(rec);
         Py_XDECREF(topic); Py_XDECREF(key); Py_XDECREF(value); Py_XDECREF(headers);
         goto fail;
     }
     if (vu != fixed)
         free(vu);
-    if (reason_o == NULL && (reason_o = PyUnicode_FromString(reason)) == NULL)
+    if (reason_o == NULL && (reason_o = PyUnicode_FromString("")) == NULL)
         return NULL;
     return Py_BuildValue("niN", i - start, err, reason_o);
 fail:
@@ -690,7 +695,6 @@ load(PyObject *mod, PyObject *args)
     SYM(produceva, "rd_kafka_produceva")
     SYM(error_code, "rd_kafka_error_code")
     SYM(error_string, "rd_kafka_error_string")
-    SYM(error_is_fatal, "rd_kafka_error_is_fatal")
     SYM(error_destroy, "rd_kafka_error_destroy")
     SYM(poll, "rd_kafka_poll")
     SYM(flush, "rd_kafka_flush")

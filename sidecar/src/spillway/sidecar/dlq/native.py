@@ -19,7 +19,7 @@ import glob
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -101,12 +101,11 @@ class NativeHandle:
         self._on_error = on_error
         self._logger = logger
 
-    def produce_records(self, records: Sequence[Any], tokens: Sequence[int],
+    def produce_records(self, records: list, tokens: list[int],
                         start: int) -> tuple[int, int, str]:
         """Hand ``records[start:]`` to librdkafka; (how many it took, the error code of the
         one it refused or 0, and its text). ``_QUEUE_FULL``: poll, then call again."""
-        return self._p.produce(records if isinstance(records, list) else list(records),
-                               tokens if isinstance(tokens, list) else list(tokens), start)
+        return self._p.produce(records, tokens, start)
 
     def _serve(self) -> None:
         acked, partitions, failed, errors, lines, dropped, lost = self._p.take()

@@ -199,8 +199,9 @@ class KafkaDlqProducer:
         self._config = dict(config)
         # no factory: `native.NativeHandle` where it can run (no Python work per record), else
         # confluent-kafka's Producer; a factory given (tests' fakes) is always used
-        self._native = (factory is None and native_ok and native.unavailable() is None
-                        and native.settings(self._config) is not None)
+        self._native_conf = (native.settings(self._config) if factory is None and native_ok
+                             and native.unavailable() is None else None)
+        self._native = self._native_conf is not None
         self._factory = factory or Producer
         self._producer: Any = None
         self._deliveries = _Deliveries()
@@ -216,13 +217,13 @@ class KafkaDlqProducer:
 
     def _get(self) -> Any:
         if self._producer is None:
-            conf = dict(self._config)
             logger = logging.getLogger("spillway.dlq.librdkafka")
             try:
                 if self._native:
-                    self._producer = native.NativeHandle(native.settings(conf) or {},
-                                                         self._deliveries, self._on_error, logger)
+                    self._producer = native.NativeHandle(self._native_conf, self._deliveries,
+                                                         self._on_error, logger)
                 else:
+                    conf = dict(self._config)
                     conf["error_cb"] = self._on_error
                     conf.setdefault("logger", logger)
                     self._producer = self._factory(conf)
@@ -341,7 +342,10 @@ class KafkaDlqProducer:
                         records: Sequence[DlqRecord], max_wait_s: float
                         ) -> tuple[int, ProduceRefused | None]:
         """`produce_many` through `native.NativeHandle`: a batch a call, the same outcomes."""
-        records, tokens = list(records), list(tokens)
+        if type(records) is not list:   # the drain's are lists already
+            records = list(records)
+        if type(tokens) is not list:
+            tokens = list(tokens)
         n, total, deadline = 0, len(records), 0.0
         while n < total:
             taken, code, reason = p.produce_records(records, tokens, n)
