@@ -38,7 +38,7 @@ def _alive_workers(webui: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{webui}/json/", timeout=2) as r:
             return sum(w["state"] == "ALIVE" for w in json.load(r)["workers"])
-    except OSError:
+    except (OSError, ValueError):   # not up yet: a starting master may answer an empty page
         return 0
 
 
