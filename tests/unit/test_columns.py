@@ -219,7 +219,8 @@ def test_verdict_columns_read_back_as_the_verdicts():
         (m.Verdict("c", m.Action.FAIL, m.Category.DATA, "limit", 1, job_failed=True,
                    retry_budget_exhausted=True), True),
     ]
-    wire = pb.TallyVerdicts.FromString(side.verdict_columns(answers).SerializeToString())
+    wire = pb.TallyVerdicts.FromString(
+        side.verdict_columns([(a, 1) for a in answers]).SerializeToString())
     got = columns.verdicts(wire, ["a", "b", "c"], "test")
     assert [v.to_pb() for v in got] == [
         pb.Verdict(record_id="a", action=pb.ACTION_SKIP, category=pb.CATEGORY_DATA,
@@ -252,7 +253,8 @@ def test_verdict_columns_write_a_run_once_and_keep_every_difference():
                   (V("t", m.Action.FAIL, m.Category.DATA, skip, 1, job_failed=True,
                      retry_budget_exhausted=True), False),
                   (V("s", m.Action.SKIP, m.Category.DATA, "another reason", 1), False)])
-    wire = pb.TallyVerdicts.FromString(side.verdict_columns(answers).SerializeToString())
+    wire = pb.TallyVerdicts.FromString(
+        side.verdict_columns([(a, 1) for a in answers]).SerializeToString())
     ids = [v.record_id for v, _ in answers]
     got = columns.verdicts(wire, ids, "test")
     assert [v.to_pb() for v in got] == [
@@ -265,8 +267,27 @@ def test_verdict_columns_write_a_run_once_and_keep_every_difference():
     assert list(wire.reasons) == [skip, "another reason"]
 
 
+def test_a_span_of_records_decided_alike_answers_each_of_them_in_columns_and_messages():
+    """A sidecar deciding its own report answers a run of records decided alike as one span
+    (its verdict has no record id); both answer formats give each record its own verdict."""
+    run = m.Verdict("", m.Action.SKIP, m.Category.DATA, "skipped", 1, dead_lettered=True)
+    one = m.Verdict("d", m.Action.RETRY, m.Category.RETRIABLE, "retry", 1, retry_delay_ms=9)
+    answers = [((run, False), 3), ((one, False), 1)]
+    ids = ["a", "b", "c", "d"]
+    recs = [m.FailedRecord(i, m.StageRef(m.Stage.TRANSFORMATION), m.ExceptionInfo("E"), "f")
+            for i in ids]
+    want = [pb.Verdict(record_id=i, action=pb.ACTION_SKIP, category=pb.CATEGORY_DATA,
+                       reason="skipped", attempt=1, dead_lettered=True) for i in "abc"] + [
+        pb.Verdict(record_id="d", action=pb.ACTION_RETRY, category=pb.CATEGORY_RETRIABLE,
+                   reason="retry", attempt=1, retry_delay_ms=9)]
+    wire = pb.TallyVerdicts.FromString(side.verdict_columns(answers).SerializeToString())
+    assert [v.to_pb() for v in columns.verdicts(wire, ids, "test")] == want
+    assert list(convert.report_response(answers, recs).verdicts) == want
+    assert run.record_id == ""   # the span's verdict is not changed
+
+
 def test_verdict_columns_that_do_not_answer_the_report_are_a_protocol_error():
-    answers = [(m.Verdict("a", m.Action.SKIP, m.Category.DATA, "s", 1), False)]
+    answers = [((m.Verdict("a", m.Action.SKIP, m.Category.DATA, "s", 1), False), 1)]
     wire = side.verdict_columns(answers)
     with pytest.raises(SidecarProtocolError, match="do not answer the 2 records"):
         columns.verdicts(wire, ["a", "b"], "test")

@@ -149,6 +149,43 @@ def test_runs_answer_what_the_record_by_record_path_answers(policy, seed):
     assert again.summary(key) == new.summary(key)
 
 
+@pytest.mark.parametrize("policy", range(len(POLICIES)))
+@pytest.mark.parametrize("seed", range(6))
+def test_a_sidecars_own_report_in_spans_answers_what_record_by_record_answers(policy, seed):
+    """A sidecar deciding its own report (`PolicyEngine.decide_spans`, ReportFailures of a run
+    homed there) answers a run of records decided alike as one span: expanded, the same
+    answers, counts, remembered ids and journal as `decide_outcomes`."""
+    from spillway.sidecar.core.decide import expand
+
+    rng = random.Random(seed * 100 + policy + 7)
+    props = POLICIES[policy]
+    old, key = _engine(props)
+    new, _ = _engine(props)
+    n_ids = rng.choice([30, 200, 5000])
+    spans_seen = records_seen = 0
+    for _ in range(rng.randrange(3, 12)):
+        rep = _report(rng, n_ids)
+        task = TaskIdentity(stage_id=rep.task.stage_id, partition_id=rep.task.partition_id,
+                            attempt_number=rep.task.attempt_number)
+        records = _tally_records(rep)
+        j_old: list = []
+        j_new: list = []
+        want = old.decide_outcomes(key, task, records, j_old, write_logs=False)
+        spans = new.decide_spans(key, task, records, j_new)
+        got = expand(spans, records)
+        assert [(o[0].verdict, o[0].dead_letter, o[1], o[2]) for o in got] == [
+            (o[0].verdict, o[0].dead_letter, o[1], o[2]) for o in want]
+        assert tally.tally_span_verdicts(spans) == _tally_verdicts(want)
+        assert _slices(j_new) == _slices(j_old)
+        assert new.summary(key) == old.summary(key)
+        spans_seen += len(spans)
+        records_seen += len(records)
+    assert old._jobs[key].ids.keys() == new._jobs[key].ids.keys()
+    if "max.errors" not in str(props) and props["errors.tolerance"] == "all" \
+            and "errors.retry.max.retries" not in props:
+        assert spans_seen < records_seen   # runs answered as spans
+
+
 def test_a_run_is_answered_once_with_its_length():
     e, key = _engine(POLICIES[0])
     rep = pb.TallyReport(record_ids=[f"t-0-{i}" for i in range(256)],

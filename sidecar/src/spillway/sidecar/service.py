@@ -271,9 +271,10 @@ class Sidecar:
 
     def report(self, request: pb.ReportFailuresRequest, task, records, *,
                timeout_s: float, token: str | None = None,
-               caller: Caller | None = None) -> list[tuple[Verdict, bool]]:
+               caller: Caller | None = None) -> list[Answer]:
         """Verdicts for `records`, each with whether the caller must dead-letter it (only for
-        decide_only requests from another node's sidecar). The run's token is checked first;
+        decide_only requests from another node's sidecar), as spans: a verdict and how many
+        consecutive records it answers. The run's token is checked first;
         under backpressure the report is then refused (BackpressureError) before anything is
         decided (admission.py)."""
         if request.decide_only and not (caller or _caller()).peer:
@@ -300,7 +301,7 @@ class Sidecar:
             gate.release(reservation)
 
     def _report(self, run: Run, request: pb.ReportFailuresRequest, task, records, *,
-                timeout_s: float, token: str | None) -> list[tuple[Verdict, bool]]:
+                timeout_s: float, token: str | None) -> list[Answer]:
         job, key = run.job, run.key
         home = run.home
         if home is None and request.recovered_record_ids:
@@ -340,28 +341,32 @@ class Sidecar:
                         _annotate(span, held)
                         span.set_attribute("spillway.provisional", True)
                     self.telemetry.record_verdict_duration(time.perf_counter() - started)
-                    return [(v, False) for v in held]
+                    return [((v, False), 1) for v in held]
             guard = None
             if home is not None:  # the job's home decides; durability stays on this node
                 decisions, guard = tallying.decide_at_home(self, run, request, task, records,
                                                            timeout_s, token, own)
-            else:
-                decisions = self.engine.decide(key, task, records, journal=journal)
-            verdicts = [d.verdict for d in decisions]
+                decided = [(d, 1) for d in decisions]
+            else:   # a run of records decided alike stays one span (no object per record)
+                decided = [(o[0], n) for o, n in self.engine.decide_spans(key, task, records,
+                                                                          journal=journal)]
             if request.decide_only:
                 self.persist(key, journal)
-                return [(v, d.dead_letter) for v, d in zip(verdicts, decisions, strict=True)]
+                return [((d.verdict, d.dead_letter), n) for d, n in decided]
             if span.is_recording():
-                _annotate(span, verdicts)
-            to_dlq = [i for i, d in enumerate(decisions) if d.dead_letter]
+                _annotate(span, [d.verdict for d, n in decided for _ in range(n)])
+            to_dlq = [(i, n, d.verdict) for i, (d, n) in zip(_starts(decided), decided)
+                      if d.dead_letter]
             if to_dlq:
                 own = own or _traceparent(span)
                 settings = self.engine.settings(key)
                 now_ms = SystemClock().wall_ms()
                 build = DlqBuilder(settings, task, now_ms=now_ms,
                                    sidecar_id=self.sidecar_id, run=key,
-                                   run_id=request.run_id).build
-                dlq = [build(records[i], verdicts[i], own) for i in to_dlq]
+                                   run_id=request.run_id).build_span
+                dlq: list = []
+                for i, n, v in to_dlq:
+                    build(records, i, n, v, own, dlq)
                 with tracer.start_as_current_span(
                         "spillway.spool", attributes={"spillway.records": len(dlq)}):
                     try:   # durable (spooled) before we answer; held copies go with it
@@ -369,18 +374,18 @@ class Sidecar:
                     except BaseException:
                         # nothing spooled: the home must not answer a re-report "already in
                         # the DLQ" (one dead letter per record id), so it forgets these
-                        self._undo_dead_letters(run, request,
-                                                [records[i].record_id for i in to_dlq], token)
+                        self._undo_dead_letters(run, request, [r.record_id for i, n, _ in to_dlq
+                                                               for r in records[i:i + n]], token)
                         if guard is not None:
                             self.confirmations.drop(guard)
                         raise
-                for i in to_dlq:  # fresh values from this call's decisions: marked in place
-                    verdicts[i].dead_lettered = True
+                for _, _, v in to_dlq:  # fresh values from this call's decisions: marked here
+                    v.dead_lettered = True
             elif guard is not None:   # nothing to write: the held copies go
                 self.confirmations.drop(guard)
             self.persist(key, journal)
         self.telemetry.record_verdict_duration(time.perf_counter() - started)
-        return [(v, False) for v in verdicts]
+        return _answers(decided)
 
     def tally(self, request: pb.TallyRequest, reports, *, token: str | None,
               caller: Caller | None = None) -> list[list]:
@@ -477,6 +482,24 @@ _ACTION_CATEGORY = attrgetter("action", "category")
 # carries counts for the whole report, and events for at most this many records (RETRY and FAIL
 # verdicts before SKIPs, since they are the ones worth reading).
 MAX_VERDICT_EVENTS = 8
+
+
+# a report's answers in order: (verdict, dead_letter) and how many consecutive records it is
+# for (a run's verdict has no record id: `convert.report_response` gives each record its own)
+Answer = tuple[tuple[Verdict, bool], int]
+
+
+def _answers(decided) -> list[Answer]:
+    return [((d.verdict, False), n) for d, n in decided]
+
+
+def _starts(decided) -> list[int]:
+    """The index of each span's first record."""
+    out, i = [], 0
+    for _, n in decided:
+        out.append(i)
+        i += n
+    return out
 
 
 def _annotate(span, verdicts: Sequence[Verdict]) -> None:

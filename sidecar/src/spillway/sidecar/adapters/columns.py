@@ -184,9 +184,9 @@ def as_messages(recs) -> list[pb.FailedRecord]:
 
 
 def verdict_columns(answers) -> pb.TallyVerdicts:
-    """The answer to a report sent with ``verdict_columns``: `(verdict, dead_letter)` pairs as
-    columns (no classification rules: those are the home protocol's)."""
-    return encode_spans([((v, dead_letter, False, None), 1) for v, dead_letter in answers],
+    """The answer to a report sent with ``verdict_columns``: `((verdict, dead_letter), n)`
+    spans as columns (no classification rules: those are the home protocol's)."""
+    return encode_spans([((v, dead_letter, False, None), n) for (v, dead_letter), n in answers],
                         rules=False)
 
 

@@ -6,6 +6,8 @@ servicer turns into INVALID_ARGUMENT.
 
 from __future__ import annotations
 
+import dataclasses
+
 from spillway.v1 import sidecar_pb2 as pb
 
 from ..core import model as m
@@ -248,12 +250,13 @@ def _verdict_fields(v: m.Verdict, dead_letter: bool) -> dict:
     return f
 
 
-def report_response(answers) -> pb.ReportFailuresResponse:
-    """The response for `(verdict, dead_letter)` pairs, built in place (no per-verdict copy)."""
+def report_response(answers, records) -> pb.ReportFailuresResponse:
+    """The response for `((verdict, dead_letter), n)` spans of `records`, built in place (no
+    per-verdict copy); a span's records (its verdict has no record id) each get their own."""
     resp = pb.ReportFailuresResponse()
     add = resp.verdicts.add
     action_pb, category_pb = ACTION_TO_PB, CATEGORY_TO_PB
-    for v, dead_letter in answers:
+    for v, dead_letter in _per_record(answers, records):
         if (v.retry_delay_ms > 0 or dead_letter or v.dead_lettered or v.job_failed
                 or v.retry_budget_exhausted):
             add(**_verdict_fields(v, dead_letter))
@@ -261,6 +264,17 @@ def report_response(answers) -> pb.ReportFailuresResponse:
             add(record_id=v.record_id, action=action_pb[v.action],
                 category=category_pb[v.category], reason=v.reason, attempt=v.attempt)
     return resp
+
+
+def _per_record(answers, records):
+    i = 0
+    for (v, dead_letter), n in answers:
+        if v.record_id:
+            yield v, dead_letter
+        else:
+            for r in records[i:i + n]:
+                yield dataclasses.replace(v, record_id=r.record_id), dead_letter
+        i += n
 
 
 ACTION_FROM_PB = {v: k for k, v in ACTION_TO_PB.items()}

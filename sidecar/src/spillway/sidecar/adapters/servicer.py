@@ -101,7 +101,7 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
                                      token=_job_token(context), caller=_caller())
         if request.verdict_columns:
             return pb.ReportFailuresResponse(columns=columns.verdict_columns(answers))
-        return convert.report_response(answers)
+        return convert.report_response(answers, records)
 
     def TallyFailures(self, request, context):
         """The home protocol (sidecar to sidecar): reports decided from their columns."""

@@ -54,6 +54,9 @@ class BudgetRefusal(str):
 
 # One record's answer, plus what to log after the lock is released: (decision, log, rule).
 Outcome = tuple[Decision, bool, str]
+# answers in order: an answer and how many consecutive records it is for (a run's verdict
+# has no record id: its records' ids are their own)
+Span = tuple[Outcome, int]
 
 _RETRIABLE = frozenset(c for c in Category if c.retriable)
 _DATA = Category.DATA
@@ -70,26 +73,31 @@ class Decider:
 
     def decide_all(self, j: JobState, b: Batch,
                    records: Sequence[FailedRecord]) -> list[Outcome]:
-        """`decide_one` for each record, except along a run of records failing the same way
-        for the first time: once a record (first seen, a data error, the built-in CONTINUE
-        handler, tolerance without limits) was skipped, the records after it with the same
-        exception value and stage get the same answer, so they take a short path (their id
-        remembered, their verdict made) and are counted together when the run ends. Answers and
-        counts are exactly `decide_one`'s; any other record ends the run."""
-        out: list[Outcome] = []
+        """`decide_one`'s answer for each record: `decide_spans`, one outcome per record."""
+        return expand(self.decide_spans(j, b, records), records)
+
+    def decide_spans(self, j: JobState, b: Batch,
+                     records: Sequence[FailedRecord]) -> list[Span]:
+        """The answers for `records` as spans, in order: `decide_one` for each record, except
+        along a run of records failing the same way for the first time: once a record (first
+        seen, a data error, the built-in CONTINUE handler, tolerance without limits) was
+        skipped, the records after it with the same exception value and stage get the same
+        answer, so they take a short path (their id remembered) and are answered and counted
+        together as one span when the run ends: no Decision or Verdict per record (a run's
+        verdict has no record id). Answers and counts are exactly `decide_one`'s (`expand`);
+        any other record ends the run."""
+        out: list[Span] = []
         append = out.append
         b.unchecked = j.tolerance.room_for(len(records))
         if not runs_allowed(j, b):
             for r in records:
-                append(self.decide_one(j, b, r))
+                append((self.decide_one(j, b, r), 1))
             return out
         ids, tracked, tag_of, tags_of = j.ids, j.records, j.tag_of, j.tags_of
         logged = j.settings.log_enable
         dead_letter = j.settings.dlq.enabled
-        run_exc = run_ref = reason = info = rule = None
-        category = _DATA
+        run_exc = run_ref = info = run = None
         pending = 0
-        skip = Action.SKIP
         n = len(records)
         i = 0
         while i < n:
@@ -105,9 +113,6 @@ class Decider:
                     stretch = records[i:end]
                     added = ids.add_new(digests([x.record_id for x in stretch]),
                                         tags_of(stretch), info, 0, end - i)
-                    for x in stretch[:added]:
-                        append((Decision(Verdict(x.record_id, skip, category, reason, 1),
-                                         dead_letter), logged, rule))
                     pending += added
                     i += added
                     if i == end:
@@ -117,24 +122,26 @@ class Decider:
                     key = record_key(r.record_id)
                     if key not in ids and tracked.get(key) is None:
                         ids.add(key, info, tag_of(r))
-                        append((Decision(Verdict(r.record_id, skip, category, reason, 1),
-                                         dead_letter), logged, rule))
                         pending += 1
                         i += 1
                         continue
             i += 1
             if pending:
                 count_run(b, run_exc, pending, dead_letter, logged)
+                append((run, pending))
                 pending = 0
             o = self.decide_one(j, b, r)
-            append(o)
+            append((o, 1))
             run_exc = None
             start = run_start(j, b, o)
             if start is not None:
                 reason, info, rule = start
                 run_exc, run_ref = r.exception, r.stage
+                run = (Decision(Verdict("", Action.SKIP, _DATA, reason, 1), dead_letter),
+                       logged, rule)
         if pending:
             count_run(b, run_exc, pending, dead_letter, logged)
+            append((run, pending))
         return out
 
     def decide_one(self, j: JobState, b: Batch, record: FailedRecord) -> Outcome:
@@ -387,6 +394,26 @@ class Decider:
             amounts[DROPPED] += 1
         return error(j, amounts, Verdict(rid, Action.SKIP, category, reason,
                                          attempts), cls, dead_letter=dead_letter)
+
+
+def expand(spans: Sequence[Span], records: Sequence[FailedRecord]) -> list[Outcome]:
+    """`spans` of `records` (in order) as one outcome per record: a run's records (its
+    verdict has no record id; a record's always has one, ids are required) each get a
+    verdict of their own, with their id, as `decide_one` would have made it."""
+    out: list[Outcome] = []
+    i = 0
+    for o, n in spans:
+        v = o[0].verdict
+        if v.record_id:
+            out.append(o)
+        else:
+            d, logged, rule = o
+            dl, action, category, reason, attempt = (d.dead_letter, v.action, v.category,
+                                                     v.reason, v.attempt)
+            out.extend((Decision(Verdict(r.record_id, action, category, reason, attempt), dl),
+                        logged, rule) for r in records[i:i + n])
+        i += n
+    return out
 
 
 def runs_allowed(j: JobState, b: Batch | None = None) -> bool:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from .model import DlqRecord, FailedRecord, Header, TaskIdentity, Verdict, task_key
 from .settings import JobSettings
@@ -371,6 +371,13 @@ class DlqBuilder:
         return new_dlq_record(p.topic, record.key if copy else None,
                                record.value if copy else None, added, record.record_id,
                                self._run, self._task_key, parent)
+
+    def build_span(self, records: Sequence[FailedRecord], start: int, n: int, verdict: Verdict,
+                   fallback_traceparent: str, out: list[DlqRecord]) -> None:
+        """`build` for each of ``records[start:start + n]`` (a span of records decided alike:
+        one `verdict` for all), appended to `out`."""
+        build = self.build
+        out += [build(r, verdict, fallback_traceparent) for r in records[start:start + n]]
 
     def _share(self, key: tuple) -> None:
         """The headers records failing and decided this way share (`key`: exception,

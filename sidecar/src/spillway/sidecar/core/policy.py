@@ -25,7 +25,7 @@ from operator import attrgetter
 from ..errors import JobConflictError, UnknownJobError
 from .batch import Batch
 from .counters import KIP_NAMES, add_counts, as_kip_dict, copy_counts
-from .decide import Decider, Outcome
+from .decide import Decider, Outcome, Span, expand
 from .errorlog import JsonErrorLogger, error_fields
 from .handlers import UNRESTRICTED, HandlerRules, load_handler
 from .jobstate import MAX_TRACKED_RECORDS, JobState, claim_of, run_key, warn_collisions
@@ -40,7 +40,7 @@ from .model import (
 )
 from .ports import Clock, ErrorLogger, RandomSource
 from .provisional import first_seen_skips, provisional_verdicts
-from .runs import Group, Span, decide_groups
+from .runs import Group, decide_groups
 from .settings import JobSettings, job_settings
 from .slices import SliceAsk, settle
 from .tolerance import record_key
@@ -158,6 +158,18 @@ class PolicyEngine:
         if write_logs and j.settings.log_enable:
             self._write_logs(j, task, records, outcomes, batch.wall)
         return outcomes
+
+    def decide_spans(self, job: str, task: TaskIdentity, records: Sequence[FailedRecord],
+                     journal: list | None = None) -> list[Span]:
+        """`decide_outcomes` as spans (`Decider.decide_spans`): a run of records decided alike
+        is one answer with its length, so a sidecar deciding its own reports makes no
+        Decision or Verdict per record of a run."""
+        spans_of = self._decider.decide_spans
+        j, batch, spans = self._in_batch(job, task, journal,
+                                         lambda j, b: spans_of(j, b, records))
+        if j.settings.log_enable:
+            self._write_logs(j, task, records, expand(spans, records), batch.wall)
+        return spans
 
     def decide_tally(self, job: str, task: TaskIdentity, ids: Sequence[str],
                      tags: Sequence[int], groups: Sequence[Group],

@@ -1,13 +1,13 @@
 """A home's tally decided from its columns (TallyFailures), in runs.
 
-`decide.Decider.decide_all` decides a report record by record, except along a run: records
+`decide.Decider.decide_spans` decides a report record by record, except along a run: records
 failing the same way as a first-seen data error just skipped, which get its answer (their id
-remembered, their counts added together at the end of the run). A tally arrives as columns
-(record ids, payload digests, and each group of records failing the same way once), and the
-answers go back as columns in which a run's records differ in nothing. So here a run's records
-are not made into `FailedRecord`, `Decision` or `Verdict` objects at all: each costs its id's
-digest and its insert into the run's id table (`IdTable.add_new`, one call for the run while no
-record of the run is retrying), and the run is answered once with its length (`Span`).
+remembered, their counts added together at the end of the run) as one span. A tally arrives
+as columns (record ids, payload digests, and each group of records failing the same way once),
+and the answers go back as columns in which a run's records differ in nothing. So here a run's
+records are not made into `FailedRecord`, `Decision` or `Verdict` objects at all: each costs its
+id's digest and its insert into the run's id table (`IdTable.add_new`, one call for the run
+while no record of the run is retrying), and the run is answered once with its length (`Span`).
 Every other record is decided by `decide_one` exactly as `decide_all` would.
 
 The answers are the same as `decide_all`'s over one payload-less `FailedRecord` per id, state,
@@ -19,16 +19,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .batch import Batch
-from .decide import Decider, Outcome, count_run, run_start, runs_allowed
+from .decide import Decider, Span, count_run, run_start, runs_allowed
 from .idtable import digests
 from .jobstate import JobState
 from .model import Action, Category, Decision, ExceptionInfo, FailedRecord, StageRef, Verdict
 
 # a group of a tally: records failing the same way, in order (stage, exception, function, count)
 Group = tuple[StageRef, ExceptionInfo, str, int]
-# answers in order: an answer and how many consecutive records it is for (a run's verdict
-# has no record id: the columns are positional)
-Span = tuple[Outcome, int]
 
 
 def decide_groups(decider: Decider, j: JobState, b: Batch, ids: Sequence[str],
