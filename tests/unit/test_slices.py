@@ -68,7 +68,7 @@ def test_a_limited_run_is_answered_provisionally_only_under_a_slice():
     e, key, _ = _engine(LIMITED)
     records = [FailedRecord(f"r{i}", _stage(), DATA, "parse", tag=7) for i in range(3)]
     assert e.provisional(key, records) is None
-    verdicts = e.provisional(key, records, sliced=True)
+    verdicts = [v for v, n in e.provisional(key, records, sliced=True) for _ in range(n)]
     home = [d.verdict for d in e.decide(key, TASK, records)]
     assert [(v.action, v.reason) for v in verdicts] == [(v.action, v.reason) for v in home]
 

@@ -125,10 +125,11 @@ class Confirmations:
     # --- the report's path -------------------------------------------------------------
 
     def answer(self, run: Run, task_pb: pb.TaskIdentity, task, records, token: str | None,
-               traceparent: str) -> list[Verdict] | None:
-        """Provisional verdicts for a report of `run` (homed elsewhere), its DLQ records held;
-        None when the home must answer it now (`core.provisional`, a home that predates
-        TallyFailures, a spool that cannot hold)."""
+               traceparent: str) -> list[tuple[Verdict, int]] | None:
+        """Provisional verdicts for a report of `run` (homed elsewhere), its DLQ records held,
+        as spans (a verdict and how many consecutive records it is for); None when the home
+        must answer it now (`core.provisional`, a home that predates TallyFailures, a spool
+        that cannot hold)."""
         s = self._s
         if not self._may_hold(run):
             return None
@@ -139,14 +140,14 @@ class Confirmations:
         sliced = s.engine.sliceable(key)
         if sliced and not self.slices.holds(key):
             return None
-        verdicts = s.engine.provisional(key, records, sliced=sliced)
-        if verdicts is None:
+        spans = s.engine.provisional(key, records, sliced=sliced)
+        if spans is None:
             return None
         sid = self.slices.take(key, len(records)) if sliced else 0
         if sliced and not sid:
             return None
         try:
-            held = self._hold(run, task_pb, task, records, verdicts,
+            held = self._hold(run, task_pb, task, records, spans,
                               s.engine.payload_digests(key, records), token, traceparent,
                               task_key(key, task), sid)
         except BaseException:
@@ -154,9 +155,9 @@ class Confirmations:
                 self.slices.give_back(key, sid, len(records))
             raise
         self._queue(run, held)
-        for v in verdicts:   # in the DLQ once confirmed: this copy, or the one before it
+        for v, _ in spans:   # in the DLQ once confirmed: this copy, or the one before it
             v.dead_lettered = True
-        return verdicts
+        return spans
 
     def _may_hold(self, run: Run) -> bool:
         s, pipeline = self._s, self._s.pipeline
@@ -191,22 +192,28 @@ class Confirmations:
         if not idx:
             return None
         view = memoryview(digests)
-        return self._hold(run, task_pb, task, [records[i] for i in idx], [skips[i] for i in idx],
+        return self._hold(run, task_pb, task, [records[i] for i in idx],
+                          [(skips[i], 1) for i in idx],
                           b"".join(view[8 * i:8 * i + 8] for i in idx), token, traceparent, "")
 
-    def _hold(self, run: Run, task_pb: pb.TaskIdentity, task, records, verdicts,
+    def _hold(self, run: Run, task_pb: pb.TaskIdentity, task, records, spans,
               digests: bytes, token: str | None, traceparent: str, tk: str,
               slice_id: int = 0) -> Held:
-        """`records`' DLQ records, built from `verdicts`, held in the spool as one row with
-        their tally under a fresh claim (BackpressureError past the spool's bounds);
-        `slice_id`: the budget slice they were answered under."""
+        """`records`' DLQ records, built from `spans` of verdicts (a verdict and how many
+        consecutive records it is for), held in the spool as one row with their tally under a
+        fresh claim (BackpressureError past the spool's bounds); `slice_id`: the budget slice
+        they were answered under."""
         s, key = self._s, run.key
         report = tally.tally_report(task_pb, records, digests)
         report.claim = secrets.randbits(64) or 1
         report.slice = slice_id
         build = DlqBuilder(s.engine.settings(key), task, now_ms=SystemClock().wall_ms(),
-                           sidecar_id=s.sidecar_id, run=key, run_id=run.run_id).build
-        dlq = [build(r, v, traceparent) for r, v in zip(records, verdicts, strict=True)]
+                           sidecar_id=s.sidecar_id, run=key, run_id=run.run_id).build_span
+        dlq: list = []
+        i = 0
+        for v, n in spans:
+            build(records, i, n, v, traceparent, dlq)
+            i += n
         rid, segments = s.pipeline.hold(dlq, key, report.SerializeToString())
         return Held(rid, key, tk, report, token, records, dlq, segments)
 

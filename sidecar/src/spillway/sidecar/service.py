@@ -338,10 +338,10 @@ class Sidecar:
                 held = self.confirmations.answer(run, request.task, task, records, token, own)
                 if held is not None:
                     if span.is_recording():
-                        _annotate(span, held)
+                        _annotate(span, [v for v, n in held for _ in range(n)])
                         span.set_attribute("spillway.provisional", True)
                     self.telemetry.record_verdict_duration(time.perf_counter() - started)
-                    return [((v, False), 1) for v in held]
+                    return [((v, False), n) for v, n in held]
             guard = None
             if home is not None:  # the job's home decides; durability stays on this node
                 decisions, guard = tallying.decide_at_home(self, run, request, task, records,

@@ -225,8 +225,9 @@ class PolicyEngine:
         return digests.tobytes()
 
     def provisional(self, job: str, records: Sequence[FailedRecord], *, sliced: bool = False
-                    ) -> list[Verdict] | None:
-        """The verdicts a node may answer before its run's home confirms them, or None
+                    ) -> list[tuple[Verdict, int]] | None:
+        """The verdicts a node may answer before its run's home confirms them, as spans (a
+        verdict and how many consecutive records it is for), or None
         (`provisional.provisional_verdicts`)."""
         return provisional_verdicts(self._job(job), records, sliced=sliced)
 

@@ -20,49 +20,74 @@ from .model import Action, Category, FailedRecord, Verdict
 
 
 def provisional_verdicts(j: JobState, records: Sequence[FailedRecord], *, sliced: bool = False
-                         ) -> list[Verdict] | None:
-    """Each record's verdict as its home answers it when the record is first seen (SKIP, a
-    data error, dead-lettered), or None when the home could answer any record of the report
-    otherwise: an error that is not a data error (retried, or failing the task or the job),
-    a user handler or a tolerance limit (either may fail the run), no DLQ topic, or a run
-    already failed. ``sliced``: the node holds room in a slice of the run's error budget
-    (`slices.py`), so a limit that slices allow does not stop it."""
+                         ) -> list[tuple[Verdict, int]] | None:
+    """The verdicts a node may answer for `records` before their home does, as spans (a
+    verdict and how many consecutive records it is for: records failing the same way share
+    one, with no record id), as the home answers a record it meets first (SKIP, a data error,
+    dead-lettered); or None when the home could answer any record of the report otherwise: an
+    error that is not a data error (retried, or failing the task or the job), a user handler
+    or a tolerance limit (either may fail the run), no DLQ topic, or a run already failed.
+    ``sliced``: the node holds room in a slice of the run's error budget (`slices.py`), so a
+    limit that slices allow does not stop it."""
     if not records or j.failure_reason:
         return None
     if not runs_allowed(j) and not (sliced and j.slices is not None):
         return None
-    out = first_seen_skips(j, records, every=True)
-    return out if out is not None and len(out) == len(records) else None
+    return _first_seen_spans(j, records, every=True)
 
 
-def first_seen_skips(j: JobState, records: Sequence[FailedRecord], *, every: bool = False
+def first_seen_skips(j: JobState, records: Sequence[FailedRecord]
                      ) -> list[Verdict | None] | None:
     """Per record, the verdict its home gives a data error it meets first within the run's
     limits (SKIP, dead-lettered), or None for a record that is not a data error; None for the
-    whole report when the run has no DLQ topic (or, with `every`, as soon as one record is not
-    a data error). What a node holds a copy of before its home answers (`confirm.py`)."""
+    whole report when the run has no DLQ topic. What a node holds a copy of before its home
+    answers (`confirm.py`)."""
+    spans = _first_seen_spans(j, records)
+    if spans is None:
+        return None
+    out: list[Verdict | None] = []
+    i = 0
+    for v, n in spans:
+        if v is None:
+            out += [None] * n
+        else:
+            out += [Verdict(r.record_id, v.action, v.category, v.reason, v.attempt)
+                    for r in records[i:i + n]]
+        i += n
+    return out
+
+
+def _first_seen_spans(j: JobState, records: Sequence[FailedRecord], *, every: bool = False
+                      ) -> list[tuple[Verdict | None, int]] | None:
+    """`first_seen_skips` as spans of records failing the same way (None: not a data error;
+    with `every`, the whole report is None then)."""
     s = j.settings
     if not s.dlq.enabled:
         return None
     classify = j.classifier.classify
     where = f"skipped, dead-lettered to {s.dlq.topic}: "
-    out: list[Verdict | None] = []
-    append = out.append
+    out: list[tuple[Verdict | None, int]] = []
     last_exc: object = None
-    reason: str | None = None
+    verdict: Verdict | None = None
+    start = 0
     skip, data = Action.SKIP, Category.DATA
-    for r in records:
+    for i, r in enumerate(records):
         exc = r.exception
         if exc is not last_exc:   # records failing the same way share one exception value
+            if i:
+                out.append((verdict, i - start))
+            start = i
             cls = classify(exc)
             if cls.category is not data:
                 if every:
                     return None
-                reason = None
+                verdict = None
             else:
-                reason = f"{where}{describe(r)} [{cls.describe()}]; {_DATA_WHY}"
+                verdict = Verdict("", skip, data,
+                                  f"{where}{describe(r)} [{cls.describe()}]; {_DATA_WHY}", 1)
             last_exc = exc
-        append(Verdict(r.record_id, skip, data, reason, 1) if reason is not None else None)
+    if records:
+        out.append((verdict, len(records) - start))
     return out
 
 
