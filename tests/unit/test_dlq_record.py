@@ -373,6 +373,53 @@ def test_the_builder_matches_the_reference_for_varied_records():
     assert n == 2 * 2 * 2 * 3 * 40
 
 
+def test_a_span_of_records_decided_alike_builds_what_each_record_builds_alone():
+    """`DlqBuilder.build_span` puts records that fail the same way and share a trace together
+    without `build`'s checks: over spans mixing ways of failing, traces, original headers,
+    payload kinds and fallbacks, every record is what the reference builds for it."""
+    import random
+
+    rnd = random.Random(11)
+    own = "00-aaf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+    excs = [ExceptionInfo("builtins.ValueError", message="bad", stack_trace="Traceback\n é"),
+            ExceptionInfo("builtins.KeyError", message="'k'")]
+    stages = [StageRef(Stage.TRANSFORMATION), StageRef(Stage.SINK)]
+    fns = ["f.g", "h"]
+    n = 0
+    for ctx in ("false", "true"):
+        for copy in ("true", "false"):
+            s = job_settings("job", {
+                "errors.deadletterqueue.topic.name": "dlq.x",
+                "errors.deadletterqueue.context.headers.enable": ctx,
+                "errors.deadletterqueue.copy.record.enable": copy})
+            for _ in range(30):
+                # mostly alike, now and then another way of failing, trace or original headers
+                recs = [_SharedTrace(*(getattr(r, f.name) for f in dataclasses.fields(r)))
+                        for r in (failed(
+                            record_id=f"r-{k}", exception=excs[rnd.random() < 0.1],
+                            stage=stages[rnd.random() < 0.05], function_name=fns[
+                                rnd.random() < 0.05],
+                            source=SourceCoordinates("t", rnd.randrange(2), k),
+                            key=rnd.choice([None, b"k%d" % k]), value=b"v%d" % k,
+                            headers=(("x", b"1"),) if rnd.random() < 0.05 else (),
+                            traceparent=TP if rnd.random() < 0.9 else own,
+                            payload="source" if rnd.random() < 0.95 else "stage-input")
+                            for k in range(rnd.randint(1, 60)))]
+                v = Verdict("", Action.SKIP, Category.DATA, "why", 1)
+                fallback = rnd.choice(["", own])
+                builder = DlqBuilder(s, TASK, now_ms=123, sidecar_id="sc")
+                start = rnd.randrange(len(recs))
+                count = rnd.randint(0, len(recs) - start)
+                out: list = [None]
+                builder.build_span(recs, start, count, v, fallback, out)
+                assert out[0] is None and len(out) == count + 1
+                assert out[1:] == [_reference(s, r, v, TASK, now_ms=123, sidecar_id="sc",
+                                              fallback=fallback)
+                                   for r in recs[start:start + count]]
+                n += count
+    assert n > 1000
+
+
 def test_build_dlq_records_builds_each_record_of_a_report():
     recs = [failed(record_id=f"r{i}", traceparent=TP if i % 2 else "") for i in range(4)]
     verdicts = [VERDICT] * 4

@@ -375,9 +375,42 @@ class DlqBuilder:
     def build_span(self, records: Sequence[FailedRecord], start: int, n: int, verdict: Verdict,
                    fallback_traceparent: str, out: list[DlqRecord]) -> None:
         """`build` for each of ``records[start:start + n]`` (a span of records decided alike:
-        one `verdict` for all), appended to `out`."""
+        one `verdict` for all), appended to `out`.
+
+        Records that also fail the same way, share a trace context and carry no original
+        headers differ only in their id, key and value: after `build` made the first of them
+        (and so its shared headers and trace headers), the rest are put together here without
+        `build`'s checks. Anything else (context headers, which need each record's
+        coordinates; original headers; another way of failing or trace) goes through
+        `build`."""
         build = self.build
-        out += [build(r, verdict, fallback_traceparent) for r in records[start:start + n]]
+        p = self._p
+        if p.context:
+            out += [build(r, verdict, fallback_traceparent) for r in records[start:start + n]]
+            return
+        copy, topic, run, task_key_ = p.copy, p.topic, self._run, self._task_key
+        new, utf8, h_rid = new_dlq_record, _utf8, H_RECORD_ID
+        i, end = start, start + n
+        while i < end:
+            r = records[i]
+            out.append(build(r, verdict, fallback_traceparent))
+            i += 1
+            exc, fn, stage, payload = r.exception, r.function_name, r.stage, r.payload
+            trace = self._trace
+            if self._trace_fb is not fallback_traceparent or self._shared_key is None:
+                continue
+            mid, post, parent = self._mid, self._post + self._trace_b, self._trace_parent
+            while i < end:
+                r = records[i]
+                if (r.exception is not exc or r.stage is not stage or r.payload is not payload
+                        or r.function_name is not fn or r.trace is not trace
+                        or (copy and r.headers)):
+                    break
+                rid = r.record_id
+                out.append(new(topic, r.key if copy else None, r.value if copy else None,
+                               mid + ((h_rid, utf8(rid)),) + post, rid, run, task_key_,
+                               parent))
+                i += 1
 
     def _share(self, key: tuple) -> None:
         """The headers records failing and decided this way share (`key`: exception,
