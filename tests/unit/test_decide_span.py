@@ -8,12 +8,18 @@ from spillway.sidecar.core.model import Action, Category, Verdict
 from spillway.sidecar.service import MAX_VERDICT_EVENTS, _annotate
 
 
-def _span(verdicts):
+class _Rec:
+    def __init__(self, record_id):
+        self.record_id = record_id
+
+
+def _span(verdicts, ids=None):
     exporter = InMemorySpanExporter()
     tp = TracerProvider()
     tp.add_span_processor(SimpleSpanProcessor(exporter))
+    records = [_Rec(i) for i in (ids or [v.record_id for v in verdicts])]
     with tp.get_tracer("t").start_as_current_span("spillway.decide") as span:
-        _annotate(span, verdicts)
+        _annotate(span, verdicts, records)
     [finished] = exporter.get_finished_spans()
     return finished
 
@@ -45,3 +51,11 @@ def test_a_small_report_gets_an_event_per_record():
     span = _span([_v(i, Action.SKIP) for i in range(3)])
     assert [e.attributes["spillway.action"] for e in span.events] == ["SKIP"] * 3
     assert span.attributes["spillway.verdicts.events.omitted"] == 0
+
+
+def test_records_answered_by_one_span_are_named_by_their_own_ids():
+    """A run of records decided alike shares one verdict with no record id (a span): each
+    event names its record."""
+    run = Verdict("", Action.SKIP, Category.DATA, "skipped", 1)
+    span = _span([run] * 3, ids=["a", "b", "c"])
+    assert [e.attributes["spillway.record.id"] for e in span.events] == ["a", "b", "c"]

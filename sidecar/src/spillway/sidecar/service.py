@@ -338,7 +338,7 @@ class Sidecar:
                 held = self.confirmations.answer(run, request.task, task, records, token, own)
                 if held is not None:
                     if span.is_recording():
-                        _annotate(span, [v for v, n in held for _ in range(n)])
+                        _annotate(span, [v for v, n in held for _ in range(n)], records)
                         span.set_attribute("spillway.provisional", True)
                     self.telemetry.record_verdict_duration(time.perf_counter() - started)
                     return [((v, False), n) for v, n in held]
@@ -354,7 +354,7 @@ class Sidecar:
                 self.persist(key, journal)
                 return [((d.verdict, d.dead_letter), n) for d, n in decided]
             if span.is_recording():
-                _annotate(span, [d.verdict for d, n in decided for _ in range(n)])
+                _annotate(span, [d.verdict for d, n in decided for _ in range(n)], records)
             to_dlq = [(i, n, d.verdict) for i, (d, n) in zip(_starts(decided), decided)
                       if d.dead_letter]
             if to_dlq:
@@ -502,8 +502,9 @@ def _starts(decided) -> list[int]:
     return out
 
 
-def _annotate(span, verdicts: Sequence[Verdict]) -> None:
-    """Summarise a report's verdicts on its decision span (docs/OBSERVABILITY.md)."""
+def _annotate(span, verdicts: Sequence[Verdict], records) -> None:
+    """Summarise a report's verdicts (one per record of `records`, in order) on its decision
+    span (docs/OBSERVABILITY.md)."""
     # counted in C (Counter over (action, category)); the event scans stop once they have
     # enough, and the one for non-SKIPs is skipped when the counts say there is none
     kinds = Counter(map(_ACTION_CATEGORY, verdicts))
@@ -525,8 +526,8 @@ def _annotate(span, verdicts: Sequence[Verdict]) -> None:
     span.set_attributes(attrs)
     for i in picked:
         v = verdicts[i]
-        span.add_event("spillway.verdict", {
-            "spillway.record.id": v.record_id, "spillway.action": v.action.value,
+        span.add_event("spillway.verdict", {   # a span's verdict has no id: the record has
+            "spillway.record.id": records[i].record_id, "spillway.action": v.action.value,
             "spillway.category": v.category.value, "spillway.reason": v.reason,
             "spillway.attempt": v.attempt})
 
