@@ -660,3 +660,24 @@ def test_a_report_decided_at_once_answers_and_counts_as_record_by_record(clock, 
         [ln["record_id"] for ln in logs[True].lines]
     if "errors.tolerance.max.errors" not in props:
         assert sum(v.action is Action.SKIP for v, _ in fast[0]) >= 12
+
+
+def test_a_report_decided_in_spans_logs_each_record_as_record_by_record(clock):
+    """`decide_spans` answers a run as one span, yet writes one error log line per record,
+    with the record's own id, as `decide` does."""
+    props = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": "dlq.t",
+             "errors.log.enable": "true"}
+    report = [rec(f"a{i}", VALUE) for i in range(6)] + [rec("c0", CONN)] + \
+        [rec(f"b{i}", VALUE) for i in range(3)]
+    lines = {}
+    for how in ("spans", "decide"):
+        lines[how] = ListLogger()
+        e = PolicyEngine(clock=clock, rng=FakeRng(), logger=lines[how])
+        e.register_job("j", props)
+        if how == "spans":
+            spans = e.decide_spans("j", task(), report)
+            assert len(spans) < len(report)   # the runs of VALUE errors are one span each
+        else:
+            e.decide("j", task(), report)
+    assert [ln["record_id"] for ln in lines["spans"].lines] == \
+        [ln["record_id"] for ln in lines["decide"].lines] == [r.record_id for r in report]
