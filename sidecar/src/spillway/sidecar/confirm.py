@@ -36,6 +36,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import grpc
@@ -210,10 +211,8 @@ class Confirmations:
         build = DlqBuilder(s.engine.settings(key), task, now_ms=SystemClock().wall_ms(),
                            sidecar_id=s.sidecar_id, run=key, run_id=run.run_id).build_span
         dlq: list = []
-        i = 0
-        for v, n in spans:
+        for i, (v, n) in zip(accumulate((n for _, n in spans), initial=0), spans):
             build(records, i, n, v, traceparent, dlq)
-            i += n
         rid, segments = s.pipeline.hold(dlq, key, report.SerializeToString())
         return Held(rid, key, tk, report, token, records, dlq, segments)
 

@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import accumulate, islice
 from operator import attrgetter
 
 from spillway.v1 import sidecar_pb2 as pb
@@ -355,8 +355,9 @@ class Sidecar:
                 return [((d.verdict, d.dead_letter), n) for d, n in decided]
             if span.is_recording():
                 _annotate(span, [d.verdict for d, n in decided for _ in range(n)], records)
-            to_dlq = [(i, n, d.verdict) for i, (d, n) in zip(_starts(decided), decided)
-                      if d.dead_letter]
+            # each span's first record: its index is the lengths of the spans before it
+            to_dlq = [(i, n, d.verdict) for i, (d, n) in zip(
+                accumulate((n for _, n in decided), initial=0), decided) if d.dead_letter]
             if to_dlq:
                 own = own or _traceparent(span)
                 settings = self.engine.settings(key)
@@ -491,15 +492,6 @@ Answer = tuple[tuple[Verdict, bool], int]
 
 def _answers(decided) -> list[Answer]:
     return [((d.verdict, False), n) for d, n in decided]
-
-
-def _starts(decided) -> list[int]:
-    """The index of each span's first record."""
-    out, i = [], 0
-    for _, n in decided:
-        out.append(i)
-        i += n
-    return out
 
 
 def _annotate(span, verdicts: Sequence[Verdict], records) -> None:

@@ -397,7 +397,7 @@ class DlqBuilder:
             i += 1
             exc, fn, stage, payload = r.exception, r.function_name, r.stage, r.payload
             trace = self._trace
-            if self._trace_fb is not fallback_traceparent or self._shared_key is None:
+            if self._trace_fb is not fallback_traceparent:   # the cached trace is not for it
                 continue
             mid, post, parent = self._mid, self._post + self._trace_b, self._trace_parent
             while i < end:
