@@ -14,7 +14,7 @@ from spillway.sidecar.core.model import DlqRecord
 from spillway.sidecar.dlq.codec import decode_headers, encode_headers, seq_ranges
 from spillway.sidecar.dlq.memqueue import MemoryQueue
 from spillway.sidecar.dlq.spool import Spool
-from spillway.sidecar.dlq.store import Placed
+from spillway.sidecar.dlq.store import FreshRun, Placed, dedup_key, dedup_keys
 from spillway.sidecar.errors import BackpressureError, DlqError
 
 
@@ -123,6 +123,46 @@ def test_on_commit_runs_after_commit_with_where_each_record_went(spool):
                       Placed(again[1], "job/0.0.1/2", True),
                       Placed(again[1], "job/0.0.1/2", False)], 1)]
     assert spool.depth() == 3
+
+
+def test_a_commit_of_new_records_places_them_as_columns_that_read_as_placements(spool):
+    """The usual commit (every record new) hands its hook a FreshRun, not a Placed per record:
+    it must read exactly as the placements it stands for, by index, slice and iteration."""
+    seen = []
+    records = [rec(i, task=f"job/0.0.0/{i % 3}") for i in range(5)]
+    seqs = spool.append(records, on_commit=seen.append)
+    (placed,) = seen
+    assert type(placed) is FreshRun and placed.seqs == seqs
+    want = [Placed(s, r.task_key, True, size) for s, r, size in
+            zip(seqs, records, placed.sizes, strict=True)]
+    assert list(placed) == want and len(placed) == 5 and placed == want
+    assert [placed[i] for i in range(-5, 5)] == want + want
+    assert placed[1:4] == want[1:4] and placed[::-2] == want[::-2]
+    assert all(p.fresh and p.size > 0 for p in placed)
+    with pytest.raises(IndexError):
+        placed[5]
+    # two requests in one group commit each get their own slice
+    seen.clear()
+    barrier = threading.Barrier(2)
+
+    def append(base):
+        barrier.wait()
+        spool.append([rec(base + i) for i in range(3)], on_commit=seen.append)
+
+    threads = [threading.Thread(target=append, args=(b,)) for b in (100, 200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(len(p) for p in seen) == [3, 3]
+    assert len({p.seq for run in seen for p in run}) == 6
+
+
+def test_dedup_keys_are_each_records_dedup_key():
+    records = [rec(i) for i in range(4)] + [rec(1, job="other"), rec(2, task="job/0.0.1/2"),
+                                            DlqRecord("t", None, None, (), "r", "job", "tk")]
+    assert dedup_keys(records) == [dedup_key(r) for r in records]
+    assert dedup_keys([]) == []
 
 
 def test_record_bound_raises_backpressure_and_stores_nothing(tmp_path):

@@ -65,7 +65,7 @@ from .memqueue import MemoryQueue
 from .producer import KafkaDlqProducer, producer_config
 from .schema import default_spool_dir
 from .spool import Spool
-from .store import Placed, RecordStore
+from .store import FreshRun, Placed, RecordStore
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,8 @@ class DlqPipeline(Drain):
         keys = [rec.task_key for rec in records]
 
         def on_commit(placed: Sequence[Placed]) -> None:
-            fresh = all(map(_FRESH, placed))   # the usual case: every record new
+            # the usual case: every record new (the spool's FreshRun: columns)
+            fresh = type(placed) is FreshRun or all(map(_FRESH, placed))
             self._register(keys, placed, fresh)
             self._hand_off(records, placed, fresh)
 
@@ -332,7 +333,10 @@ class DlqPipeline(Drain):
         written. When the hand-off is full (Kafka is behind or gone) the rows are left to the
         drain to read from the spool, and so is every later row until the drain has read the
         spool to its end once; the rows after that are handed over again."""
-        if all_fresh:
+        if type(placed) is FreshRun:
+            entries = list(map(Entry, placed.seqs, records, placed.sizes))
+            size = sum(placed.sizes)
+        elif all_fresh:
             entries = list(map(Entry, map(_SEQ, placed), records, map(_SIZE, placed)))
             size = sum(map(_SIZE, placed))
         else:

@@ -46,9 +46,9 @@ held.py (records held for a home's confirmation: `Holding`), dedup.py (the dedup
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
 import logging
+import operator
 import os
 import sqlite3
 import threading
@@ -75,19 +75,19 @@ from .held import Holding, check_release, insert_held
 from .settle import Row, Settlement
 from .store import (
     DedupKey,
+    FreshRun,
     OnCommit,
     Placed,
     RejectedRecord,
     SpooledRecord,
     backpressure_error,
     dedup_key,
+    dedup_keys,
 )
 
 log = logging.getLogger(__name__)
 
-# Placed((seq, owner, fresh, size)) without the named tuple's Python-level __new__ (a row's
-# records are placed by the hundred)
-_new_placed = functools.partial(tuple.__new__, Placed)
+_task_key_of = operator.attrgetter("task_key")
 
 
 
@@ -99,7 +99,7 @@ class _Request:
     size: int  # bytes of the segments
     on_commit: OnCommit | None
     done: threading.Event = field(default_factory=threading.Event)
-    placed: list[Placed] = field(default_factory=list)
+    placed: Sequence[Placed] = field(default_factory=list)  # FreshRun: every record new
     error: BaseException | None = None
     hold: tuple[str, bytes] | None = None  # (run, meta): a held row (`held.py`), not a batch
     release: int = 0  # a held row these records come from, deleted in the same transaction
@@ -230,7 +230,8 @@ class Spool(Settlement, Holding, DedupWindow):
         if not release:
             self._check_room(req)
         self._submit(req)
-        return [p.seq for p in req.placed]
+        placed = req.placed
+        return list(placed.seqs) if type(placed) is FreshRun else [p.seq for p in placed]
 
     def hold(self, records: Sequence[DlqRecord], run: str, meta: bytes
              ) -> tuple[int, list[tuple[bytes, int]]]:
@@ -329,7 +330,9 @@ class Spool(Settlement, Holding, DedupWindow):
             holds = [req for req in accepted if req.hold is not None]
             if holds or releases:   # the requests that spool records, as batch rows
                 accepted = [req for req in accepted if req.hold is None and req.n]
-            keys = [dedup_key(r) for req in accepted for r in req.records]
+            records = (accepted[0].records if len(accepted) == 1 else
+                       list(itertools.chain.from_iterable(req.records for req in accepted)))
+            keys = dedup_keys(records)
             if (len(set(keys)) == len(keys) and self._recent.keys().isdisjoint(keys)
                     and self._recent_old.keys().isdisjoint(keys)):
                 # all new: the requests' segments, in order
@@ -394,15 +397,17 @@ class Spool(Settlement, Holding, DedupWindow):
                 for rid, sizes in zip(ids, row_sizes, strict=True):
                     seqs.extend(range(rid << ROW_BITS, (rid << ROW_BITS) + len(sizes)))
                     all_sizes += sizes
-                owners = [r.task_key for req in accepted for r in req.records]
+                owners = list(map(_task_key_of, records))
                 recent.update(zip(keys, zip(seqs, owners)))
-                pos = 0
-                for req in accepted:
-                    end = pos + req.n
-                    req.placed = list(map(_new_placed, zip(
-                        seqs[pos:end], owners[pos:end], itertools.repeat(True),
-                        all_sizes[pos:end])))
-                    pos = end
+                if len(accepted) == 1:
+                    accepted[0].placed = FreshRun(seqs, owners, all_sizes)
+                else:
+                    pos = 0
+                    for req in accepted:
+                        end = pos + req.n
+                        req.placed = FreshRun(seqs[pos:end], owners[pos:end],
+                                              all_sizes[pos:end])
+                        pos = end
             else:
                 for req, plan in zip(accepted, plans, strict=True):
                     placed = req.placed = []

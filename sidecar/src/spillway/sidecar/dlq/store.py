@@ -5,9 +5,12 @@ the values it passes. Two implementations: `spool.Spool` (SQLite, durable) and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from functools import partial
+from itertools import repeat
+from operator import attrgetter
+from typing import NamedTuple, Protocol, overload
 
 from ..core.model import DlqRecord
 from ..errors import BackpressureError
@@ -24,6 +27,47 @@ class Placed(NamedTuple):
     size: int = 0
 
 
+# Placed((seq, owner, fresh, size)) without the named tuple's Python-level __new__
+_new_placed = partial(tuple.__new__, Placed)
+
+
+class FreshRun(Sequence[Placed]):
+    """The placements of a request whose records were all new, as columns (seqs, owners,
+    sizes): the usual commit makes no `Placed` per record (one per record cost the spool's
+    writer about as much as encoding them); one is made only when asked for by index."""
+
+    __slots__ = ("seqs", "owners", "sizes")
+    fresh = True
+
+    def __init__(self, seqs: list[int], owners: list[str], sizes: list[int]) -> None:
+        self.seqs, self.owners, self.sizes = seqs, owners, sizes
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @overload
+    def __getitem__(self, i: int) -> Placed: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Placed]: ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return list(map(_new_placed, zip(self.seqs[i], self.owners[i], repeat(True),
+                                             self.sizes[i])))
+        return Placed(self.seqs[i], self.owners[i], True, self.sizes[i])
+
+    def __iter__(self) -> Iterator[Placed]:
+        return map(_new_placed, zip(self.seqs, self.owners, repeat(True), self.sizes))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"FreshRun({list(self)!r})"
+
+
 OnCommit = Callable[[Sequence[Placed]], None]
 DedupKey = tuple[str, str, int]
 
@@ -32,6 +76,16 @@ def dedup_key(rec: DlqRecord) -> DedupKey:
     """What makes two DLQ records the same record: job, record id and payload (two records
     under one id are two records: core.policy, record identity). Process-local (str hash)."""
     return (rec.job, rec.record_id, hash((rec.key, rec.value)))
+
+
+_job_of, _id_of, _payload_of = attrgetter("job"), attrgetter("record_id"), attrgetter("key",
+                                                                                    "value")
+
+
+def dedup_keys(records: Sequence[DlqRecord]) -> list[DedupKey]:
+    """`dedup_key` of each record, in order, without a Python call per record."""
+    return list(zip(map(_job_of, records), map(_id_of, records),
+                    map(hash, map(_payload_of, records))))
 
 
 @dataclass(frozen=True, slots=True)
