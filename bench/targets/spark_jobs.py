@@ -193,7 +193,9 @@ def run_error_path(ctx: Context, result: TargetResult) -> None:
     sidecar = ctx.infra.sidecar(name="errors")
     spark = ctx.infra.spark
     conf = peers.producer_conf(ctx.infra.bootstrap, linger_ms=LINGER_MS, batch_size=BATCH_BYTES)
-    for pct, threshold in ((1.0, 1.10), (10.0, 1.30)):
+    # (failure rate, vs catch-and-drop, vs peer (a)): the peer ratios are issue 24's targets
+    # (1% <= 1.05x, 10% <= 1.3x of (a)), which replaced the 1.2x both once had
+    for pct, threshold, peer_threshold in ((1.0, 1.10, 1.05), (10.0, 1.30, 1.30)):
         every = workloads.poison_every(pct)
         n_fail = len(range(0, rows, every))
         f_bare = result.figure(f"{pct:g}% failing: catch and drop locally", "s")
@@ -245,7 +247,7 @@ def run_error_path(ctx: Context, result: TargetResult) -> None:
         check = ratio_check(f"{pct:g}% failing rows vs catch-and-drop (wall time)", f_cand,
                             f_bare, "<=", threshold)
         peer_check = ratio_check(f"{pct:g}% failing rows vs hand-rolled (a) (wall time)", f_cand,
-                                 f_peer, "<=", 1.2)
+                                 f_peer, "<=", peer_threshold)
         result.checks += [check, peer_check]
         result.notes.append(_executor_reading(pct, w_bare, w_peer, w_cand, f_side))
         if ctx.sizes.profile and (check.met is False or peer_check.met is False):
