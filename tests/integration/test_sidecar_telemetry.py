@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind
 from spillway.sidecar.embedded import free_port
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
-from support.creds import admin_md
+from support.creds import admin_md, peer_md
 
 pytestmark = pytest.mark.integration
 
@@ -102,6 +102,37 @@ def test_invalid_traceparent_is_replaced_by_the_decisions_context(observed, topi
     assert tp == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
+def _tally_call(address: str, job: str, reports: int) -> None:
+    """One TallyFailures call of `reports` reports (2 records each) to a run homed at
+    `address`, as a node sends it."""
+    with grpc.insecure_channel(address) as ch:
+        stub = pb_grpc.ErrorSidecarStub(ch)
+        reg = stub.RegisterJob(pb.RegisterJobRequest(job=job, run_id="run-1", properties={
+            "errors.tolerance": "all"}), timeout=20)
+        req = pb.TallyRequest(job=job, run_id="run-1")
+        for r in range(reports):
+            rep = req.reports.add(task=pb.TaskIdentity(stage_id=1, partition_id=r),
+                                  record_ids=[f"p{r}-{i}" for i in range(2)],
+                                  payload_digests=bytes(16))
+            rep.groups.add(count=2, stage=pb.STAGE_TRANSFORMATION,
+                           exception=pb.ExceptionInfo(class_name="builtins.ValueError"))
+        resp = stub.TallyFailures(req, timeout=10, metadata=[
+            *peer_md(), ("spillway-job-token", reg.job_token)])
+        assert [len(v.actions) for v in resp.reports] == [2] * reports
+
+
+def test_a_homes_tally_records_a_decision_span_per_report_while_exported(observed):
+    """A home decides a call's reports together (one hold of the run's lock, one journal
+    slice), yet while spans are exported each report still gets its own decision span."""
+    running, spans, _ = observed
+    spans.clear()
+    _tally_call(running.address, "job-tally-spans", 3)
+    decided = [s for s in spans.get_finished_spans() if s.name == "spillway.decide"]
+    assert sorted(s.attributes["spillway.task.id"] for s in decided) == ["1.0", "1.1", "1.2"]
+    assert all(s.attributes["spillway.tally"] and s.attributes["spillway.records"] == 2
+               for s in decided)
+
+
 def test_a_sidecar_without_an_exporter_records_nothing_yet_propagates_valid_contexts(
         broker, tmp_path, topic_name):
     """No exporter: no span is recorded (`exported`), but a record's own trace context still
@@ -117,6 +148,7 @@ def test_a_sidecar_without_an_exporter_records_nothing_yet_propagates_valid_cont
         given = f"00-{EXECUTOR_TRACE}-{EXECUTOR_SPAN}-01"
         _report(running.address, "job-quiet", topic_name, 1, given)
         _report(running.address, "job-quiet-bad", topic_name, 1, "00-zzzz-not-a-traceparent")
+        _tally_call(running.address, "job-quiet-tally", 2)   # decided without a span to drop
     finally:
         running.stop(1.0)
     headers = [dict(r.headers())["traceparent"].decode()

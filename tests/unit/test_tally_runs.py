@@ -186,6 +186,63 @@ def test_a_sidecars_own_report_in_spans_answers_what_record_by_record_answers(po
         assert spans_seen < records_seen   # runs answered as spans
 
 
+@pytest.mark.parametrize("policy", range(len(POLICIES)))
+@pytest.mark.parametrize("seed", range(4))
+def test_a_calls_reports_decided_together_answer_what_one_by_one_answers(policy, seed):
+    """TallyFailures decides a call's reports under one hold of the run's lock and takes the
+    run's journal once (`decide_tallies`): each report answers what it answers alone, in
+    order, with the same counts and remembered ids, and the one slice replays to the state
+    the per-report slices replay to."""
+    rng = random.Random(seed * 100 + policy + 13)
+    props = POLICIES[policy]
+    one, key = _engine(props)
+    calls, _ = _engine(props)
+    n_ids = rng.choice([30, 200, 5000])
+    kept_one: list = []
+    kept_calls: list = []
+    for _ in range(rng.randrange(2, 5)):
+        reports = [_report(rng, n_ids) for _ in range(rng.randrange(1, 6))]
+        tallies = []
+        for rep in reports:
+            task = TaskIdentity(stage_id=rep.task.stage_id, partition_id=rep.task.partition_id,
+                                attempt_number=rep.task.attempt_number)
+            tallies.append((task, *tally.tally_groups(rep), 0, None))
+        want = []
+        for t in tallies:
+            journal: list = []
+            want.append(tally.tally_span_verdicts(one.decide_tally(key, *t[:4], journal)))
+            kept_one.extend(blob for _, blob in journal)
+        journal = []
+        entered: list[int] = []
+
+        class _Around:
+            def __init__(self, i: int) -> None:
+                entered.append(i)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        got = calls.decide_tallies(key, tallies, journal, _Around)
+        assert [tally.tally_span_verdicts(spans) for spans in got] == want
+        assert entered == list(range(len(tallies)))   # one context per report, in order
+        assert len(journal) == 1                       # one slice for the call
+        kept_calls.extend(blob for _, blob in journal)
+        assert calls.summary(key) == one.summary(key)
+    assert calls._jobs[key].ids.keys() == one._jobs[key].ids.keys()
+    assert calls._jobs[key].records.keys() == one._jobs[key].records.keys()
+    a, _ = _engine(props)
+    a.restore(key, kept_one)
+    b, _ = _engine(props)
+    b.restore(key, kept_calls)
+    assert b.summary(key) == a.summary(key)
+    ids, want_ids = b._jobs[key].ids, a._jobs[key].ids
+    assert ids.keys() == want_ids.keys() and [ids.get(k) for k in ids.keys()] == [
+        want_ids.get(k) for k in want_ids.keys()]
+
+
 def test_a_run_is_answered_once_with_its_length():
     e, key = _engine(POLICIES[0])
     rep = pb.TallyReport(record_ids=[f"t-0-{i}" for i in range(256)],

@@ -79,8 +79,8 @@ def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,
     order; the node logs and dead-letters. A report with a claim confirms a node's held
     records (docs/POLICY.md, "Provisional verdicts"); one may also close and ask for slices of
     a limited run's error budget ("Budget slices"). Answers per report: (outcome, records)
-    spans (`PolicyEngine.decide_tally`) and the slice granted, if any; their journal slices are
-    written together (one transaction for the call)."""
+    spans (`PolicyEngine.decide_tallies`, under one hold of the run's lock) and the slice
+    granted, if any; their journal is taken once and written in one transaction for the call."""
     if not (caller or security.current_caller()).peer:
         raise JobAccessError("TallyFailures is for sidecar-to-sidecar calls only (an "
                              "authenticated peer)")
@@ -96,27 +96,31 @@ def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,
             "given each record's whole context: send the report with "
             "ReportFailures.decide_only")
     journal: list | None = [] if s.runstate is not None else None
-    start_span = s.telemetry.tracer.start_as_current_span
     sliced = s.engine.sliceable(key)
-    out = []
+    asks = [_slice_ask(report) if sliced else None for report in request.reports]
+    todo = [k for k, ((_, (ids, _, _)), ask) in enumerate(zip(reports, asks, strict=True))
+            if ids or ask is not None]
+    tallies = [(reports[k][0], *reports[k][1], request.reports[k].claim, asks[k]) for k in todo]
+    around = None
+    if s.telemetry.exporting():   # a span per report; none to drop while nothing exports them
+        start_span = s.telemetry.tracer.start_as_current_span
+
+        def around(i: int):
+            task, ids = tallies[i][0], tallies[i][1]
+            return start_span("spillway.decide", attributes={
+                "spillway.job": run.job, "spillway.run": run.run_id,
+                "spillway.task.id": task.task_id, "spillway.records": len(ids),
+                "spillway.tally": True})
+    out: list[tuple[list, pb.BudgetSlice | None]] = [([], None)] * len(reports)
     try:
-        for (task, (ids, tags, groups)), report in zip(reports, request.reports, strict=True):
-            ask = _slice_ask(report) if sliced else None
-            if not ids and ask is None:
-                out.append(([], None))
-                continue
-            with start_span("spillway.decide", attributes={
-                    "spillway.job": run.job, "spillway.run": run.run_id,
-                    "spillway.task.id": task.task_id, "spillway.records": len(ids),
-                    "spillway.tally": True}):
-                spans = s.engine.decide_tally(key, task, ids, tags, groups, journal,
-                                              report.claim, ask)
-            grant = None
-            if ask is not None and ask.granted:
-                grant = pb.BudgetSlice(id=ask.new_id, size=ask.granted, lease_ms=ask.lease_ms)
-            out.append((spans, grant))
+        decided = s.engine.decide_tallies(key, tallies, journal, around) if tallies else []
     finally:
         s.persist(key, journal)  # the node spools, and says so if it could not
+    for k, spans in zip(todo, decided, strict=True):
+        ask, grant = asks[k], None
+        if ask is not None and ask.granted:
+            grant = pb.BudgetSlice(id=ask.new_id, size=ask.granted, lease_ms=ask.lease_ms)
+        out[k] = (spans, grant)
     return out
 
 

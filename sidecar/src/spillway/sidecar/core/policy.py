@@ -18,7 +18,8 @@ from __future__ import annotations
 import pickle
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from itertools import repeat
 from operator import attrgetter
 
@@ -46,6 +47,11 @@ from .slices import SliceAsk, settle
 from .tolerance import record_key
 
 __all__ = ["MAX_TRACKED_RECORDS", "PolicyEngine", "run_key"]
+
+
+# One report of a TallyFailures call (`PolicyEngine.decide_tallies`): task, record ids, payload
+# digests, groups, the node's provisional claim (0: none), what it says about budget slices
+Tally = tuple[TaskIdentity, Sequence[str], Sequence[int], Sequence[Group], int, SliceAsk | None]
 
 
 def _take(j: JobState, out: list | None, counted: bool = False) -> None:
@@ -175,19 +181,44 @@ class PolicyEngine:
                      tags: Sequence[int], groups: Sequence[Group],
                      journal: list | None = None, claim: int = 0,
                      ask: SliceAsk | None = None) -> list[Span]:
-        """A home's tally, from its columns: answers as `Span`s, a run of records decided
-        alike once with its length (`runs.decide_groups`); the error log lines are the
-        node's to write. ``claim``: the node's provisional claim on the report (0: none);
-        ``ask``: what it says about budget slices (`slices.settle`)."""
+        """A home's tally of one report (`decide_tallies`)."""
+        return self.decide_tallies(job, [(task, ids, tags, groups, claim, ask)], journal)[0]
+
+    def decide_tallies(self, job: str, reports: Sequence[Tally], journal: list | None = None,
+                       around: Callable[[int], AbstractContextManager] | None = None
+                       ) -> list[list[Span]]:
+        """A home's tally, from its columns: each report (task, record ids, payload digests,
+        groups, the node's provisional claim or 0, what it says about budget slices or None)
+        answered as `Span`s, a run of records decided alike once with its length
+        (`runs.decide_groups`); the error log lines are the node's to write. Each report is
+        counted as a report of its own (its batch, its slices settled: `slices.settle`), in
+        order, under one hold of the run's lock, and the run's journal is taken once for them
+        all (one slice for one TallyFailures call: a slice each cost the home as much as
+        deciding a report). ``around(i)``: a context to decide report ``i`` in (its span)."""
         decider = self._decider
-
-        def decide(j: JobState, b: Batch) -> list[Span]:
-            b.claim = claim
-            return decide_groups(decider, j, b, ids, tags, groups)
-
-        def after(j: JobState, b: Batch) -> None:   # once the report's errors are counted
-            settle(j, ask, len(ids), b.wall)
-        return self._in_batch(job, task, journal, decide, after if ask is not None else None)[2]
+        j = self._job(job)
+        clock = self._clock
+        out: list[list[Span]] = []
+        collisions: list = []
+        with j.lock:
+            try:
+                for task, ids, tags, groups, claim, ask in reports:
+                    batch = Batch(task, clock.monotonic() * 1000.0, clock.wall_ms())
+                    with around(len(out)) if around is not None else nullcontext():
+                        try:
+                            batch.claim = claim
+                            out.append(decide_groups(decider, j, batch, ids, tags, groups))
+                        finally:
+                            batch.apply(j)
+                            if ask is not None:   # once the report's errors are counted
+                                settle(j, ask, len(ids), batch.wall)
+                    if batch.collisions:
+                        collisions.append(batch.collisions)
+            finally:
+                _take(j, journal, counted=True)
+        for found in collisions:
+            warn_collisions(j, found)
+        return out
 
     def _in_batch(self, job: str, task: TaskIdentity, journal: list | None, decide,
                   after=None):
