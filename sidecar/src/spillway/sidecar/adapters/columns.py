@@ -54,11 +54,16 @@ class ColumnRecord(convert.RecordView):
     """A reported record as the core reads it (`model.FailedRecord`'s fields) over its report's
     columns. Treat it as a value; `to_model()` gives the plain dataclass."""
 
-    __slots__ = ("record_id", "stage", "exception", "function_name", "payload", "_c", "_i")
+    # key and value are plain slots, set from the columns when the view is made: the payload
+    # digests and the DLQ builder read both for every record (a property each was a Python
+    # call per read)
+    __slots__ = ("record_id", "stage", "exception", "function_name", "payload", "_c", "_i",
+                 "key", "value")
     tag = -1  # its payload digest is computed from key and value (`JobState.tag_of`)
 
     def __init__(self, record_id: str, stage: m.StageRef, exception: m.ExceptionInfo,
-                 function_name: str, payload: str, cols: _Columns, index: int) -> None:
+                 function_name: str, payload: str, cols: _Columns, index: int,
+                 key: bytes | None, value: bytes | None) -> None:
         self.record_id = record_id
         self.stage = stage
         self.exception = exception
@@ -66,6 +71,8 @@ class ColumnRecord(convert.RecordView):
         self.payload = payload
         self._c = cols
         self._i = index
+        self.key = key
+        self.value = value
 
     @property
     def source(self) -> m.SourceCoordinates | None:
@@ -73,20 +80,6 @@ class ColumnRecord(convert.RecordView):
         if c.topic_ix is None or not c.topic_ix[i]:
             return None
         return m.SourceCoordinates(c.topics[c.topic_ix[i] - 1], c.partitions[i], c.offsets[i])
-
-    @property
-    def key(self) -> bytes | None:
-        c, i = self._c, self._i
-        if not c.keys or (c.absent and c.absent[i] & NO_KEY):
-            return None
-        return c.keys[i]
-
-    @property
-    def value(self) -> bytes | None:
-        c, i = self._c, self._i
-        if not c.values or (c.absent and c.absent[i] & NO_VALUE):
-            return None
-        return c.values[i]
 
     @property
     def headers(self) -> tuple[m.Header, ...]:
@@ -146,11 +139,20 @@ def records(c: pb.RecordColumns) -> list[ColumnRecord]:
     if not ids:
         return []
     cols = _Columns(c)
+    n = len(ids)
+    keys = cols.keys or [None] * n
+    values = cols.values or [None] * n
+    if cols.absent:   # a record sent without its key or value (not an empty one)
+        absent = cols.absent
+        keys = [None if a & NO_KEY else k for k, a in zip(keys, absent)]
+        values = [None if a & NO_VALUE else v for v, a in zip(values, absent)]
     if not c.kind_index:
         stage, exc, fn, payload = kinds[0]
-        return [ColumnRecord(rid, stage, exc, fn, payload, cols, i) for i, rid in enumerate(ids)]
+        return [ColumnRecord(rid, stage, exc, fn, payload, cols, i, k, v)
+                for i, rid, k, v in zip(range(n), ids, keys, values)]
     ix = unpack_le("I", c.kind_index)
-    return [ColumnRecord(rid, *kinds[ix[i]], cols, i) for i, rid in enumerate(ids)]
+    return [ColumnRecord(rid, *kinds[ix[i]], cols, i, k, v)
+            for i, rid, k, v in zip(range(n), ids, keys, values)]
 
 
 def as_messages(recs) -> list[pb.FailedRecord]:
