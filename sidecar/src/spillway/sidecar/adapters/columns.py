@@ -54,16 +54,17 @@ class ColumnRecord(convert.RecordView):
     """A reported record as the core reads it (`model.FailedRecord`'s fields) over its report's
     columns. Treat it as a value; `to_model()` gives the plain dataclass."""
 
-    # key and value are plain slots, set from the columns when the view is made: the payload
-    # digests and the DLQ builder read both for every record (a property each was a Python
-    # call per read)
+    # key, value, headers and trace are plain slots, set from the columns when the views are
+    # made: the payload digests and the DLQ builder read them for every record (a property
+    # each was a Python call per read)
     __slots__ = ("record_id", "stage", "exception", "function_name", "payload", "_c", "_i",
-                 "key", "value")
+                 "key", "value", "headers", "trace")
     tag = -1  # its payload digest is computed from key and value (`JobState.tag_of`)
 
     def __init__(self, record_id: str, stage: m.StageRef, exception: m.ExceptionInfo,
                  function_name: str, payload: str, cols: _Columns, index: int,
-                 key: bytes | None, value: bytes | None) -> None:
+                 key: bytes | None, value: bytes | None, headers: tuple[m.Header, ...],
+                 trace: tuple[str, str]) -> None:
         self.record_id = record_id
         self.stage = stage
         self.exception = exception
@@ -73,6 +74,8 @@ class ColumnRecord(convert.RecordView):
         self._i = index
         self.key = key
         self.value = value
+        self.headers = headers
+        self.trace = trace   # the records of one trace share this tuple (the column's entry)
 
     @property
     def source(self) -> m.SourceCoordinates | None:
@@ -80,16 +83,6 @@ class ColumnRecord(convert.RecordView):
         if c.topic_ix is None or not c.topic_ix[i]:
             return None
         return m.SourceCoordinates(c.topics[c.topic_ix[i] - 1], c.partitions[i], c.offsets[i])
-
-    @property
-    def headers(self) -> tuple[m.Header, ...]:
-        c, i = self._c, self._i
-        ends = c.header_ends
-        if ends is None:
-            return ()
-        start = ends[i - 1] if i else 0
-        return tuple((h.key, h.value if h.HasField("value") else None)
-                     for h in c.headers[start:ends[i]])
 
     @property
     def timestamp_ms(self) -> int | None:
@@ -106,20 +99,30 @@ class ColumnRecord(convert.RecordView):
 
     @property
     def traceparent(self) -> str:
-        c, i = self._c, self._i
-        return c.traces[c.trace_ix[i] - 1][0] if c.trace_ix is not None and c.trace_ix[i] else ""
+        return self.trace[0]
 
     @property
     def tracestate(self) -> str:
-        c, i = self._c, self._i
-        return c.traces[c.trace_ix[i] - 1][1] if c.trace_ix is not None and c.trace_ix[i] else ""
+        return self.trace[1]
 
-    @property
-    def trace(self) -> tuple[str, str]:
-        """The records of one trace share this tuple (the column's dictionary entry)."""
-        c, i = self._c, self._i
-        return c.traces[c.trace_ix[i] - 1] if c.trace_ix is not None and c.trace_ix[i] \
-            else _NO_TRACE
+
+def _headers(cols: _Columns, n: int) -> list[tuple[m.Header, ...]]:
+    """Each record's original headers (none sent: every record's is empty)."""
+    ends = cols.header_ends
+    if ends is None:
+        return [()] * n
+    hs = cols.headers
+    return [tuple((h.key, h.value if h.HasField("value") else None) for h in hs[start:end])
+            for start, end in zip([0, *ends[:-1]], ends)]
+
+
+def _traces(cols: _Columns, n: int) -> list[tuple[str, str]]:
+    """Each record's (traceparent, tracestate): the column's dictionary entry, shared."""
+    ix = cols.trace_ix
+    if ix is None:
+        return [_NO_TRACE] * n
+    traces = cols.traces
+    return [traces[i - 1] if i else _NO_TRACE for i in ix]
 
 
 def records(c: pb.RecordColumns) -> list[ColumnRecord]:
@@ -146,13 +149,13 @@ def records(c: pb.RecordColumns) -> list[ColumnRecord]:
         absent = cols.absent
         keys = [None if a & NO_KEY else k for k, a in zip(keys, absent)]
         values = [None if a & NO_VALUE else v for v, a in zip(values, absent)]
+    rows = zip(range(n), ids, keys, values, _headers(cols, n), _traces(cols, n))
     if not c.kind_index:
         stage, exc, fn, payload = kinds[0]
-        return [ColumnRecord(rid, stage, exc, fn, payload, cols, i, k, v)
-                for i, rid, k, v in zip(range(n), ids, keys, values)]
+        return [ColumnRecord(rid, stage, exc, fn, payload, cols, i, k, v, h, t)
+                for i, rid, k, v, h, t in rows]
     ix = unpack_le("I", c.kind_index)
-    return [ColumnRecord(rid, *kinds[ix[i]], cols, i, k, v)
-            for i, rid, k, v in zip(range(n), ids, keys, values)]
+    return [ColumnRecord(rid, *kinds[ix[i]], cols, i, k, v, h, t) for i, rid, k, v, h, t in rows]
 
 
 def as_messages(recs) -> list[pb.FailedRecord]:
