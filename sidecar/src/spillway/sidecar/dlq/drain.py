@@ -34,7 +34,8 @@ SETTLE_AFTER_S = 0.05
 
 
 _seq_of, _rec_of, _size_of = attrgetter("seq"), attrgetter("rec"), attrgetter("size")
-_job_of, _task_of = attrgetter("rec.job"), attrgetter("rec.task_key")
+_job_of = attrgetter("rec.job")
+_job_task_of = attrgetter("rec.job", "rec.task_key")
 
 
 @dataclass(slots=True)
@@ -336,7 +337,13 @@ class Drain:
             self._acked_set.update(acked_seqs)
             followers, upto = self._followers, self._recovered_upto
             if not followers and (not upto or min(acked_seqs) > upto):
-                per_task = collections.Counter(map(_task_of, acked))
+                # one pass for both counts: a batch's records come from a few tasks of a few jobs
+                pairs = collections.Counter(map(_job_task_of, acked))
+                per_task = collections.Counter()
+                per_job = collections.Counter()
+                for (job, tk), n in pairs.items():
+                    per_task[tk] += n
+                    per_job[job] += n
             else:
                 per_job = collections.Counter()
                 per_task = collections.Counter()
