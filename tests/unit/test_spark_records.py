@@ -7,7 +7,13 @@ import json
 
 import pytest
 from pyspark.sql import Row
-from spillway.spark._records import context_of, positional_record_id, row_json, timestamp_ms
+from spillway.spark._records import (
+    context_of,
+    positional_ids,
+    positional_record_id,
+    row_json,
+    timestamp_ms,
+)
 
 
 def _fallback():
@@ -70,6 +76,18 @@ def test_positional_ids_are_stable_and_carry_the_micro_batch():
         "TASK_PUT:orders/w:b12:p0:r1"
     assert positional_record_id("TASK_PUT", "orders", "w", 0, 1, batch_id="12", use="2") == \
         "TASK_PUT:orders/w#2:b12:p0:r1"
+    assert positional_record_id("TASK_PUT", "orders", "w", 0, 1, batch_id=0) == \
+        "TASK_PUT:orders/w:b0:p0:r1"
+
+
+@pytest.mark.parametrize("batch_id, use", [(None, ""), ("", "3"), ("7", ""), (0, "2")])
+def test_a_partitions_id_factory_gives_each_rows_positional_id(batch_id, use):
+    """The engine's id factory (`positional_ids`: the prefix formatted once) names each row as
+    `positional_record_id` does."""
+    ids = positional_ids("TRANSFORMATION", "orders", "app.parse", 5, batch_id, use)
+    for i in (0, 1, 17, 10**9):
+        assert ids(i) == positional_record_id("TRANSFORMATION", "orders", "app.parse", 5, i,
+                                              batch_id=batch_id, use=use)
 
 
 def test_timestamps():

@@ -5,7 +5,6 @@ barrier at the partition's end). `job.Job` builds them with `functools.partial`.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -22,7 +21,7 @@ from ._adapters import (
 )
 from ._compat import arrow_conversions
 from ._engine import Engine, StageRef, Unit
-from ._records import positional_record_id
+from ._records import positional_ids
 from ._runtime import JobSpec, TaskSession, WrapperSpec, current_batch_id, worker
 from ._schema import arrow_conformer, pandas_checker, row_checker
 
@@ -35,8 +34,8 @@ OUTPUT_BATCH_ROWS = 4096
 
 def record_ids(spec: JobSpec, wrapper: WrapperSpec, task: pb.TaskIdentity, batch_id: Any = None):
     batch = batch_id if batch_id is not None else current_batch_id()
-    return functools.partial(positional_record_id, wrapper.stage.name, spec.name, wrapper.name,
-                             task.partition_id, batch_id=batch, use=wrapper.use)
+    return positional_ids(wrapper.stage.name, spec.name, wrapper.name, task.partition_id,
+                          batch_id=batch, use=wrapper.use)
 
 
 def make_engine(spec: JobSpec, session: TaskSession, adapter: Any, wrapper: WrapperSpec,

@@ -40,9 +40,23 @@ KAFKA_SOURCE_COLUMNS = ("key", "value", "topic", "partition", "offset", "timesta
 
 def positional_record_id(stage: str, job: str, wrapper: str, partition_id: int, row_index: int,
                          batch_id: int | str | None = None, use: str = "") -> str:
+    return positional_prefix(stage, job, wrapper, partition_id, batch_id, use) + str(row_index)
+
+
+def positional_prefix(stage: str, job: str, wrapper: str, partition_id: int,
+                      batch_id: int | str | None = None, use: str = "") -> str:
+    """`positional_record_id` without its row index (which follows the prefix's ``:r``)."""
     batch = f":b{batch_id}" if batch_id not in (None, "") else ""
     use = f"#{use}" if use else ""
-    return f"{stage}:{job}/{wrapper}{use}{batch}:p{partition_id}:r{row_index}"
+    return f"{stage}:{job}/{wrapper}{use}{batch}:p{partition_id}:r"
+
+
+def positional_ids(stage: str, job: str, wrapper: str, partition_id: int,
+                   batch_id: int | str | None = None, use: str = "") -> Callable[[int], str]:
+    """Row index -> `positional_record_id` of one partition of one wrapper use: the prefix is
+    formatted once (formatting it per failed row was a tenth of the row's failure path)."""
+    prefix = positional_prefix(stage, job, wrapper, partition_id, batch_id, use)
+    return lambda row_index: prefix + str(row_index)
 
 
 class RecordContext(NamedTuple):
