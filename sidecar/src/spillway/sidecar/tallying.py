@@ -111,7 +111,7 @@ def tally(s: Sidecar, request: pb.TallyRequest, reports, *, token: str | None,
                 "spillway.job": run.job, "spillway.run": run.run_id,
                 "spillway.task.id": task.task_id, "spillway.records": len(ids),
                 "spillway.tally": True})
-    out: list[tuple[list, pb.BudgetSlice | None]] = [([], None)] * len(reports)
+    out: list[tuple[list, pb.BudgetSlice | None]] = [([], None) for _ in reports]
     try:
         decided = s.engine.decide_tallies(key, tallies, journal, around) if tallies else []
     finally:
