@@ -193,51 +193,56 @@ class PolicyEngine:
         (`runs.decide_groups`); the error log lines are the node's to write. Each report is
         counted as a report of its own (its batch, its slices settled: `slices.settle`), in
         order, under one hold of the run's lock, and the run's journal is taken once for them
-        all (one slice for one TallyFailures call: a slice each cost the home as much as
-        deciding a report). ``around(i)``: a context to decide report ``i`` in (its span)."""
+        all (`_in_batches`: one slice for one TallyFailures call, where a slice each cost the
+        home as much as deciding a report). ``around(i)``: a context to decide report ``i`` in
+        (its span)."""
         decider = self._decider
+
+        def deciding(ids, tags, groups, claim):
+            def decide(j: JobState, b: Batch) -> list[Span]:
+                b.claim = claim
+                return decide_groups(decider, j, b, ids, tags, groups)
+            return decide
+
+        def settling(ask, n):   # once the report's errors are counted
+            return None if ask is None else lambda j, b: settle(j, ask, n, b.wall)
+
+        _, done = self._in_batches(
+            job, [(task, deciding(ids, tags, groups, claim), settling(ask, len(ids)))
+                  for task, ids, tags, groups, claim, ask in reports], journal, around)
+        return [out for _, out in done]
+
+    def _in_batch(self, job: str, task: TaskIdentity, journal: list | None, decide):
+        """`_in_batches` of one report: (run state, batch, what `decide` answered)."""
+        j, [(batch, out)] = self._in_batches(job, [(task, decide, None)], journal)
+        return j, batch, out
+
+    def _in_batches(self, job: str, reports: Sequence, journal: list | None,
+                    around: Callable[[int], AbstractContextManager] | None = None):
+        """For each (task, decide, after) of `reports`, in order, under one hold of the run's
+        lock: `decide(j, batch)` in ``around(i)`` if given, then the report's counts applied
+        and `after(j, batch)` called (if not None); the run's journal slice is taken once, after
+        them all. Returns (run state, [(batch, what `decide` answered)])."""
         j = self._job(job)
         clock = self._clock
-        out: list[list[Span]] = []
-        collisions: list = []
+        done: list = []
         with j.lock:
             try:
-                for task, ids, tags, groups, claim, ask in reports:
+                for task, decide, after in reports:
                     batch = Batch(task, clock.monotonic() * 1000.0, clock.wall_ms())
-                    with around(len(out)) if around is not None else nullcontext():
+                    with around(len(done)) if around is not None else nullcontext():
                         try:
-                            batch.claim = claim
-                            out.append(decide_groups(decider, j, batch, ids, tags, groups))
+                            done.append((batch, decide(j, batch)))
                         finally:
                             batch.apply(j)
-                            if ask is not None:   # once the report's errors are counted
-                                settle(j, ask, len(ids), batch.wall)
-                    if batch.collisions:
-                        collisions.append(batch.collisions)
+                            if after is not None:
+                                after(j, batch)
             finally:
                 _take(j, journal, counted=True)
-        for found in collisions:
-            warn_collisions(j, found)
-        return out
-
-    def _in_batch(self, job: str, task: TaskIdentity, journal: list | None, decide,
-                  after=None):
-        """`decide(j, batch)` under the run's lock, then the report's counts applied (and
-        `after(j, batch)` called) and its journal slice taken: (run state, batch, what
-        `decide` answered)."""
-        j = self._job(job)
-        batch = Batch(task, self._clock.monotonic() * 1000.0, self._clock.wall_ms())
-        with j.lock:
-            try:
-                out = decide(j, batch)
-            finally:
-                batch.apply(j)
-                if after is not None:
-                    after(j, batch)
-                _take(j, journal, counted=True)
-        if batch.collisions:
-            warn_collisions(j, batch.collisions)
-        return j, batch, out
+        for batch, _ in done:
+            if batch.collisions:
+                warn_collisions(j, batch.collisions)
+        return j, done
 
     def write_logs(self, job: str, task: TaskIdentity, records: Sequence[FailedRecord],
                    outcomes: Sequence[Outcome]) -> None:
