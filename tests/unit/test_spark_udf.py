@@ -51,6 +51,18 @@ def sidecar(tmp_path_factory):
     running.stop(0.5)
 
 
+@pytest.fixture(autouse=True, params=["native", "python"])
+def per_row_function(request, monkeypatch):
+    """Every test runs with the per-row function in C (`_udfcall.Call`, when built) and in
+    Python (what an executor without the extension runs)."""
+    if request.param == "native":
+        if udf_module._NativeCall is None:
+            pytest.skip("spillway-spark was installed without its C extension (no C compiler)")
+    else:
+        monkeypatch.setattr(udf_module, "_NativeCall", None)
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def executor_like(monkeypatch):
     monkeypatch.setattr(_runtime, "_worker", None)
@@ -178,3 +190,91 @@ def test_a_result_that_does_not_fit_the_return_type_is_a_reported_failure(sideca
     assert value is None and "does not fit the declared type int" in error[3]
     summary = job.summary()
     assert summary.by_category == {"data": 2}
+
+
+def test_the_extension_is_built_where_a_c_compiler_and_pythons_headers_are():
+    """`make test` installs spillway-spark with its extension on a machine that can build it
+    (a silent fallback would only show in the benchmarks)."""
+    import shutil
+    import sysconfig
+    from pathlib import Path
+
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    if not (shutil.which("cc") or shutil.which("gcc")) or not headers.is_file():
+        pytest.skip("no C compiler or no Python headers here: the fallback is expected")
+    from spillway.spark import _udfcall  # noqa: F401 - the import is the check
+
+
+def test_the_per_row_function_is_the_extensions_only_where_it_can_be(per_row_function):
+    fn = _udf_function(object(), _wrapper(), _to_int, False, None, None)
+    assert (type(fn).__name__ == "Call") == (per_row_function == "native")
+
+
+def test_the_udf_pickles_as_its_arguments_and_runs_after_unpickling(sidecar, per_row_function,
+                                                                    monkeypatch):
+    """Spark ships a UDF to its executors with cloudpickle: the native function is rebuilt
+    from its arguments there, in C where the executor has the extension, else in Python."""
+    from pyspark import cloudpickle
+
+    job = _job(sidecar)
+    fn = _udf_function(job.spec, _wrapper(), _to_int, True, None, None)
+    shipped = cloudpickle.dumps(fn)
+    again = cloudpickle.loads(shipped)
+    assert type(again) is type(fn)
+    assert again("5") == (5, None)
+    assert again("z")[1][0] == f"TRANSFORMATION:{job.spec.name}/to_int#1s1:p0:r1"
+    monkeypatch.setattr(udf_module, "_NativeCall", None)   # an executor without the extension
+    python = cloudpickle.loads(shipped)
+    assert type(python).__name__ == "function" and python("6") == (6, None)
+    assert job.summary().total_record_failures == 1
+
+
+def test_functools_wraps_the_per_row_function_as_spark_names_it(sidecar):
+    import functools
+
+    fn = functools.update_wrapper(_udf_function(_spec(sidecar), _wrapper(), _to_int, False, None,
+                                                None), _to_int)
+    assert fn.__name__ == "_to_int" and fn.__wrapped__ is _to_int
+    assert fn("4") == 4
+
+
+def test_an_interrupt_is_not_a_record_failure(sidecar):
+    job = _job(sidecar)
+
+    def interrupted(v):
+        raise KeyboardInterrupt
+
+    fn = _udf_function(job.spec, _wrapper(), interrupted, False, None, None)
+    with pytest.raises(KeyboardInterrupt):
+        fn("1")
+    assert job.summary().total_record_failures == 0
+
+
+def test_several_columns_and_no_result_check(sidecar):
+    job = _job(sidecar)
+    fn = _udf_function(job.spec, _wrapper(), lambda a, b: int(a) + int(b), True, None, None)
+    assert fn("1", "2") == (3, None)
+    value, error = fn("1", "x")
+    assert value is None and error[2] == "builtins.ValueError"
+    assert job.summary().total_record_failures == 1
+
+
+def test_named_arguments_are_refused_clearly(sidecar, per_row_function):
+    fn = _udf_function(_spec(sidecar), _wrapper(), _to_int, False, None, None)
+    with pytest.raises(TypeError):
+        fn(s="1")
+
+
+def test_the_happy_path_keeps_no_reference_to_its_results(sidecar):
+    import sys
+
+    class Result:
+        pass
+
+    out = Result()
+    fn = _udf_function(_spec(sidecar), _wrapper(), lambda v: out, True, None, None)
+    fn("warm")
+    before = sys.getrefcount(out)
+    for _ in range(1000):
+        fn("x")
+    assert sys.getrefcount(out) == before

@@ -22,21 +22,38 @@ from ._records import context_of, payload_for, positional_record_id
 from ._runtime import JobSpec, TaskSession, WrapperSpec, current_batch_id, current_task
 from ._task_end import at_task_end
 
+try:
+    from ._udfcall import Call as _NativeCall, RowCounter
+except ImportError:   # installed without a C compiler: the per-row function in Python
+    _NativeCall = None
+
+    class RowCounter:  # type: ignore[no-redef]
+        """A task attempt's row count, shared by the uses of one UDF (`_udfcall.RowCounter`)."""
+
+        __slots__ = ("value",)
+
+        def __init__(self, value: int = 0) -> None:
+            self.value = value
+
 
 class _UdfState:
     """A UDF's state in the current task attempt of this worker (UDFs see no partition end):
     the rows it was called on (row index and processed count) and, once needed, a session."""
 
-    __slots__ = ("pid", "tid", "tc", "task", "rows", "_session", "spec", "wrapper")
+    __slots__ = ("pid", "tid", "tc", "task", "counter", "_session", "spec", "wrapper")
 
     def __init__(self, spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None) -> None:
         self.pid = os.getpid()
         self.tid = tid
         self.tc = tc  # Spark's TaskContext object of the attempt (held: its id is not reused)
         self.task = current_task()  # once per task attempt: later it names another task
-        self.rows = 0
+        self.counter = RowCounter()  # the rows it was called on (the per-row function counts)
         self._session: TaskSession | None = None
         self.spec, self.wrapper = spec, wrapper
+
+    @property
+    def rows(self) -> int:
+        return self.counter.value
 
     @property
     def session(self) -> TaskSession:
@@ -87,13 +104,18 @@ class _Skipped:
 def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column: bool,
                   record_id: Callable[..., str] | None,
                   refresh: Callable[[], None] | None,
-                  check: Callable[[Any], None] | None = None) -> Callable:
+                  check: Callable[[Any], None] | None = None, *,
+                  native: bool | None = None) -> Callable:
     """The per-row function Spark calls. Per row it only checks that the task attempt is the
     same (Spark sets a new TaskContext object for each task it runs in a worker: an identity
     check, the attempt id being read only when it changes) and counts the row before calling
     ``fn``; everything else happens on a failure. ``check(result)`` raises when a result does
     not fit the declared return type (Spark would turn it into a silent null): that row fails
-    like one whose ``fn`` raised."""
+    like one whose ``fn`` raised.
+
+    With the extension built (``native``, the default when it is) and pyspark's TaskContext
+    layout, the function is `_udfcall.Call`: the same steps in C, pickled as these arguments
+    (an executor without the extension rebuilds it in Python)."""
     holder: list[_UdfState | None] = [None]  # unpickled afresh with the UDF on the executor
     tc_class = TaskContext
     if check is not None:
@@ -134,17 +156,29 @@ def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column
     # The result check's fast test (a type, and a range for integers), inlined: calling it
     # was half of the per-row overhead. Anything it does not pass (None too) asks `check`;
     # without a fast test (or a check) every result does.
-    kind, bounds = getattr(check, "fast_type", None) or (_NoFastTest, None)
+    fast = getattr(check, "fast_type", None)
+    kind, bounds = fast or (_NoFastTest, None)
     bounded = bounds is not None
     lo, hi = bounds or (0, 0)
     verify = check if check is not None else _accept
+    if direct and (native if native is not None else _NativeCall is not None):
+        def enter_native():
+            st = enter()
+            return st, st.tc, st.counter
+
+        mode = 0 if check is None else 2 if fast else 1
+        return _NativeCall(fn, mode, kind, bounded, lo, hi, verify, tc_class, enter_native,
+                           failed, error_column,
+                           (udf_function, (spec, wrapper, fn, error_column, record_id, refresh,
+                                           check)), RowCounter)
     if direct and single_argument(fn):
         def call(arg):
             st = holder[0]
             if st is None or st.tc is not tc_class._taskContext:
                 st = enter()
-            index = st.rows
-            st.rows = index + 1
+            c = st.counter
+            index = c.value
+            c.value = index + 1
             try:
                 out = fn(arg)
                 if type(out) is not kind or bounded and not lo <= out <= hi:
@@ -157,8 +191,9 @@ def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column
             st = holder[0]
             if st is None or st.tc is not current():
                 st = enter()
-            index = st.rows
-            st.rows = index + 1
+            c = st.counter
+            index = c.value
+            c.value = index + 1
             try:
                 out = fn(*args)
                 if check is not None:
