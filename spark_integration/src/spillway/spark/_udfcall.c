@@ -366,23 +366,24 @@ static PyType_Spec call_spec = {
 /* ---- module ------------------------------------------------------------------------------ */
 
 static int
-exec_module(PyObject *module)
+add_type(PyObject *module, PyType_Spec *spec, const char *name)
 {
-    PyObject *counter = PyType_FromSpec(&counter_spec);
-    if (counter == NULL)
+    PyObject *tp = PyType_FromSpec(spec);
+    if (tp == NULL)
         return -1;
-    if (PyModule_AddObject(module, "RowCounter", counter) < 0) {
-        Py_DECREF(counter);
-        return -1;
-    }
-    PyObject *call = PyType_FromSpec(&call_spec);
-    if (call == NULL)
-        return -1;
-    if (PyModule_AddObject(module, "Call", call) < 0) {
-        Py_DECREF(call);
+    if (PyModule_AddObject(module, name, tp) < 0) {
+        Py_DECREF(tp);
         return -1;
     }
     return 0;
+}
+
+static int
+exec_module(PyObject *module)
+{
+    if (add_type(module, &counter_spec, "RowCounter") < 0)
+        return -1;
+    return add_type(module, &call_spec, "Call");
 }
 
 static PyModuleDef_Slot module_slots[] = {
