@@ -278,3 +278,21 @@ def test_the_happy_path_keeps_no_reference_to_its_results(sidecar):
     for _ in range(1000):
         fn("x")
     assert sys.getrefcount(out) == before
+
+
+@pytest.mark.parametrize("fn, args", [(_to_int, ["arg"]), (lambda a, b: a, [])],
+                         ids=["one-argument", "several"])
+def test_pyspark_reads_the_per_row_functions_signature_without_a_warning(sidecar, fn, args):
+    """pyspark chooses a UDF's evaluation type from ``getfullargspec`` of the function (and
+    warns when it cannot read one): the native function answers as the Python one does."""
+    import inspect
+    import warnings
+
+    from pyspark.sql.functions import udf
+    from pyspark.sql.types import IntegerType
+
+    call = _udf_function(_spec(sidecar), _wrapper(), fn, False, None, None)
+    assert inspect.getfullargspec(call).args == args
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        udf(call, IntegerType())

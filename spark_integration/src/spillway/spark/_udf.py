@@ -167,10 +167,14 @@ def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column
             return st, st.tc, st.counter
 
         mode = 0 if check is None else 2 if fast else 1
-        return _NativeCall(fn, mode, kind, bounded, lo, hi, verify, tc_class, enter_native,
-                           failed, error_column,
-                           (udf_function, (spec, wrapper, fn, error_column, record_id, refresh,
-                                           check)), RowCounter)
+        native_call = _NativeCall(fn, mode, kind, bounded, lo, hi, verify, tc_class,
+                                  enter_native, failed, error_column,
+                                  (udf_function, (spec, wrapper, fn, error_column, record_id,
+                                                  refresh, check)), RowCounter)
+        # the Python function's own signature: pyspark reads it (getfullargspec) to choose the
+        # UDF's evaluation type, and warns on a callable it cannot read
+        native_call.__signature__ = _ONE_ARGUMENT if single_argument(fn) else _ANY_ARGUMENTS
+        return native_call
     if direct and single_argument(fn):
         def call(arg):
             st = holder[0]
@@ -203,6 +207,11 @@ def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column
             return (out, None) if error_column else out
 
     return call
+
+
+_ONE_ARGUMENT = inspect.Signature([inspect.Parameter("arg",
+                                                    inspect.Parameter.POSITIONAL_OR_KEYWORD)])
+_ANY_ARGUMENTS = inspect.Signature([inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)])
 
 
 class _NoFastTest:
