@@ -299,8 +299,10 @@ call_call(Call *self, PyObject *args, PyObject *kwargs)
         PyException_SetTraceback(value, tb);
     Py_XDECREF(type);
     Py_XDECREF(tb);
-    if (value == NULL)
+    if (value == NULL) {
+        PyErr_SetString(PyExc_SystemError, "a UDF row failed without an exception");
         return NULL;
+    }
     PyObject *idx = PyLong_FromLongLong(index);
     PyObject *st = self->state;
     Py_INCREF(st);   /* `failed` may run Python that enters another attempt */
