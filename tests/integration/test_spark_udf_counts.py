@@ -35,3 +35,26 @@ def test_a_udf_counts_every_row_by_the_time_the_action_returns(spark, sidecar):
     assert evens.where("a is null").count() == 4
     report = job.close()
     assert (report.records_processed, report.total_record_failures) == (300, 12)
+
+
+def test_spark_workers_call_the_user_function_from_the_native_per_row_function(spark, sidecar):
+    """Where spillway-spark was built with its extension (here it is: tests/unit/
+    test_spark_udf.py checks the build), the user function's caller in a Python worker is
+    pyspark's own loop, not a Python frame of spillway's (`spark/_udfcall.c`)."""
+    from spillway.spark import _udf
+
+    if _udf._NativeCall is None:
+        pytest.skip("spillway-spark was installed without its C extension (no C compiler)")
+    job = Job(f"udf-native-{uuid.uuid4().hex[:8]}", {"errors.tolerance": "all"},
+              sidecar=sidecar.address)
+    job.register()
+
+    @job.udf("string")
+    def caller(v):
+        frame = sys._getframe(1)
+        return f"{frame.f_globals.get('__name__')}.{frame.f_code.co_name}"
+
+    callers = {r.c for r in spark.range(0, 20, numPartitions=2)
+               .select(caller("id").alias("c")).collect()}
+    assert callers and not any(c.startswith("spillway.") for c in callers), callers
+    job.close()
