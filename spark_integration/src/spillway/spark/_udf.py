@@ -104,8 +104,7 @@ class _Skipped:
 def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column: bool,
                   record_id: Callable[..., str] | None,
                   refresh: Callable[[], None] | None,
-                  check: Callable[[Any], None] | None = None, *,
-                  native: bool | None = None) -> Callable:
+                  check: Callable[[Any], None] | None = None) -> Callable:
     """The per-row function Spark calls. Per row it only checks that the task attempt is the
     same (Spark sets a new TaskContext object for each task it runs in a worker: an identity
     check, the attempt id being read only when it changes) and counts the row before calling
@@ -113,9 +112,9 @@ def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column
     not fit the declared return type (Spark would turn it into a silent null): that row fails
     like one whose ``fn`` raised.
 
-    With the extension built (``native``, the default when it is) and pyspark's TaskContext
-    layout, the function is `_udfcall.Call`: the same steps in C, pickled as these arguments
-    (an executor without the extension rebuilds it in Python)."""
+    Where the extension is built and pyspark's TaskContext has its usual layout, the function
+    is `_udfcall.Call`: the same steps in C, pickled as these arguments (an executor without
+    the extension rebuilds it in Python)."""
     holder: list[_UdfState | None] = [None]  # unpickled afresh with the UDF on the executor
     tc_class = TaskContext
     if check is not None:
@@ -161,7 +160,7 @@ def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column
     bounded = bounds is not None
     lo, hi = bounds or (0, 0)
     verify = check if check is not None else _accept
-    if direct and (native if native is not None else _NativeCall is not None):
+    if direct and _NativeCall is not None:
         def enter_native():
             st = enter()
             return st, st.tc, st.counter
