@@ -34,7 +34,6 @@ SETTLE_AFTER_S = 0.05
 
 
 _seq_of, _rec_of, _size_of = attrgetter("seq"), attrgetter("rec"), attrgetter("size")
-_job_of = attrgetter("rec.job")
 _job_task_of = attrgetter("rec.job", "rec.task_key")
 
 
@@ -330,7 +329,8 @@ class Drain:
             self._probe = None
         if self.tracer is not None and self.traced():
             record_batch_spans(self.tracer, acked, acked_partitions)
-        per_job: collections.Counter[str] | None = None
+        per_job: collections.Counter[str] = collections.Counter()
+        per_task: collections.Counter[str] = collections.Counter()
         with self._cv:
             self._ack_gen += 1
             gen = self._ack_gen
@@ -338,15 +338,10 @@ class Drain:
             followers, upto = self._followers, self._recovered_upto
             if not followers and (not upto or min(acked_seqs) > upto):
                 # one pass for both counts: a batch's records come from a few tasks of a few jobs
-                pairs = collections.Counter(map(_job_task_of, acked))
-                per_task = collections.Counter()
-                per_job = collections.Counter()
-                for (job, tk), n in pairs.items():
+                for (job, tk), n in collections.Counter(map(_job_task_of, acked)).items():
                     per_task[tk] += n
                     per_job[job] += n
             else:
-                per_job = collections.Counter()
-                per_task = collections.Counter()
                 for e in acked:
                     per_job[e.rec.job] += 1
                     if followers and e.seq in followers:
@@ -367,8 +362,6 @@ class Drain:
         self._c_written += len(acked)
         self._written_since_trim += len(acked)
         if self._on_ack is not None:
-            if per_job is None:
-                per_job = collections.Counter(map(_job_of, acked))
             for job, n in per_job.items():
                 try:
                     self._on_ack(job, n)
