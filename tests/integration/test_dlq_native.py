@@ -5,10 +5,7 @@ delivery reports come back; what it refuses, and how; where it is used."""
 from __future__ import annotations
 
 import logging
-import shutil
-import sysconfig
 import time
-from pathlib import Path
 
 import pytest
 from spillway.sidecar.core.model import DlqRecord
@@ -16,6 +13,7 @@ from spillway.sidecar.dlq import DlqPipeline, native
 from spillway.sidecar.dlq.producer import KafkaDlqProducer, Outcome, producer_config
 from spillway.sidecar.errors import ConfigError
 from support.kafka import create_topic, read_all
+from support.native import skip_without_a_c_compiler
 
 pytestmark = pytest.mark.integration
 
@@ -26,9 +24,7 @@ needs_native = pytest.mark.skipif(native.unavailable() is not None,
 def test_the_native_producer_is_built_and_loads_where_a_c_compiler_is():
     """`make test` builds the extension where it can; a silent fallback would only show in the
     benchmarks. It loads the librdkafka confluent-kafka ships."""
-    headers = Path(sysconfig.get_paths()["include"], "Python.h")
-    if not (shutil.which("cc") or shutil.which("gcc")) or not headers.is_file():
-        pytest.skip("no C compiler or no Python headers here: the fallback is expected")
+    skip_without_a_c_compiler()
     assert native.unavailable() is None
 
 

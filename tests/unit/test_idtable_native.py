@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import random
 import sys
-import shutil
-import sysconfig
 from array import array
-from pathlib import Path
 
 import pytest
 from spillway.sidecar.core import idtable as idt
 from spillway.sidecar.core import tolerance
+from support.native import skip_without_a_c_compiler
 
 native = pytest.mark.skipif(not idt.NATIVE, reason="the sidecar was installed without its C "
                             "extension (no C compiler)")
@@ -21,9 +19,7 @@ native = pytest.mark.skipif(not idt.NATIVE, reason="the sidecar was installed wi
 def test_the_extension_is_built_where_a_c_compiler_and_pythons_headers_are():
     """`make test` installs the sidecar with its extension on a machine that can build it (a
     silent fallback would only show in the benchmarks)."""
-    headers = Path(sysconfig.get_paths()["include"], "Python.h")
-    if not (shutil.which("cc") or shutil.which("gcc")) or not headers.is_file():
-        pytest.skip("no C compiler or no Python headers here: the fallback is expected")
+    skip_without_a_c_compiler()
     assert idt.NATIVE, "the sidecar's C extension (core/_idindex.c) was not built"
 
 

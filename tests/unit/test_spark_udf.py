@@ -13,6 +13,7 @@ from spillway.spark._engine import StageRef
 from spillway.spark._runtime import WrapperSpec
 from spillway.spark._udf import udf_function as _udf_function
 from spillway.spark.job import Job
+from support.native import skip_without_a_c_compiler
 
 
 class FakeTaskContext:
@@ -195,13 +196,7 @@ def test_a_result_that_does_not_fit_the_return_type_is_a_reported_failure(sideca
 def test_the_extension_is_built_where_a_c_compiler_and_pythons_headers_are():
     """`make test` installs spillway-spark with its extension on a machine that can build it
     (a silent fallback would only show in the benchmarks)."""
-    import shutil
-    import sysconfig
-    from pathlib import Path
-
-    headers = Path(sysconfig.get_paths()["include"], "Python.h")
-    if not (shutil.which("cc") or shutil.which("gcc")) or not headers.is_file():
-        pytest.skip("no C compiler or no Python headers here: the fallback is expected")
+    skip_without_a_c_compiler()
     from spillway.spark import _udfcall  # noqa: F401 - the import is the check
 
 
