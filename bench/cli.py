@@ -20,7 +20,7 @@ DEFAULT_OUTPUT = os.path.join(REPO_ROOT, "docs", "BENCHMARKS.md")
 METHOD = [
     "One Tansu broker (Kafka protocol, memory storage) per harness run; a fresh topic and a "
     "fresh job name per measurement. Sidecars run as their own processes, started with "
-    "`python -m spillway.sidecar.cli serve --listen 127.0.0.1:0 ...` as a user starts them. "
+    "`python -m spillway.sidecar.cli.main serve --listen 127.0.0.1:0 ...` as a user starts them. "
     "Client load comes from separate processes (`bench.loadgen`, the real `SidecarClient`), "
     "never threads of the harness. Spark is one local[2] session.",
     "Baseline and candidate runs alternate (ABAB…, after one unmeasured warm-up round) so that "

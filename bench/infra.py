@@ -156,7 +156,7 @@ class SidecarProcess:
 def start_sidecar(bootstrap: str | None, workdir: str, props: Mapping[str, str] | None = None,
                   *, env: Mapping[str, str] | None = None, name: str = "sidecar",
                   log_level: str = "WARNING", listen: str = "127.0.0.1:0") -> SidecarProcess:
-    """Run ``python -m spillway.sidecar.cli serve --listen 127.0.0.1:0`` (or ``listen``, e.g.
+    """Run ``python -m spillway.sidecar.cli.main serve --listen 127.0.0.1:0`` (or ``listen``, e.g.
     another loopback address for a cluster on one host) and wait for its
     ``spillway sidecar listening on ADDR`` line."""
     os.makedirs(workdir, exist_ok=True)
@@ -214,7 +214,7 @@ class Infra:
         # start a broker of its own (all but one leaked, and measured as the wrong one)
         with self._broker_lock:
             if self._broker is None:
-                from spillway.sidecar.embedded import EmbeddedBroker
+                from spillway.sidecar.runtime.embedded import EmbeddedBroker
 
                 self._broker = EmbeddedBroker(
                     log_path=os.path.join(self.workdir, "tansu.log")).start()

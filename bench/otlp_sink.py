@@ -1,6 +1,6 @@
 """Target 6's trace backend: an OTLP/gRPC receiver that counts the spans exporters send and
 keeps nothing, so that the sampled variants pay for recording *and* exporting their spans (a
-sidecar with no exporter records none: `spillway.sidecar.exported`).
+sidecar with no exporter records none: `spillway.sidecar.observability.exported`).
 
     python -m bench.otlp_sink [--listen 127.0.0.1:0]
 

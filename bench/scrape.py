@@ -15,8 +15,7 @@ import time
 import urllib.request
 
 import grpc
-
-from spillway.sidecar.embedded import free_port
+from spillway.sidecar.runtime.embedded import free_port
 from spillway.sidecar.server import start_server
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="spillway-demo-") as workdir:
         bootstrap = args.bootstrap_servers
         if not bootstrap:
-            from spillway.sidecar.embedded import EmbeddedBroker
+            from spillway.sidecar.runtime.embedded import EmbeddedBroker
 
             broker = EmbeddedBroker(log_path=os.path.join(workdir, "tansu.log")).start()
             stack.callback(broker.stop)
@@ -142,7 +142,6 @@ def main(argv: list[str] | None = None) -> int:
 
         from pyspark.sql import SparkSession
         from pyspark.sql import types as T
-
         from spillway.spark import Job
 
         if args.master.startswith("local"):

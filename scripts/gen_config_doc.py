@@ -74,7 +74,7 @@ properties) nor loosen:
 BOUNDS_HEADER = """
 ## Request bounds
 
-Every request field is checked before any servicer code runs (`adapters/validate.py`,
+Every request field is checked before any servicer code runs (`transport/validate.py`,
 `core/names.py`); a field over its bound is refused with INVALID_ARGUMENT naming the field and
 the bound (never repeating a long value), and the request changes nothing. An undecodable
 request answers INVALID_ARGUMENT `request is not a valid spillway.v1.<Message>: ...`. Error
@@ -95,8 +95,8 @@ driver with the same message.
 
 
 def _bounds() -> list[str]:
-    from spillway.sidecar.adapters import validate as v
     from spillway.sidecar.core import names as n
+    from spillway.sidecar.transport import validate as v
 
     rows = [
         ("job", f"{n.MAX_JOB_NAME_CHARS} characters, {n.MAX_JOB_NAME_BYTES} UTF-8 bytes"),

@@ -41,7 +41,7 @@ def _in_ci() -> bool:
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
-    from spillway.sidecar.embedded import EmbeddedBroker
+    from spillway.sidecar.runtime.embedded import EmbeddedBroker
 
     log = tmp_path_factory.mktemp("tansu") / "tansu.log"
     b = EmbeddedBroker(log_path=str(log)).start()

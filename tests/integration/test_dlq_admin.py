@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from spillway.sidecar.core.settings import DlqSettings
 from spillway.sidecar.dlq import ensure_topic
-from spillway.sidecar.embedded import free_port
 from spillway.sidecar.errors import DlqError, TopicGuardrailError
+from spillway.sidecar.runtime.embedded import free_port
 from support.kafka import create_topic
 
 pytestmark = pytest.mark.integration

@@ -232,7 +232,7 @@ def test_a_sidecar_without_the_native_producer_says_so_and_why_at_start(why, mon
     from spillway.sidecar.server import start_server
 
     monkeypatch.setattr(native, "unavailable", lambda: why)
-    with caplog.at_level(logging.WARNING, logger="spillway.sidecar.bootstrap"):
+    with caplog.at_level(logging.WARNING, logger="spillway.sidecar.runtime.bootstrap"):
         running = start_server({"listen.address": "127.0.0.1:0", "spool.enable": "false",
                                 "bootstrap.servers": "127.0.0.1:1"})
         running.stop(0)

@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 from spillway.sidecar.core.model import DlqRecord
 from spillway.sidecar.dlq import DlqPipeline
-from spillway.sidecar.embedded import EmbeddedBroker
 from spillway.sidecar.errors import FlushTimeoutError
+from spillway.sidecar.runtime.embedded import EmbeddedBroker
 from support.kafka import create_topic, read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

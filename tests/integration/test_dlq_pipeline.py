@@ -24,8 +24,8 @@ from spillway.sidecar.core.model import (
 )
 from spillway.sidecar.core.settings import job_settings
 from spillway.sidecar.dlq import DlqPipeline
-from spillway.sidecar.embedded import free_port
 from spillway.sidecar.errors import BackpressureError, DlqError, FlushTimeoutError
+from spillway.sidecar.runtime.embedded import free_port
 from support.kafka import create_topic, read_all
 
 pytestmark = pytest.mark.integration

@@ -10,6 +10,7 @@ import time
 from collections import Counter
 
 import pytest
+from spillway.sidecar.cli.dlq import add_dlq_commands
 from spillway.sidecar.core.dlq_record import build_dlq_record
 from spillway.sidecar.core.model import (
     Action,
@@ -25,7 +26,6 @@ from spillway.sidecar.core.model import (
 from spillway.sidecar.core.settings import job_settings
 from spillway.sidecar.dlq import DlqPipeline
 from spillway.sidecar.dlq.tools import tail
-from spillway.sidecar.dlq_cli import add_dlq_commands
 from support.kafka import create_topic, read_all
 
 pytestmark = pytest.mark.integration

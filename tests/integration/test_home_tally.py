@@ -9,7 +9,6 @@ import logging
 
 import grpc
 import pytest
-
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from support.creds import peer_md
@@ -159,8 +158,8 @@ def test_a_node_tally_decides_exactly_what_the_home_decides_for_the_whole_report
 
 def test_a_home_that_predates_the_tally_gets_the_whole_report(cluster, broker, monkeypatch,
                                                                 tmp_path):
-    from spillway.sidecar.adapters.servicer import ErrorSidecarServicer
     from spillway.sidecar.server import start_server
+    from spillway.sidecar.transport.servicer import ErrorSidecarServicer
 
     def unknown(self, request, context):   # what grpc answers for a method it does not serve
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")

@@ -12,7 +12,6 @@ import uuid
 import grpc
 import pytest
 from pyspark import cloudpickle
-
 from spillway.client import JobLimitError, SidecarClient
 from spillway.spark import Job
 from spillway.v1 import sidecar_pb2 as pb
@@ -206,7 +205,7 @@ def test_status_pages_through_every_run_and_each_page_fits_a_default_client(tmp_
 
 def test_ten_thousand_runs_registered_and_ended_leave_nothing_behind(tmp_path):
     """Through the sidecar's own flows (no network: 20,000 calls), counted, not timed."""
-    from spillway.sidecar.security import Caller
+    from spillway.sidecar.transport.security import Caller
 
     running = _start(tmp_path)
     sc = running.sidecar

@@ -12,10 +12,8 @@ import time
 
 import grpc
 import pytest
-
 from spillway.v1 import sidecar_pb2 as pb
 from support.creds import peer_md
-from support.kafka import read_all
 from support.homes import (
     Gate,
     flush,
@@ -30,6 +28,7 @@ from support.homes import (
     task,
     until_nothing_held,
 )
+from support.kafka import read_all
 from support.records import json_error
 
 pytestmark = pytest.mark.integration
@@ -201,7 +200,7 @@ def test_ending_the_run_at_its_home_confirms_what_its_nodes_hold_first(home, nod
 
 
 def test_past_its_memory_bound_a_report_waits_for_its_home(home, node, monkeypatch):
-    from spillway.sidecar import confirm
+    from spillway.sidecar.federation import confirm
 
     monkeypatch.setattr(confirm, "MAX_HELD_IN_MEMORY", 30)
     job, token, _topic, _ = register(home, [node], {})
@@ -220,7 +219,7 @@ def test_a_run_expiring_on_a_node_writes_what_it_still_holds(home, node, broker)
     """Idle expiry on the node (no EndJob): what is held and not yet sent is written as it is
     (never lost; a copy the home also has elsewhere would be a duplicate), and the report in
     flight is applied when its answer comes."""
-    from spillway.sidecar import ending
+    from spillway.sidecar.service import ending
 
     job, token, topic, _ = register(home, [node], {})
     gate = Gate(node, job)
@@ -271,7 +270,7 @@ def test_a_home_that_cannot_confirm_gets_the_held_records_written_as_they_are(ho
                                                                              broker):
     """A home older than TallyFailures answers UNIMPLEMENTED: the held records are written
     as they are (never lost), the task's flush succeeds, and later reports wait for it."""
-    from spillway.sidecar.peers import HomeError
+    from spillway.sidecar.federation.peers import HomeError
 
     job, token, topic, _ = register(home, [node], {})
     run = node.sidecar.registry.get(job, "r")
@@ -348,7 +347,7 @@ def test_an_unreachable_home_is_asked_again_with_backoff_and_the_flush_says_why(
 
 
 def _home_down(home, node):
-    from spillway.sidecar.peers import HomeError
+    from spillway.sidecar.federation.peers import HomeError
 
     job, token, _topic, _ = register(home, [node], {})
     run = node.sidecar.registry.get(job, "r")

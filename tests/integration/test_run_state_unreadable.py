@@ -9,10 +9,9 @@ import sqlite3
 
 import grpc
 import pytest
-
 from spillway.client import JobRun, JobToken, RunStateLostError, SidecarClient
-from spillway.sidecar import runstate
-from spillway.sidecar.cli import main as cli
+from spillway.sidecar.cli.main import main as cli
+from spillway.sidecar.service import runstate
 from spillway.v1 import sidecar_pb2 as pb
 from support.homes import md, record, start, stub, task
 

@@ -20,8 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from spillway.sidecar.embedded import free_port
+from spillway.sidecar.runtime.embedded import free_port
 from support.kafka import read_all
 from support.tls import Ca, write_token
 
@@ -294,7 +293,6 @@ def test_each_executor_reports_to_its_own_nodes_sidecar(cluster, driver, broker,
 def test_the_cluster_sidecars_refuse_plaintext_and_missing_tokens(cluster):
     """What the job above went through: TLS only, and the node token on every call."""
     import grpc
-
     from spillway.client import SidecarAuthError, SidecarClient
     from spillway.client.errors import SidecarUnavailableError
 

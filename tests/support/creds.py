@@ -4,7 +4,7 @@ OS user present it: in-process sidecars started without credentials make it at
 
 from __future__ import annotations
 
-from spillway.sidecar import localcred
+from spillway.sidecar.transport import localcred
 
 
 def local_token() -> str:

@@ -159,7 +159,7 @@ def main() -> None:
     import tempfile
     import uuid
 
-    from spillway.sidecar.embedded import EmbeddedBroker
+    from spillway.sidecar.runtime.embedded import EmbeddedBroker
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     broker = EmbeddedBroker().start()

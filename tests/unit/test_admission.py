@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from spillway.sidecar.admission import PER_RECORD_OVERHEAD_BYTES, Admission
 from spillway.sidecar.errors import BackpressureError, ReportTooLargeError
+from spillway.sidecar.service.admission import PER_RECORD_OVERHEAD_BYTES, Admission
 
 
 class Store:

@@ -602,8 +602,9 @@ def test_the_broker_is_started_once_when_many_threads_ask_for_it(monkeypatch, tm
     import threading
     import time
 
+    from spillway.sidecar.runtime import embedded
+
     from bench import infra
-    from spillway.sidecar import embedded
 
     started = []
 

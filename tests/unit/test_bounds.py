@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import pytest
-
-from spillway.sidecar.adapters import validate as v
-from spillway.sidecar.adapters.convert import summary_to_pb
-from spillway.sidecar.adapters.status import MAX_DETAILS_CHARS, safe_details
 from spillway.sidecar.core import config, names
 from spillway.sidecar.core.model import JobSummary
 from spillway.sidecar.core.settings import job_settings
 from spillway.sidecar.errors import ConfigError
+from spillway.sidecar.transport import validate as v
+from spillway.sidecar.transport.convert import summary_to_pb
+from spillway.sidecar.transport.status import MAX_DETAILS_CHARS, safe_details
 from spillway.v1 import sidecar_pb2 as pb
-
 
 # --- names ---------------------------------------------------------------------------------
 

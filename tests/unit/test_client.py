@@ -24,7 +24,7 @@ from spillway.client import (
     _channel,
 )
 from spillway.client.client import DEFAULT_TARGET, resolve_target
-from spillway.sidecar.embedded import free_port
+from spillway.sidecar.runtime.embedded import free_port
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 

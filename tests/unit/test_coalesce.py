@@ -6,8 +6,7 @@ import threading
 import time
 
 import pytest
-
-from spillway.sidecar.coalesce import GroupCall
+from spillway.sidecar.federation.coalesce import GroupCall
 
 
 class _Held:
@@ -81,7 +80,7 @@ def test_a_call_carries_at_most_its_bounds_and_the_rest_wait_for_the_next():
 
 
 def _waiter(item, weight):
-    from spillway.sidecar.coalesce import _Waiter
+    from spillway.sidecar.federation.coalesce import _Waiter
 
     return _Waiter(item, weight, 1.0)
 
@@ -125,7 +124,7 @@ def test_the_shortest_deadline_of_a_call_is_its_deadline():
 
 
 def test_a_caller_whose_deadline_passes_while_waiting_gives_up_unsent():
-    from spillway.sidecar.coalesce import GroupCallTimeout
+    from spillway.sidecar.federation.coalesce import GroupCallTimeout
 
     send = _Held()
     g = GroupCall(send, max_items=8, max_weight=100)

@@ -1,5 +1,5 @@
 """Columnar reports, both ends without a network: the executor's `columns.failure` / `encode`
-and the sidecar's `adapters/columns.records` describe every record exactly as the FailedRecord
+and the sidecar's `transport/columns.records` describe every record exactly as the FailedRecord
 message path does, the DLQ record built from either is the same, malformed columns are refused
 naming the field, and verdict columns read back as the verdicts they encode."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from spillway.client import columns, report
 from spillway.client.errors import SidecarProtocolError
-from spillway.sidecar.adapters import columns as side
-from spillway.sidecar.adapters import convert, validate
 from spillway.sidecar.core import model as m
 from spillway.sidecar.core.dlq_record import DlqBuilder
 from spillway.sidecar.core.settings import job_settings
+from spillway.sidecar.transport import columns as side
+from spillway.sidecar.transport import convert, validate
 from spillway.v1 import sidecar_pb2 as pb
 
 TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

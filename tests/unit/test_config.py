@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from spillway.sidecar.core import config
 from spillway.sidecar.core.model import Category
 from spillway.sidecar.core.settings import JobSettings, job_settings
@@ -160,8 +159,14 @@ def test_a_default_limit_from_the_sidecar_does_not_break_a_fail_fast_job():
 
 
 def test_fail_fast_job_under_a_continue_default_still_fails_on_the_first_error():
-    from spillway.sidecar.core.model import (Action, ExceptionInfo, FailedRecord, Stage,
-                                             StageRef, TaskIdentity)
+    from spillway.sidecar.core.model import (
+        Action,
+        ExceptionInfo,
+        FailedRecord,
+        Stage,
+        StageRef,
+        TaskIdentity,
+    )
     from spillway.sidecar.core.policy import PolicyEngine
 
     class Clock:

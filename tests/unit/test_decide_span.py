@@ -3,9 +3,8 @@
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 from spillway.sidecar.core.model import Action, Category, Verdict
-from spillway.sidecar.service import MAX_VERDICT_EVENTS, _annotate
+from spillway.sidecar.service.sidecar import MAX_VERDICT_EVENTS, _annotate
 
 
 class _Rec:

@@ -1,6 +1,7 @@
-"""A sidecar records spans only while something exports them (`spillway.sidecar.exported`):
-without a span processor every span is dropped, yet what it propagates is a valid context of
-its parent's trace; a processor added later turns recording on, under the configured sampler."""
+"""A sidecar records spans only while something exports them
+(`spillway.sidecar.observability.exported`): without a span processor every span is dropped,
+yet what it propagates is a valid context of its parent's trace; a processor added later turns
+recording on, under the configured sampler."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
-from spillway.sidecar import exported, telemetry
+from spillway.sidecar.observability import exported, telemetry
 
 PARENT = SpanContext(trace_id=0x0AF7651916CD43DD8448EB211C80319C, span_id=0xB7AD6B7169203331,
                      is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED),

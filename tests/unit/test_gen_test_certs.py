@@ -154,7 +154,7 @@ def test_the_single_host_walk_through_uses_real_flags_and_files(pki):
     import re
     import shlex
 
-    from spillway.sidecar.cli import build_parser
+    from spillway.sidecar.cli.main import build_parser
 
     doc = (ROOT / "docs" / "SECURITY.md").read_text()
     section = doc[doc.index("## Single host, step by step"):]

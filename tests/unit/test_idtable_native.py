@@ -147,7 +147,7 @@ def test_a_sidecar_without_the_extension_says_so_at_start(built, monkeypatch, ca
     from spillway.sidecar.server import start_server
 
     monkeypatch.setattr(idt, "NATIVE", built)
-    with caplog.at_level(logging.WARNING, logger="spillway.sidecar.bootstrap"):
+    with caplog.at_level(logging.WARNING, logger="spillway.sidecar.runtime.bootstrap"):
         running = start_server({"listen.address": "127.0.0.1:0", "spool.enable": "false"})
         running.stop(0)
     said = [r.getMessage() for r in caplog.records if "C extension" in r.getMessage()]

@@ -134,11 +134,11 @@ def _circles_found() -> list[frozenset[str]]:
 
 def test_the_graph_sees_the_project_and_its_imports():
     edges = _graph()
-    assert "spillway.sidecar.bootstrap" in edges and "spillway.spark" in edges
+    assert "spillway.sidecar.runtime.bootstrap" in edges and "spillway.spark" in edges
     assert not any(m.startswith("spillway.v1") for m in edges)  # generated code aside
-    assert "spillway.sidecar.service" in edges["spillway.sidecar.bootstrap"]
+    assert "spillway.sidecar.service.sidecar" in edges["spillway.sidecar.runtime.bootstrap"]
     # TYPE_CHECKING imports do not count: the servicer only names the service's type
-    assert "spillway.sidecar.service" not in edges["spillway.sidecar.adapters.servicer"]
+    assert "spillway.sidecar.service.sidecar" not in edges["spillway.sidecar.transport.servicer"]
     # a package's __init__ re-exporting its submodules is no edge
     assert not any(m.startswith("spillway.sidecar.dlq.") for m in edges["spillway.sidecar.dlq"])
 

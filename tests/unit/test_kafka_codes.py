@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-
 from spillway.client import report
-from spillway.sidecar.adapters import convert
 from spillway.sidecar.core.classify import KAFKA_ERROR_CODES, Classifier
 from spillway.sidecar.core.model import Category
+from spillway.sidecar.transport import convert
 from spillway.v1 import sidecar_pb2 as pb
 
 R, RR, AB = Category.RETRIABLE, Category.REFRESH_RETRIABLE, Category.ABORTABLE

@@ -197,8 +197,8 @@ def test_advertised_address_is_the_nodes_ip_on_the_host_port(props, sidecar_cont
 
 
 def test_probes_are_native_grpc_on_the_plaintext_health_port(props, sidecar_container):
-    from spillway.sidecar.probe import LIVENESS_SERVICE
     from spillway.sidecar.server import SERVICE_NAME
+    from spillway.sidecar.transport.probe import LIVENESS_SERVICE
 
     health_port = _port(props["health.listen.address"])
     assert health_port != _port(props["listen.address"])  # the kubelet cannot speak TLS

@@ -6,8 +6,7 @@ import sys
 import time
 
 import pytest
-
-from spillway.sidecar import memtune
+from spillway.sidecar.runtime import memtune
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc: Linux only")
@@ -47,7 +46,7 @@ def test_reexec_keeps_the_command_line_and_the_interpreter(monkeypatch):
 
 
 def test_main_called_by_a_host_program_never_reexecutes(monkeypatch):
-    from spillway.sidecar import cli
+    from spillway.sidecar.cli import main as cli
 
     seen = []
     monkeypatch.setattr(cli, "cmd_serve", lambda args: seen.append(args.own_command_line) or 0)
@@ -64,7 +63,8 @@ def test_serve_reexecutes_before_the_servers_imports():
     import subprocess
 
     code = ("import sys\n"
-            "from spillway.sidecar import cli, memtune\n"
+            "from spillway.sidecar.cli import main as cli\n"
+            "from spillway.sidecar.runtime import memtune\n"
             "def execv(*a):\n"
             "    heavy = [m for m in ('spillway.sidecar.server', 'spillway.sidecar.dlq', "
             "'confluent_kafka', 'opentelemetry.sdk.trace') if m in sys.modules]\n"

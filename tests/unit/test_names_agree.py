@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from spillway.client._names import check_job_name as client_rule
 from spillway.sidecar.core.names import check_job_name as sidecar_rule
 from spillway.spark._runtime import JobSpec
@@ -35,7 +34,7 @@ def test_job_spec_refuses_on_the_driver_with_the_sidecars_message():
 
 def test_the_client_cuts_exception_texts_to_what_the_sidecar_accepts():
     from spillway.client.report import failed_record
-    from spillway.sidecar.adapters import validate
+    from spillway.sidecar.transport import validate
     from spillway.v1 import sidecar_pb2 as pb
 
     def deep(n):

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from spillway.sidecar.telemetry import METRICS
+from spillway.sidecar.observability.telemetry import METRICS
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "OBSERVABILITY.md").read_text()
 
@@ -13,7 +13,7 @@ def test_every_metric_is_in_the_mapping_table():
 
 
 def test_prometheus_names_follow_the_otel_rules():
-    from spillway.sidecar.telemetry import prometheus_name
+    from spillway.sidecar.observability.telemetry import prometheus_name
 
     assert prometheus_name("spillway.record.failures", "counter", "{failure}") == \
         "spillway_record_failures_total"
@@ -26,8 +26,13 @@ def test_prometheus_names_follow_the_otel_rules():
 
 
 def _engine_with_failures():
-    from spillway.sidecar.core.model import ExceptionInfo, FailedRecord, Stage, StageRef, \
-        TaskIdentity
+    from spillway.sidecar.core.model import (
+        ExceptionInfo,
+        FailedRecord,
+        Stage,
+        StageRef,
+        TaskIdentity,
+    )
     from spillway.sidecar.core.policy import PolicyEngine
     from support.fakes import FakeClock, FakeRng
 
@@ -53,9 +58,8 @@ def test_rows_have_no_task_label_unless_asked_for():
 
 def test_render_is_the_prometheus_text_format():
     from prometheus_client.parser import text_string_to_metric_families
-
-    from spillway.sidecar.prometheus import render
-    from spillway.sidecar.telemetry import Telemetry
+    from spillway.sidecar.observability.prometheus import render
+    from spillway.sidecar.observability.telemetry import Telemetry
 
     eng = _engine_with_failures()
     tel = Telemetry()
@@ -73,8 +77,7 @@ def test_render_is_the_prometheus_text_format():
 def test_otlp_instruments_carry_the_same_rows_and_second_buckets():
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
-    from spillway.sidecar.telemetry import (
+    from spillway.sidecar.observability.telemetry import (
         VERDICT_DURATION_BOUNDARIES,
         Telemetry,
         register_instruments,

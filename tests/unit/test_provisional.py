@@ -7,13 +7,7 @@ survive re-reports, undos and a replay of the run's journal."""
 from __future__ import annotations
 
 import pytest
-from spillway.sidecar.core.model import (
-    Action,
-    Category,
-    ExceptionInfo,
-    FailedRecord,
-    TaskIdentity,
-)
+from spillway.sidecar.core.model import Action, Category, ExceptionInfo, FailedRecord, TaskIdentity
 from spillway.sidecar.core.policy import PolicyEngine
 from support.fakes import FakeClock, FakeRng
 
@@ -44,7 +38,7 @@ def _engine(props: dict | None = None) -> tuple[PolicyEngine, str]:
 
 
 def _stage():
-    from spillway.sidecar.adapters import convert
+    from spillway.sidecar.transport import convert
     from spillway.v1 import sidecar_pb2 as pb
     return convert.stage_ref(pb.STAGE_TRANSFORMATION, "", "t")
 

@@ -6,9 +6,8 @@ import threading
 from dataclasses import dataclass
 
 import pytest
-
-from spillway.sidecar import registry as r
 from spillway.sidecar.errors import ConfigError, LiveRunsExhaustedError
+from spillway.sidecar.service import registry as r
 
 
 @dataclass(frozen=True)

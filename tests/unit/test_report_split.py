@@ -9,8 +9,8 @@ import pytest
 from spillway.client import ReportTooLargeError, SidecarBackpressureError
 from spillway.client._split import send_splitting
 from spillway.client.errors import JobConflictError, map_rpc_error
-from spillway.sidecar.admission import Admission
 from spillway.sidecar.errors import ReportTooLargeError as SidecarTooLarge
+from spillway.sidecar.service.admission import Admission
 from spillway.v1 import sidecar_pb2 as pb
 
 # the sidecar's own message for a report that cannot fit (built by the real admission gate)

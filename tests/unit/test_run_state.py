@@ -20,7 +20,7 @@ from spillway.sidecar.core.model import (
     TaskIdentity,
 )
 from spillway.sidecar.core.policy import PolicyEngine
-from spillway.sidecar.runstate import RunStore
+from spillway.sidecar.service.runstate import RunStore
 from support.fakes import FakeClock, FakeRng
 
 VALUE = ExceptionInfo("builtins.ValueError", ("builtins.ValueError", "builtins.Exception"),
@@ -230,7 +230,7 @@ def test_kept_states_written_under_another_hash_seed_are_dropped_not_misread(tmp
 
 
 def test_a_run_past_the_compaction_size_is_kept_as_one_snapshot(tmp_path, monkeypatch):
-    from spillway.sidecar import runstate
+    from spillway.sidecar.service import runstate
 
     monkeypatch.setattr(runstate, "COMPACT_BYTES", 100)
     clock = FakeClock()
@@ -273,7 +273,7 @@ def test_a_snapshot_keeps_the_id_table_as_columns_and_replays_it_whole():
 
 
 def test_a_store_of_the_previous_format_is_read_and_one_of_an_unknown_format_dropped(tmp_path):
-    from spillway.sidecar import runstate
+    from spillway.sidecar.service import runstate
 
     store = RunStore(tmp_path)
     store.open_run("j@r", "j", "r", b"d")

@@ -7,9 +7,8 @@ import stat
 
 import grpc
 import pytest
-
-from spillway.sidecar import listeners, localcred, security
 from spillway.sidecar.errors import ConfigError
+from spillway.sidecar.transport import listeners, localcred, security
 from spillway.v1 import sidecar_pb2 as pb
 from support.tls import write_token
 

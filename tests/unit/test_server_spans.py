@@ -12,9 +12,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
-
-from spillway.sidecar import security
-from spillway.sidecar.telemetry import ServerSpans
+from spillway.sidecar.observability.telemetry import ServerSpans
+from spillway.sidecar.transport import security
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 SPAN = "b7ad6b7169203331"

@@ -5,7 +5,7 @@ FlushTask without a deadline waited for ever instead of flush.timeout.ms."""
 from __future__ import annotations
 
 import pytest
-from spillway.sidecar.adapters.servicer import _timeout
+from spillway.sidecar.transport.servicer import _timeout
 
 
 class _Context:

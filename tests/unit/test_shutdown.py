@@ -3,7 +3,7 @@ behaviour itself is tested against `spillway serve` in tests/e2e/test_health_tru
 
 from __future__ import annotations
 
-from spillway.sidecar import shutdown
+from spillway.sidecar.runtime import shutdown
 
 
 def test_the_stop_leaves_room_in_the_grace_for_leaving_the_process():

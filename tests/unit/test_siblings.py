@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from spillway.sidecar import siblings
+from spillway.sidecar.federation import siblings
 
 PROCS = ("10.0.0.5:50052", "10.0.0.5:50053", "10.0.0.5:50054")
 

@@ -11,7 +11,7 @@ import pytest
 from spillway.sidecar.core.model import ExceptionInfo, FailedRecord, TaskIdentity
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.core.slices import MAX_OPEN, MAX_SLICE, SliceAsk, SliceBook
-from spillway.sidecar.node_slices import MAX_HELD, SLICE_WANT, NodeSlices
+from spillway.sidecar.federation.node_slices import MAX_HELD, SLICE_WANT, NodeSlices
 from spillway.v1 import sidecar_pb2 as pb
 from support.fakes import FakeClock, FakeRng
 
@@ -38,7 +38,7 @@ def _engine(props: dict) -> tuple[PolicyEngine, str, FakeClock]:
 
 
 def _stage():
-    from spillway.sidecar.adapters import convert
+    from spillway.sidecar.transport import convert
     return convert.stage_ref(pb.STAGE_TRANSFORMATION, "", "t")
 
 
@@ -163,7 +163,7 @@ def test_a_node_stops_using_a_slice_at_half_its_lease_and_holds_a_bounded_number
 
 
 def test_a_tally_closing_more_slices_than_a_run_can_hold_is_refused():
-    from spillway.sidecar.adapters import validate
+    from spillway.sidecar.transport import validate
     req = pb.TallyRequest(job="j", run_id="r")
     report = req.reports.add()
     report.task.CopyFrom(pb.TaskIdentity(stage_id=1, partition_id=0, task_attempt_id=1))

@@ -15,7 +15,7 @@ from spillway.client import (
     SidecarUnavailableError,
     _channel,
 )
-from spillway.sidecar.embedded import free_port
+from spillway.sidecar.runtime.embedded import free_port
 from spillway.spark import _runtime, _tracing
 from spillway.spark._engine import StageRef
 from spillway.spark._runtime import JobSpec, TaskSession, WrapperSpec

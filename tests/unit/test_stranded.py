@@ -7,11 +7,11 @@ import os
 import sqlite3
 
 import pytest
-from spillway.sidecar import stranded
 from spillway.sidecar.core.model import DlqRecord
 from spillway.sidecar.dlq.spool import Spool
 from spillway.sidecar.errors import ConfigError
-from spillway.sidecar.runstate import RunStore
+from spillway.sidecar.runtime import stranded
+from spillway.sidecar.service.runstate import RunStore
 
 
 def rec(i: int) -> DlqRecord:

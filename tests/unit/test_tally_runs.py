@@ -12,9 +12,9 @@ import pickle
 import random
 
 import pytest
-from spillway.sidecar.adapters import tally
 from spillway.sidecar.core.model import FailedRecord, TaskIdentity
 from spillway.sidecar.core.policy import PolicyEngine
+from spillway.sidecar.transport import tally
 from spillway.v1 import sidecar_pb2 as pb
 from support.fakes import FakeClock, FakeRng
 

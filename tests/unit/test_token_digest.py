@@ -14,11 +14,10 @@ import uuid
 from dataclasses import dataclass
 
 import pytest
-
 from spillway.client import SidecarClient
 from spillway.client.errors import JobAccessError, SidecarAuthError
 from spillway.client.runs import JobRun, JobToken
-from spillway.sidecar import registry as r
+from spillway.sidecar.service import registry as r
 from spillway.v1 import sidecar_pb2 as pb
 
 

@@ -1,7 +1,7 @@
 """Domain values of the policy core: what a failed record is and what the sidecar answers.
 
 These mirror `spillway.v1` messages but import nothing from grpc or protobuf: the servicer
-translates at the boundary (`spillway.sidecar.adapters.convert`).
+translates at the boundary (`spillway.sidecar.transport.convert`).
 
 Values built once per reported record (`FailedRecord`, `ExceptionInfo`, `SourceCoordinates`,
 `Verdict`, `Decision`) are plain slotted dataclasses, not frozen ones: a frozen dataclass's
@@ -141,7 +141,7 @@ class FailedRecord:
     @property
     def trace(self) -> tuple[str, str]:
         """(traceparent, tracestate); a view over a report's columns gives the records of one
-        trace the same tuple, which `DlqBuilder` checks once (`adapters/columns.py`)."""
+        trace the same tuple, which `DlqBuilder` checks once (`transport/columns.py`)."""
         return (self.traceparent, self.tracestate)
 
 

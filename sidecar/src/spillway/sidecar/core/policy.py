@@ -254,7 +254,7 @@ class PolicyEngine:
 
     def payload_digests(self, job: str, records: Sequence[FailedRecord]) -> bytes:
         """The records' payload digests (keyed by the run), 8 bytes each, little-endian: what a
-        node sends the run's home instead of the payloads (`adapters/tally.py`)."""
+        node sends the run's home instead of the payloads (`transport/tally.py`)."""
         digests = self._job(job).tags_of(records)
         if sys.byteorder != "little":
             digests.byteswap()

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter, is_
 
+from spillway.sidecar.runtime.memtune import release_memory
+
 from ..core.model import DlqRecord
 from ..errors import DlqError
-from ..memtune import release_memory
 from .producer import DeliveryFailure, Outcome, ProduceRefused
 from .tracing import record_batch_spans
 

@@ -91,7 +91,7 @@ def new_trace_headers(original_traceparent: str | None, target: str,
 def setup_tracing() -> None:
     """Export the redrive's spans over OTLP when the standard environment asks for it
     (``OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT``), as the sidecar does."""
-    from .. import telemetry
+    from spillway.sidecar.observability import telemetry
 
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return

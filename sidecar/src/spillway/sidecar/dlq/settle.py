@@ -15,8 +15,9 @@ import sqlite3
 import threading
 from collections.abc import Sequence
 
+from spillway.sidecar.runtime.memtune import release_memory
+
 from ..errors import DlqError
-from ..memtune import release_memory
 from . import schema
 from .codec import IDX_MASK, ROW_BITS, decode_row, encode_headers, seq_ranges
 from .store import DedupKey

@@ -1,1 +1,0 @@
-"""Adapters: translate between the pure core and grpc, Kafka, OpenTelemetry."""

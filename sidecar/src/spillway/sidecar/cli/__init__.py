@@ -1,0 +1,1 @@
+"""The `spillway` command: argparse wiring only (`main`; `dlq` and `job` subcommands)."""

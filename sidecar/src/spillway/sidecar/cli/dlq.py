@@ -1,0 +1,142 @@
+"""``spillway dlq tail`` and ``spillway dlq redrive``: argparse wiring over `dlq.tools`.
+
+The main CLI calls `add_dlq_commands(subparsers)`; each command stores its handler as
+``args.func`` (``func(args) -> int``, the exit code: 0 ok, 1 records failed, 2 bad input or an
+unreachable cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from spillway.sidecar.errors import DlqError
+
+# `.dlq` (Kafka clients, the spool, OpenTelemetry) is imported by the commands that use it, not
+# here: building the parser must stay cheap, `spillway serve` builds it before re-executing
+# itself on another allocator (memtune.py)
+
+
+def _add_client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT[,...]",
+                   help="Kafka bootstrap servers")
+    p.add_argument("--topic", required=True, help="the DLQ topic")
+    p.add_argument("-X", "--property", action="append", default=[], metavar="KEY=VALUE",
+                   help="librdkafka client setting (e.g. security.protocol=SASL_SSL); repeatable")
+    p.add_argument("--idle-ms", type=int, default=2000,
+                   help="the end of the topic is reached when nothing new arrives for this long "
+                        "(default 2000)")
+
+
+def add_dlq_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``dlq`` with its ``tail`` and ``redrive`` subcommands; returns the ``dlq`` parser."""
+    dlq = subparsers.add_parser("dlq", help="inspect and redrive a dead letter queue topic",
+                                description="Inspect and redrive a dead letter queue topic.")
+    sub = dlq.add_subparsers(dest="dlq_command", metavar="{tail,redrive}", required=True)
+
+    t = sub.add_parser("tail", help="print DLQ records with their headers",
+                       description="Print DLQ records with their headers, one block per record. "
+                                   "Without --from-beginning: the newest --max records "
+                                   "(default 10).")
+    _add_client_options(t)
+    t.add_argument("--from-beginning", action="store_true",
+                   help="start at the oldest record instead of the newest ones")
+    t.add_argument("--max", type=int, default=None, metavar="N",
+                   help="print at most N records (default: all from the beginning, else 10)")
+    t.add_argument("--follow", action="store_true",
+                   help="keep printing new records until interrupted")
+    t.add_argument("--max-bytes", type=int, default=300, metavar="N",
+                   help="cut keys, values and header values to N bytes (default 300)")
+    t.set_defaults(func=run_tail)
+
+    r = sub.add_parser(
+        "redrive", help="re-publish DLQ records to a topic",
+        description="Re-publish matching DLQ records (original key, value and headers, without "
+                    "the error-context headers) to --target, adding or incrementing "
+                    "spillway.redrive.count. Records redriven --max-redrives times are left "
+                    "in place and counted.")
+    _add_client_options(r)
+    r.add_argument("--target", required=True, help="the topic to publish to")
+    r.add_argument("--stage", help="only records that failed in this stage (e.g. TRANSFORMATION)")
+    r.add_argument("--exception-class", help="only records whose exception class is this "
+                                             "(qualified name, or the simple name)")
+    r.add_argument("--job", help="only records of this job")
+    r.add_argument("--since", help="only records dead-lettered at or after this ISO 8601 time "
+                                   "(UTC when no zone is given)")
+    r.add_argument("--until", help="only records dead-lettered before this ISO 8601 time")
+    r.add_argument("--rate", help="at most this many records per second (e.g. 100/s)")
+    r.add_argument("--dry-run", action="store_true",
+                   help="print what would be redriven; publish nothing")
+    r.add_argument("--max-redrives", type=int, default=3, metavar="N",
+                   help="leave records already redriven N times (default 3)")
+    r.add_argument("--allow-stage-input", action="store_true",
+                   help="also send records whose key/value are a stage's input (e.g. a "
+                        "transformed row; spillway.payload is not 'source') to their source "
+                        "topic (refused by default)")
+    r.add_argument("--no-progress", action="store_true",
+                   help="no running counts on stderr (every 2 s)")
+    r.add_argument("--ledger-topic", metavar="TOPIC",
+                   help="the DLQ ledger: records resolved there (redriven before, fixed or "
+                        "dead-lettered again by reprocess) are skipped, and each record Kafka "
+                        "acknowledges is recorded there (default <topic>.ledger, created "
+                        "compacted when missing)")
+    r.add_argument("--no-ledger", action="store_true",
+                   help="neither read nor write the ledger: every matching record is sent, "
+                        "even one resolved before")
+    r.set_defaults(func=run_redrive)
+    return dlq
+
+
+def run_tail(args: argparse.Namespace) -> int:
+    from spillway.sidecar.dlq import tools
+
+    try:
+        conf = tools.parse_properties(args.property)
+        tools.tail(args.bootstrap_servers, args.topic, from_beginning=args.from_beginning,
+                   max_records=args.max, follow=args.follow, idle_s=args.idle_ms / 1000.0,
+                   max_bytes=args.max_bytes, consumer_conf=conf, out=sys.stdout)
+    except (DlqError, ValueError) as exc:
+        print(f"spillway dlq tail: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def run_redrive(args: argparse.Namespace) -> int:
+    from spillway.sidecar.dlq import ledger, tools
+
+    ledger.setup_tracing()
+    try:
+        conf = tools.parse_properties(args.property)
+        flt = tools.RedriveFilter(
+            stage=args.stage, exception_class=args.exception_class, job=args.job,
+            since_ms=tools.parse_time_ms(args.since) if args.since else None,
+            until_ms=tools.parse_time_ms(args.until) if args.until else None)
+        rate = tools.parse_rate(args.rate) if args.rate else None
+        summary = tools.redrive(args.bootstrap_servers, args.topic, args.target, flt=flt,
+                                rate_per_s=rate, dry_run=args.dry_run,
+                                max_redrives=args.max_redrives, idle_s=args.idle_ms / 1000.0,
+                                client_conf=conf, out=sys.stdout,
+                                allow_stage_input=args.allow_stage_input,
+                                progress=None if args.no_progress else sys.stderr,
+                                ledger_topic=args.ledger_topic,
+                                use_ledger=not args.no_ledger)
+    except (DlqError, ValueError) as exc:
+        print(f"spillway dlq redrive: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        ledger.shutdown_tracing()
+    return 1 if summary.failed or summary.ledger_failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry: ``python -m spillway.sidecar.cli.dlq dlq tail ...``."""
+    parser = argparse.ArgumentParser(prog="spillway")
+    add_dlq_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""Bootstrap: build a sidecar from its properties, serve it over gRPC, stop it.
+
+`build_sidecar` parses the layered properties and constructs the policy engine and the DLQ
+pipeline; `start_server` adds what serving needs (telemetry and its Prometheus endpoint,
+authentication, the gRPC server with the servicer and grpc.health.v1, the health probe) and
+returns a `RunningSidecar`, whose `stop()` shuts all of it down in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from spillway.sidecar.core import config, idtable
+from spillway.sidecar.core.guardrails import check_topic_name
+from spillway.sidecar.core.handlers import HandlerRules
+from spillway.sidecar.core.policy import PolicyEngine
+from spillway.sidecar.core.ports import SystemClock
+from spillway.sidecar.core.settings import job_settings
+from spillway.sidecar.errors import ConfigError
+from spillway.sidecar.federation.confirm import Confirmations
+from spillway.sidecar.observability import prometheus, telemetry
+from spillway.sidecar.observability.health import KAFKA_HEALTH_SERVICE, KafkaWatch
+from spillway.sidecar.service import runstate
+from spillway.sidecar.service.admission import Admission
+from spillway.sidecar.service.registry import Registry
+from spillway.sidecar.service.sidecar import Sidecar
+from spillway.sidecar.service.topic_checks import kafka_conf
+from spillway.sidecar.transport import listeners, localcred, rpc, security
+from spillway.sidecar.transport.probe import start_probe_server
+from spillway.sidecar.transport.servicer import SERVICE_NAME, ErrorSidecarServicer
+
+if TYPE_CHECKING:
+    from spillway.sidecar.runtime.processes import ProcessRole
+
+log = logging.getLogger("spillway.sidecar")
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class _Random:
+    def __init__(self) -> None:
+        self._r = random.Random()
+
+    def random(self) -> float:
+        return self._r.random()
+
+
+
+@dataclass
+class RunningSidecar:
+    server: grpc.Server
+    sidecar: Sidecar
+    health: health.HealthServicer
+    address: str  # what a client dials: host:port or unix:///path
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _watch: threading.Thread | None = None
+    probe: grpc.Server | None = None  # health.listen.address (probe.py)
+    probe_address: str = ""
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """Graceful: refuse new calls, let in-flight ones finish, drain what the DLQ can."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        grace = grace_s if grace_s is not None else self.sidecar.props["shutdown.grace.ms"] / 1000
+        deadline = time.monotonic() + grace  # one budget: calls, then the DLQ's last flush
+        self.health.enter_graceful_shutdown()
+        if self.sidecar.kafka is not None:
+            self.sidecar.kafka.stop()
+        self.server.stop(grace).wait()
+        if self.probe is not None:  # probes saw NOT_SERVING for the whole grace period
+            self.probe.stop(0).wait()
+        self.sidecar.registry.stop()
+        self.sidecar.trimmer.stop()
+        if self.sidecar.confirmations is not None:   # held rows stay: confirmed at the restart
+            self.sidecar.confirmations.close()
+        if self.sidecar.pipeline is not None:
+            self.sidecar.pipeline.shutdown(timeout=max(0.0, deadline - time.monotonic()))
+        if self.sidecar.runstate is not None:
+            self.sidecar.runstate.close()
+        self.sidecar.telemetry.shutdown()  # flush spans and metrics
+        log.info("spillway sidecar %s stopped", self.sidecar.sidecar_id)
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()
+
+    def _watch_backpressure(self) -> None:
+        """Health follows backpressure and Kafka (health.py): NOT_SERVING while reports are
+        refused (admission.py), SERVING again once the spool is below its low-water mark;
+        ``spillway.kafka`` NOT_SERVING while the sidecar's Kafka does not answer."""
+        serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
+                                health_pb2.HealthCheckResponse.NOT_SERVING)
+        last = last_kafka = None
+        gate, kafka = self.sidecar.admission, self.sidecar.kafka
+        while not self._stop.wait(0.25):
+            status = not_serving if gate is not None and gate.refusing() else serving
+            if status != last:
+                for name in ("", SERVICE_NAME):
+                    self.health.set(name, status)
+                last = status
+            k = serving if kafka is None or kafka.reachable else not_serving
+            if k != last_kafka:
+                self.health.set(KAFKA_HEALTH_SERVICE, k)
+                last_kafka = k
+
+
+def _local_only(props: Mapping[str, object]) -> bool:
+    """Nobody off this host can connect: no TCP listener, or a loopback one."""
+    tcp = str(props.get("listen.address") or "")
+    return not tcp or listeners.is_loopback_host(listeners.split_host_port(tcp)[0])
+
+
+def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
+    """Parse sidecar properties (already layered) and construct the engine and pipeline."""
+    props = config.parse(raw)
+    job_defaults = {k: v for k, v in raw.items() if k in config.JOB_PROPERTIES}
+    # A sidecar-level job default must itself be valid: check it once, at start-up.
+    defaults = job_settings("sidecar-defaults", {}, job_defaults)
+    check_topic_name(defaults.dlq, props["dlq.topic.required.prefix"],
+                     props["dlq.topic.auto.create.allow"])
+    props["_job_defaults"] = job_defaults
+    kafka_overrides = {k[len(config.PRODUCER_PASSTHROUGH):]: v for k, v in raw.items()
+                       if k.startswith(config.PRODUCER_PASSTHROUGH)}
+    props["_kafka_overrides"] = kafka_overrides
+    if not props["listen.address"] and not props["listen.unix.socket"]:
+        raise ConfigError("listen.address", "set listen.address or listen.unix.socket")
+    # user handler classes are operator-owned: the allow-list and time limit are sidecar-only
+    rules = HandlerRules.from_properties(
+        props["errors.handler.allowed.classes"], props["errors.handler.timeout.ms"],
+        props["errors.handler.pool.size"], also=[job_defaults.get("errors.handler.class", "")])
+    engine = PolicyEngine(clock=SystemClock(), rng=_Random(), job_defaults=job_defaults,
+                          handler_rules=rules)
+    pipeline = None
+    if props["bootstrap.servers"]:
+        from spillway.sidecar.dlq import DlqPipeline, default_spool_dir
+
+        pipeline = DlqPipeline(
+            props["bootstrap.servers"],
+            spool_dir=props["spool.dir"] or default_spool_dir(raw),
+            spool_enable=props["spool.enable"],
+            max_bytes=props["spool.max.bytes"],
+            max_records=props["spool.max.records"],
+            linger_ms=props["producer.linger.ms"],
+            batch_size=props["producer.batch.size"],
+            max_inflight_bytes=props["producer.max.inflight.bytes"],
+            producer_overrides=kafka_overrides,
+            native_producer=props["producer.native"],
+            on_ack=engine.note_dead_letter_acked,
+            spool_group=props["spool.group"],
+        )
+    store = None
+    if pipeline is not None and runstate.wanted(props):
+        store = runstate.RunStore(props["spool.dir"] or default_spool_dir(raw),
+                                  max_idle_s=props["job.idle.timeout.ms"] / 1000)
+    sec = security.load_config(props)
+    if localcred.applies(sec, _local_only(props)):
+        sec = localcred.apply(sec, props["auth.local.token.file"] or localcred.default_path())
+    return Sidecar(
+        props=props, engine=engine, pipeline=pipeline, runstate=store,
+        sidecar_id=props["sidecar.id"] or socket.gethostname(),
+        flush_timeout_s=props["flush.timeout.ms"] / 1000,
+        security=sec,
+        registry=Registry(max_live=props["jobs.max.live"],
+                          idle_timeout_s=props["job.idle.timeout.ms"] / 1000),
+    )
+
+
+class _Handlers:
+    """Collects what a generated ``add_XServicer_to_server`` registers, so that it is served
+    through `security.Authenticating` only (its registered-method copy is left out: grpc would
+    serve those methods around the wrapper)."""
+
+    def __init__(self) -> None:
+        self.generic: list[grpc.GenericRpcHandler] = []
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self.generic.extend(handlers)
+
+    def add_registered_method_handlers(self, service, handlers) -> None:
+        pass
+
+
+def start_server(
+    raw: Mapping[str, str] | None = None,
+    *,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
+    max_workers: int = 32,
+    install_global_telemetry: bool = False,
+    process: ProcessRole | None = None,
+) -> RunningSidecar:
+    """Build and start a sidecar from layered raw properties (see `config.resolve`);
+    ``process``: one of several processes behind listen.address (processes.py)."""
+    raw = config.resolve(explicit=raw or {})  # idempotent over an already-layered mapping
+    sidecar = build_sidecar(raw)
+    sec = sidecar.security
+    tcp = sidecar.props["listen.address"]
+    if tcp:
+        listeners.check_plaintext_listen(tcp, sec)
+    if sidecar.props["listen.unix.socket"]:  # before anything starts: a refusal leaves no thread
+        listeners.clear_stale_socket(sidecar.props["listen.unix.socket"])
+    local_only = _local_only(sidecar.props)
+    spans = None
+    if sidecar.props["telemetry.enable"]:
+        tel = telemetry.setup(sidecar_id=sidecar.sidecar_id,
+                              install_global=install_global_telemetry)
+        if sidecar.props["metrics.prometheus.port"]:
+            http = prometheus.serve(tel, sidecar.props["metrics.prometheus.host"],
+                                    sidecar.props["metrics.prometheus.port"])
+            tel.http_server, tel.prometheus_port = http, http.server_port
+        task_label = sidecar.props["metrics.task.label.enable"]
+        tel.add_source(lambda: sidecar.engine.metric_rows(task_label=task_label))
+        tel.add_source(lambda: [(k, {}, float(v)) for k, v in sidecar.sidewide_counters().items()
+                                if k in telemetry.SIDECAR_WIDE])
+        if sidecar.pipeline is not None:
+            sidecar.pipeline.tracer = tel.tracer
+            sidecar.pipeline.traced = tel.exporting
+        sidecar.telemetry = tel
+        # gRPC server spans continue the executor's trace (W3C context in the metadata); only
+        # a sampled call pays for its span
+        spans = telemetry.ServerSpans(tel.tracer_provider)
+    if sidecar.pipeline is not None:
+        sidecar.pipeline.start()
+        if sidecar.pipeline.holds:   # also to confirm rows held before a restart
+            sidecar.confirmations = Confirmations(sidecar)
+        sidecar.admission = Admission(sidecar.pipeline.store,
+                                      low_water_percent=sidecar.props["spool.low.water.percent"])
+        sidecar.kafka = KafkaWatch(
+            kafka_conf(sidecar.props),
+            interval_s=sidecar.props["kafka.check.interval.ms"] / 1000).start()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="spillway-rpc"),
+        interceptors=list(interceptors) or None,
+        options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                 ("grpc.so_reuseport", int(process is not None))],
+    )
+    # raw bytes in, parsed and bounded inside: undecodable requests answer INVALID_ARGUMENT;
+    # every method of both services authenticated first: nothing (tracing included) sees a
+    # call before it is, then the call's server span (a handler wrapper, not an interceptor)
+    health_servicer = health.HealthServicer()
+    health_handlers = _Handlers()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_handlers)
+    server.add_generic_rpc_handlers((security.Authenticating(
+        [rpc.generic_handler(ErrorSidecarServicer(sidecar)), *health_handlers.generic],
+        security.Authenticator(sec, local_only=local_only),
+        around=spans.wrap if spans is not None else None),))
+    address = ""
+    if sidecar.props["listen.unix.socket"]:
+        path = sidecar.props["listen.unix.socket"]
+        old_umask = os.umask(0o177)  # nobody else can connect before the mode below is set
+        try:
+            server.add_insecure_port(f"unix://{path}")
+        finally:
+            os.umask(old_umask)
+        listeners.secure_socket(path, sidecar.props["listen.unix.socket.mode"],
+                               sidecar.props["listen.unix.socket.owner"],
+                               sidecar.props["listen.unix.socket.group"])
+        address = f"unix://{path}"
+    if tcp:
+        host = tcp.rpartition(":")[0]
+        creds = listeners.TlsReloader(sec.tls).server_credentials() if sec.tls else None
+
+        def bind(where: str) -> int:
+            bound = (server.add_secure_port(where, creds) if creds is not None
+                     else server.add_insecure_port(where))
+            if bound == 0:
+                raise ConfigError("listen.address", f"cannot bind {where}")
+            return bound
+
+        address = f"{host}:{bind(tcp)}"  # port 0 picks a free port: report the real one
+        if process is not None:  # and its own port, with the same credentials
+            bind(process.process_address())
+    sidecar.listen_address = address
+    sidecar.advertised_address = sec.advertised_address or listeners.default_advertised(address)
+    if process is not None:  # its own port: where its runs are homed, and its siblings'
+        sidecar.advertised_address = process.advertised
+        sidecar.process_port = process.port
+        sidecar.siblings = tuple(process.siblings)
+    server.start()
+    sidecar.registry.start_reaper(sidecar.expire)
+    for name in ("", SERVICE_NAME) + ((KAFKA_HEALTH_SERVICE,) if sidecar.kafka else ()):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    running = RunningSidecar(server, sidecar, health_servicer, address)
+    if sidecar.props["health.listen.address"]:
+        try:
+            running.probe, running.probe_address = start_probe_server(
+                sidecar.props["health.listen.address"], health_servicer,
+                reuse_port=process is not None)
+        except Exception:
+            running.stop(0)
+            raise
+    if sidecar.pipeline is not None:
+        running._watch = threading.Thread(target=running._watch_backpressure,
+                                          name="spillway-health", daemon=True)
+        running._watch.start()
+    where = (f"{address} (process {process.index + 1} of {process.count}, its own port "
+             f"{process.advertised})" if process is not None else address)
+    log.info("spillway sidecar %s serving on %s (%s)", sidecar.sidecar_id, where,
+             security.describe(sec, local_only=local_only))
+    for weakness in security.weaknesses(sec, local_only=local_only):
+        log.warning("security: %s", weakness)
+    if not idtable.NATIVE:
+        log.warning("the sidecar was installed without its C extension (no C compiler then): "
+                    "its id tables' per-id loops run in Python, which about doubles what a "
+                    "run's home spends per record (docs/DEPLOY.md)")
+    if sidecar.pipeline is not None and sidecar.props["producer.native"]:
+        from spillway.sidecar.dlq import native
+
+        why = native.unavailable()
+        if why:
+            log.warning("the DLQ producer runs through confluent-kafka's produce(), which "
+                        "costs a node 3-5 us more per dead-lettered record: %s (docs/DEPLOY.md)",
+                        why)
+    return running
+
+
+
+__all__ = ["start_server", "build_sidecar", "RunningSidecar", "MAX_MESSAGE_BYTES"]

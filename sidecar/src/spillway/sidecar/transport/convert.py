@@ -1,0 +1,326 @@
+"""Translation between spillway.v1 protobuf messages and the core's domain values.
+
+Pure translation: no policy here. Invalid input raises ValueError naming the field, which the
+servicer turns into INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from spillway.sidecar.core import model as m
+from spillway.v1 import sidecar_pb2 as pb
+
+STAGE_FROM_PB = {
+    pb.STAGE_DESERIALIZATION: m.Stage.DESERIALIZATION,
+    pb.STAGE_KEY_CONVERTER: m.Stage.KEY_CONVERTER,
+    pb.STAGE_VALUE_CONVERTER: m.Stage.VALUE_CONVERTER,
+    pb.STAGE_HEADER_CONVERTER: m.Stage.HEADER_CONVERTER,
+    pb.STAGE_TRANSFORMATION: m.Stage.TRANSFORMATION,
+    pb.STAGE_SINK: m.Stage.SINK,
+    pb.STAGE_PRODUCE: m.Stage.PRODUCE,
+    pb.STAGE_CUSTOM: m.Stage.CUSTOM,
+}
+
+CATEGORY_FROM_PB = {
+    pb.CATEGORY_RETRIABLE: m.Category.RETRIABLE,
+    pb.CATEGORY_REFRESH_RETRIABLE: m.Category.REFRESH_RETRIABLE,
+    pb.CATEGORY_ABORTABLE: m.Category.ABORTABLE,
+    pb.CATEGORY_APPLICATION_RECOVERABLE: m.Category.APPLICATION_RECOVERABLE,
+    pb.CATEGORY_INVALID_CONFIGURATION: m.Category.INVALID_CONFIGURATION,
+    pb.CATEGORY_DATA: m.Category.DATA,
+}
+CATEGORY_TO_PB = {v: k for k, v in CATEGORY_FROM_PB.items()}
+STAGE_TO_PB = {v: k for k, v in STAGE_FROM_PB.items()}
+
+ACTION_TO_PB = {m.Action.RETRY: pb.ACTION_RETRY, m.Action.SKIP: pb.ACTION_SKIP,
+                 m.Action.FAIL: pb.ACTION_FAIL}
+
+
+# StageRef values are immutable and few: one per (stage, custom name) seen, bounded.
+_STAGE_REFS: dict[tuple[int, str], m.StageRef] = {}
+_MAX_STAGE_REFS = 4096
+
+
+def stage_ref(stage: int, custom: str, where: str) -> m.StageRef:
+    ref = _STAGE_REFS.get((stage, custom))
+    if ref is not None:
+        return ref
+    try:
+        s = STAGE_FROM_PB[stage]
+    except KeyError:
+        raise ValueError(
+            f"{where}.stage: must be one of {sorted(pb.Stage.keys())[1:]} (got {stage})"
+        ) from None
+    if s is m.Stage.CUSTOM and not custom.strip():
+        raise ValueError(f"{where}.custom_stage: required with STAGE_CUSTOM")
+    ref = m.StageRef(s, custom.strip() if s is m.Stage.CUSTOM else "")
+    if len(_STAGE_REFS) >= _MAX_STAGE_REFS:
+        _STAGE_REFS.clear()
+    _STAGE_REFS[(stage, custom)] = ref
+    return ref
+
+
+def task_identity(t: pb.TaskIdentity) -> m.TaskIdentity:
+    return m.TaskIdentity(
+        stage_id=t.stage_id, partition_id=t.partition_id, attempt_number=t.attempt_number,
+        task_attempt_id=t.task_attempt_id, executor_id=t.executor_id, host=t.host,
+    )
+
+
+def exception_value(e: pb.ExceptionInfo, where: str) -> m.ExceptionInfo:
+    if not e.class_name:
+        raise ValueError(f"{where}.exception.class_name: required")
+    has = e.HasField
+    return m.ExceptionInfo(
+        e.class_name,
+        tuple(e.class_chain) or (e.class_name,),
+        e.message,
+        e.stack_trace,
+        e.grpc_status_code if has("grpc_status_code") else None,
+        e.http_status_code if has("http_status_code") else None,
+        e.kafka_retriable if has("kafka_retriable") else None,
+        e.kafka_fatal if has("kafka_fatal") else None,
+        e.kafka_txn_requires_abort if has("kafka_txn_requires_abort") else None,
+        CATEGORY_FROM_PB.get(e.marker_category),
+        tuple(e.causes),
+        e.kafka_error_code.strip().upper() or None,
+    )
+
+
+def exception_pb(e: m.ExceptionInfo, *, stack_trace: bool = False) -> pb.ExceptionInfo:
+    """A core exception value as its message; without its stack trace unless asked (a home
+    never needs it to decide)."""
+    out = pb.ExceptionInfo(class_name=e.class_name, class_chain=e.class_chain,
+                           message=e.message, causes=e.causes,
+                           kafka_error_code=e.kafka_error_code or "",
+                           stack_trace=e.stack_trace if stack_trace else "")
+    for name in ("grpc_status_code", "http_status_code", "kafka_retriable", "kafka_fatal",
+                 "kafka_txn_requires_abort"):
+        value = getattr(e, name)
+        if value is not None:
+            setattr(out, name, value)
+    if e.marker_category is not None:
+        out.marker_category = CATEGORY_TO_PB[e.marker_category]
+    return out
+
+
+class RecordView:
+    """What a view of a reported record (`PbFailedRecord`, `columns.ColumnRecord`) shares: it
+    compares and prints as the `model.FailedRecord` it stands for."""
+
+    __slots__ = ()
+
+    def to_model(self) -> m.FailedRecord:
+        return m.FailedRecord(self.record_id, self.stage, self.exception, self.function_name,
+                              self.source, self.key, self.value, self.headers,
+                              self.timestamp_ms, self.attempt, self.traceparent,
+                              self.tracestate, self.payload)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordView):
+            other = other.to_model()
+        if isinstance(other, m.FailedRecord):
+            return self.to_model() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # like the (mutable) dataclass
+
+    @property
+    def trace(self) -> tuple[str, str]:
+        return (self.traceparent, self.tracestate)
+
+    def __repr__(self) -> str:
+        return repr(self.to_model()).replace("FailedRecord(", f"{type(self).__name__}(", 1)
+
+
+class PbFailedRecord(RecordView):
+    """A reported record as the core reads it (`model.FailedRecord`'s fields), over its
+    protobuf message: validated and converted up front are only what every record's decision
+    reads (record id, stage, exception); the rest (key, value, headers, source, ...) is read
+    from the message when asked for, which for most records is never (only a dead-lettered,
+    logged or custom-handled record needs them). Treat it as a value, like FailedRecord;
+    `to_model()` gives the plain dataclass."""
+
+    __slots__ = ("record_id", "stage", "exception", "_r")
+    tag = -1  # its payload digest is computed from key and value (`JobState.tag_of`)
+
+    def __init__(self, r: pb.FailedRecord, record_id: str, stage: m.StageRef,
+                 exception: m.ExceptionInfo) -> None:
+        self._r = r
+        self.record_id = record_id
+        self.stage = stage
+        self.exception = exception
+
+    @property
+    def function_name(self) -> str:
+        return self._r.function_name
+
+    @property
+    def source(self) -> m.SourceCoordinates | None:
+        r = self._r
+        if not r.HasField("source"):
+            return None
+        src = r.source
+        return m.SourceCoordinates(src.topic, src.partition, src.offset)
+
+    @property
+    def key(self) -> bytes | None:
+        r = self._r
+        return r.key if r.HasField("key") else None
+
+    @property
+    def value(self) -> bytes | None:
+        r = self._r
+        return r.value if r.HasField("value") else None
+
+    @property
+    def headers(self) -> tuple[m.Header, ...]:
+        headers = self._r.headers
+        return tuple((h.key, h.value if h.HasField("value") else None)
+                     for h in headers) if headers else ()
+
+    @property
+    def timestamp_ms(self) -> int | None:
+        r = self._r
+        return r.timestamp_ms if r.HasField("timestamp_ms") else None
+
+    @property
+    def attempt(self) -> int:
+        a = self._r.attempt
+        return a if a > 1 else 1
+
+    @property
+    def traceparent(self) -> str:
+        return self._r.traceparent
+
+    @property
+    def payload(self) -> str:
+        return m.PAYLOAD_SOURCE if self._r.payload == pb.PAYLOAD_SOURCE else \
+            m.PAYLOAD_STAGE_INPUT
+
+    @property
+    def tracestate(self) -> str:
+        return self._r.tracestate
+
+
+
+def failed_records(records) -> list[PbFailedRecord]:
+    """A report's records, in order (ValueError naming the first invalid field). Records of a
+    batch that failed with an identical exception share one converted value."""
+    out = []
+    append = out.append
+    prev_pb = prev = None
+    refs = _STAGE_REFS
+    for i, r in enumerate(records):
+        rid = r.record_id
+        has = r.HasField
+        if not rid or not has("exception"):
+            if not rid:
+                raise ValueError(f"records[{i}].record_id: required (stable across task attempts)")
+            raise ValueError(f"records[{i}].exception: required")
+        if has("source") and not r.source.topic:
+            raise ValueError(f"records[{i}].source.topic: required when source is set")
+        stage = refs.get((r.stage, r.custom_stage))
+        if stage is None:
+            stage = stage_ref(r.stage, r.custom_stage, f"records[{i}]")
+        e = r.exception
+        if prev_pb is None or prev_pb != e:
+            prev = exception_value(e, f"records[{i}]")
+            prev_pb = e
+        append(PbFailedRecord(r, rid, stage, prev))
+    return out
+
+
+def _verdict_fields(v: m.Verdict, dead_letter: bool) -> dict:
+    """Only the fields that differ from their protobuf defaults (cheaper to set)."""
+    f = {"record_id": v.record_id, "action": ACTION_TO_PB[v.action],
+         "category": CATEGORY_TO_PB[v.category], "reason": v.reason, "attempt": v.attempt}
+    if v.retry_delay_ms > 0:
+        f["retry_delay_ms"] = int(v.retry_delay_ms)
+    if dead_letter:
+        f["dead_letter"] = True
+    if v.dead_lettered:
+        f["dead_lettered"] = True
+    if v.job_failed:
+        f["job_failed"] = True
+    if v.retry_budget_exhausted:
+        f["retry_budget_exhausted"] = True
+    return f
+
+
+def report_response(answers, records) -> pb.ReportFailuresResponse:
+    """The response for `((verdict, dead_letter), n)` spans of `records`, built in place (no
+    per-verdict copy); a span's records (its verdict has no record id) each get their own."""
+    resp = pb.ReportFailuresResponse()
+    add = resp.verdicts.add
+    action_pb, category_pb = ACTION_TO_PB, CATEGORY_TO_PB
+    for v, dead_letter in _per_record(answers, records):
+        if (v.retry_delay_ms > 0 or dead_letter or v.dead_lettered or v.job_failed
+                or v.retry_budget_exhausted):
+            add(**_verdict_fields(v, dead_letter))
+        else:
+            add(record_id=v.record_id, action=action_pb[v.action],
+                category=category_pb[v.category], reason=v.reason, attempt=v.attempt)
+    return resp
+
+
+def _per_record(answers, records):
+    i = 0
+    for (v, dead_letter), n in answers:
+        if v.record_id:
+            yield v, dead_letter
+        else:
+            for r in records[i:i + n]:
+                yield dataclasses.replace(v, record_id=r.record_id), dead_letter
+        i += n
+
+
+ACTION_FROM_PB = {v: k for k, v in ACTION_TO_PB.items()}
+
+
+def verdict_from_pb(v: pb.Verdict) -> m.Verdict:
+    """A verdict decided by a job's home sidecar, back into a core value."""
+    return m.Verdict(
+        record_id=v.record_id, action=ACTION_FROM_PB[v.action],
+        category=CATEGORY_FROM_PB.get(v.category, m.Category.DATA), reason=v.reason,
+        attempt=v.attempt, retry_delay_ms=v.retry_delay_ms, dead_lettered=v.dead_lettered,
+        job_failed=v.job_failed, retry_budget_exhausted=v.retry_budget_exhausted,
+    )
+
+
+_U64_MAX = 2**64 - 1
+_I64_MAX = 2**63 - 1
+
+
+def _u64(n: int) -> int:
+    """Counters saturate at what a uint64 field carries (they are sums of callers' numbers:
+    one out-of-range total must not break every summary and GetStatus)."""
+    return n if 0 <= n <= _U64_MAX else (_U64_MAX if n > 0 else 0)
+
+
+def _entries(d: dict[str, int]) -> list[pb.CountEntry]:
+    return [pb.CountEntry(key=k, count=_u64(c)) for k, c in sorted(d.items())]
+
+
+def summary_to_pb(s: m.JobSummary, sidecar_id: str) -> pb.JobSummary:
+    c = s.counts
+    return pb.JobSummary(
+        job=s.job, run_id=s.run_id, failed=s.failed, failure_reason=s.failure_reason,
+        records_processed=_u64(s.records_processed),
+        total_record_failures=_u64(c.total_record_failures),
+        total_record_errors=_u64(c.total_record_errors),
+        total_records_skipped=_u64(c.total_records_skipped),
+        total_retries=_u64(c.total_retries),
+        total_errors_logged=_u64(c.total_errors_logged),
+        dlq_records_written=_u64(s.dlq_records_written),
+        last_error_timestamp_ms=min(max(c.last_error_timestamp_ms, -_I64_MAX), _I64_MAX),
+        by_stage=_entries(s.by_stage),
+        by_category=_entries(s.by_category),
+        by_exception_class=_entries(s.by_exception_class),
+        sidecar_id=sidecar_id,
+        dropped_records=_u64(c.dropped_records),
+        retry_budget_exhausted=_u64(s.retry_budget_exhausted),
+        records_refused=_u64(s.records_refused),
+        record_id_collisions=_u64(s.record_id_collisions),
+    )
