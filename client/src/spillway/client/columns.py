@@ -57,7 +57,7 @@ def _shared_exception(fields: dict[str, Any]) -> tuple[tuple, pb.ExceptionInfo]:
 
 
 # (class, message, frame signature) -> (code objects, key, message): an exception that carries
-# nothing else (`report._hintless`: no hint attributes, no chain; no notes, not a marker, not a
+# nothing else (`report.hintless`: no hint attributes, no chain; no notes, not a marker, not a
 # SyntaxError or group) describes exactly as the last one of its class that failed with the
 # same message at the same place, so a failure like an earlier one formats nothing (its stack
 # trace, the key's hash: 9 of 15 µs per failed record). The codes keep the signature's ids.
@@ -70,16 +70,16 @@ def _exception_kind(exc: BaseException) -> tuple[tuple, pb.ExceptionInfo]:
     exception alike failed before."""
     tb = exc.__traceback__
     # (the table keeps a message whole: long ones go uncached)
-    if tb is None or not report._hintless(exc) or isinstance(exc, _NOT_ALIKE) \
+    if tb is None or not report.hintless(exc) or isinstance(exc, _NOT_ALIKE) \
             or getattr(exc, "__notes__", None) is not None \
             or len(message := str(exc)) > _ALIKE_MESSAGE_CHARS:
-        return _shared_exception(report._exception_fields(exc))
+        return _shared_exception(report.exception_fields(exc))
     sig, codes = frame_signature(tb)
     alike = (type(exc), message, sig)
     hit = _alike.get(alike)
     if hit is not None:
         return hit[1], hit[2]
-    key, info = _shared_exception(report._exception_fields(exc))
+    key, info = _shared_exception(report.exception_fields(exc))
     with _kinds_lock:
         if len(_alike) >= _MAX_KINDS:
             _alike.clear()
