@@ -141,14 +141,9 @@ class Run:
 
     def _batch(self, start: int, n: int) -> list:
         if self.ftpl is not None:
-            from spillway.client.columns import Failure
-
             t, prefix, part = self.ftpl, self.prefix, self.index
             topic = t.source[0]
-            return [Failure(f"{prefix}-{i}", t.stage, t.custom_stage, t.function_name,
-                            t.payload, t.exception, t.kind, (topic, part, i), t.key, t.value,
-                            t.headers, t.timestamp_ms, t.attempt, t.traceparent, t.tracestate)
-                    for i in range(start, start + n)]
+            return [t.derive(f"{prefix}-{i}", (topic, part, i)) for i in range(start, start + n)]
         pb, tpl, prefix = self.pb, self.tpl, self.prefix
         out = []
         for i in range(start, start + n):

@@ -48,10 +48,7 @@ def request_bytes(batch: int) -> dict[str, float]:
     from spillway.v1 import sidecar_pb2 as pb
 
     t = _failure_template(200)
-    fs = [columns.Failure(f"r-{i}", t.stage, t.custom_stage, t.function_name, t.payload,
-                          t.exception, t.kind, (t.source[0], 0, i), t.key, t.value, t.headers,
-                          t.timestamp_ms, t.attempt, t.traceparent, t.tracestate)
-          for i in range(batch)]
+    fs = [t.derive(f"r-{i}", (t.source[0], 0, i)) for i in range(batch)]
     return {"columns": pb.ReportFailuresRequest(columns=columns.encode(fs)).ByteSize() / batch,
             "messages": pb.ReportFailuresRequest(
                 records=[f.to_pb() for f in fs]).ByteSize() / batch}

@@ -173,13 +173,16 @@ def _as_columns(recs: list[pb.FailedRecord]) -> pb.RecordColumns:
     from spillway.client import columns
 
     return columns.encode([columns.Failure(
-        r.record_id, r.stage, r.custom_stage, r.function_name, r.payload, r.exception,
-        (r.stage, r.function_name, r.exception.SerializeToString()),
-        (r.source.topic, r.source.partition, r.source.offset) if r.HasField("source") else None,
-        r.key if r.HasField("key") else None, r.value if r.HasField("value") else None,
-        tuple((h.key, h.value if h.HasField("value") else None) for h in r.headers),
-        r.timestamp_ms if r.HasField("timestamp_ms") else None, max(1, r.attempt),
-        r.traceparent, r.tracestate) for r in recs])
+        r.record_id, stage=r.stage, custom_stage=r.custom_stage, function_name=r.function_name,
+        payload=r.payload, exception=r.exception,
+        kind=(r.stage, r.function_name, r.exception.SerializeToString()),
+        source=((r.source.topic, r.source.partition, r.source.offset)
+                if r.HasField("source") else None),
+        key=r.key if r.HasField("key") else None, value=r.value if r.HasField("value") else None,
+        headers=tuple((h.key, h.value if h.HasField("value") else None) for h in r.headers),
+        timestamp_ms=r.timestamp_ms if r.HasField("timestamp_ms") else None,
+        attempt=max(1, r.attempt), traceparent=r.traceparent, tracestate=r.tracestate)
+        for r in recs])
 
 
 requests = st.one_of(

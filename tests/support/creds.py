@@ -24,8 +24,7 @@ def peer_md() -> list[tuple[str, str]]:
 
 def admin_client(address: str, **kw):
     """A SidecarClient sending the local credential as the admin token."""
-    from spillway.client import SidecarClient
-    from spillway.client._auth import ADMIN_TOKEN_KEY, ChannelSecurity
+    from spillway.client import ADMIN_TOKEN_KEY, ChannelSecurity, SidecarClient
 
     security = ChannelSecurity.resolve(token_file=localcred.default_path(),
                                        token_key=ADMIN_TOKEN_KEY)

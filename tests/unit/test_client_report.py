@@ -446,7 +446,7 @@ def test_failed_record_matches_the_reference_construction_byte_for_byte():
 
 
 def test_exceptions_without_hints_skip_the_lookups_with_the_same_answer(monkeypatch):
-    """`_exception_fields` skips the duck-typed hint lookups for an exception that cannot carry
+    """`exception_fields` skips the duck-typed hint lookups for an exception that cannot carry
     one; every kind of exception gets the fields the full lookups give."""
 
     class KafkaLike:
@@ -490,10 +490,10 @@ def test_exceptions_without_hints_skip_the_lookups_with_the_same_answer(monkeypa
             Exception(KafkaLike()), caught(wrapped_kafka), DataError("marked"),
             caught(lambda: __import__("no_such_module_here")), OSError(2, "missing"),
             KeyboardInterrupt()]
-    fast = [report._exception_fields(e) for e in excs]
-    assert report._hintless(excs[0]) and not report._hintless(instance_hint)
-    assert not report._hintless(Dynamic("d")) and not report._hintless(Exception(KafkaLike()))
-    monkeypatch.setattr(report, "_hintless", lambda exc: False)
-    assert fast == [report._exception_fields(e) for e in excs]
+    fast = [report.exception_fields(e) for e in excs]
+    assert report.hintless(excs[0]) and not report.hintless(instance_hint)
+    assert not report.hintless(Dynamic("d")) and not report.hintless(Exception(KafkaLike()))
+    monkeypatch.setattr(report, "hintless", lambda exc: False)
+    assert fast == [report.exception_fields(e) for e in excs]
     assert fast[5]["http_status_code"] == 404 and fast[7]["http_status_code"] == 429
     assert fast[9]["kafka_error_code"] == "NOT_LEADER_FOR_PARTITION"

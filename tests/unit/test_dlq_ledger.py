@@ -37,10 +37,11 @@ def test_a_record_written_twice_into_the_dlq_has_one_key_and_different_records_t
 
 def test_the_sidecars_redrive_and_sparks_read_dlq_compute_the_same_key():
     msg = DlqMessage("dlq.orders", 2, 41, 1, b"k", b"v", tuple(HEADERS))
-    row = to_row("dlq.orders", 2, 41, 1, b"k", b"v", list(HEADERS))
+    row = to_row("dlq.orders", 2, 41, ts_ms=1, key=b"k", value=b"v", headers=list(HEADERS))
     assert message_key(msg) == row["ledger_key"]
     bare = DlqMessage("dlq.orders", 2, 41, 1, None, b"v", ())
-    assert message_key(bare) == to_row("dlq.orders", 2, 41, 1, None, b"v", [])["ledger_key"]
+    assert message_key(bare) == to_row("dlq.orders", 2, 41, ts_ms=1, key=None, value=b"v",
+                                       headers=[])["ledger_key"]
 
 
 def test_resolutions_round_trip_and_junk_is_not_one():

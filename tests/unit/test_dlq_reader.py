@@ -29,7 +29,7 @@ def _headers(fam="__connect.errors.", **extra):
 
 @pytest.mark.parametrize("fam", ["__connect.errors.", "__dlq.errors."])
 def test_context_headers_become_typed_columns(fam):
-    row = to_row("dlq.o", 0, 5, 1700000000999, b"k", b"v", _headers(fam))
+    row = to_row("dlq.o", 0, 5, ts_ms=1700000000999, key=b"k", value=b"v", headers=_headers(fam))
     assert set(row) == set(_COLUMNS) | {"_when"}
     assert (row["job"], row["run_id"], row["stage"], row["record_id"]) == (
         "orders-etl", "app-1", "TRANSFORMATION", "r-1")
@@ -45,14 +45,14 @@ def test_context_headers_become_typed_columns(fam):
 
 
 def test_a_record_without_headers_has_null_columns_and_the_kafka_time():
-    row = to_row("dlq.o", 1, 0, 1700000000999, None, None, [])
+    row = to_row("dlq.o", 1, 0, ts_ms=1700000000999, key=None, value=None, headers=[])
     assert row["job"] is None and row["attempts"] is None and row["trace_id"] is None
     assert row["_when"] == 1700000000999 and row["record_copied"] is None
     assert len(_ALL_COLUMNS) == DLQ_SCHEMA.count(",") - 1 + 1   # headers' struct: one comma
 
 
 def test_filters():
-    row = to_row("dlq.o", 0, 5, None, b"k", b"v", _headers())
+    row = to_row("dlq.o", 0, 5, ts_ms=None, key=b"k", value=b"v", headers=_headers())
     assert _Filter(exception_class="ValueError").keep(row)
     assert not _Filter(exception_class="Error").keep(row)
     assert _Filter(job="orders-etl", stage="TRANSFORMATION").keep(row)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from spillway.client._names import check_job_name as client_rule
+from spillway.client import check_job_name as client_rule
 from spillway.sidecar.core.names import check_job_name as sidecar_rule
 from spillway.spark._runtime import JobSpec
 

@@ -23,8 +23,8 @@ from spillway.spark._adapters import (
     chunk_units,
     row_units,
 )
-from spillway.spark._engine import Engine, StageFailure, StageRef, Unit
-from spillway.spark._records import positional_record_id
+from spillway.spark._engine import Engine, StageFailure, StageRef, Unit, follow, reported
+from spillway.spark._records import RecordContext, positional_record_id
 from spillway.v1 import sidecar_pb2 as pb
 
 TRANSFORMATION = StageRef.of("TRANSFORMATION")
@@ -278,6 +278,47 @@ def test_verdict_without_action_is_a_protocol_error():
 
     with pytest.raises(SidecarProtocolError):
         list(_engine(session, RowAdapter(fn, ids=ids), clock).rows([0]))
+
+
+def _failed_units(session, n):
+    """``n`` units that failed, each described by `reported` as every wrapper does."""
+    out = []
+    for i in range(n):
+        try:
+            raise ValueError(f"row {i}")
+        except ValueError as exc:
+            unit = Unit(i, 1, i, exc=exc)
+            unit.record = reported(session, RecordContext(ids(i)), exc, TRANSFORMATION,
+                                   "app.fn", unit.attempt)
+            out.append(unit)
+    return out
+
+
+def test_the_verdict_path_of_every_wrapper_skips_retries_and_fails_as_its_verdicts_say():
+    """`follow` is what the loop and a UDF's row do with verdicts: SKIP told to the session,
+    RETRY handed back with the next attempt, and a FAIL raised before anything is applied."""
+    by_row = {ids(0): pb.ACTION_SKIP, ids(1): pb.ACTION_RETRY, ids(2): pb.ACTION_SKIP}
+    session = FakeSession(lambda r: (by_row[r.record_id], 5, pb.CATEGORY_RETRIABLE, False))
+    units = _failed_units(session, 3)
+    assert session.failures == [(ids(i), "ValueError") for i in range(3)]
+    retries = follow(session, units, session.report([u.record for u in units]))
+    assert session.skipped_ids == [ids(0), ids(2)]
+    assert [(u.record.record_id, u.attempt, v.retry_delay_ms) for u, v in retries] == [
+        (ids(1), 2, 5)]
+
+    by_row[ids(1)] = pb.ACTION_FAIL
+    session = FakeSession(lambda r: (by_row[r.record_id], 0, pb.CATEGORY_DATA, False))
+    units = _failed_units(session, 3)
+    with pytest.raises(RecordFailedError) as info:
+        follow(session, units, session.report([u.record for u in units]))
+    assert session.skipped_ids == [] and info.value.__cause__ is units[1].exc
+
+    session = FakeSession(lambda r: (pb.ACTION_UNSPECIFIED, 0, 0, False))
+    units = _failed_units(session, 1)
+    with pytest.raises(SidecarProtocolError, match=ids(0)):
+        follow(session, units, session.report([u.record for u in units]))
+    with pytest.raises(ValueError):   # one verdict per record reported
+        follow(session, units, [])
 
 
 def test_refresh_hook_runs_before_a_refresh_retriable_record_is_rerun():

@@ -10,6 +10,7 @@ import pytest
 from spillway.client import RetriableError
 from spillway.spark import _runtime, _tracing, _udf as udf_module
 from spillway.spark._engine import StageRef
+from spillway.spark._plan import WrapperPlan
 from spillway.spark._runtime import WrapperSpec
 from spillway.spark._udf import udf_function as _udf_function
 from spillway.spark.job import Job
@@ -107,9 +108,9 @@ def test_one_argument_functions_take_the_fast_path_and_others_pack_args():
 def test_failures_become_null_or_an_error_struct_and_are_reported(sidecar, fn):
     job = _job(sidecar)
     spec = job.spec
-    plain = _udf_function(spec, _wrapper(), fn, False, None, None)
+    plain = _udf_function(WrapperPlan(spec, _wrapper()), fn, False)
     assert [plain(v) for v in ("1", "x", "3")] == [1, None, 3]
-    with_error = _udf_function(spec, _wrapper("to_int_err"), fn, True, None, None)
+    with_error = _udf_function(WrapperPlan(spec, _wrapper("to_int_err")), fn, True)
     assert with_error("7") == (7, None)
     value, error = with_error("y")
     assert value is None
@@ -133,14 +134,14 @@ def test_a_transient_failure_is_retried_in_place(sidecar):
             raise RetriableError("busy")
         return v * 2
 
-    assert _udf_function(spec, _wrapper("flaky"), flaky, False, None, None)(21) == 42
+    assert _udf_function(WrapperPlan(spec, _wrapper("flaky")), flaky, False)(21) == 42
     assert calls == [21, 21]
     assert job.summary().total_retries == 1
 
 
 def test_rows_of_finished_tasks_are_counted_without_any_call_until_due(sidecar):
     job = _job(sidecar, counts_interval_s=0)
-    fn = _udf_function(job.spec, _wrapper(), int, False, None, None)
+    fn = _udf_function(WrapperPlan(job.spec, _wrapper()), int, False)
     for v in range(5):
         fn(str(v))
     assert job.summary().records_processed == 0  # nothing sent while the task runs
@@ -151,8 +152,8 @@ def test_rows_of_finished_tasks_are_counted_without_any_call_until_due(sidecar):
 
 def test_the_same_udf_twice_in_a_task_shares_one_row_count(sidecar):
     spec = _spec(sidecar)
-    a = _udf_function(spec, _wrapper(), int, True, None, None)
-    b = _udf_function(spec, _wrapper(), int, True, None, None)
+    a = _udf_function(WrapperPlan(spec, _wrapper()), int, True)
+    b = _udf_function(WrapperPlan(spec, _wrapper()), int, True)
     ids = [a("x")[1][0], b("y")[1][0]]
     assert ids == [f"TRANSFORMATION:{spec.name}/to_int#1s1:p0:r0",
                    f"TRANSFORMATION:{spec.name}/to_int#1s1:p0:r1"]
@@ -160,7 +161,7 @@ def test_the_same_udf_twice_in_a_task_shares_one_row_count(sidecar):
 
 def test_a_udf_called_outside_a_spark_task_raises_instead_of_a_silent_none(sidecar):
     FakeTaskContext._taskContext = None                  # what a direct call sees
-    fn = _udf_function(_spec(sidecar), _wrapper(), _to_int, False, None, None)
+    fn = _udf_function(WrapperPlan(_spec(sidecar), _wrapper()), _to_int, False)
     with pytest.raises(RuntimeError, match="called outside a Spark task"):
         fn("x")
     with pytest.raises(RuntimeError, match="called outside a Spark task"):
@@ -175,16 +176,16 @@ def test_a_result_that_does_not_fit_the_return_type_is_a_reported_failure(sideca
     job = _job(sidecar)
     spec = job.spec
     check = value_checker(IntegerType(), "value", "TRANSFORMATION", exact=False)
-    fn = _udf_function(spec, _wrapper("size"), lambda s: "many" if s == "b" else len(s), True,
-                       None, None, check=check)
+    fn = _udf_function(WrapperPlan(spec, _wrapper("size")),
+                       lambda s: "many" if s == "b" else len(s), True, check=check)
     assert fn("aa") == (2, None)
     value, error = fn("b")
     assert value is None
     assert error[2] == "spillway.spark._schema.OutputSchemaError"
     assert "TRANSFORMATION output does not fit the declared type int" in error[3]
     # the inlined fast test lets a fitting int and None through, never an int out of range
-    big = _udf_function(spec, _wrapper("big"), lambda s: None if s == "n" else 1 << (8 * len(s)),
-                        True, None, None, check=check)
+    big = _udf_function(WrapperPlan(spec, _wrapper("big")),
+                        lambda s: None if s == "n" else 1 << (8 * len(s)), True, check=check)
     assert big("n") == (None, None)
     assert big("aaa") == (1 << 24, None)
     value, error = big("aaaa")
@@ -201,7 +202,7 @@ def test_the_extension_is_built_where_a_c_compiler_and_pythons_headers_are():
 
 
 def test_the_per_row_function_is_the_extensions_only_where_it_can_be(per_row_function):
-    fn = _udf_function(object(), _wrapper(), _to_int, False, None, None)
+    fn = _udf_function(WrapperPlan(object(), _wrapper()), _to_int, False)
     assert (type(fn).__name__ == "Call") == (per_row_function == "native")
 
 
@@ -212,7 +213,7 @@ def test_the_udf_pickles_as_its_arguments_and_runs_after_unpickling(sidecar, per
     from pyspark import cloudpickle
 
     job = _job(sidecar)
-    fn = _udf_function(job.spec, _wrapper(), _to_int, True, None, None)
+    fn = _udf_function(WrapperPlan(job.spec, _wrapper()), _to_int, True)
     shipped = cloudpickle.dumps(fn)
     again = cloudpickle.loads(shipped)
     assert type(again) is type(fn)
@@ -227,8 +228,8 @@ def test_the_udf_pickles_as_its_arguments_and_runs_after_unpickling(sidecar, per
 def test_functools_wraps_the_per_row_function_as_spark_names_it(sidecar):
     import functools
 
-    fn = functools.update_wrapper(_udf_function(_spec(sidecar), _wrapper(), _to_int, False, None,
-                                                None), _to_int)
+    fn = functools.update_wrapper(
+        _udf_function(WrapperPlan(_spec(sidecar), _wrapper()), _to_int, False), _to_int)
     assert fn.__name__ == "_to_int" and fn.__wrapped__ is _to_int
     assert fn("4") == 4
 
@@ -239,7 +240,7 @@ def test_an_interrupt_is_not_a_record_failure(sidecar):
     def interrupted(v):
         raise KeyboardInterrupt
 
-    fn = _udf_function(job.spec, _wrapper(), interrupted, False, None, None)
+    fn = _udf_function(WrapperPlan(job.spec, _wrapper()), interrupted, False)
     with pytest.raises(KeyboardInterrupt):
         fn("1")
     assert job.summary().total_record_failures == 0
@@ -247,7 +248,7 @@ def test_an_interrupt_is_not_a_record_failure(sidecar):
 
 def test_several_columns_and_no_result_check(sidecar):
     job = _job(sidecar)
-    fn = _udf_function(job.spec, _wrapper(), lambda a, b: int(a) + int(b), True, None, None)
+    fn = _udf_function(WrapperPlan(job.spec, _wrapper()), lambda a, b: int(a) + int(b), True)
     assert fn("1", "2") == (3, None)
     value, error = fn("1", "x")
     assert value is None and error[2] == "builtins.ValueError"
@@ -255,7 +256,7 @@ def test_several_columns_and_no_result_check(sidecar):
 
 
 def test_named_arguments_are_refused_clearly(sidecar, per_row_function):
-    fn = _udf_function(_spec(sidecar), _wrapper(), _to_int, False, None, None)
+    fn = _udf_function(WrapperPlan(_spec(sidecar), _wrapper()), _to_int, False)
     with pytest.raises(TypeError):
         fn(s="1")
 
@@ -267,7 +268,7 @@ def test_the_happy_path_keeps_no_reference_to_its_results(sidecar):
         pass
 
     out = Result()
-    fn = _udf_function(_spec(sidecar), _wrapper(), lambda v: out, True, None, None)
+    fn = _udf_function(WrapperPlan(_spec(sidecar), _wrapper()), lambda v: out, True)
     fn("warm")
     before = sys.getrefcount(out)
     for _ in range(1000):
@@ -286,7 +287,7 @@ def test_pyspark_reads_the_per_row_functions_signature_without_a_warning(sidecar
     from pyspark.sql.functions import udf
     from pyspark.sql.types import IntegerType
 
-    call = _udf_function(_spec(sidecar), _wrapper(), fn, False, None, None)
+    call = _udf_function(WrapperPlan(_spec(sidecar), _wrapper()), fn, False)
     assert inspect.getfullargspec(call).args == args
     with warnings.catch_warnings():
         warnings.simplefilter("error")

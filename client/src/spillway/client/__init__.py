@@ -8,9 +8,23 @@ Needs only grpcio, protobuf and opentelemetry-api.
     record = report.failed_record(record_id, "TRANSFORMATION", exc)
     verdicts = client.report_failures(run, task, [record])   # the run carries its job token
     client.end_job(run)
+
+`ChannelSecurity` says how to reach a sidecar (TLS material, a token file and the metadata key
+its token goes under: `NODE_TOKEN_KEY`, `ADMIN_TOKEN_KEY`); by default it is read from the
+environment (`TOKEN_FILE_ENV`, `ADMIN_TOKEN_FILE_ENV`, `SPILLWAY_TLS_*`). `check_job_name` is
+the sidecar's job-name rule, for a driver to refuse a bad name before anything is sent.
 """
 
 from . import report
+from ._auth import (
+    ADMIN_TOKEN_FILE_ENV,
+    ADMIN_TOKEN_KEY,
+    NODE_TOKEN_KEY,
+    TOKEN_FILE_ENV,
+    ChannelSecurity,
+    CredentialFileError,
+)
+from ._names import check_job_name
 from .client import DEFAULT_TARGET, SidecarClient, resolve_target
 from .runs import JobRun, JobToken, Registration
 from .errors import (
@@ -48,9 +62,13 @@ from .markers import (
 
 __all__ = [
     "ADDRESS_ENV",
+    "ADMIN_TOKEN_FILE_ENV",
+    "ADMIN_TOKEN_KEY",
     "DEFAULT_TARGET",
     "AbortableError",
     "ApplicationRecoverableError",
+    "ChannelSecurity",
+    "CredentialFileError",
     "DataError",
     "FlushTimeoutError",
     "InvalidConfigurationError",
@@ -62,6 +80,7 @@ __all__ = [
     "JobNotRegisteredError",
     "JobRun",
     "JobToken",
+    "NODE_TOKEN_KEY",
     "RecordFailedError",
     "Registration",
     "ReportTooLargeError",
@@ -78,7 +97,9 @@ __all__ = [
     "SidecarUnavailableError",
     "SpillwayClientError",
     "SpillwayMarker",
+    "TOKEN_FILE_ENV",
     "ToleranceExceededError",
+    "check_job_name",
     "error_for_verdict",
     "report",
     "resolve_target",

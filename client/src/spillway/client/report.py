@@ -233,7 +233,9 @@ _PLAIN_ARGS = frozenset((str, int, float, bool, bytes, type(None)))
 _hintless_classes: dict[type, bool] = {}
 
 
-def _hintless(exc: BaseException) -> bool:
+def hintless(exc: BaseException) -> bool:
+    """Whether ``exc`` carries no classification hint (see above): its `exception_fields` are
+    its class, message, trace and causes (and a marker's category), nothing looked up."""
     cls = type(exc)
     plain = _hintless_classes.get(cls)
     if plain is None:
@@ -271,7 +273,7 @@ def _tail(text: str, limit: int) -> str:
     return text if len(text) <= limit else "[cut by spillway] ..." + text[-(limit - 21):]
 
 
-def _exception_fields(exc: BaseException) -> dict[str, Any]:
+def exception_fields(exc: BaseException) -> dict[str, Any]:
     """The fields of ``exc``'s ExceptionInfo (only those that are set), as keyword arguments:
     protobuf builds a nested message from them faster than it copies a built one in."""
     class_name, class_chain = _class_names(type(exc))
@@ -285,7 +287,7 @@ def _exception_fields(exc: BaseException) -> dict[str, Any]:
         chain = causes(exc)
         if chain:
             fields["causes"] = [_head(c, MAX_CAUSE_CHARS) for c in chain[:MAX_CAUSES]]
-    if _hintless(exc):
+    if hintless(exc):
         if (marker := marker_category_name(exc)) is not None:
             fields["marker_category"] = CATEGORY_BY_NAME[marker]
         return fields
@@ -311,7 +313,7 @@ def _exception_fields(exc: BaseException) -> dict[str, Any]:
 
 
 def exception_info(exc: BaseException) -> pb.ExceptionInfo:
-    return pb.ExceptionInfo(**_exception_fields(exc))
+    return pb.ExceptionInfo(**exception_fields(exc))
 
 
 # --- trace context -------------------------------------------------------------------------
@@ -395,7 +397,7 @@ def failed_record(
     fields: dict[str, Any] = {
         "record_id": record_id,
         "stage": stage_v,
-        "exception": _exception_fields(exc),
+        "exception": exception_fields(exc),
         "attempt": max(1, int(attempt)),
     }
     if custom_stage:

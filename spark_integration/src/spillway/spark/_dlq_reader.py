@@ -154,7 +154,7 @@ def _trace_id(traceparent: str | None) -> str | None:
     return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
 
 
-def to_row(topic: str, partition: int, offset: int, ts_ms: int | None, key: bytes | None,
+def to_row(topic: str, partition: int, offset: int, *, ts_ms: int | None, key: bytes | None,
            value: bytes | None, headers: list[tuple[str, bytes | None]]) -> dict:
     """A DLQ record as a row dict (`DLQ_SCHEMA`'s columns, plus ``_when``, the dead-letter time
     in ms the time filters use). Pure: unit-tested without Kafka."""
@@ -256,8 +256,9 @@ def _read_range(r: _Range, flt: _Filter) -> Iterator[tuple]:
                                m.partition(), off)
                     continue
                 ts_type, ts = m.timestamp()
-                row = to_row(m.topic(), m.partition(), off, ts if ts_type != 0 else None,
-                             m.key(), m.value(), list(m.headers() or ()))
+                row = to_row(m.topic(), m.partition(), off,
+                             ts_ms=ts if ts_type != 0 else None, key=m.key(), value=m.value(),
+                             headers=list(m.headers() or ()))
                 if flt.keep(row):
                     yield tuple(row[c] for c in _COLUMNS) + (None,)
     finally:
@@ -270,7 +271,7 @@ def _bound(spec: Any, partition: int, what: str) -> Any:
     return spec
 
 
-def _resolve(consumer, topic: str, partitions: list[int], start: Any, end: Any,
+def _resolve(consumer, topic: str, partitions: list[int], start: Any, end: Any, *,
              since_ms: int | None, timeout_s: float) -> list[tuple[int, int, int]]:
     """(partition, start, end) per partition, on the driver."""
     from confluent_kafka import TopicPartition
@@ -374,13 +375,14 @@ def read_dlq(spark: Any, topic: str, *, bootstrap_servers: str,
         if meta is None or meta.error is not None or not meta.partitions:
             raise LookupError(f"DLQ topic {topic!r} does not exist on {bootstrap_servers}")
         partitions = sorted(meta.partitions)
-        ranges = _resolve(consumer, topic, partitions, start, end, since_ms, timeout_s)
+        ranges = _resolve(consumer, topic, partitions, start, end, since_ms=since_ms,
+                          timeout_s=timeout_s)
         ledger = ledger_topic or dlq_ledger.ledger_topic(topic)
         lmeta = consumer.list_topics(ledger, timeout=timeout_s).topics.get(ledger)
         ledger_ranges = []
         if lmeta is not None and lmeta.error is None and lmeta.partitions:
             ledger_ranges = _resolve(consumer, ledger, sorted(lmeta.partitions), "earliest",
-                                     "latest", None, timeout_s)
+                                     "latest", since_ms=None, timeout_s=timeout_s)
     finally:
         consumer.close()
     frozen = tuple(sorted(conf.items()))

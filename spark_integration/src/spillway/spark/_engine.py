@@ -27,6 +27,10 @@ The loop, per partition:
 
 Output order is not preserved (a retried record comes out later); every good record comes out
 exactly once per successful run of the partition.
+
+`reported` (a failed record as its report carries it) and `follow` (a report's verdicts
+applied) are the verdict path of every wrapper: this loop's, and the UDF's (`_udf`), which
+has no loop and retries a row in place.
 """
 
 from __future__ import annotations
@@ -383,12 +387,7 @@ class Engine:
         trim_traceback(exc)
         ctx = self.adapter.context(unit)  # (again on a retry: not kept while the report waits)
         unit.exc = exc
-        unit.record = columns.failure(
-            ctx.record_id, stage.stage, exc, custom_stage=stage.custom, function_name=fname,
-            source=ctx.source, key=ctx.key, value=ctx.value, headers=ctx.headers,
-            timestamp_ms=ctx.timestamp_ms, attempt=unit.attempt,
-            context=self.session.trace_context, payload=payload_for(stage.stage, ctx))
-        self.session.failed(exc, unit.record)
+        unit.record = reported(self.session, ctx, exc, stage, fname, unit.attempt)
         release_traceback(exc)
         if not self._pending:
             self._pending_since = self.clock()
@@ -421,26 +420,58 @@ class Engine:
             self._apply(batch, future.result())
 
     def _apply(self, batch: list[Unit], verdicts: list[pb.Verdict]) -> None:
-        if len(batch) != len(verdicts):
-            for _ in zip(batch, verdicts, strict=True):  # raises, naming the shorter one
-                pass
-        actions = [v.action for v in verdicts]
-        if _FAIL in actions:
-            fails = [(u, v) for u, v, a in zip(batch, verdicts, actions) if a == _FAIL]
-            unit, verdict = next(((u, v) for u, v in fails if v.job_failed), fails[0])
-            raise error_for_verdict(self.session.job, unit.record, verdict) from with_trace(
-                unit.exc, unit.record.exception.stack_trace)
-        skipped = self.session.skipped
-        for unit, verdict, action in zip(batch, verdicts, actions):
-            if action == _SKIP:
-                skipped(unit.record, verdict)
-            elif action == _RETRY:
-                unit.attempt += 1
-                if verdict.category == pb.CATEGORY_REFRESH_RETRIABLE:
-                    self._refresh_due = True
-                due = self.clock() + verdict.retry_delay_ms / 1000.0
-                heapq.heappush(self._waiting, (due, next(self._seq), unit))
-            else:
-                raise SidecarProtocolError(
-                    f"ReportFailures: verdict for record {verdict.record_id!r} has no action "
-                    f"({pb.Action.Name(verdict.action)})")
+        """Follow one report's verdicts; a retried unit waits on the heap for its delay."""
+        for unit, verdict in follow(self.session, batch, verdicts):
+            if verdict.category == pb.CATEGORY_REFRESH_RETRIABLE:
+                self._refresh_due = True
+            due = self.clock() + verdict.retry_delay_ms / 1000.0
+            heapq.heappush(self._waiting, (due, next(self._seq), unit))
+
+
+# --- the verdict path of every wrapper --------------------------------------------------------
+
+
+def reported(session: Session, ctx: RecordContext, exc: BaseException, stage: StageRef,
+             function_name: str, attempt: int) -> Failure:
+    """A record that failed (its context ``ctx``, the exception ``exc``, in ``stage`` and
+    ``function_name``) as its report carries it; the session is told (logs, metrics, span)."""
+    record = columns.failure(
+        ctx.record_id, stage.stage, exc, custom_stage=stage.custom,
+        function_name=function_name, source=ctx.source, key=ctx.key, value=ctx.value,
+        headers=ctx.headers, timestamp_ms=ctx.timestamp_ms, attempt=attempt,
+        context=session.trace_context, payload=payload_for(stage.stage, ctx))
+    session.failed(exc, record)
+    return record
+
+
+def follow(session: Session, batch: Sequence[Unit], verdicts: Sequence[pb.Verdict]
+           ) -> list[tuple[Unit, pb.Verdict]]:
+    """Apply the verdicts of one report of ``batch`` (failed units: their ``record`` and
+    ``exc``), the one verdict path of every wrapper (the loop above, and `_udf` for a UDF's
+    row). FAIL raises the error the verdict names before anything else is applied (the
+    verdict that fails the job first); SKIP is told to the session (the sidecar dead-letters
+    the record); RETRY counts the unit's next attempt and is returned with its verdict, for
+    the caller to run again (the loop after the delay, a UDF in place); any other action is
+    a SidecarProtocolError."""
+    if len(batch) != len(verdicts):
+        for _ in zip(batch, verdicts, strict=True):  # raises, naming the shorter one
+            pass
+    actions = [v.action for v in verdicts]
+    if _FAIL in actions:
+        fails = [(u, v) for u, v, a in zip(batch, verdicts, actions) if a == _FAIL]
+        unit, verdict = next(((u, v) for u, v in fails if v.job_failed), fails[0])
+        raise error_for_verdict(session.job, unit.record, verdict) from with_trace(
+            unit.exc, unit.record.exception.stack_trace)
+    retries = []
+    skipped = session.skipped
+    for unit, verdict, action in zip(batch, verdicts, actions):
+        if action == _SKIP:
+            skipped(unit.record, verdict)
+        elif action == _RETRY:
+            unit.attempt += 1
+            retries.append((unit, verdict))
+        else:
+            raise SidecarProtocolError(
+                f"ReportFailures: verdict for record {verdict.record_id!r} has no action "
+                f"({pb.Action.Name(verdict.action)})") from unit.exc
+    return retries

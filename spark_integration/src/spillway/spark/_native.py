@@ -235,7 +235,7 @@ class NativeAdapter:
         return context_of(unit.payload[0], lambda: self.ids(unit.offset))
 
 
-def report_partition(spec: Any, wrapper: Any, steps: Sequence[NativeStep], batches: Iterator[Any]
+def report_partition(plan: Any, steps: Sequence[NativeStep], batches: Iterator[Any]
                      ) -> Iterator[Any]:
     """The reporting branch's mapInArrow function: reports the corrupt rows, emits nothing. A
     partition without rows (the no-failure case, unless counting) returns at once."""
@@ -248,10 +248,11 @@ def report_partition(spec: Any, wrapper: Any, steps: Sequence[NativeStep], batch
     first = next((b for b in it if b.num_rows), None)
     if first is None:
         return
-    session = TaskSession(spec, wrapper)
+    session = TaskSession(plan.spec, plan.wrapper)
     stages = [s.stage for s in steps]
-    engine = make_engine(spec, session, NativeAdapter(record_ids(spec, wrapper, session.task)),
-                         wrapper, None, count_stages=stages)
+    engine = make_engine(plan, session,
+                         NativeAdapter(record_ids(plan.spec, plan.wrapper, session.task)),
+                         count_stages=stages)
     units = corrupt_units(itertools.chain([first], it), steps,
                           lambda n: session.processed(stages, n))
     for _ in drive(session, engine, engine.run(units)):

@@ -1,7 +1,8 @@
 """Executor side of the DataFrame and RDD wrappers: one function per wrapper kind, run by Spark
 once per partition (module-level, so pickled by reference), each driving the verdict loop
 (`_engine.Engine`) over its rows or batches inside a `TaskSession` (reports, counts, the flush
-barrier at the partition's end). `job.Job` builds them with `functools.partial`."""
+barrier at the partition's end). `job.Job` builds them with `functools.partial` over one
+`WrapperPlan` (the job, the wrapper, the user's hooks) and what is particular to the kind."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from ._adapters import (
 from ._compat import arrow_conversions
 from ._engine import Engine, StageRef, Unit
 from ._records import positional_ids
+from ._plan import WrapperPlan
 from ._runtime import JobSpec, TaskSession, WrapperSpec, current_batch_id, worker
 from ._schema import arrow_conformer, pandas_checker, row_checker
 
@@ -38,12 +40,12 @@ def record_ids(spec: JobSpec, wrapper: WrapperSpec, task: pb.TaskIdentity, batch
                           batch_id=batch, use=wrapper.use)
 
 
-def make_engine(spec: JobSpec, session: TaskSession, adapter: Any, wrapper: WrapperSpec,
-            refresh: Callable[[], None] | None, count_stages: Sequence[StageRef] | None = None,
-            ) -> Engine:
+def make_engine(plan: WrapperPlan, session: TaskSession, adapter: Any,
+                count_stages: Sequence[StageRef] | None = None) -> Engine:
+    spec, wrapper = plan.spec, plan.wrapper
     return Engine(session, adapter, stage=wrapper.stage, function_name=wrapper.function_name,
                   count_stages=count_stages, batch_size=spec.report_batch_size,
-                  linger_s=spec.report_linger_s, refresh=refresh, submit=worker().submit,
+                  linger_s=spec.report_linger_s, refresh=plan.refresh, submit=worker().submit,
                   max_inflight=spec.report_max_inflight)
 
 
@@ -68,11 +70,11 @@ def drive(session: TaskSession, engine: Engine, outputs: Iterator[Any]) -> Itera
         session.close(ok, error)
 
 
-def rdd_partition(spec, wrapper, fn, flat, record_id, source, refresh, iterator):
-    session = TaskSession(spec, wrapper)
-    ids = record_ids(spec, wrapper, session.task)
-    adapter = RowAdapter(fn, ids=ids, flat=flat, record_id=record_id, source=source)
-    engine = make_engine(spec, session, adapter, wrapper, refresh)
+def rdd_partition(plan: WrapperPlan, fn, flat, iterator):
+    session = TaskSession(plan.spec, plan.wrapper)
+    ids = record_ids(plan.spec, plan.wrapper, session.task)
+    adapter = RowAdapter(fn, ids=ids, flat=flat, record_id=plan.record_id, source=plan.source)
+    engine = make_engine(plan, session, adapter)
     return drive(session, engine, engine.run_rows(iterator))
 
 
@@ -101,8 +103,7 @@ def _rows_to_batches(rows: Iterator[Any], schema: Any, large: Callable[[], bool]
             close()
 
 
-def df_partition(spec, wrapper, fn, flat, record_id, source, refresh, in_schema, out_schema,
-                  batches, ledger=None):
+def df_partition(plan: WrapperPlan, fn, flat, in_schema, out_schema, batches, *, ledger=None):
     import pyarrow as pa
     ArrowTableToRowsConversion, _ = arrow_conversions()
 
@@ -113,14 +114,15 @@ def df_partition(spec, wrapper, fn, flat, record_id, source, refresh, in_schema,
             seen["large"] = seen["large"] or _large_types(b)
             yield from ArrowTableToRowsConversion.convert(pa.Table.from_batches([b]), in_schema)
 
+    spec, wrapper = plan.spec, plan.wrapper
     checked = _checked(fn, out_schema, flat, wrapper.stage.name)
     if ledger is not None:  # Job.reprocess: a session that records what it resolved
         session, checked = ledger.bind(spec, wrapper, checked)
     else:
         session = TaskSession(spec, wrapper)
     adapter = RowAdapter(checked, ids=record_ids(spec, wrapper, session.task), flat=flat,
-                         record_id=record_id, source=source)
-    engine = make_engine(spec, session, adapter, wrapper, refresh)
+                         record_id=plan.record_id, source=plan.source)
+    engine = make_engine(plan, session, adapter)
     outputs = drive(session, engine, engine.run_rows(rows()))
     return _rows_to_batches(outputs, out_schema, lambda: seen["large"])
 
@@ -137,17 +139,18 @@ def _checked(fn, schema, flat, stage):
     return run
 
 
-def vector_partition(spec, wrapper, fn, kind, record_id, source, refresh, out_schema, batches):
+def vector_partition(plan: WrapperPlan, fn, kind, out_schema, batches):
+    spec, wrapper = plan.spec, plan.wrapper
     session = TaskSession(spec, wrapper)
     conform = (arrow_conformer if kind == "arrow" else pandas_checker)(out_schema,
                                                                        wrapper.stage.name)
     adapter = BatchAdapter(fn, kind, ids=record_ids(spec, wrapper, session.task),
-                           record_id=record_id, source=source, conform=conform)
-    engine = make_engine(spec, session, adapter, wrapper, refresh)
+                           record_id=plan.record_id, source=plan.source, conform=conform)
+    engine = make_engine(plan, session, adapter)
     return drive(session, engine, engine.run(batch_units(batches)))
 
 
-def deserialize_partition(spec, wrapper, steps, in_schema, new_schema, refresh, batches):
+def deserialize_partition(plan: WrapperPlan, steps, in_schema, new_schema, batches):
     import pyarrow as pa
     ArrowTableToRowsConversion, to_arrow = arrow_conversions()
 
@@ -183,10 +186,10 @@ def deserialize_partition(spec, wrapper, steps, in_schema, new_schema, refresh, 
             arrays = list(taken.columns) + [c.combine_chunks() for c in new.columns]
             yield pa.RecordBatch.from_arrays(arrays, names=taken.schema.names + new.schema.names)
 
-    session = TaskSession(spec, wrapper)
-    adapter = DeserializeAdapter(steps, ids=record_ids(spec, wrapper, session.task), to_row=to_row)
-    engine = make_engine(spec, session, adapter, wrapper, refresh,
-                     count_stages=[s.stage for s in steps])
+    session = TaskSession(plan.spec, plan.wrapper)
+    adapter = DeserializeAdapter(steps, ids=record_ids(plan.spec, plan.wrapper, session.task),
+                                 to_row=to_row)
+    engine = make_engine(plan, session, adapter, count_stages=[s.stage for s in steps])
     outputs = drive(session, engine, engine.run(units()))
     buf: list = []
     try:
@@ -201,11 +204,12 @@ def deserialize_partition(spec, wrapper, steps, in_schema, new_schema, refresh, 
         outputs.close()
 
 
-def sink_partition(spec, wrapper, write_fn, chunk, record_id, source, refresh, batch_id, rows):
-    session = TaskSession(spec, wrapper)
-    adapter = SinkAdapter(write_fn, ids=record_ids(spec, wrapper, session.task, batch_id),
-                          record_id=record_id, source=source)
-    engine = make_engine(spec, session, adapter, wrapper, refresh)
+def sink_partition(plan: WrapperPlan, write_fn, chunk, batch_id, rows):
+    session = TaskSession(plan.spec, plan.wrapper)
+    adapter = SinkAdapter(write_fn, ids=record_ids(plan.spec, plan.wrapper, session.task,
+                                                   batch_id),
+                          record_id=plan.record_id, source=plan.source)
+    engine = make_engine(plan, session, adapter)
     for _ in drive(session, engine, engine.run(chunk_units(rows, chunk))):
         pass
 

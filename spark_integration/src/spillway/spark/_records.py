@@ -39,7 +39,7 @@ KAFKA_SOURCE_COLUMNS = ("key", "value", "topic", "partition", "offset", "timesta
 
 
 def positional_record_id(stage: str, job: str, wrapper: str, partition_id: int, row_index: int,
-                         batch_id: int | str | None = None, use: str = "") -> str:
+                         *, batch_id: int | str | None = None, use: str = "") -> str:
     return positional_prefix(stage, job, wrapper, partition_id, batch_id, use) + str(row_index)
 
 

@@ -50,8 +50,7 @@ from typing import Any, TypeVar
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
-from spillway.client import SidecarClient
-from spillway.client._names import check_job_name
+from spillway.client import SidecarClient, check_job_name
 from spillway.client.client import DEFAULT_TARGET, resolve_target
 from spillway.client.columns import Failure
 from spillway.client.errors import (

@@ -12,13 +12,12 @@ from typing import Any
 
 from pyspark import TaskContext
 
-from spillway.client import columns
 from spillway.client.columns import Failure
-from spillway.client.errors import SidecarProtocolError, error_for_verdict
 from spillway.v1 import sidecar_pb2 as pb
 
-from ._engine import trim_traceback
-from ._records import context_of, payload_for, positional_record_id
+from ._engine import Unit, follow, reported, trim_traceback
+from ._plan import WrapperPlan
+from ._records import context_of, positional_record_id
 from ._runtime import JobSpec, TaskSession, WrapperSpec, current_batch_id, current_task
 from ._task_end import at_task_end
 
@@ -101,20 +100,19 @@ class _Skipped:
     verdict: pb.Verdict
 
 
-def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column: bool,
-                  record_id: Callable[..., str] | None,
-                  refresh: Callable[[], None] | None,
-                  check: Callable[[Any], None] | None = None) -> Callable:
+def udf_function(plan: WrapperPlan, fn: Callable, error_column: bool,
+                 check: Callable[[Any], None] | None = None) -> Callable:
     """The per-row function Spark calls. Per row it only checks that the task attempt is the
     same (Spark sets a new TaskContext object for each task it runs in a worker: an identity
     check, the attempt id being read only when it changes) and counts the row before calling
-    ``fn``; everything else happens on a failure. ``check(result)`` raises when a result does
-    not fit the declared return type (Spark would turn it into a silent null): that row fails
-    like one whose ``fn`` raised.
+    ``fn``; everything else happens on a failure (`_RowFailure`; ``plan.record_id(*args)``:
+    a row's own id). ``check(result)`` raises when a result does not fit the declared return
+    type (Spark would turn it into a silent null): that row fails like one whose ``fn`` raised.
 
     Where the extension is built and pyspark's TaskContext has its usual layout, the function
     is `_udfcall.Call`: the same steps in C, pickled as these arguments (an executor without
     the extension rebuilds it in Python)."""
+    spec, wrapper = plan.spec, plan.wrapper
     holder: list[_UdfState | None] = [None]  # unpickled afresh with the UDF on the executor
     tc_class = TaskContext
     if check is not None:
@@ -143,9 +141,7 @@ def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column
         holder[0] = st
         return st
 
-    def failed(st, args, index, exc):
-        return _udf_failed(spec, wrapper, st, checked, args, index, exc, error_column, record_id,
-                           refresh)
+    failed = _RowFailure(plan, checked, error_column)
 
     # The per-row cost is what the happy path pays: read the class attribute that
     # TaskContext.get() returns (a method call costs more than the rest of the check), and
@@ -168,8 +164,7 @@ def udf_function(spec: JobSpec, wrapper: WrapperSpec, fn: Callable, error_column
         mode = 0 if check is None else 2 if fast else 1
         native_call = _NativeCall(fn, mode, kind, bounded, lo, hi, verify, tc_class,
                                   enter_native, failed, error_column,
-                                  (udf_function, (spec, wrapper, fn, error_column, record_id,
-                                                  refresh, check)), RowCounter)
+                                  (udf_function, (plan, fn, error_column, check)), RowCounter)
         # the Python function's own signature: pyspark reads it (getfullargspec) to choose the
         # UDF's evaluation type, and warns on a callable it cannot read
         native_call.__signature__ = _ONE_ARGUMENT if single_argument(fn) else _ANY_ARGUMENTS
@@ -232,66 +227,67 @@ def single_argument(fn: Callable) -> bool:
                                    inspect.Parameter.POSITIONAL_OR_KEYWORD))
 
 
-def _udf_failed(spec, wrapper, st, fn, args, index, exc, error_column, record_id, refresh):
-    outcome = _udf_failure(spec, wrapper, st, fn, args, index, exc, record_id, refresh)
-    if not isinstance(outcome, _Skipped):
-        return (outcome, None) if error_column else outcome
-    if not error_column:
-        return None
-    info = outcome.record.exception
-    return (None, (outcome.record.record_id, wrapper.stage.name, info.class_name, info.message,
-                   outcome.verdict.reason, outcome.verdict.dead_lettered))
+@dataclass(frozen=True)
+class _RowFailure:
+    """What a UDF does with a row whose ``fn`` raised (the per-row function's ``failed``):
+    report it, follow the verdict (`_engine.follow`, as every wrapper does), retry in place."""
 
+    plan: WrapperPlan
+    fn: Callable
+    error_column: bool
 
-def _udf_failure(spec, wrapper, st, fn, args, index, exc, record_id, refresh):
-    import time
+    def __call__(self, st: _UdfState, args: tuple, index: int, exc: Exception) -> Any:
+        """The row's result: its value once a retry succeeds, else null (with the error
+        struct when ``error_column``)."""
+        outcome = self._outcome(st, args, index, exc)
+        if not isinstance(outcome, _Skipped):
+            return (outcome, None) if self.error_column else outcome
+        if not self.error_column:
+            return None
+        info = outcome.record.exception
+        return (None, (outcome.record.record_id, self.plan.wrapper.stage.name, info.class_name,
+                       info.message, outcome.verdict.reason, outcome.verdict.dead_lettered))
 
-    session = st.session
-    trim_traceback(exc)
-    subject = args[0] if len(args) == 1 else list(args)
-    # a UDF is decorated once and used in many queries: the Spark stage it runs in tells the
-    # uses apart (the same for every attempt of a task; a second action re-running the query
-    # gets new ids: a duplicate DLQ record at worst, never a lost one)
-    ctx = context_of(subject, lambda: positional_record_id(
-        wrapper.stage.name, spec.name, wrapper.name, session.task.partition_id, index,
-        batch_id=current_batch_id(), use=f"{wrapper.use}s{session.task.stage_id}"),
-        (lambda _row: record_id(*args)) if record_id is not None else None)
-    session.begin_span()
-    attempt, error = 1, None
-    try:
-        while True:
-            record = columns.failure(
-                ctx.record_id, wrapper.stage.stage, exc, custom_stage=wrapper.stage.custom,
-                function_name=wrapper.function_name, source=ctx.source, key=ctx.key,
-                value=ctx.value, headers=ctx.headers, timestamp_ms=ctx.timestamp_ms,
-                attempt=attempt, context=session.trace_context,
-                payload=payload_for(wrapper.stage.stage, ctx))
-            session.failed(exc, record)
-            verdict = session.report([record])[0]
-            if verdict.action == pb.ACTION_FAIL:
-                raise error_for_verdict(spec.name, record, verdict) from exc
-            if verdict.action == pb.ACTION_SKIP:
-                session.skipped(record, verdict)
-                session.flush()  # the flush barrier: no later hook in a UDF
-                return _Skipped(record, verdict)
-            if verdict.action != pb.ACTION_RETRY:
-                raise SidecarProtocolError(
-                    f"ReportFailures: verdict for record {verdict.record_id!r} has no action "
-                    f"({pb.Action.Name(verdict.action)})") from exc
-            time.sleep(verdict.retry_delay_ms / 1000.0)
-            if verdict.category == pb.CATEGORY_REFRESH_RETRIABLE and refresh is not None:
-                refresh()
-            attempt += 1
-            try:
-                value = fn(*args)
-            except Exception as again:  # noqa: BLE001 - user code
-                exc = trim_traceback(again)
-                continue
-            session.recovered(record.record_id)
-            session.flush()
-            return value
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        session.end_span(error)
+    def _outcome(self, st: _UdfState, args: tuple, index: int, exc: Exception) -> Any:
+        import time
+
+        spec, wrapper, record_id = self.plan.spec, self.plan.wrapper, self.plan.record_id
+        session = st.session
+        trim_traceback(exc)
+        subject = args[0] if len(args) == 1 else list(args)
+        # a UDF is decorated once and used in many queries: the Spark stage it runs in tells
+        # the uses apart (the same for every attempt of a task; a second action re-running the
+        # query gets new ids: a duplicate DLQ record at worst, never a lost one)
+        ctx = context_of(subject, lambda: positional_record_id(
+            wrapper.stage.name, spec.name, wrapper.name, session.task.partition_id, index,
+            batch_id=current_batch_id(), use=f"{wrapper.use}s{session.task.stage_id}"),
+            (lambda _row: record_id(*args)) if record_id is not None else None)
+        session.begin_span()
+        unit = Unit(args, 1, index)
+        error = None
+        try:
+            while True:
+                unit.exc = exc
+                unit.record = reported(session, ctx, exc, wrapper.stage, wrapper.function_name,
+                                       unit.attempt)
+                verdict = session.report([unit.record])[0]
+                if not follow(session, [unit], [verdict]):   # skipped: dead-lettered
+                    session.flush()  # the flush barrier: no later hook in a UDF
+                    return _Skipped(unit.record, verdict)
+                time.sleep(verdict.retry_delay_ms / 1000.0)
+                if verdict.category == pb.CATEGORY_REFRESH_RETRIABLE \
+                        and self.plan.refresh is not None:
+                    self.plan.refresh()
+                try:
+                    value = self.fn(*args)
+                except Exception as again:  # noqa: BLE001 - user code
+                    exc = trim_traceback(again)
+                    continue
+                session.recovered(unit.record.record_id)
+                session.flush()
+                return value
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            session.end_span(error)

@@ -56,6 +56,7 @@ from ._partitions import (
     with_batch_id,
 )
 from ._report import JobReport, failure_message
+from ._plan import WrapperPlan
 from ._runtime import JobSpec, WrapperSpec, batch_scope, ratio_limited
 from ._schema import value_checker
 from ._types import datatype, struct
@@ -308,6 +309,13 @@ class Job:
         return WrapperSpec(name=wname, stage=stage_ref, function_name=report.qualified_name(fn),
                            traceparent=tp, tracestate=ts, use=self._use(wname))
 
+    def _plan(self, fn: Callable, name: str | None, stage: str | int, custom_stage: str = "",
+              **hooks: Any) -> WrapperPlan:
+        """The plan every task of this wrapper call runs with (``hooks``: `WrapperPlan`'s
+        ``record_id``, ``source``, ``refresh``), over the registered run's spec."""
+        wrapper = self._wrapper(fn, name, stage, custom_stage)
+        return WrapperPlan(self._task_spec(), wrapper, **hooks)
+
     def _use(self, wrapper_name: str) -> str:
         """This call's use of the wrapper (registers the run first: uses count per run)."""
         return _next_use(self.name, self._task_spec().run_id, wrapper_name)
@@ -329,18 +337,16 @@ class Job:
         record.
         """
         _require("map_partitions: data", data, rdd=True)
-        wrapper = self._wrapper(fn, name, stage, custom_stage)
+        plan = self._plan(fn, name, stage, custom_stage, record_id=record_id, source=source,
+                          refresh=refresh)
         if _is_dataframe(data):
             in_schema = data.schema
             out_schema = struct(schema) if schema is not None else in_schema
-            run = functools.partial(df_partition, self._task_spec(), wrapper, fn, flat, record_id,
-                                    source, refresh, in_schema, out_schema)
+            run = functools.partial(df_partition, plan, fn, flat, in_schema, out_schema)
             return data.mapInArrow(run, out_schema)
         if schema is not None:
             raise ValueError("schema: only for DataFrames (an RDD's records have no schema)")
-        run = functools.partial(rdd_partition, self._task_spec(), wrapper, fn, flat, record_id,
-                                source, refresh)
-        return data.mapPartitions(run)
+        return data.mapPartitions(functools.partial(rdd_partition, plan, fn, flat))
 
     def reprocess(self, dlq_df: Any, fn: Callable[[Any], Any], *, schema: Any = None,
                   max_redrives: int = 3, stage: str | int = "TRANSFORMATION",
@@ -365,10 +371,10 @@ class Job:
         if not _is_dataframe(dlq_df):
             raise TypeError("dlq_df: expected a DataFrame from spillway.spark.read_dlq")
         rows = redrive_frame(dlq_df, max_redrives, include_resolved=bool(include_resolved))
-        wrapper = self._wrapper(fn, name, stage, custom_stage)
+        plan = self._plan(fn, name, stage, custom_stage, record_id=redrive_record_id,
+                          refresh=refresh)
         out_schema = struct(schema) if schema is not None else rows.schema
-        run = functools.partial(df_partition, self._task_spec(), wrapper, fn, flat,
-                                redrive_record_id, None, refresh, rows.schema, out_schema,
+        run = functools.partial(df_partition, plan, fn, flat, rows.schema, out_schema,
                                 ledger=Ledger(self.name, ledger_sources()) if ledger else None)
         return rows.mapInArrow(run, out_schema)
 
@@ -385,10 +391,10 @@ class Job:
         concatenation of the outputs of its parts), not an aggregate over the batch.
         """
         _require("map_in_pandas: df", df)
-        wrapper = self._wrapper(fn, name, stage, custom_stage)
+        plan = self._plan(fn, name, stage, custom_stage, record_id=record_id, source=source,
+                          refresh=refresh)
         out_schema = struct(schema)
-        run = functools.partial(vector_partition, self._task_spec(), wrapper, fn, "pandas",
-                                record_id, source, refresh, out_schema)
+        run = functools.partial(vector_partition, plan, fn, "pandas", out_schema)
         return df.mapInPandas(run, out_schema)
 
     def map_in_arrow(self, df: Any, fn: Callable[[Any], Any], schema: Any, *,
@@ -399,10 +405,10 @@ class Job:
         """``df.mapInArrow`` with ``fn(pyarrow.RecordBatch) -> RecordBatch | Table`` per batch;
         failures isolated by bisection, as in `map_in_pandas`."""
         _require("map_in_arrow: df", df)
-        wrapper = self._wrapper(fn, name, stage, custom_stage)
+        plan = self._plan(fn, name, stage, custom_stage, record_id=record_id, source=source,
+                          refresh=refresh)
         out_schema = struct(schema)
-        run = functools.partial(vector_partition, self._task_spec(), wrapper, fn, "arrow",
-                                record_id, source, refresh, out_schema)
+        run = functools.partial(vector_partition, plan, fn, "arrow", out_schema)
         return df.mapInArrow(run, out_schema)
 
     def deserialize(self, df: Any, *, key: Callable[[bytes | None], Any] | str | None = None,
@@ -458,8 +464,8 @@ class Job:
                                       function_name=",".join(s.function_name for s in steps))
         new_schema = StructType(fields)
         out_schema = StructType(list(df.schema.fields) + fields)
-        run = functools.partial(deserialize_partition, self._task_spec(), wrapper, steps,
-                                df.schema, new_schema, refresh)
+        plan = WrapperPlan(self._task_spec(), wrapper, refresh=refresh)
+        run = functools.partial(deserialize_partition, plan, steps, df.schema, new_schema)
         return df.mapInArrow(run, out_schema)
 
     def _native_deserialize(self, df, steps, types, name):
@@ -472,7 +478,7 @@ class Job:
                               ",".join(s.function_name for s in steps), tp, ts,
                               use=self._use(wname))
         counting = ratio_limited(self.effective_properties or {})
-        run = functools.partial(report_partition, spec, wrapper, tuple(steps))
+        run = functools.partial(report_partition, WrapperPlan(spec, wrapper), tuple(steps))
         return native_deserialize(df, steps, types, run, counting)
 
     def udf(self, returnType: Any = "string", *, error_column: bool = False,
@@ -504,9 +510,9 @@ class Job:
             stage, custom_stage).name, exact=False)
 
         def decorate(fn: Callable) -> Any:
-            wrapper = self._wrapper(fn, name, stage, custom_stage)
-            call = udf_function(self._task_spec(), wrapper, fn, error_column, record_id, refresh,
-                                 check=check)
+            plan = self._plan(fn, name, stage, custom_stage, record_id=record_id,
+                              refresh=refresh)
+            call = udf_function(plan, fn, error_column, check=check)
             functools.update_wrapper(call, fn)
             return spark_udf(call, dtype)
 
@@ -526,17 +532,18 @@ class Job:
         so ``write_fn`` must be idempotent, as Kafka Connect asks of sink tasks.
         """
         _require("foreach_partition: data", data, rdd=True)
-        wrapper = self._wrapper(write_fn, name, stage, custom_stage)
-        self._foreach(data, write_fn, wrapper, batch_size, record_id, source, refresh, batch_id)
+        plan = self._plan(write_fn, name, stage, custom_stage, record_id=record_id,
+                          source=source, refresh=refresh)
+        self._foreach(data, plan, write_fn, batch_size=batch_size, batch_id=batch_id)
 
-    def _foreach(self, data, write, wrapper, batch_size, record_id, source, refresh, batch_id):
+    def _foreach(self, data: Any, plan: WrapperPlan, write: Callable[[list], Any], *,
+                 batch_size: int, batch_id: int | None) -> None:
         _require("foreach_partition: data", data, rdd=True)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         check_foreach_partition(data)
-        run = functools.partial(sink_partition, self._task_spec(), wrapper, write, batch_size,
-                                record_id, source, refresh, batch_id)
-        data.foreachPartition(run)
+        data.foreachPartition(functools.partial(sink_partition, plan, write, batch_size,
+                                                batch_id))
 
     def foreach_batch(self, write_fn: Callable[[list, int], Any], *, batch_size: int = 500,
                       stage: str | int = "SINK", custom_stage: str = "",
@@ -552,7 +559,8 @@ class Job:
         the batch only then. Record ids carry the micro-batch id.
         """
         # one use for the whole query: a micro-batch replayed after a restart keeps its ids
-        wrapper = self._wrapper(write_fn, name, stage, custom_stage)
+        plan = self._plan(write_fn, name, stage, custom_stage, record_id=record_id,
+                          source=source, refresh=refresh)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
 
@@ -560,7 +568,9 @@ class Job:
             # the batch id reaches the wrappers upstream too, where Spark's own local property
             # does not (Spark Connect): see `_runtime.current_batch_id`
             with batch_scope(batch_df.sparkSession, batch_id):
-                self._foreach(batch_df, functools.partial(with_batch_id, write_fn, batch_id),
-                              wrapper, batch_size, record_id, source, refresh, batch_id)
+                # the run's spec as of this micro-batch (a closed run is registered again)
+                now = dataclasses.replace(plan, spec=self._task_spec())
+                self._foreach(batch_df, now, functools.partial(with_batch_id, write_fn, batch_id),
+                              batch_size=batch_size, batch_id=batch_id)
 
         return for_each_batch

@@ -65,10 +65,17 @@ def add_client_security_args(p: argparse.ArgumentParser) -> None:
 
 def operator_client(args: argparse.Namespace):
     """A SidecarClient for the operator commands, with their TLS and token flags."""
-    from spillway.client import SidecarClient, _auth
+    from spillway.client import (
+        ADMIN_TOKEN_FILE_ENV,
+        ADMIN_TOKEN_KEY,
+        NODE_TOKEN_KEY,
+        TOKEN_FILE_ENV,
+        ChannelSecurity,
+        SidecarClient,
+    )
 
-    admin = args.admin_token_file or os.environ.get(_auth.ADMIN_TOKEN_FILE_ENV, "")
-    if not admin and not (args.token_file or os.environ.get(_auth.TOKEN_FILE_ENV)):
+    admin = args.admin_token_file or os.environ.get(ADMIN_TOKEN_FILE_ENV, "")
+    if not admin and not (args.token_file or os.environ.get(TOKEN_FILE_ENV)):
         # the default configuration's local credential, for a sidecar on this host only
         from spillway.client.client import resolve_target
         from spillway.sidecar.transport.localcred import for_client
@@ -77,10 +84,10 @@ def operator_client(args: argparse.Namespace):
             admin = for_client(resolve_target(args.sidecar))
         except ValueError:
             admin = ""   # a malformed address: SidecarClient names it below
-    security = _auth.ChannelSecurity.resolve(
+    security = ChannelSecurity.resolve(
         ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
         token_file=admin or args.token_file,
-        token_key=_auth.ADMIN_TOKEN_KEY if admin else _auth.NODE_TOKEN_KEY)
+        token_key=ADMIN_TOKEN_KEY if admin else NODE_TOKEN_KEY)
     return SidecarClient(args.sidecar, timeout_s=args.timeout, security=security)
 
 
