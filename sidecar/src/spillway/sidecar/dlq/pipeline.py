@@ -110,7 +110,6 @@ class DlqPipeline(Drain):
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 5_000,
         producer_factory: Callable[[dict[str, Any]], Any] | None = None,
-        native_producer: bool = True,
         spool_group: str = "",
     ) -> None:
         if max_bytes < 1:
@@ -141,8 +140,7 @@ class DlqPipeline(Drain):
         self._backoff_s = retry_backoff_ms / 1000.0
         self._backoff_max_s = retry_backoff_max_ms / 1000.0
         self._random: RandomSource = rng or random.Random()
-        self._producer = KafkaDlqProducer(self._config, factory=producer_factory,
-                                          native_ok=native_producer)
+        self._producer = KafkaDlqProducer(self._config, factory=producer_factory)
         self._store: RecordStore | None = None
         self._thread: threading.Thread | None = None
 
