@@ -12,7 +12,7 @@ commit goes when some were seen before.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..core.model import DlqRecord
 from .codec import IDX_MASK, ROW_BITS, ROW_BYTES, ROW_RECORDS, decode_row, encode_segments
@@ -50,9 +50,10 @@ class DedupWindow:
         return (len(set(keys)) == len(keys) and self._recent.keys().isdisjoint(keys)
                 and self._recent_old.keys().isdisjoint(keys))
 
-    def remember(self, spooled: Iterable[tuple[DedupKey, tuple[int, str]]]) -> None:
-        """Add records just spooled, as (key, (seq, task_key)); the older generation goes once
-        the newer one is full."""
+    def remember(self, spooled: Mapping[DedupKey, tuple[int, str]]
+                 | Iterable[tuple[DedupKey, tuple[int, str]]]) -> None:
+        """Add records just spooled: key -> (seq, task_key); the older generation goes once the
+        newer one is full."""
         recent = self._recent
         recent.update(spooled)
         if len(recent) >= DEDUP_WINDOW // 2:

@@ -410,7 +410,7 @@ class Spool:
                                               all_sizes[pos:end])
                         pos = end
             else:
-                spooled: list[tuple[DedupKey, tuple[int, str]]] = []
+                spooled: dict[DedupKey, tuple[int, str]] = {}
                 for req, plan in zip(accepted, plans, strict=True):
                     placed = req.placed = []
                     avg = req.size // req.n
@@ -421,7 +421,7 @@ class Spool:
                         seq = (ids[rn] << ROW_BITS) | idx
                         placed.append(Placed(seq, owner, fresh, row_sizes[rn][idx]))
                         if fresh:
-                            spooled.append((dedup_key(rec), (seq, owner)))
+                            spooled[dedup_key(rec)] = (seq, owner)
                 window.remember(spooled)
             for req in accepted:
                 if req.on_commit is not None:
