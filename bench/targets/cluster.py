@@ -407,7 +407,7 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
     # (e) one node fed columns against FailedRecord messages (report_format.py)
     run_report_formats(ctx, result, ReportFormats(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
                                                   BATCH, per_client))
-    # (f) one node's producer: native against confluent-kafka's produce() (producer_paths.py)
+    # (f) one node's producer path: confluent-kafka's produce() (producer_paths.py)
     run_producer_paths(ctx, result, ProducerPaths(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
                                                   BATCH, per_client))
     if ctx.sizes.profile and result.met is False:

@@ -237,3 +237,31 @@ def test_producer_passthrough_cannot_weaken_the_guarantees(tmp_path):
                     producer_overrides={"producer.kafka.enable.idempotence": "false"})
     with pytest.raises(ConfigError, match="producer.kafka.acks"):
         DlqPipeline("127.0.0.1:1", spool_dir=str(tmp_path), producer_overrides={"acks": "1"})
+
+
+@pytest.mark.parametrize("value", [None, "true", "false"])
+def test_producer_native_is_accepted_and_said_to_have_no_effect_once_at_start(value, caplog):
+    """The native producer was removed: a configuration that still sets producer.native
+    starts, and a warning says once that it has no effect and why; unset, nothing is said."""
+    import logging
+
+    from spillway.sidecar.server import start_server
+
+    props = {"listen.address": "127.0.0.1:0", "spool.enable": "false",
+             "bootstrap.servers": "127.0.0.1:1"}
+    if value is not None:
+        props["producer.native"] = value
+    with caplog.at_level(logging.WARNING, logger="spillway.sidecar.runtime.bootstrap"):
+        running = start_server(props)
+        running.stop(0)
+    said = [r.getMessage() for r in caplog.records if "producer.native" in r.getMessage()]
+    assert len(said) == (0 if value is None else 1)
+    assert not said or ("no effect" in said[0] and "confluent-kafka's produce()" in said[0])
+
+
+def test_producer_native_still_refuses_a_value_that_is_not_a_boolean():
+    from spillway.sidecar.core import config
+    from spillway.sidecar.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="producer.native"):
+        config.parse({"producer.native": "fast"})

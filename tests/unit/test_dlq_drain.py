@@ -11,6 +11,7 @@ import pytest
 from confluent_kafka import KafkaError
 from spillway.sidecar.core.model import DlqRecord
 from spillway.sidecar.dlq import DlqPipeline, Outcome, Spool, classify
+from spillway.sidecar.dlq.drain import Drain
 from spillway.sidecar.errors import DlqError, FlushTimeoutError
 
 
@@ -250,7 +251,7 @@ def test_committed_records_reach_the_producer_from_memory_without_reading_the_sp
     # record committed before that first read comes from the spool, rightly; so warm up first
     p.submit([rec("warm", "t0")])
     assert p.wait_task("t0", 5) == 1
-    _wait_for(lambda: not p._overflow)
+    _wait_for(lambda: not p._handoff._overflow)
     before = p.stats()["spool-reads"]
     for i in range(0, 300, 50):
         p.submit([rec(f"r{j}", "t1") for j in range(i, i + 50)])
@@ -340,14 +341,15 @@ def test_skipped_rows_not_yet_published_are_looked_for_again_shortly(fake, pipel
     p = pipeline()
     p.submit([rec("warm", "t0")])
     assert p.wait_task("t0", 5) == 1
-    p._stop.set()
-    p._wake.set()
-    p._thread.join(5)   # the rounds are run by hand below
+    drain = p._drain
+    drain._stop.set()
+    drain._wake.set()
+    drain._thread.join(5)   # the rounds are run by hand below
     last = p._store.last_seq()
-    p._skipped_upto = last + 3          # skipped by a commit whose seq is not published yet
-    assert p._step() == pytest.approx(0.005)
-    p._skipped_upto = last              # nothing skipped left: idle
-    assert p._step() == 1.0
+    p._handoff.skipped_upto = last + 3  # skipped by a commit whose seq is not published yet
+    assert drain._step() == pytest.approx(0.005)
+    p._handoff.skipped_upto = last      # nothing skipped left: idle
+    assert drain._step() == 1.0
 
 
 def _wait_for(cond, timeout_s: float = 5.0) -> None:
@@ -372,7 +374,7 @@ def test_a_reject_inside_a_batch_settles_only_that_record(fake, pipeline):
     assert [r.record.record_id for r in p.store.rejected()] == ["bad"]
 
 
-def test_a_backlog_read_back_from_the_spool_never_idles_between_windows(tmp_path):
+def test_a_backlog_read_back_from_the_spool_never_idles_between_windows(tmp_path, monkeypatch):
     # A window's reports can all come back inside the round that filled it; the drain must
     # then read on, not idle a second per window (a 1M-record outage took ~50 min to drain).
     old = Spool(str(tmp_path), max_bytes=10_000_000, max_records=10_000)
@@ -404,15 +406,15 @@ def test_a_backlog_read_back_from_the_spool_never_idles_between_windows(tmp_path
     p = DlqPipeline("fake:9092", spool_dir=str(tmp_path), producer_factory=lagging,
                     max_inflight_records=10)
     idled_with_backlog: list[int] = []
-    step = p._step
+    step = Drain._step
 
-    def watched() -> float:
-        pause = step()
+    def watched(drain: Drain) -> float:
+        pause = step(drain)
         if pause >= 1.0 and p.store is not None and p.store.depth():
             idled_with_backlog.append(p.store.depth())
         return pause
 
-    p._step = watched  # type: ignore[method-assign]
+    monkeypatch.setattr(Drain, "_step", watched)   # the drain is built at start()
     p.start()
     try:
         _wait_for(lambda: p.store is not None and p.store.depth() == 0, 60.0)
@@ -467,24 +469,24 @@ def test_an_ended_runs_settled_task_counts_are_forgotten_and_wait_run_sees_only_
     p.forget_run("job/r10/")  # one task still pending: it keeps its count
     assert p.wait_task("job/r1/1.0.0/7", 1) == 0  # forgotten
     assert p.wait_task("job/r10/1.0.0/9", 1) == 0
-    assert set(p._tasks) == {"job/r10/1.0.0/10"}
-    assert set(p._run_tasks) == {"job/r10/"}
+    assert set(p._counts._tasks) == {"job/r10/1.0.0/10"}
+    assert set(p._counts._run_tasks) == {"job/r10/"}
     fake.made[0].open.set()
     assert p.wait_task("job/r10/1.0.0/10", 5) == 1
     p.forget_run("job/r10/")
-    assert not p._tasks and not p._run_tasks
+    assert not p._counts._tasks and not p._counts._run_tasks
 
 
 def test_evicted_task_counts_leave_the_run_index_too(fake, pipeline, monkeypatch):
-    import spillway.sidecar.dlq.pipeline as pipeline_mod
-    monkeypatch.setattr(pipeline_mod, "_TASKS_KEPT", 2)
+    import spillway.sidecar.dlq.tasks as tasks_mod
+    monkeypatch.setattr(tasks_mod, "_TASKS_KEPT", 2)
     p = pipeline()
     for i in range(5):
         p.submit([rec(f"r{i}", f"job/run{i}/1.0.0/{i}")])
         assert p.wait_task(f"job/run{i}/1.0.0/{i}", 5) == 1
     p.submit([rec("x", "job/run9/1.0.0/9")])  # the next registration evicts the oldest
-    assert len(p._tasks) == 2
-    assert set(p._run_tasks) == {"job/run4/", "job/run9/"}
+    assert len(p._counts._tasks) == 2
+    assert set(p._counts._run_tasks) == {"job/run4/", "job/run9/"}
 
 
 def test_a_delivery_report_asks_its_partition_only_when_the_batch_spans_need_it():

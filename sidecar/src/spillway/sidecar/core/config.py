@@ -366,10 +366,10 @@ _PROPS: list[Prop] = [
          "how often the sidecar checks that its Kafka answers (health service spillway.kafka, "
          "metric spillway_kafka_reachable); the first check runs at start-up", job=False),
     Prop("producer.linger.ms", p_int(0, 900_000), "20", "DLQ producer linger, ms", job=False),
-    Prop("producer.native", p_bool, "true",
-         "produce DLQ records through spillway's C producer over librdkafka (no Python work "
-         "per record; docs/DLQ.md); false, or where it was not built: confluent-kafka's",
-         job=False),
+    Prop("producer.native", lambda name, raw: p_bool(name, raw) if raw.strip() else None, "",
+         "deprecated, no effect (true or false accepted; a warning at start-up): DLQ records "
+         "are always produced through confluent-kafka's produce(), spillway's own C producer "
+         "saved no measurable CPU (docs/BENCHMARKS.md) and was removed", job=False),
     Prop("producer.batch.size", p_int(1, 2**31 - 1), "1000000",
          "DLQ producer batch size, bytes", job=False),
     Prop("producer.max.inflight.bytes", p_int(1024, 2**31 - 1), str(512 * 1024),

@@ -118,18 +118,20 @@ def decode_row(rid: int, ends: bytes, segs: bytes, data: bytes, start: int,
     seqs: list[int] = []
     records: list[DlqRecord] = []
     sizes: list[int] = []
-    decode_columns(rid, ends, segs, data, start, ROW_RECORDS, done, seqs, records, sizes)
+    decode_columns(rid, ends, segs, data, start=start, stop=ROW_RECORDS, done=done,
+                   into=(seqs, records, sizes))
     return [(seq & IDX_MASK, SpooledRecord(seq, rec, size))
             for seq, rec, size in zip(seqs, records, sizes)]
 
 
-def decode_columns(rid: int, ends: bytes, segs: bytes, data: bytes, start: int, stop: int,
-                   done: bytes | bytearray | None, seqs: list[int], records: list[DlqRecord],
-                   sizes: list[int]) -> None:
-    """`decode_row`'s records with index in [`start`, `stop`), appended as columns (seqs,
-    records, bytes): `segs` holds the record count of each segment (one marshalled list of
+def decode_columns(rid: int, ends: bytes, segs: bytes, data: bytes, *, start: int, stop: int,
+                   done: bytes | bytearray | None,
+                   into: tuple[list[int], list[DlqRecord], list[int]]) -> None:
+    """`decode_row`'s records with index in [`start`, `stop`), appended to the columns `into`
+    (seqs, records, bytes): `segs` holds the record count of each segment (one marshalled list of
     records); a segment's records are picked, checked and made in one pass each, so the drain
     reading a backlog back makes no object per record but the record."""
+    seqs, records, sizes = into
     e = row_ends(ends)
     base = rid << ROW_BITS
     first = 0

@@ -5,8 +5,13 @@ spool when that hand-off overflowed or after a restart; hands up to ``max_inflig
 ``max_inflight_bytes`` of them to the producer; serves delivery reports (`_handle_reports`): an
 acknowledged record is settled in the spool in batches (`_commit_acks`), a failed one is
 retried, produced alone, rejected or makes the producer be rebuilt by its category
-(`_on_failure`, see `producer.classify`). `Drain` is that half of `pipeline.DlqPipeline` (a
-mixin: the state is the pipeline's, set up in its constructor; see pipeline.py's docstring).
+(`_on_failure`, see `producer.classify`).
+
+`Drain` is one of the parts `pipeline.DlqPipeline` is composed of, built when the pipeline
+starts: it owns its thread, the entries it holds (in flight, to retry, suspects) and its
+counters, and is given the store it reads and settles, the producer, the hand-off it takes
+committed records from (`handoff.Handoff`) and the per-task counts it settles
+(`tasks.TaskCounts`).
 """
 
 from __future__ import annotations
@@ -14,16 +19,22 @@ from __future__ import annotations
 import collections
 import heapq
 import logging
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter, is_
+from typing import Any
 
 from spillway.sidecar.runtime.memtune import release_memory
 
-from ..core.model import DlqRecord
+from ..core.ports import Clock, RandomSource
 from ..errors import DlqError
-from .producer import DeliveryFailure, Outcome, ProduceRefused
+from .handoff import Entry, Handoff
+from .producer import DeliveryFailure, KafkaDlqProducer, Outcome, ProduceRefused
+from .store import RecordStore
+from .tasks import TaskCounts
 from .tracing import record_batch_spans
 
 log = logging.getLogger("spillway.sidecar.dlq.pipeline")
@@ -35,26 +46,112 @@ SETTLE_AFTER_S = 0.05
 
 
 _seq_of, _rec_of, _size_of = attrgetter("seq"), attrgetter("rec"), attrgetter("size")
-_job_task_of = attrgetter("rec.job", "rec.task_key")
+OnAck = Callable[[str, int], None]
 
 
-@dataclass(slots=True)
-class Entry:
-    """A spooled record the drain holds in memory: in flight, waiting to retry, or a suspect."""
+@dataclass(frozen=True, slots=True)
+class DrainSettings:
+    """How much the drain reads and holds at once, settles at once, and how it backs off."""
 
-    seq: int
-    rec: DlqRecord
-    size: int
-    attempts: int = 0
-    solo: bool = False  # its last produce was alone in its batch
-    sent_ns: int = 0    # when it was last handed to the producer (for the batch span)
-
-    def __lt__(self, other: Entry) -> bool:  # heap tie-break
-        return self.seq < other.seq
+    read_chunk: int = 5_000
+    max_inflight_records: int = 20_000
+    max_inflight_bytes: int = 512 * 1024
+    delete_batch: int = 1_000
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 5_000
 
 
 class Drain:
-    """The drain worker's rounds, over the state `pipeline.DlqPipeline` sets up."""
+    """The drain worker: one thread's rounds of reading, producing and settling."""
+
+    def __init__(self, store: RecordStore, producer: KafkaDlqProducer, counts: TaskCounts,
+                 handoff: Handoff, settings: DrainSettings, *, clock: Clock, rng: RandomSource,
+                 on_ack: OnAck | None = None, tracer: Any = None,
+                 traced: Callable[[], bool] = lambda: True) -> None:
+        self._store = store
+        self._producer = producer
+        self._counts = counts
+        self._handoff = handoff
+        self._clock = clock
+        self._random = rng
+        self._on_ack = on_ack
+        # one span per acknowledged batch, while `traced()` says they are exported (the spans'
+        # links cost a little per record)
+        self._tracer = tracer
+        self._traced = traced
+        self._chunk = max(1, settings.read_chunk)
+        self._max_inflight = max(1, settings.max_inflight_records)
+        self._max_inflight_bytes = max(1, settings.max_inflight_bytes)
+        self._delete_batch = max(1, settings.delete_batch)
+        self._backoff_s = settings.retry_backoff_ms / 1000.0
+        self._backoff_max_s = settings.retry_backoff_max_ms / 1000.0
+
+        self._wake = threading.Event()
+        self.wake = self._wake.set   # a new record, a waiter: go on at once
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="spillway-dlq-drain",
+                                        daemon=True)
+        self._cursor = 0
+        self._inflight: dict[int, Entry] = {}
+        self._retry: list[tuple[float, Entry]] = []
+        self._suspects: collections.deque[Entry] = collections.deque()
+        self._probe: int | None = None
+        self._held_bytes = 0
+        self._acked_pending: list[int] = []
+        self._first_ack_t = 0.0
+        self._rejects: list[tuple[int, str]] = []
+        self._last_fail_log: dict[int, float] = {}
+        self._written_since_trim = 0
+        self._trim_at = 0.0
+        self._avg_size = 1024  # of the rows read from the spool: sizes the next read
+
+        self.last_error = ""
+        self._c_requests = 0
+        self._c_failures = 0
+        self._c_written = 0
+        self._c_retries = 0
+        self._c_rejected = 0
+        self._c_rebuilds = 0
+        self._c_possible_dups = 0
+        self._c_spool_reads = 0  # records read back from the spool
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, deadline: float) -> None:
+        """Stop the rounds, close the producer without waiting past `deadline` (monotonic),
+        and settle what it acknowledged meanwhile."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(max(2.0, deadline - self._clock.monotonic()))
+        if self._thread.is_alive():  # pragma: no cover - the loop's waits are all bounded
+            log.error("DLQ drain worker did not stop; closing anyway")
+        else:
+            self._producer.close(max(0.0, deadline - self._clock.monotonic()))
+            self._handle_reports()
+            self._commit_acks(force=True)
+
+    def stats(self) -> dict[str, float]:
+        """Its counters, as `DlqPipeline.stats` names them."""
+        return {
+            "deadletterqueue-produce-requests": float(self._c_requests),
+            "deadletterqueue-produce-failures": float(self._c_failures),
+            "dlq-records-written": float(self._c_written),
+            "write-retries": float(self._c_retries),
+            "write-successes": float(self._c_written),
+            "write-failures": float(self._c_rejected),
+            "in-flight-records": float(len(self._inflight)),
+            "producer-rebuilds": float(self._c_rebuilds),
+            "possible-duplicates": float(self._c_possible_dups),
+            "spool-reads": float(self._c_spool_reads),
+        }
+
+    # -- rounds ---------------------------------------------------------------------------
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -69,7 +166,6 @@ class Drain:
 
     def _step(self) -> float:
         """One round; returns how long to sleep (0: go on at once)."""
-        assert self._store is not None
         now = self._clock.monotonic()
         if self._producer.fatal_error is not None:
             self._rebuild(str(self._producer.fatal_error))
@@ -87,8 +183,9 @@ class Drain:
         self._producer.poll(0 if produced or more_to_read else
                             (0.05 if self._inflight else 0))
         self._handle_reports()
-        self._commit_acks(force=self._flush_waiters > 0 or self._stop.is_set())
-        if self._flush_waiters:
+        flushing = self._counts.flush_waiters > 0
+        self._commit_acks(force=flushing or self._stop.is_set())
+        if flushing:
             self._update_done_through()
         if self._inflight or produced or more_to_read or self._suspects:
             return 0.0  # (rows left over after a failed delete or reject wait for the next wake)
@@ -96,7 +193,7 @@ class Drain:
             # the window was full when this round began and its reports came back during
             # the poll above: go on reading at once instead of idling a second per window
             return 0.0
-        if self._cursor < self._skipped_upto and self._room() > 0:
+        if self._cursor < self._handoff.skipped_upto and self._room() > 0:
             # skipped rows whose commit is not published yet (the writer wakes the drain
             # before it publishes): look again shortly, not in a second
             return 0.005
@@ -109,10 +206,9 @@ class Drain:
         room = self._room()
         if room <= 0:
             return False
-        if self._cursor < self._skipped_upto:
-            assert self._store is not None
+        if self._cursor < self._handoff.skipped_upto:
             return self._spool_readable(room, self._store.last_seq()) > 0
-        return bool(self._handoff)
+        return self._handoff.waiting()
 
     def _spool_readable(self, room: int, last: int) -> int:
         """How many skipped rows to read from the spool now (0: none published yet, `last`
@@ -132,11 +228,10 @@ class Drain:
         """Once a large backlog has drained and the drain has been idle for a second, hand the
         freed heap back to the OS (the spool already did when it emptied; this catches what
         was freed after that: reports, librdkafka buffers)."""
-        assert self._store is not None
         if self._written_since_trim < _TRIM_AFTER_RECORDS or self._acked_pending:
             return
         now = self._clock.monotonic()
-        if self._store.depth() or self._handoff:
+        if self._store.depth() or self._handoff.waiting():
             self._trim_at = 0.0
         elif not self._trim_at:
             self._trim_at = now + 1.0
@@ -156,19 +251,15 @@ class Drain:
     def _read_more(self) -> bool:
         """Take new rows: those the hand-off skipped (it was full, or they were recovered at
         start) from the spool, in seq order, then the ones handed over in memory."""
-        assert self._store is not None
         room = self._room()
         budget = self._max_inflight_bytes - self._held_bytes
         if room <= 0 or budget <= 0:
             return False
         last = self._store.last_seq()  # every row up to it has been handed off or skipped
-        taken: list[Entry] = []
-        with self._hlock:
-            skipped = self._skipped_upto
-            if self._cursor >= skipped:
-                taken = self._take_handoff(min(self._chunk, room), budget)
-                if not self._handoff and not taken:
-                    self._cursor = max(self._cursor, last)  # rows up to `last` all taken
+        taken, skipped, none_left = self._handoff.take(self._cursor, min(self._chunk, room),
+                                                       budget)
+        if none_left:
+            self._cursor = max(self._cursor, last)  # rows up to `last` all taken
         if taken:
             self._cursor = taken[-1].seq
             return self._produce_new(taken)
@@ -176,39 +267,11 @@ class Drain:
             return self._read_spool(skipped, last)
         return False
 
-    def _take_handoff(self, limit: int, budget: int) -> list[Entry]:
-        """Up to `limit` entries from the hand-off, in order, while `budget` bytes are left
-        (the last one may pass it); whole commits at once where they fit. Under _hlock."""
-        handoff = self._handoff
-        taken: list[Entry] = []
-        while handoff and len(taken) < limit and budget > 0:
-            group = handoff[0]      # [entries of one commit, their bytes]
-            entries, size = group
-            if len(entries) <= limit - len(taken) and size <= budget:
-                handoff.popleft()
-                k = len(entries)
-                taken += entries
-            else:   # part of it
-                k = size = 0
-                while k < len(entries) and len(taken) + k < limit and budget - size > 0:
-                    size += entries[k].size
-                    k += 1
-                taken += entries[:k]
-                del entries[:k]
-                group[1] -= size
-                if not entries:
-                    handoff.popleft()
-            budget -= size
-            self._handoff_n -= k
-            self._handoff_bytes -= size
-        return taken
-
     def _read_spool(self, skipped: int, last: int) -> bool:
         """Read skipped rows (seq <= `skipped`) from the spool, `last` being the last
         published seq. The hand-off hands over only rows past `skipped`, so nothing is taken
         twice; once the drain has read up to it, it goes back to the hand-off, whose rows are
         the next ones in seq order."""
-        assert self._store is not None
         limit = self._spool_readable(self._room(), last)
         if limit <= 0:
             return False
@@ -223,10 +286,9 @@ class Drain:
             # read to `upto`: a seq up to it that is not there never will be (an ignored
             # duplicate can use one up, a settled record is left out), so the cursor may pass it
             self._cursor = max(self._cursor, upto)
-            with self._hlock:
-                # caught up: the hand-off takes the next commits again, and the rows skipped
-                # meanwhile (after `upto`) are read in the next round
-                self._overflow = False
+            # caught up: the hand-off takes the next commits again, and the rows skipped
+            # meanwhile (after `upto`) are read in the next round
+            self._handoff.caught_up()
         return self._produce_new(entries)
 
     def _produce_new(self, entries: list[Entry]) -> bool:
@@ -234,7 +296,7 @@ class Drain:
         kept for later, in order."""
         if not entries:
             return False
-        traced = self.tracer is not None and self.traced()
+        traced = self._tracer is not None and self._traced()
         sent_ns = time.time_ns()
         inflight = self._inflight
         producer = self._producer
@@ -328,34 +390,9 @@ class Drain:
                 return
         if probe is not None and probe in acked_seqs:
             self._probe = None
-        if self.tracer is not None and self.traced():
-            record_batch_spans(self.tracer, acked, acked_partitions)
-        per_job: collections.Counter[str] = collections.Counter()
-        per_task: collections.Counter[str] = collections.Counter()
-        with self._cv:
-            self._ack_gen += 1
-            gen = self._ack_gen
-            self._acked_set.update(acked_seqs)
-            followers, upto = self._followers, self._recovered_upto
-            if not followers and (not upto or min(acked_seqs) > upto):
-                # one pass for both counts: a batch's records come from a few tasks of a few jobs
-                for (job, tk), n in collections.Counter(map(_job_task_of, acked)).items():
-                    per_task[tk] += n
-                    per_job[job] += n
-            else:
-                for e in acked:
-                    per_job[e.rec.job] += 1
-                    if followers and e.seq in followers:
-                        self._settle(e, acked=True)
-                    elif e.seq > upto:  # the owner's count, settled per task below
-                        per_task[e.rec.task_key] += 1
-            for tk, n in per_task.items():
-                t = self._task(tk)
-                t.pending -= n
-                t.acked += n
-                t.ack_gen = gen
-            self._evict()
-            self._cv.notify_all()
+        if self._tracer is not None and self._traced():
+            record_batch_spans(self._tracer, acked, acked_partitions)
+        per_job = self._counts.acked(acked, acked_seqs)
         self._held_bytes -= sum(map(_size_of, acked))
         if not self._acked_pending:
             self._first_ack_t = self._clock.monotonic()
@@ -372,7 +409,7 @@ class Drain:
     def _on_failure(self, e: Entry, f: DeliveryFailure, *, refused_alone: bool) -> None:
         """File a failed entry: retry heap, suspects, or the rejected table."""
         self._c_failures += 1
-        self._last_error = str(f)
+        self.last_error = str(f)
         if f.possibly_persisted:
             self._c_possible_dups += 1
         now = self._clock.monotonic()
@@ -397,10 +434,7 @@ class Drain:
 
     def _reject(self, e: Entry, f: DeliveryFailure) -> None:
         reason = f"{f.name}: {f.message}"
-        with self._cv:
-            self._rejected_pending[e.seq] = reason
-            self._settle(e, acked=False, reason=reason)
-            self._cv.notify_all()
+        self._counts.rejected(e, reason)
         self._rejects.append((e.seq, reason))
         self._held_bytes -= e.size
         self._c_rejected += 1
@@ -409,7 +443,6 @@ class Drain:
                   e.rec.topic, f)
 
     def _commit_acks(self, *, force: bool) -> None:
-        assert self._store is not None
         if self._rejects:
             rejects, self._rejects = self._rejects, []
             try:
@@ -418,31 +451,23 @@ class Drain:
                 log.exception("moving rejected DLQ records failed; will try again")
                 self._rejects = rejects + self._rejects
             else:
-                with self._lock:
-                    for seq, _ in rejects:
-                        self._rejected_pending.pop(seq, None)
+                self._counts.moved(rejects)
         if not self._acked_pending:
-            if self._settled_gen != self._ack_gen:   # every acknowledgement is settled
-                with self._cv:
-                    self._settled_gen = self._ack_gen
-                    self._cv.notify_all()
+            self._counts.all_settled()   # every acknowledgement is settled
             return
         if not (force or len(self._acked_pending) >= self._delete_batch
                 or not self._inflight
                 or self._clock.monotonic() - self._first_ack_t >= SETTLE_AFTER_S):
             return
         seqs, self._acked_pending = self._acked_pending, []
-        gen = self._ack_gen   # every acknowledgement up to it is in seqs (this thread's)
+        gen = self._counts.ack_gen   # every acknowledgement up to it is in seqs (this thread's)
         try:
             self._store.delete(seqs)
         except DlqError:
             log.exception("deleting acknowledged DLQ records from the spool failed; will retry")
             self._acked_pending = seqs + self._acked_pending
             return
-        with self._cv:
-            self._acked_set.difference_update(seqs)
-            self._settled_gen = gen
-            self._cv.notify_all()   # flush barriers wait for their records to be settled
+        self._counts.settled(seqs, gen)   # flush barriers wait for their records to be settled
 
     def _update_done_through(self) -> None:
         # Everything at or below the cursor that the drain no longer holds is acknowledged or
@@ -454,9 +479,7 @@ class Drain:
             low = min(low, min(e.seq for _, e in self._retry))
         if self._suspects:
             low = min(low, min(e.seq for e in self._suspects))
-        with self._cv:
-            self._done_through = low - 1
-            self._cv.notify_all()
+        self._counts.set_done_through(low - 1)
 
     def _rebuild(self, reason: str) -> None:
         log.warning("rebuilding the DLQ producer (%s); re-producing %d records in flight", reason,

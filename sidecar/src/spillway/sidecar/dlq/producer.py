@@ -37,7 +37,6 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from ..core.model import DlqRecord
 from ..errors import ConfigError, DlqError
-from . import native
 
 log = logging.getLogger(__name__)
 
@@ -194,14 +193,9 @@ class KafkaDlqProducer:
     """
 
     def __init__(self, config: Mapping[str, Any], *,
-                 factory: Callable[[dict[str, Any]], Any] | None = None,
-                 native_ok: bool = True) -> None:
+                 factory: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self._config = dict(config)
-        # no factory: `native.NativeHandle` where it can run (no Python work per record), else
-        # confluent-kafka's Producer; a factory given (tests' fakes) is always used
-        self._native_conf = (native.settings(self._config) if factory is None and native_ok
-                             and native.unavailable() is None else None)
-        self._native = self._native_conf is not None
+        # confluent-kafka's Producer, or the factory given (tests' fakes)
         self._factory = factory or Producer
         self._producer: Any = None
         self._deliveries = _Deliveries()
@@ -219,14 +213,10 @@ class KafkaDlqProducer:
         if self._producer is None:
             logger = logging.getLogger("spillway.dlq.librdkafka")
             try:
-                if self._native:
-                    self._producer = native.NativeHandle(self._native_conf, self._deliveries,
-                                                         self._on_error, logger)
-                else:
-                    conf = dict(self._config)
-                    conf["error_cb"] = self._on_error
-                    conf.setdefault("logger", logger)
-                    self._producer = self._factory(conf)
+                conf = dict(self._config)
+                conf["error_cb"] = self._on_error
+                conf.setdefault("logger", logger)
+                self._producer = self._factory(conf)
             except KafkaException as exc:
                 raise ConfigError("producer.kafka", f"invalid DLQ producer settings: "
                                   f"{exc.args[0].str() if exc.args else exc}") from exc
@@ -275,15 +265,6 @@ class KafkaDlqProducer:
         BufferError when its queue stays full for `max_wait_s` (the caller retries later).
         ``poll=False``: the caller polls itself once after a batch of produce calls."""
         p = self._get()
-        if self._native:
-            n, refused = self._produce_native(p, [token], [rec], max_wait_s)
-            if refused is not None:
-                raise refused
-            if not n:
-                raise BufferError("the DLQ producer's queue stayed full")
-            if poll:
-                self.poll(0)
-            return
         report = functools.partial(self._deliveries.report, token)
         headers = list(rec.headers) if rec.headers else None
         deadline = 0.0
@@ -311,8 +292,6 @@ class KafkaDlqProducer:
         one, why (the caller files that one as failed and goes on after it). Fewer taken and no
         refusal: its queue stayed full for `max_wait_s` (the caller keeps the rest for
         later). ``partitions``: whether their delivery reports note the partition (-1 else)."""
-        if self._native:
-            return self._produce_native(self._get(), tokens, records, max_wait_s)
         produce = self._get().produce
         d = self._deliveries
         report = d.report if partitions else d.report_unplaced
@@ -336,30 +315,6 @@ class KafkaDlqProducer:
             except KafkaException as exc:
                 return n, self._refused(exc)
             n += 1
-        return n, None
-
-    def _produce_native(self, p: native.NativeHandle, tokens: Sequence[int],
-                        records: Sequence[DlqRecord], max_wait_s: float
-                        ) -> tuple[int, ProduceRefused | None]:
-        """`produce_many` through `native.NativeHandle`: a batch a call, the same outcomes."""
-        if type(records) is not list:   # the drain's are lists already
-            records = list(records)
-        if type(tokens) is not list:
-            tokens = list(tokens)
-        n, total, deadline = 0, len(records), 0.0
-        while n < total:
-            taken, code, reason = p.produce_records(records, tokens, n)
-            n += taken
-            if not code:
-                break
-            if code != KafkaError._QUEUE_FULL:
-                return n, self._refused(KafkaException(KafkaError(code, reason)))
-            now = time.monotonic()
-            if not deadline:
-                deadline = now + max_wait_s
-            elif now >= deadline:
-                break
-            self.poll(0.05)
         return n, None
 
     def _raised(self, exc: KafkaException) -> None:

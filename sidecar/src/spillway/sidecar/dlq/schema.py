@@ -16,7 +16,9 @@ import fcntl
 import os
 import re
 import sqlite3
+import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..errors import DlqError
 
@@ -69,6 +71,18 @@ COLUMNS = "job, record_id, task_key, topic, key, value, headers, traceparent, si
 PAGE_SIZE = 16384  # bytes per SQLite page for a new spool
 CACHE_KIB = 2048  # SQLite page cache per connection (PRAGMA cache_size, negative = KiB)
 WAL_LIMIT = 64 * 1024 * 1024  # the WAL file is cut back to this after a checkpoint
+
+
+@dataclass(eq=False)
+class Db:
+    """An open spool's two connections: ``conn`` writes, one transaction at a time (under
+    ``wlock``); ``reader`` reads (under ``rlock``)."""
+
+    path: str
+    conn: sqlite3.Connection
+    reader: sqlite3.Connection
+    wlock: threading.Lock = field(default_factory=threading.Lock)
+    rlock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def default_spool_dir(props: Mapping[str, str] | None = None) -> str:

@@ -1,10 +1,11 @@
 """Settling spooled records: acknowledged by Kafka (`delete`), moved to the rejected table
-(`reject`), or removed from it by an operator (`purge_rejected`); and the per-row state that
-says which records of a batch row are settled (`Row`).
+(`reject`), or removed from it by an operator (`purge_rejected`).
 
-`Settlement` is the settling half of `spool.Spool` (a mixin: the state is the spool's, opened
-and written by spool.py). A row is deleted once every record in it is settled; acknowledgements
-of part of a row go to the ``settled`` table as index ranges in the same transaction.
+`Settlement` is one of the parts `spool.Spool` is composed of: it is given the spool's
+connections (`schema.Db`), its in-memory rows and counters (`state.SpoolState`) and its dedup
+window (emptied when the spool is). A row is deleted once every record in it is settled;
+acknowledgements of part of a row go to the ``settled`` table as index ranges in the same
+transaction.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import bisect
 import logging
 import sqlite3
-import threading
 from collections.abc import Sequence
 
 from spillway.sidecar.runtime.memtune import release_memory
@@ -20,7 +20,9 @@ from spillway.sidecar.runtime.memtune import release_memory
 from ..errors import DlqError
 from . import schema
 from .codec import IDX_MASK, ROW_BITS, decode_row, encode_headers, seq_ranges
-from .store import DedupKey
+from .dedup import DedupWindow
+from .schema import Db
+from .state import Row, SpoolState
 
 log = logging.getLogger("spillway.sidecar.dlq.spool")
 
@@ -29,47 +31,22 @@ _CHUNK = 500  # host parameters per IN (...) list
 _RELEASE_AFTER_BYTES = 16 * 1024 * 1024
 
 
-class Row:
-    """What the spool keeps in memory per batch row: its record count, the records not yet
-    settled (acknowledged or rejected), the bytes it holds, and, only once some but not all of
-    its records are settled, one byte per record saying which."""
-
-    __slots__ = ("total", "left", "size", "done")
-
-    def __init__(self, total: int, left: int, size: int) -> None:
-        self.total = total
-        self.left = left
-        self.size = size
-        self.done: bytearray | None = None
-
-    def pending(self, idx: int) -> bool:
-        return idx < self.total and (self.done is None or not self.done[idx])
-
-
 class Settlement:
-    """The spool's settling operations, over the state `spool.Spool` opens and keeps."""
+    """The spool's settling operations, over the connections, rows and counters it is given."""
 
-    path: str
-    _conn: sqlite3.Connection
-    _reader: sqlite3.Connection
-    _lock: threading.Lock   # counters and the per-row state
-    _wlock: threading.Lock  # one write transaction at a time
-    _rlock: threading.Lock  # the reader connection
-    _rows: dict[int, Row]
-    _recent: dict[DedupKey, tuple[int, str]]
-    _recent_old: dict[DedupKey, tuple[int, str]]
-    _depth: int
-    _bytes: int
-    _peak_bytes: int
-    _rejected: int
+    def __init__(self, db: Db, state: SpoolState, window: DedupWindow) -> None:
+        self._db = db
+        self._state = state
+        self._window = window
 
-    def _load_settled(self) -> int:
-        """Apply the acknowledged index ranges of partly settled rows; returns how many
+    def load(self) -> int:
+        """At open: apply the acknowledged index ranges of partly settled rows; returns how many
         records they settle. A row they settle completely (never written so, but cheap to
         guard) is deleted now."""
         settled = 0
-        for rid, lo, hi in self._conn.execute("SELECT row, lo, hi FROM settled"):
-            row = self._rows.get(rid)
+        conn, rows = self._db.conn, self._state.rows
+        for rid, lo, hi in conn.execute("SELECT row, lo, hi FROM settled"):
+            row = rows.get(rid)
             if row is None:
                 continue
             if row.done is None:
@@ -80,15 +57,15 @@ class Settlement:
                     done[i] = 1
                     row.left -= 1
                     settled += 1
-        emptied = [rid for rid, row in self._rows.items() if row.left <= 0]
+        emptied = [rid for rid, row in rows.items() if row.left <= 0]
         if emptied:
-            with self._conn:
+            with conn:
                 for rid in emptied:
-                    self._conn.execute("DELETE FROM batches WHERE id = ?", (rid,))
-                    self._conn.execute("DELETE FROM settled WHERE row = ?", (rid,))
+                    conn.execute("DELETE FROM batches WHERE id = ?", (rid,))
+                    conn.execute("DELETE FROM settled WHERE row = ?", (rid,))
             for rid in emptied:
-                del self._rows[rid]
-        self._conn.execute("DELETE FROM settled WHERE row NOT IN (SELECT id FROM batches)")
+                del rows[rid]
+        conn.execute("DELETE FROM settled WHERE row NOT IN (SELECT id FROM batches)")
         return settled
 
     def _settle(self, seqs: Sequence[int]
@@ -99,7 +76,7 @@ class Settlement:
         ordered = sorted(seqs)
         marks: list[tuple[int, Row, list[int]]] = []
         emptied: list[int] = []
-        rows = self._rows
+        rows = self._state.rows
         i, n = 0, len(ordered)
         while i < n:
             rid = ordered[i] >> ROW_BITS
@@ -136,8 +113,9 @@ class Settlement:
                     row.done = bytearray(row.total)
                 for i in idxs:
                     row.done[i] = 1
+        rows = self._state.rows
         for rid in emptied:
-            freed += self._rows.pop(rid).size
+            freed += rows.pop(rid).size
         return n, freed
 
     def delete(self, seqs: Sequence[int]) -> int:
@@ -151,11 +129,12 @@ class Settlement:
         """
         if not seqs:
             return 0
-        with self._wlock:
+        db, st = self._db, self._state
+        with db.wlock:
             marks, emptied = self._settle(seqs)
             if not marks:
                 return 0
-            conn = self._conn
+            conn = db.conn
             # ranges settled in rows that keep pending records (emptied rows are deleted)
             gone = set(emptied)
             partial = [(rid, lo, hi) for rid, _, idxs in marks if rid not in gone
@@ -175,19 +154,19 @@ class Settlement:
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                raise DlqError(f"DLQ spool delete failed ({self.path}): {exc}") from exc
+                raise DlqError(f"DLQ spool delete failed ({db.path}): {exc}") from exc
             finally:
                 conn.execute("PRAGMA synchronous=FULL")
-            with self._lock:
+            with st.lock:
                 n, freed = self._apply(marks, emptied)
-                self._depth -= n
-                self._bytes -= freed
-                empty = self._depth == 0
-                release = empty and self._peak_bytes >= _RELEASE_AFTER_BYTES
+                st.depth -= n
+                st.bytes -= freed
+                empty = st.depth == 0
+                release = empty and st.peak_bytes >= _RELEASE_AFTER_BYTES
                 if release:
-                    self._peak_bytes = self._bytes
-            if empty:  # nothing pending: the dedup window can match nothing (see _spooled)
-                self._recent, self._recent_old = {}, {}
+                    st.peak_bytes = st.bytes
+            if empty:  # nothing pending: the dedup window can match nothing (see `spooled`)
+                self._window.clear()
             if release:
                 self._release_memory()
         return n
@@ -195,14 +174,15 @@ class Settlement:
     def _release_memory(self) -> None:
         """The spool is empty after having been large: shrink SQLite's page caches and give
         freed heap back to the OS (under the write lock)."""
+        db = self._db
         try:
-            self._conn.execute("PRAGMA shrink_memory")
-            with self._rlock:
-                self._reader.execute("PRAGMA shrink_memory")
+            db.conn.execute("PRAGMA shrink_memory")
+            with db.rlock:
+                db.reader.execute("PRAGMA shrink_memory")
         except sqlite3.Error as exc:
             log.debug("DLQ spool: releasing memory failed: %s", exc)
         release_memory()
-        log.info("DLQ spool %s drained: released SQLite caches and freed heap", self.path)
+        log.info("DLQ spool %s drained: released SQLite caches and freed heap", db.path)
 
     def reject(self, items: Sequence[tuple[int, str]], now_ms: int) -> int:
         """Copy records Kafka can never accept to the rejected table, with the reason, and
@@ -210,12 +190,13 @@ class Settlement:
         if not items:
             return 0
         errors = dict(items)
-        with self._wlock:
+        db, st = self._db, self._state
+        with db.wlock:
             marks, emptied = self._settle(list(errors))
             if not marks:
                 return 0
             shrink: list[tuple[Row, int]] = []  # applied once committed
-            conn = self._conn
+            conn = db.conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 for rid, row, idxs in marks:
@@ -246,20 +227,21 @@ class Settlement:
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                raise DlqError(f"DLQ spool reject failed ({self.path}): {exc}") from exc
-            with self._lock:
+                raise DlqError(f"DLQ spool reject failed ({db.path}): {exc}") from exc
+            with st.lock:
                 for row, moved_bytes in shrink:
                     row.size -= moved_bytes
                 n, freed = self._apply(marks, emptied)
-                self._depth -= n
-                self._rejected += n
-                self._bytes -= freed
+                st.depth -= n
+                st.rejected += n
+                st.bytes -= freed
         return n
 
     def purge_rejected(self, seqs: Sequence[int] | None = None) -> int:
         """Drop rejected rows (all, or these seqs) once an operator has dealt with them."""
-        with self._wlock:
-            conn = self._conn
+        db, st = self._db, self._state
+        with db.wlock:
+            conn = db.conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 if seqs is None:
@@ -276,8 +258,8 @@ class Settlement:
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                raise DlqError(f"DLQ spool purge failed ({self.path}): {exc}") from exc
-            with self._lock:
-                self._rejected -= len(rows)
-                self._bytes -= sum(r[0] for r in rows)
+                raise DlqError(f"DLQ spool purge failed ({db.path}): {exc}") from exc
+            with st.lock:
+                st.rejected -= len(rows)
+                st.bytes -= sum(r[0] for r in rows)
         return len(rows)

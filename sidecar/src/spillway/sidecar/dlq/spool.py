@@ -35,12 +35,15 @@ Rejected records: a record Kafka can never accept (too large, invalid) is copied
 ``rejected`` table and settled in its row, so that it is neither lost nor produced again in a
 loop; those keep counting against the bounds until an operator removes them (`purge_rejected()`).
 
-Its neighbours: codec.py (how records are serialized into segments and rows), schema.py (the
-tables, the connection settings, the directory lock), settle.py (acknowledging, rejecting and
-purging records, and the settled ranges read at open: the `Settlement` part of `Spool`),
-held.py (records held for a home's confirmation: `Holding`), dedup.py (the dedup window:
-`DedupWindow`), store.py (the `RecordStore` interface the drain uses) and memqueue.py
-(`MemoryQueue`, the same interface without durability, for ``spool.enable=false``).
+`Spool` is composed of parts that each own their share and are given what they use: its rows
+and counters in memory (`state.SpoolState`, under one lock) and its connections
+(`schema.Db`) are handed to `settle.Settlement` (acknowledging, rejecting and purging records,
+and the settled ranges read at open), `held.Holding` (records held for a home's confirmation)
+and `dedup.DedupWindow` (the dedup window); the spool itself opens, writes (the group-commit
+writer) and reads. Its neighbours: codec.py (how records are serialized into segments and
+rows), schema.py (the tables, the connection settings, the directory lock), store.py (the
+`RecordStore` interface the drain uses) and memqueue.py (`MemoryQueue`, the same interface
+without durability, for ``spool.enable=false``).
 """
 
 from __future__ import annotations
@@ -69,10 +72,11 @@ from .codec import (
     seg_sizes,
     split_segments,
 )
-from .schema import DB_NAME, LOCK_NAME
-from .dedup import DEDUP_WINDOW, DedupWindow
-from .held import Holding, check_release, insert_held
-from .settle import Row, Settlement
+from .dedup import DedupWindow
+from .held import Holding, insert_held
+from .schema import DB_NAME, LOCK_NAME, Db
+from .settle import Settlement
+from .state import Row, SpoolState
 from .store import (
     DedupKey,
     FreshRun,
@@ -106,10 +110,11 @@ class _Request:
     held_id: int = 0  # the held row written (`hold`)
 
 
-class Spool(Settlement, Holding, DedupWindow):
+class Spool:
     """SQLite-backed, group-committed, bounded spool in `directory` (one process at a time).
-    Settling records (acknowledged, rejected, purged) is `settle.Settlement`'s part; records
-    held for a home's confirmation, `held.Holding`'s."""
+    Settling records (acknowledged, rejected, purged) is its `settle.Settlement`'s part; records
+    held for a home's confirmation, its `held.Holding`'s; the dedup window, its
+    `dedup.DedupWindow`'s."""
 
     durable = True
 
@@ -124,45 +129,41 @@ class Spool(Settlement, Holding, DedupWindow):
         self.max_records = max_records
         self._max_group = max_group_records
         self._append_timeout_s = append_timeout_s
-        self._rows: dict[int, Row] = {}
-        # the dedup window: `dedup_key` -> (seq, task_key) of recently spooled records, in
-        # two generations of at most DEDUP_WINDOW // 2 each
-        self._recent: dict[DedupKey, tuple[int, str]] = {}
-        self._recent_old: dict[DedupKey, tuple[int, str]] = {}
+        self._state = st = SpoolState()   # the rows and counters, under st.lock
+        self._window = DedupWindow(st)
         # DLQ payloads at rest: directory 0700, files 0600 (spool.group: 0750 / 0640)
         perms.prepare(directory, self.path, (os.path.join(directory, LOCK_NAME),), group)
         self._lock_fd = schema.take_lock(directory)
         try:
-            self._conn = schema.connect(self.path)
-            schema.create(self._conn, self.path)
-            self._reader = schema.connect(self.path)
+            conn = schema.connect(self.path)
+            schema.create(conn, self.path)
+            self._db = Db(self.path, conn, schema.connect(self.path))
+            self._settlement = Settlement(self._db, st, self._window)
+            self._holding = Holding(self._db, st)
             pending_bytes = self._load_rows()
-            (self._rejected, rejected_bytes) = self._conn.execute(
+            (st.rejected, rejected_bytes) = conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM rejected").fetchone()
-            self._bytes = pending_bytes + rejected_bytes + self._load_held()
-            self._peak_bytes = self._bytes
-            row = self._conn.execute(
+            st.bytes = pending_bytes + rejected_bytes + self._holding.load()
+            st.peak_bytes = st.bytes
+            row = conn.execute(
                 "SELECT seq FROM sqlite_sequence WHERE name = 'batches'").fetchone()
             last_row = row[0] if row else 0
             # every seq of the last row (whatever its size) is at or below this one
-            self._last_seq = (last_row << ROW_BITS) | IDX_MASK if last_row else 0
-            self._fill_dedup_window()
+            st.last_seq = (last_row << ROW_BITS) | IDX_MASK if last_row else 0
+            self._window.fill(conn)
         except sqlite3.Error as exc:
             os.close(self._lock_fd)
             raise DlqError(f"cannot open the DLQ spool {self.path}: {exc}") from exc
         except BaseException:
             os.close(self._lock_fd)
             raise
-        self.recovered = self._depth
-        if self._depth:
+        self.recovered = st.depth
+        if st.depth:
             log.info("DLQ spool %s: recovered %d records (%d bytes) to drain", self.path,
-                     self._depth, pending_bytes)
-        if self._held_n:
+                     st.depth, pending_bytes)
+        if st.held:
             log.info("DLQ spool %s: recovered %d records held for their runs' homes to confirm",
-                     self.path, self._held_n)
-        self._lock = threading.Lock()     # counters and the per-row state
-        self._wlock = threading.Lock()    # one write transaction at a time
-        self._rlock = threading.Lock()    # the reader connection
+                     self.path, st.held)
         self._cv = threading.Condition()  # the writer's queue
         self._queue: collections.deque[_Request] = collections.deque()
         self._closing = False
@@ -175,21 +176,22 @@ class Spool(Settlement, Holding, DedupWindow):
     def _load_rows(self) -> int:
         """Rebuild the per-row state from the table; returns the pending bytes."""
         depth = pending_bytes = 0
-        for rid, n, size, total in self._conn.execute(
+        conn, rows = self._db.conn, self._state.rows
+        for rid, n, size, total in conn.execute(
                 "SELECT id, n, size, length(ends) / 4 FROM batches"):
-            self._rows[rid] = Row(total, n, size)
+            rows[rid] = Row(total, n, size)
             depth += n
             pending_bytes += size
-        if self._rows:  # records of those rows already moved to the rejected table
-            for (seq,) in self._conn.execute("SELECT seq FROM rejected WHERE seq >= ?",
-                                             (min(self._rows) << ROW_BITS,)):
-                row = self._rows.get(seq >> ROW_BITS)
+        if rows:  # records of those rows already moved to the rejected table
+            for (seq,) in conn.execute("SELECT seq FROM rejected WHERE seq >= ?",
+                                       (min(rows) << ROW_BITS,)):
+                row = rows.get(seq >> ROW_BITS)
                 if row is not None and (seq & IDX_MASK) < row.total:
                     if row.done is None:
                         row.done = bytearray(row.total)
                     row.done[seq & IDX_MASK] = 1
-            depth -= self._load_settled()
-        self._depth = depth
+            depth -= self._settlement.load()
+        self._state.depth = depth
         return pending_bytes
 
     @staticmethod
@@ -250,9 +252,10 @@ class Spool(Settlement, Holding, DedupWindow):
         self.append((), release=rid)
 
     def _check_room(self, req: _Request) -> None:
-        with self._lock:
-            held_records = self._depth + self._rejected + self._held_n
-            held_bytes = self._bytes
+        st = self._state
+        with st.lock:
+            held_records = st.records()
+            held_bytes = st.bytes
         if (held_records + req.n > self.max_records
                 or held_bytes + req.size > self.max_bytes):
             raise backpressure_error(req.n, req.size, held_records, held_bytes,
@@ -298,10 +301,11 @@ class Spool(Settlement, Holding, DedupWindow):
             del batch, req
 
     def _commit(self, batch: list[_Request]) -> None:
-        with self._wlock:
-            with self._lock:
-                held_records = self._depth + self._rejected + self._held_n
-                held_bytes = self._bytes
+        st, window, holding = self._state, self._window, self._holding
+        with self._db.wlock:
+            with st.lock:
+                held_records = st.records()
+                held_bytes = st.bytes
             accepted: list[_Request] = []
             releases: list[int] = []
             for req in batch:
@@ -310,7 +314,7 @@ class Spool(Settlement, Holding, DedupWindow):
                     try:
                         if req.release in releases:
                             raise DlqError(f"held DLQ row {req.release} released twice")
-                        check_release(self._held, req.release, n)
+                        holding.check_release(req.release, n)
                     except DlqError as exc:
                         req.error = exc
                         continue
@@ -333,14 +337,13 @@ class Spool(Settlement, Holding, DedupWindow):
             records = (accepted[0].records if len(accepted) == 1 else
                        list(itertools.chain.from_iterable(req.records for req in accepted)))
             keys = dedup_keys(records)
-            if (len(set(keys)) == len(keys) and self._recent.keys().isdisjoint(keys)
-                    and self._recent_old.keys().isdisjoint(keys)):
+            if window.all_new(keys):
                 # all new: the requests' segments, in order
                 rows = split_segments([seg for req in accepted for seg in req.segments])
                 plans = None
             else:
-                rows, plans = self._plan(accepted)
-            conn = self._conn
+                rows, plans = window.plan(accepted)
+            conn = self._db.conn
             ids: list[int] = []
             held: list[tuple[int, int, int]] = []
             try:
@@ -362,15 +365,13 @@ class Spool(Settlement, Holding, DedupWindow):
                     req.error = err
                 return
             if holds or releases:
-                with self._lock:
+                with st.lock:
                     for req, (rid, n, size) in zip(holds, held, strict=True):
                         req.held_id = rid
-                        self._held[rid] = (n, size)
-                        self._held_n += n
-                        self._bytes += size
+                        holding.add(rid, n, size)
                     for rid in releases:
-                        self._unhold(rid)
-                    self._peak_bytes = max(self._peak_bytes, self._bytes)
+                        holding.unhold(rid)
+                    st.peak_bytes = max(st.peak_bytes, st.bytes)
                 if not accepted:
                     return
             # per row: its records' sizes (as _insert_row wrote its ends)
@@ -382,15 +383,15 @@ class Spool(Settlement, Holding, DedupWindow):
                 row_sizes.append(sizes)
             new_n = sum(map(len, row_sizes))
             new_bytes = 0
-            with self._lock:
+            with st.lock:
+                rows_of = st.rows
                 for rid, sizes in zip(ids, row_sizes, strict=True):
                     size = sum(sizes)
-                    self._rows[rid] = Row(len(sizes), len(sizes), size)
+                    rows_of[rid] = Row(len(sizes), len(sizes), size)
                     new_bytes += size
-                self._depth += new_n
-                self._bytes += new_bytes
-                self._peak_bytes = max(self._peak_bytes, self._bytes)
-            recent = self._recent
+                st.depth += new_n
+                st.bytes += new_bytes
+                st.peak_bytes = max(st.peak_bytes, st.bytes)
             if plans is None:
                 seqs: list[int] = []
                 all_sizes: list[int] = []
@@ -398,7 +399,7 @@ class Spool(Settlement, Holding, DedupWindow):
                     seqs.extend(range(rid << ROW_BITS, (rid << ROW_BITS) + len(sizes)))
                     all_sizes += sizes
                 owners = list(map(_task_key_of, records))
-                recent.update(zip(keys, zip(seqs, owners)))
+                window.remember(zip(keys, zip(seqs, owners)))
                 if len(accepted) == 1:
                     accepted[0].placed = FreshRun(seqs, owners, all_sizes)
                 else:
@@ -409,6 +410,7 @@ class Spool(Settlement, Holding, DedupWindow):
                                               all_sizes[pos:end])
                         pos = end
             else:
+                spooled: dict[DedupKey, tuple[int, str]] = {}
                 for req, plan in zip(accepted, plans, strict=True):
                     placed = req.placed = []
                     avg = req.size // req.n
@@ -419,9 +421,8 @@ class Spool(Settlement, Holding, DedupWindow):
                         seq = (ids[rn] << ROW_BITS) | idx
                         placed.append(Placed(seq, owner, fresh, row_sizes[rn][idx]))
                         if fresh:
-                            recent[dedup_key(rec)] = (seq, owner)
-            if len(recent) >= DEDUP_WINDOW // 2:
-                self._recent_old, self._recent = recent, {}
+                            spooled[dedup_key(rec)] = (seq, owner)
+                window.remember(spooled)
             for req in accepted:
                 if req.on_commit is not None:
                     try:
@@ -429,8 +430,8 @@ class Spool(Settlement, Holding, DedupWindow):
                     except Exception:
                         log.exception("DLQ spool on_commit hook failed")
             if ids:
-                with self._lock:  # published once every hook of the group has run
-                    self._last_seq = (ids[-1] << ROW_BITS) | (len(row_sizes[-1]) - 1)
+                with st.lock:  # published once every hook of the group has run
+                    st.last_seq = (ids[-1] << ROW_BITS) | (len(row_sizes[-1]) - 1)
 
     # -- reading --------------------------------------------------------------------------
 
@@ -447,21 +448,23 @@ class Spool(Settlement, Holding, DedupWindow):
         seqs: list[int] = []
         records: list[DlqRecord] = []
         sizes: list[int] = []
+        columns = (seqs, records, sizes)
         if limit <= 0:
-            return seqs, records, sizes
+            return columns
         first_row = after_seq >> ROW_BITS
-        with self._lock:
-            last = self._last_seq if upto is None else min(upto, self._last_seq)
+        st, db = self._state, self._db
+        with st.lock:
+            last = st.last_seq if upto is None else min(upto, st.last_seq)
         last_row = last >> ROW_BITS
-        with self._rlock:
-            cur = self._reader.execute(
+        with db.rlock:
+            cur = db.reader.execute(
                 "SELECT id, ends, segs, data FROM batches WHERE id >= ? AND id <= ? "
                 "ORDER BY id",
                 (first_row, last_row))
             try:
                 for rid, ends, segs, data in cur:
-                    with self._lock:
-                        row = self._rows.get(rid)
+                    with st.lock:
+                        row = st.rows.get(rid)
                         if row is None:  # settled and deleted meanwhile
                             continue
                         done = bytes(row.done) if row.done is not None else None
@@ -469,8 +472,8 @@ class Spool(Settlement, Holding, DedupWindow):
                     stop = (last & IDX_MASK) + 1 if rid == last_row else ROW_RECORDS
                     if done is None:  # no record left out: the limit is an index
                         stop = min(stop, start + limit - len(seqs))
-                    decode_columns(rid, ends, segs, data, start, stop, done, seqs, records,
-                                   sizes)
+                    decode_columns(rid, ends, segs, data, start=start, stop=stop, done=done,
+                                   into=columns)
                     if len(seqs) >= limit:
                         del seqs[limit:], records[limit:], sizes[limit:]
                         break
@@ -479,38 +482,67 @@ class Spool(Settlement, Holding, DedupWindow):
         return seqs, records, sizes
 
     def rejected(self, limit: int = 100) -> list[RejectedRecord]:
-        with self._rlock:
-            rows = self._reader.execute(
+        db = self._db
+        with db.rlock:
+            rows = db.reader.execute(
                 "SELECT seq, job, record_id, task_key, topic, key, value, headers, traceparent, "
                 "error, rejected_ms FROM rejected ORDER BY seq LIMIT ?", (limit,)).fetchall()
         return [RejectedRecord(r[0], record_from_row(r[1:9]), r[9], r[10]) for r in rows]
+
+    # -- settling and held rows: its parts' -------------------------------------------------
+
+    def delete(self, seqs: Sequence[int]) -> int:
+        """Settle records Kafka acknowledged; returns how many were pending
+        (`settle.Settlement.delete`)."""
+        return self._settlement.delete(seqs)
+
+    def reject(self, items: Sequence[tuple[int, str]], now_ms: int) -> int:
+        """Move records Kafka can never accept to the rejected table
+        (`settle.Settlement.reject`)."""
+        return self._settlement.reject(items, now_ms)
+
+    def purge_rejected(self, seqs: Sequence[int] | None = None) -> int:
+        """Drop rejected rows (all, or these seqs) once an operator has dealt with them."""
+        return self._settlement.purge_rejected(seqs)
+
+    def held_rows(self) -> list[tuple[int, str, bytes]]:
+        """Every held row as (id, run, meta), oldest first (`held.Holding.held_rows`)."""
+        return self._holding.held_rows()
+
+    def held_records(self, rid: int) -> list[DlqRecord]:
+        """The records of held row `rid`, in order (DlqError if it is gone)."""
+        return self._holding.held_records(rid)
+
+    def held_count(self) -> int:
+        """Records held for their homes' confirmation."""
+        return self._holding.held_count()
 
     # -- status ---------------------------------------------------------------------------
 
     def last_seq(self) -> int:
         """The highest seq committed whose on_commit hooks have all run."""
-        with self._lock:
-            return self._last_seq
+        with self._state.lock:
+            return self._state.last_seq
 
     def depth(self) -> int:
         """Records waiting for Kafka."""
-        with self._lock:
-            return self._depth
+        with self._state.lock:
+            return self._state.depth
 
     def bytes(self) -> int:
         """Bytes held: batch rows not yet deleted, rejected records and held rows."""
-        with self._lock:
-            return self._bytes
+        with self._state.lock:
+            return self._state.bytes
 
     def rejected_count(self) -> int:
-        with self._lock:
-            return self._rejected
+        with self._state.lock:
+            return self._state.rejected
 
     def high_water(self) -> bool:
         """True when the spool is full: the next append gets BackpressureError."""
-        with self._lock:
-            return (self._depth + self._rejected + self._held_n >= self.max_records
-                    or self._bytes >= self.max_bytes)
+        st = self._state
+        with st.lock:
+            return st.records() >= self.max_records or st.bytes >= self.max_bytes
 
     def close(self) -> None:
         """Commit what is queued, stop the writer, close the database, release the directory."""
@@ -520,9 +552,10 @@ class Spool(Settlement, Holding, DedupWindow):
             self._closing = True
             self._cv.notify_all()
         self._writer.join(self._append_timeout_s)
-        with self._wlock, self._rlock:
-            self._conn.close()
-            self._reader.close()
+        db = self._db
+        with db.wlock, db.rlock:
+            db.conn.close()
+            db.reader.close()
         os.close(self._lock_fd)
 
 

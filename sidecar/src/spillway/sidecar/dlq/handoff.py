@@ -1,0 +1,139 @@
+"""The in-memory hand-off from the spool's writer to the drain: each commit's new records, so
+that the drain need not read back what was just written (`Handoff`); and the drain's `Entry`, a
+spooled record it holds in memory.
+
+Bounded (``handoff_bytes``, ``handoff_records``): when full (Kafka is behind or gone) the hand-off
+lets go of what it holds and the drain reads those rows from the spool instead, and so every
+later row until the drain has read the spool to its end once (`caught_up`); the rows after that
+are handed over again. ``skipped_upto``: the rows up to this seq were not handed over (recovered
+at start, or the hand-off was full), and the drain reads them from the spool before it takes the
+hand-off's.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+
+from ..core.model import DlqRecord
+from .store import FreshRun, Placed
+
+_SEQ, _SIZE = itemgetter(0), itemgetter(3)   # of a Placed
+
+
+@dataclass(slots=True)
+class Entry:
+    """A spooled record the drain holds in memory: in flight, waiting to retry, or a suspect."""
+
+    seq: int
+    rec: DlqRecord
+    size: int
+    attempts: int = 0
+    solo: bool = False  # its last produce was alone in its batch
+    sent_ns: int = 0    # when it was last handed to the producer (for the batch span)
+
+    def __lt__(self, other: Entry) -> bool:  # heap tie-break
+        return self.seq < other.seq
+
+
+class Handoff:
+    """Committed records on their way from the spool's writer to the drain, in seq order."""
+
+    def __init__(self, *, max_bytes: int, max_records: int, skipped_upto: int) -> None:
+        self._max_bytes = max(1, max_bytes)
+        # records too: the bytes bound counts spooled bytes, and a record's objects in memory
+        # take several times its share of a report's spooled bytes (which share header bytes)
+        self._max_records = max(1, max_records)
+        self._lock = threading.Lock()
+        # groups: [the fresh entries of one commit, in seq order, their bytes]
+        self._groups: collections.deque[list] = collections.deque()
+        self._n = 0       # entries in it
+        self._bytes = 0
+        # read by the drain without the lock (a stale value costs it one more round)
+        self.skipped_upto = skipped_upto
+        # the hand-off was full: rows are skipped until the drain has read the spool to its
+        # end once (then the seqs skipped stop growing, and it soon reaches them)
+        self._overflow = False
+        self.overflows = 0    # times it was full
+
+    def give(self, records: Sequence[DlqRecord], placed: Sequence[Placed],
+             all_fresh: bool) -> None:
+        """Runs in the spool's writer right after the commit, in seq order: the commit's new
+        records, or, when the hand-off is full, a note that the drain must read them back."""
+        if type(placed) is FreshRun:
+            entries = list(map(Entry, placed.seqs, records, placed.sizes))
+            size = sum(placed.sizes)
+        elif all_fresh:
+            entries = list(map(Entry, map(_SEQ, placed), records, map(_SIZE, placed)))
+            size = sum(map(_SIZE, placed))
+        else:
+            entries = [Entry(p.seq, rec, p.size)
+                       for rec, p in zip(records, placed, strict=True) if p.fresh]
+            size = sum(e.size for e in entries)
+        if not entries:
+            return
+        with self._lock:
+            if self._overflow:   # until the drain has read back what was skipped
+                self.skipped_upto = entries[-1].seq
+                return
+            if (self._bytes + size > self._max_bytes
+                    or self._n + len(entries) > self._max_records):
+                # the drain is behind (Kafka slow or gone): let go of what waits here too, the
+                # drain reads it back from the spool when its turn comes
+                self._overflow = True
+                self.overflows += 1
+                self.skipped_upto = entries[-1].seq
+                self._groups.clear()
+                self._n = self._bytes = 0
+                return
+            self._groups.append([entries, size])
+            self._n += len(entries)
+            self._bytes += size
+
+    def waiting(self) -> bool:
+        """Whether entries wait here (without the lock)."""
+        return bool(self._groups)
+
+    def take(self, cursor: int, limit: int, budget: int) -> tuple[list[Entry], int, bool]:
+        """For a drain that has read up to seq `cursor`: up to `limit` entries, in order, while
+        `budget` bytes are left (the last one may pass it), whole commits at once where they
+        fit; none while rows up to ``skipped_upto`` are still to be read from the spool.
+        Returns (the entries, ``skipped_upto``, whether nothing was here to take)."""
+        taken: list[Entry] = []
+        with self._lock:
+            skipped = self.skipped_upto
+            if cursor < skipped:
+                return taken, skipped, False
+            groups = self._groups
+            while groups and len(taken) < limit and budget > 0:
+                group = groups[0]      # [entries of one commit, their bytes]
+                entries, size = group
+                if len(entries) <= limit - len(taken) and size <= budget:
+                    groups.popleft()
+                    k = len(entries)
+                    taken += entries
+                else:   # part of it
+                    k = size = 0
+                    while k < len(entries) and len(taken) + k < limit and budget - size > 0:
+                        size += entries[k].size
+                        k += 1
+                    taken += entries[:k]
+                    del entries[:k]
+                    group[1] -= size
+                    if not entries:
+                        groups.popleft()
+                budget -= size
+                self._n -= k
+                self._bytes -= size
+            return taken, skipped, not groups and not taken
+
+    def caught_up(self) -> None:
+        """The drain has read the spool to its end: take the next commits again."""
+        with self._lock:
+            self._overflow = False
+
+
+__all__ = ["Entry", "Handoff"]
