@@ -365,7 +365,7 @@ class Sidecar:
                 now_ms = SystemClock().wall_ms()
                 build = DlqBuilder(settings, task, now_ms=now_ms,
                                    sidecar_id=self.sidecar_id, run=key,
-                                   run_id=request.run_id).build_span
+                                   run_id=request.run_id).build_streak
                 dlq: list = []
                 for i, n, v in to_dlq:
                     build(records, i, n, v, own, dlq)
