@@ -71,6 +71,17 @@ def _from_le(data: bytes) -> array:
     return column
 
 
+def payload_tags_in_c(secret: bytes, records: Sequence) -> array | None:
+    """`tolerance.payload_tags` in one C call (an array('Q')), or None where the extension was
+    not built."""
+    if _native is None:
+        return None
+    out = array("Q")
+    out.frombytes(_native.payload_tags(secret, records if type(records) is list
+                                       else list(records)))
+    return out
+
+
 def digests(ids: Sequence[str]) -> Sequence[int]:
     """`tolerance.record_key` of each record id, in order (an array of unsigned 64-bit)."""
     if _native is None:

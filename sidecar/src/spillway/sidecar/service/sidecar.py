@@ -349,7 +349,7 @@ class Sidecar:
                                                            timeout_s, token, own)
                 decided = [(d, 1) for d in decisions]
             else:   # a run of records decided alike stays one span (no object per record)
-                decided = [(o[0], n) for o, n in self.engine.decide_spans(key, task, records,
+                decided = [(o[0], n) for o, n in self.engine.decide(key, task, records,
                                                                           journal=journal)]
             if request.decide_only:
                 self.persist(key, journal)
