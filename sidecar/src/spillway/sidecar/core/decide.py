@@ -105,9 +105,9 @@ class Decider:
                     while end < n and records[end].exception is streak_exc \
                             and records[end].stage is streak_ref:
                         end += 1
-                    stretch = records[i:end]
-                    added = ids.add_new(digests([x.record_id for x in stretch]),
-                                        tags_of(stretch), info, 0, end - i)
+                    alike = records[i:end]
+                    added = ids.add_new(digests([x.record_id for x in alike]),
+                                        tags_of(alike), info, 0, end - i)
                     pending += added
                     i += added
                     if i == end:

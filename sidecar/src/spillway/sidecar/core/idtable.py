@@ -241,7 +241,7 @@ class IdTable(Generic[V]):
                 stop: int) -> int:
         """For each ``keys[p]``, ``tags[p]`` from `start` to `stop`, in order, while the key is
         absent: `add(key, value, tag)`; returns how many were added (a key left over is
-        present). One call for a run of new keys (a home's tally, `runs.py`).
+        present). One call for a streak of new keys (a home's tally, `streaks.py`).
 
         The common insert (no growth, no eviction) is done in stretches: a stretch's keys and
         tags are appended to the columns first (so a key repeated inside the stretch is found
