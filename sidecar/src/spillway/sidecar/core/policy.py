@@ -71,6 +71,7 @@ def _take(j: JobState, out: list | None, counted: bool = False) -> None:
     if entries:
         out.append((gen, pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)))
 
+
 def _settle(j: JobState, ask: SliceAsk, n: int, now_wall_ms: int) -> None:
     """A decided report's slice business at its home (`SliceBook.settle`), after its `n`
     records were counted, so that a grant sees them; a run that failed grants nothing."""
