@@ -348,7 +348,7 @@ class Sidecar:
                 decisions, guard = tallying.decide_at_home(self, run, request, task, records,
                                                            timeout_s, token, own)
                 decided = [(d, 1) for d in decisions]
-            else:   # a run of records decided alike stays one span (no object per record)
+            else:   # a streak (records decided alike) stays one answer (no object per record)
                 decided = [(o[0], n) for o, n in self.engine.decide(key, task, records,
                                                                           journal=journal)]
             if request.decide_only:
@@ -356,7 +356,7 @@ class Sidecar:
                 return [((d.verdict, d.dead_letter), n) for d, n in decided]
             if span.is_recording():
                 _annotate(span, [d.verdict for d, n in decided for _ in range(n)], records)
-            # each span's first record: its index is the lengths of the spans before it
+            # each streak's first record: its index is the lengths of the streaks before it
             to_dlq = [(i, n, d.verdict) for i, (d, n) in zip(
                 accumulate((n for _, n in decided), initial=0), decided) if d.dead_letter]
             if to_dlq:
