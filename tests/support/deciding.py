@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from spillway.sidecar.core.decide import Outcome, Streak, per_record
 from spillway.sidecar.core.model import Decision, FailedRecord, TaskIdentity
 from spillway.sidecar.core.policy import PolicyEngine, Tally
-from spillway.sidecar.core.slices import SliceAsk
 
 
 def outcomes(engine: PolicyEngine, key: str, task: TaskIdentity,
@@ -30,4 +29,4 @@ def tally(engine: PolicyEngine, key: str, report: Tally,
     return engine.decide_tallies(key, [report], journal)[0]
 
 
-__all__ = ["SliceAsk", "Tally", "decisions", "outcomes", "tally"]
+__all__ = ["Tally", "decisions", "outcomes", "tally"]
