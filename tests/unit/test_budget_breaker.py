@@ -16,6 +16,7 @@ from spillway.sidecar.core.model import (
 )
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.core.settings import CircuitSettings
+from support.deciding import decisions
 from support.fakes import FakeClock
 from support.fakes import FakeRng as Rng
 
@@ -102,16 +103,16 @@ def test_engine_budget_defers_then_refuses_past_the_timeout_and_says_so():
                          "errors.retry.budget.ratio": "0", "errors.retry.budget.min.retries": "2",
                          "errors.circuit.enable": "false"})
     # the budget is the job's: spread over tasks and task attempts, it is still spent
-    v1 = e.decide("j", task(0), [FailedRecord("a", T, CONN)])[0].verdict
-    v2 = e.decide("j", task(1, attempt=1), [FailedRecord("b", T, CONN)])[0].verdict
-    v3 = e.decide("j", task(2), [FailedRecord("c", T, CONN)])[0].verdict
+    v1 = decisions(e, "j", task(0), [FailedRecord("a", T, CONN)])[0].verdict
+    v2 = decisions(e, "j", task(1, attempt=1), [FailedRecord("b", T, CONN)])[0].verdict
+    v3 = decisions(e, "j", task(2), [FailedRecord("c", T, CONN)])[0].verdict
     assert [v.action for v in (v1, v2, v3)] == [Action.RETRY] * 3
     assert (v1.retry_delay_ms, v1.retry_budget_exhausted) == (300, False)
     # 2 per 10 s: the third retry's token comes in 5 s, later than its backoff
     assert (v3.retry_delay_ms, v3.retry_budget_exhausted) == (5_000, True)
     assert "retry deferred from 300 ms to 5000 ms" in v3.reason
     # "d" has 8 s left and the next token is 10 s away: refused, handled as exhausted
-    v4 = e.decide("j", task(2), [FailedRecord("d", T, CONN)])[0].verdict
+    v4 = decisions(e, "j", task(2), [FailedRecord("d", T, CONN)])[0].verdict
     assert v4.action is Action.SKIP and v4.retry_budget_exhausted
     assert "retries exhausted: retry budget exhausted" in v4.reason
     assert "after errors.retry.timeout" in v4.reason
@@ -141,7 +142,7 @@ def _outage(e: PolicyEngine, clock: FakeClock, n: int, outage_ms: float, *, part
             out["recovered"] += 1
             out["last_ms"] = max(out["last_ms"], t - start)
             continue
-        v = e.decide(job, task(p), [FailedRecord(rid, T, CONN)])[0].verdict
+        v = decisions(e, job, task(p), [FailedRecord(rid, T, CONN)])[0].verdict
         if v.action is Action.RETRY:
             out["retries"] += 1
             out["deferred"] += v.retry_budget_exhausted
@@ -173,7 +174,7 @@ def test_infinite_timeout_keeps_retrying_one_record_through_40_failures():
         e.register_job("j", {"errors.tolerance": "all", "errors.retry.timeout": "-1", **props})
         verdicts = []
         for _ in range(40):
-            v = e.decide("j", task(0), [FailedRecord("x", T, CONN)])[0].verdict
+            v = decisions(e, "j", task(0), [FailedRecord("x", T, CONN)])[0].verdict
             verdicts.append(v)
             clock.ms += v.retry_delay_ms
         assert [v.action for v in verdicts] == [Action.RETRY] * 40, props
@@ -263,7 +264,7 @@ def setup():
 
 
 def report(e, p, rid, exc=CONN):
-    return e.decide("j", task(p), [FailedRecord(rid, T, exc)])[0].verdict
+    return decisions(e, "j", task(p), [FailedRecord(rid, T, exc)])[0].verdict
 
 
 def test_breaker_opens_across_tasks_with_one_shared_wait_and_closes_after_recoveries(setup):

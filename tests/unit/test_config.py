@@ -7,6 +7,7 @@ from spillway.sidecar.core import config
 from spillway.sidecar.core.model import Category
 from spillway.sidecar.core.settings import JobSettings, job_settings
 from spillway.sidecar.errors import ConfigError
+from support.deciding import decisions
 
 
 def settings(**props: str) -> JobSettings:
@@ -183,7 +184,7 @@ def test_fail_fast_job_under_a_continue_default_still_fails_on_the_first_error()
     e = PolicyEngine(clock=Clock(), rng=Rng(),
                      job_defaults={"errors.handler.class": "LogAndContinue"})
     e.register_job("j", {"errors.tolerance": "none"})
-    v = e.decide("j", TaskIdentity(), [FailedRecord("r", StageRef(Stage.SINK),
+    v = decisions(e, "j", TaskIdentity(), [FailedRecord("r", StageRef(Stage.SINK),
                                                     ExceptionInfo("ValueError"))])[0].verdict
     assert v.action is Action.FAIL and v.job_failed and "errors.tolerance=none" in v.reason
 

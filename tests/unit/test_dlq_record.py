@@ -374,7 +374,7 @@ def test_the_builder_matches_the_reference_for_varied_records():
 
 
 def test_a_span_of_records_decided_alike_builds_what_each_record_builds_alone():
-    """`DlqBuilder.build_span` puts records that fail the same way and share a trace together
+    """`DlqBuilder.build_streak` puts records that fail the same way and share a trace together
     without `build`'s checks: over spans mixing ways of failing, traces, original headers,
     payload kinds and fallbacks, every record is what the reference builds for it."""
     import random
@@ -411,7 +411,7 @@ def test_a_span_of_records_decided_alike_builds_what_each_record_builds_alone():
                 start = rnd.randrange(len(recs))
                 count = rnd.randint(0, len(recs) - start)
                 out: list = [None]
-                builder.build_span(recs, start, count, v, fallback, out)
+                builder.build_streak(recs, start, count, v, fallback, out)
                 assert out[0] is None and len(out) == count + 1
                 assert out[1:] == [_reference(s, r, v, TASK, now_ms=123, sidecar_id="sc",
                                               fallback=fallback)
@@ -435,9 +435,9 @@ def test_the_fast_dlq_record_factory_builds_ordinary_frozen_records():
     from spillway.sidecar.core import dlq_record
     from spillway.sidecar.core.model import DlqRecord
 
-    assert dlq_record.new_dlq_record is not DlqRecord   # the fast path is in use
+    assert dlq_record.FAST_DLQ_RECORDS   # the fast path is in use
     args = ("dlq.x", None, b"v", (("h", b"1"),), "r", "j", "j/1.2.0/7", TP)
-    rec = dlq_record.new_dlq_record(*args)
+    rec = dlq_record.new_dlq_record(args)
     want = DlqRecord(*args)
     assert type(rec) is DlqRecord and rec == want and hash(rec) == hash(want)
     assert repr(rec) == repr(want)

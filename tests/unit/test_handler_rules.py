@@ -15,6 +15,7 @@ from spillway.sidecar.core.handlers import HandlerRules, HandlerRunner, load_han
 from spillway.sidecar.core.model import ExceptionInfo, FailedRecord, Stage, StageRef, TaskIdentity
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.errors import ConfigError, HandlerError
+from support.deciding import decisions
 from support.fakes import FakeClock, FakeRng
 
 TASK = TaskIdentity(stage_id=1, partition_id=0, attempt_number=0, task_attempt_id=1)
@@ -102,7 +103,7 @@ def test_a_constructor_that_blocks_is_refused_at_registration(mod):
 def test_a_blocking_handler_fails_its_job_and_counts_as_a_handler_crash(mod):
     e = PolicyEngine(clock=FakeClock(), rng=FakeRng(0.0), handler_rules=rules(f"{mod}:Blocking"))
     e.register_job("j", {"errors.tolerance": "all", "errors.handler.class": f"{mod}:Blocking"})
-    v = e.decide("j", TASK, [RECORD])[0].verdict
+    v = decisions(e, "j", TASK, [RECORD])[0].verdict
     assert v.job_failed and "did not return within errors.handler.timeout.ms=200" in v.reason
     assert e.counters()["handler-failures"] == 1
     assert e.summary("j").failed

@@ -28,6 +28,7 @@ from spillway.sidecar.core.model import (
 )
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.errors import ConfigError
+from support.deciding import decisions
 from support.fakes import FakeClock, FakeRng
 
 
@@ -116,7 +117,7 @@ TRANSFORM = StageRef(Stage.TRANSFORMATION)
 
 
 def decide(e: PolicyEngine, rid: str, exc=VALUE, stage=TRANSFORM, **kw):
-    return e.decide("j", TASK, [FailedRecord(rid, stage, exc, **kw)])[0].verdict
+    return decisions(e, "j", TASK, [FailedRecord(rid, stage, exc, **kw)])[0].verdict
 
 
 # --- loading -----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from spillway.sidecar.observability.telemetry import METRICS
+from support.deciding import decisions
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "OBSERVABILITY.md").read_text()
 
@@ -40,7 +41,7 @@ def _engine_with_failures():
     exc = ExceptionInfo("builtins.ValueError", ("builtins.ValueError",), "bad")
     eng.register_job("j", {"errors.tolerance": "all", "errors.log.enable": "false"})
     for p in range(3):
-        eng.decide("j", TaskIdentity(stage_id=1, partition_id=p, attempt_number=0,
+        decisions(eng, "j", TaskIdentity(stage_id=1, partition_id=p, attempt_number=0,
                                      task_attempt_id=p),
                    [FailedRecord(record_id=f"r{p}", stage=StageRef(Stage.TRANSFORMATION),
                                  exception=exc)])

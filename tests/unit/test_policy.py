@@ -21,6 +21,7 @@ from spillway.sidecar.core.model import (
 )
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.errors import ConfigError, JobConflictError, UnknownJobError
+from support.deciding import decisions
 from support.fakes import FakeClock, FakeRng
 
 
@@ -76,7 +77,7 @@ def run(engine: PolicyEngine, clock: FakeClock, job: str, rid: str,
         if exc is None:
             engine.record_recovered(job, t, [rid])
             return runs, None
-        verdict = engine.decide(job, t, [rec(rid, exc)])[0].verdict
+        verdict = decisions(engine, job, t, [rec(rid, exc)])[0].verdict
         if verdict.action is not Action.RETRY:
             return runs, verdict
         clock.advance(verdict.retry_delay_ms)
@@ -124,7 +125,7 @@ def test_kip298_retry_timeout_bounds_the_schedule(engine, clock):
     delays = []
     t0 = clock.ms
     while True:
-        v = engine.decide("j", task(), [rec("r")])[0].verdict
+        v = decisions(engine, "j", task(), [rec("r")])[0].verdict
         if v.action is not Action.RETRY:
             break
         delays.append(v.retry_delay_ms)
@@ -136,25 +137,25 @@ def test_kip298_retry_timeout_bounds_the_schedule(engine, clock):
 
 def test_reattempted_task_does_not_reset_a_records_retries(engine, clock):
     engine.register_job("j", {"errors.retry.max.retries": "3", "errors.tolerance": "all"})
-    first = engine.decide("j", task(attempt=0), [rec("r")])[0].verdict
+    first = decisions(engine, "j", task(attempt=0), [rec("r")])[0].verdict
     clock.advance(first.retry_delay_ms)
-    second = engine.decide("j", task(attempt=0), [rec("r")])[0].verdict
+    second = decisions(engine, "j", task(attempt=0), [rec("r")])[0].verdict
     assert (first.attempt, second.attempt) == (1, 2)
     # the task attempt dies; Spark re-runs it: same record id, new attempt
     clock.advance(second.retry_delay_ms)
-    third = engine.decide("j", task(attempt=1), [rec("r")])[0].verdict
+    third = decisions(engine, "j", task(attempt=1), [rec("r")])[0].verdict
     assert third.action is Action.RETRY and third.attempt == 3
     assert third.retry_delay_ms == pytest.approx(1200 * 1.125, abs=1)   # n=2, not n=0
     clock.advance(third.retry_delay_ms)
-    fourth = engine.decide("j", task(attempt=1), [rec("r")])[0].verdict
+    fourth = decisions(engine, "j", task(attempt=1), [rec("r")])[0].verdict
     assert fourth.action is Action.SKIP and fourth.attempt == 4
 
 
 def test_reattempted_task_does_not_restart_the_retry_clock(engine, clock):
     engine.register_job("j", {"errors.retry.timeout": "1000", "errors.tolerance": "all"})
-    engine.decide("j", task(attempt=0), [rec("r")])
+    decisions(engine, "j", task(attempt=0), [rec("r")])
     clock.advance(1500)                        # the task died; the re-run comes later
-    v = engine.decide("j", task(attempt=1), [rec("r")])[0].verdict
+    v = decisions(engine, "j", task(attempt=1), [rec("r")])[0].verdict
     assert v.action is Action.SKIP
     assert "errors.retry.timeout=1000 ms passed" in v.reason
 
@@ -162,8 +163,8 @@ def test_reattempted_task_does_not_restart_the_retry_clock(engine, clock):
 def test_skipped_record_reported_again_by_a_reattempt_is_not_counted_twice(engine, clock):
     engine.register_job("j", {"errors.tolerance": "all", "errors.tolerance.max.errors": "1",
                               "errors.deadletterqueue.topic.name": "dlq.j"})
-    a = engine.decide("j", task(attempt=0), [rec("bad", VALUE)])[0]
-    b = engine.decide("j", task(attempt=1), [rec("bad", VALUE)])[0]
+    a = decisions(engine, "j", task(attempt=0), [rec("bad", VALUE)])[0]
+    b = decisions(engine, "j", task(attempt=1), [rec("bad", VALUE)])[0]
     assert a.verdict.action is b.verdict.action is Action.SKIP
     # one dead letter per record id: the re-report is answered "already in the DLQ"
     assert a.dead_letter and not b.dead_letter and b.verdict.dead_lettered
@@ -173,7 +174,7 @@ def test_skipped_record_reported_again_by_a_reattempt_is_not_counted_twice(engin
     c = engine.summary("j").counts
     assert (c.total_record_errors, c.total_records_skipped, c.total_record_failures) == (1, 1, 2)
     # one more distinct error is the second: over max.errors=1
-    v = engine.decide("j", task(), [rec("bad2", VALUE)])[0].verdict
+    v = decisions(engine, "j", task(), [rec("bad2", VALUE)])[0].verdict
     assert v.action is Action.FAIL and v.job_failed
 
 
@@ -181,11 +182,11 @@ def test_skipped_record_reported_again_by_a_reattempt_is_not_counted_twice(engin
 
 def test_invalid_configuration_fails_the_job_and_every_later_verdict(engine):
     engine.register_job("j", {"errors.tolerance": "all", "errors.retry.max.retries": "5"})
-    v = engine.decide("j", task(), [rec("r1", PERM)])[0].verdict
+    v = decisions(engine, "j", task(), [rec("r1", PERM)])[0].verdict
     assert (v.action, v.category, v.job_failed) == (Action.FAIL, Category.INVALID_CONFIGURATION,
                                                     True)
     assert "invalid-configuration" in v.reason and "PermissionError" in v.reason
-    later = engine.decide("j", task(3), [rec("r2", VALUE), rec("r3", CONN)])
+    later = decisions(engine, "j", task(3), [rec("r2", VALUE), rec("r3", CONN)])
     assert [d.verdict.action for d in later] == [Action.FAIL, Action.FAIL]
     assert all(d.verdict.job_failed for d in later)
     assert all("has failed" in d.verdict.reason for d in later)
@@ -201,31 +202,31 @@ def test_invalid_configuration_fails_the_job_and_every_later_verdict(engine):
 ])
 def test_abortable_and_application_recoverable_fail_the_task_only(engine, exc, category, words):
     engine.register_job("j", {"errors.tolerance": "all"})
-    v = engine.decide("j", task(), [rec("r", exc)])[0].verdict
+    v = decisions(engine, "j", task(), [rec("r", exc)])[0].verdict
     assert (v.action, v.category, v.job_failed) == (Action.FAIL, category, False)
     assert words in v.reason
     assert not engine.summary("j").failed
-    assert engine.decide("j", task(), [rec("r2", VALUE)])[0].verdict.action is Action.SKIP
+    assert decisions(engine, "j", task(), [rec("r2", VALUE)])[0].verdict.action is Action.SKIP
 
 
 def test_refresh_retriable_reason_asks_for_the_refresh_hook(engine):
     engine.register_job("j", {"errors.retry.max.retries": "2"})
     exc = ExceptionInfo("R", marker_category=Category.REFRESH_RETRIABLE)
-    v = engine.decide("j", task(), [rec("r", exc)])[0].verdict
+    v = decisions(engine, "j", task(), [rec("r", exc)])[0].verdict
     assert v.action is Action.RETRY and v.category is Category.REFRESH_RETRIABLE
     assert "refresh hook" in v.reason
 
 
 def test_tolerance_none_fails_the_job_on_the_first_error(engine):
     engine.register_job("j", {})
-    v = engine.decide("j", task(), [rec("r", VALUE)])[0].verdict
+    v = decisions(engine, "j", task(), [rec("r", VALUE)])[0].verdict
     assert v.action is Action.FAIL and v.job_failed
     assert "errors.tolerance=none" in v.reason and "ValueError" in v.reason
 
 
 def test_default_policy_does_not_retry_retriable_errors(engine):
     engine.register_job("j", {"errors.tolerance": "all"})
-    v = engine.decide("j", task(), [rec("r", CONN)])[0].verdict
+    v = decisions(engine, "j", task(), [rec("r", CONN)])[0].verdict
     assert v.action is Action.SKIP
     assert "retries are disabled (errors.retry.timeout=0)" in v.reason
 
@@ -235,7 +236,7 @@ def test_default_policy_does_not_retry_retriable_errors(engine):
 def test_one_decision_per_record_in_order_and_dead_letter_only_for_skip_with_dlq(engine):
     engine.register_job("j", {"errors.tolerance": "all", "errors.retry.max.retries": "1",
                               "errors.deadletterqueue.topic.name": "dlq.j"})
-    ds = engine.decide("j", task(), [rec("a", VALUE), rec("b", CONN), rec("c", VALUE)])
+    ds = decisions(engine, "j", task(), [rec("a", VALUE), rec("b", CONN), rec("c", VALUE)])
     assert [d.verdict.record_id for d in ds] == ["a", "b", "c"]
     assert [d.verdict.action for d in ds] == [Action.SKIP, Action.RETRY, Action.SKIP]
     assert [d.dead_letter for d in ds] == [True, False, True]
@@ -252,15 +253,15 @@ def test_error_log_line_per_error_and_messages_only_when_asked(clock, logger):
                                  "errors.log.include.messages": "true"})
     r = rec("r", VALUE, key=b"k", value=b"\xff\x00", headers=(("h", b"v"),),
             source=SourceCoordinates("in", 3, 42), function_name="m.parse")
-    engine.decide("quiet", task(), [r])
+    decisions(engine, "quiet", task(), [r])
     assert logger.lines == []
-    engine.decide("loud", task(), [r])
+    decisions(engine, "loud", task(), [r])
     (line,) = logger.lines
     assert line["job"] == "loud" and line["record_id"] == "r" and line["action"] == "SKIP"
     assert (line["topic"], line["partition"], line["offset"]) == ("in", 3, 42)
     assert line["exception_class"] == "builtins.ValueError" and line["function"] == "m.parse"
     assert "key" not in line and "value" not in line
-    engine.decide("full", task(), [r])
+    decisions(engine, "full", task(), [r])
     line = logger.lines[-1]
     assert line["key"] == "k" and line["value_encoding"] == "base64" and line["value"] == "/wA="
     assert line["headers"] == [{"key": "h", "value": "v", "encoding": "utf8"}]
@@ -275,7 +276,7 @@ def test_a_broken_error_logger_does_not_change_verdicts(clock):
 
     engine = PolicyEngine(clock=clock, rng=FakeRng(), logger=Broken())
     engine.register_job("j", {"errors.tolerance": "all", "errors.log.enable": "true"})
-    assert engine.decide("j", task(), [rec("r", VALUE)])[0].verdict.action is Action.SKIP
+    assert decisions(engine, "j", task(), [rec("r", VALUE)])[0].verdict.action is Action.SKIP
     assert engine.counters()["error-log-failures"] == 1
 
 
@@ -285,7 +286,7 @@ def test_default_logger_writes_json_to_spillway_errors(clock, caplog):
     engine = PolicyEngine(clock=clock, rng=FakeRng())
     engine.register_job("j", {"errors.tolerance": "all", "errors.log.enable": "true"})
     with caplog.at_level("ERROR", logger="spillway.errors"):
-        engine.decide("j", task(), [rec("r", VALUE)])
+        decisions(engine, "j", task(), [rec("r", VALUE)])
     (record,) = [r for r in caplog.records if r.name == "spillway.errors"]
     assert json.loads(record.getMessage())["record_id"] == "r"
 
@@ -295,8 +296,8 @@ def test_default_logger_writes_json_to_spillway_errors(clock, caplog):
 def test_counters_per_job_stage_and_task(engine, clock):
     engine.register_job("j", {"errors.tolerance": "all", "errors.retry.max.retries": "1"})
     sink = StageRef(Stage.SINK)
-    engine.decide("j", task(0), [rec("a", VALUE), rec("b", CONN, stage=sink)])
-    engine.decide("j", task(1), [rec("c", VALUE, stage=StageRef(Stage.CUSTOM, "enrich"))])
+    decisions(engine, "j", task(0), [rec("a", VALUE), rec("b", CONN, stage=sink)])
+    decisions(engine, "j", task(1), [rec("c", VALUE, stage=StageRef(Stage.CUSTOM, "enrich"))])
     s = engine.summary("j")
     assert s.by_stage == {"TRANSFORMATION": 1, "TASK_PUT": 1, "enrich": 1}
     assert s.by_category == {"data": 2, "retriable": 1}
@@ -361,7 +362,7 @@ def test_job_defaults_apply_under_the_jobs_own_properties(clock):
 
 def test_unknown_job_is_refused_everywhere(engine):
     with pytest.raises(UnknownJobError):
-        engine.decide("nope", task(), [rec("r")])
+        decisions(engine, "nope", task(), [rec("r")])
     with pytest.raises(UnknownJobError):
         engine.summary("nope")
     with pytest.raises(UnknownJobError):
@@ -373,7 +374,7 @@ def test_unknown_job_is_refused_everywhere(engine):
 def test_recovered_records_leave_the_schedule(engine, clock):
     engine.register_job("j", {"errors.retry.max.retries": "3"})
     for i in range(50):
-        engine.decide("j", task(), [rec(f"r{i}")])
+        decisions(engine, "j", task(), [rec(f"r{i}")])
     assert engine.counters()["records-tracked"] == 50
     engine.record_recovered("j", task(), [f"r{i}" for i in range(50)] + ["never-seen"])
     assert engine.counters()["records-tracked"] == 0
@@ -387,7 +388,7 @@ def test_schedule_state_is_bounded(engine, monkeypatch):
     engine.register_job("j", {"errors.retry.max.retries": "3",
                               "errors.retry.budget.ratio": "-1", "errors.circuit.enable": "false"})
     for i in range(25):
-        engine.decide("j", task(), [rec(f"r{i}")])
+        decisions(engine, "j", task(), [rec(f"r{i}")])
     flat = engine.counters()
     assert flat["records-tracked"] == 10 and flat["records-evicted"] == 15
 
@@ -397,19 +398,19 @@ def test_skipped_ids_are_compact_bounded_and_least_recently_seen_evicted(engine)
                               "errors.deadletterqueue.topic.name": "dlq.j"})
     j = engine._jobs["j"]
     j.ids.limit = 10
-    engine.decide("j", task(), [rec(f"j/TRANSFORMATION/0/{i}", VALUE) for i in range(10)])
+    decisions(engine, "j", task(), [rec(f"j/TRANSFORMATION/0/{i}", VALUE) for i in range(10)])
     # one shared answer for the batch, no record-id strings kept, no schedules left
     infos = {id(j.ids.get(k)) for k in j.ids.keys()}
     assert len(infos) == 1 and all(type(k) is int for k in j.ids.keys())
     assert len(j.records) == 0
-    again = engine.decide("j", task(attempt=1), [rec("j/TRANSFORMATION/0/0", VALUE)])[0]
+    again = decisions(engine, "j", task(attempt=1), [rec("j/TRANSFORMATION/0/0", VALUE)])[0]
     assert again.verdict.action is Action.SKIP and not again.dead_letter
     assert again.verdict.dead_lettered
     assert "already skipped" in again.verdict.reason and again.verdict.attempt == 2
     # 9 new ids evict 1..9, not 0 (seen again most recently)
-    engine.decide("j", task(), [rec(f"j/TRANSFORMATION/0/{i}", VALUE) for i in range(10, 19)])
+    decisions(engine, "j", task(), [rec(f"j/TRANSFORMATION/0/{i}", VALUE) for i in range(10, 19)])
     assert len(j.ids) == 10 and j.tolerance.ids_evicted == 9
-    d0, d1 = engine.decide("j", task(attempt=2), [rec("j/TRANSFORMATION/0/0", VALUE),
+    d0, d1 = decisions(engine, "j", task(attempt=2), [rec("j/TRANSFORMATION/0/0", VALUE),
                                                   rec("j/TRANSFORMATION/0/1", VALUE)])
     assert "already skipped" in d0.verdict.reason and d0.verdict.attempt == 3
     # an evicted id is decided afresh: still SKIP and dead-lettered, counted again
@@ -428,7 +429,8 @@ class _Colliding(str):
 def test_a_digest_collision_answers_as_the_record_it_collides_with(engine):
     engine.register_job("j", {"errors.tolerance": "all",
                               "errors.deadletterqueue.topic.name": "dlq.j"})
-    a, b = engine.decide("j", task(), [rec(_Colliding("a"), VALUE), rec(_Colliding("b"), VALUE)])
+    a, b = decisions(engine, "j", task(),
+                     [rec(_Colliding("a"), VALUE), rec(_Colliding("b"), VALUE)])
     # b looks already skipped: answered SKIP under its own id, and taken for a's re-report it
     # is not written again (the documented ~n^2/2^61 risk of keeping digests, not ids)
     assert (a.verdict.action, b.verdict.action) == (Action.SKIP, Action.SKIP)
@@ -441,10 +443,10 @@ def test_retry_schedules_are_keyed_by_digest_and_continue_across_attempts(engine
                               "errors.retry.budget.ratio": "-1", "errors.circuit.enable": "false"})
     j = engine._jobs["j"]
     for attempt in range(2):
-        v = engine.decide("j", task(attempt=attempt), [rec("r")])[0].verdict
+        v = decisions(engine, "j", task(attempt=attempt), [rec("r")])[0].verdict
         assert v.action is Action.RETRY
     assert all(type(k) is int for k in j.records.keys()) and len(j.records) == 1
-    v = engine.decide("j", task(attempt=2), [rec("r")])[0].verdict
+    v = decisions(engine, "j", task(attempt=2), [rec("r")])[0].verdict
     assert v.action is Action.SKIP and v.attempt == 3 and len(j.records) == 0
 
 
@@ -453,7 +455,7 @@ def test_concurrent_decisions_count_every_record_once(engine):
 
     def worker(p: int) -> None:
         for i in range(200):
-            engine.decide("j", task(p), [rec(f"{p}-{i}", VALUE)])
+            decisions(engine, "j", task(p), [rec(f"{p}-{i}", VALUE)])
 
     threads = [threading.Thread(target=worker, args=(p,)) for p in range(8)]
     for t in threads:
@@ -487,7 +489,7 @@ def test_engine_schedule_invariants(timeout, max_retries, fine, r, gaps, reattem
     retries = 0
     for i in range(200):
         t = task(attempt=i // reattempt_every)        # the task is re-attempted now and then
-        v = e.decide("j", t, [rec("r")])[0].verdict
+        v = decisions(e, "j", t, [rec("r")])[0].verdict
         assert v.attempt == i + 1                      # the sidecar's count survives re-attempts
         if v.action is not Action.RETRY:
             assert v.action is Action.SKIP and v.reason
@@ -512,10 +514,10 @@ def test_engine_schedule_invariants(timeout, max_retries, fine, r, gaps, reattem
 def test_a_record_is_dead_lettered_once_whatever_reports_it_again(engine):
     engine.register_job("j", {"errors.tolerance": "all",
                               "errors.deadletterqueue.topic.name": "dlq.j"})
-    first = engine.decide("j", task(attempt=0), [rec("bad", VALUE)])[0]
+    first = decisions(engine, "j", task(attempt=0), [rec("bad", VALUE)])[0]
     assert first.dead_letter and first.verdict.action is Action.SKIP
     # a task retry, a speculative copy (another task attempt id) and a re-run action's task
-    again = [engine.decide("j", task(attempt=a, stage_id=s), [rec("bad", VALUE)])[0]
+    again = [decisions(engine, "j", task(attempt=a, stage_id=s), [rec("bad", VALUE)])[0]
              for a, s in ((1, 1), (2, 1), (0, 7))]
     for d in again:
         assert d.verdict.action is Action.SKIP and not d.dead_letter
@@ -528,21 +530,21 @@ def test_a_record_is_dead_lettered_once_whatever_reports_it_again(engine):
 def test_an_undone_dead_letter_is_written_again_on_its_next_report(engine):
     engine.register_job("j", {"errors.tolerance": "all",
                               "errors.deadletterqueue.topic.name": "dlq.j"})
-    a, b = engine.decide("j", task(), [rec("a", VALUE), rec("b", VALUE)])
+    a, b = decisions(engine, "j", task(), [rec("a", VALUE), rec("b", VALUE)])
     assert a.dead_letter and b.dead_letter
     # the spool refused the report (backpressure): nothing was written for a or b
     assert engine.undo_dead_letters("j", ["a", "b", "never-seen"]) == 2
-    a2, b2 = engine.decide("j", task(attempt=1), [rec("a", VALUE), rec("b", VALUE)])
+    a2, b2 = decisions(engine, "j", task(attempt=1), [rec("a", VALUE), rec("b", VALUE)])
     assert a2.dead_letter and b2.dead_letter and not a2.verdict.dead_lettered
     assert engine.summary("j").counts.total_record_errors == 2   # still counted once
-    a3 = engine.decide("j", task(attempt=2), [rec("a", VALUE)])[0]
+    a3 = decisions(engine, "j", task(attempt=2), [rec("a", VALUE)])[0]
     assert not a3.dead_letter and a3.verdict.dead_lettered
 
 
 def test_without_a_dlq_a_reported_again_record_is_never_marked_dead_lettered(engine):
     engine.register_job("j", {"errors.tolerance": "all"})
-    engine.decide("j", task(), [rec("a", VALUE)])
-    d = engine.decide("j", task(attempt=1), [rec("a", VALUE)])[0]
+    decisions(engine, "j", task(), [rec("a", VALUE)])
+    d = decisions(engine, "j", task(attempt=1), [rec("a", VALUE)])[0]
     assert d.verdict.action is Action.SKIP and not d.dead_letter
     assert not d.verdict.dead_lettered
 
@@ -557,13 +559,13 @@ def test_a_record_id_skipped_in_one_run_is_retried_in_the_next_run_of_the_same_j
 
     props = {"errors.tolerance": "all", "errors.retry.timeout": "-1"}
     engine.register_job("daily", props, run_id="app-1")
-    first = engine.decide(run_key("daily", "app-1"), task(), [rec("p0:r3", VALUE)])[0].verdict
+    first = decisions(engine, run_key("daily", "app-1"), task(), [rec("p0:r3", VALUE)])[0].verdict
     assert first.action is Action.SKIP
     engine.register_job("daily", props, run_id="app-2")
-    second = engine.decide(run_key("daily", "app-2"), task(), [rec("p0:r3", CONN)])[0].verdict
+    second = decisions(engine, run_key("daily", "app-2"), task(), [rec("p0:r3", CONN)])[0].verdict
     assert second.action is Action.RETRY and second.attempt == 1
     # and run 1 still answers for its own record as before
-    again = engine.decide(run_key("daily", "app-1"), task(), [rec("p0:r3", CONN)])[0].verdict
+    again = decisions(engine, run_key("daily", "app-1"), task(), [rec("p0:r3", CONN)])[0].verdict
     assert again.action is Action.SKIP
 
 
@@ -573,14 +575,15 @@ def test_a_new_run_starts_with_fresh_tolerance_and_may_change_its_policy(engine)
     engine.register_job("daily", {"errors.tolerance": "all",
                                   "errors.tolerance.max.errors": "1"}, run_id="app-1")
     k1 = run_key("daily", "app-1")
-    verdicts = [d.verdict for d in engine.decide(k1, task(), [rec("a", VALUE), rec("b", VALUE)])]
+    verdicts = [d.verdict
+                for d in decisions(engine, k1, task(), [rec("a", VALUE), rec("b", VALUE)])]
     assert verdicts[1].job_failed and engine.summary(k1).failed
     with pytest.raises(JobConflictError, match="app-1"):
         engine.register_job("daily", {"errors.tolerance": "none"}, run_id="app-1")
     # the next run: another policy, nothing of the failed run
     engine.register_job("daily", {"errors.tolerance": "all"}, run_id="app-2")
     k2 = run_key("daily", "app-2")
-    assert engine.decide(k2, task(), [rec("a", VALUE)])[0].verdict.action is Action.SKIP
+    assert decisions(engine, k2, task(), [rec("a", VALUE)])[0].verdict.action is Action.SKIP
     s2 = engine.summary(k2)
     assert (s2.job, s2.run_id, s2.failed, s2.counts.total_record_errors) == (
         "daily", "app-2", False, 1)
@@ -591,13 +594,13 @@ def test_an_ended_run_is_gone_and_its_name_can_be_registered_again(engine):
 
     key = run_key("j", "app-1")
     engine.register_job("j", {"errors.tolerance": "all"}, run_id="app-1")
-    engine.decide(key, task(), [rec("a", VALUE)])
+    decisions(engine, key, task(), [rec("a", VALUE)])
     final = engine.end_job(key)
     assert final is not None and final.counts.total_record_errors == 1
     assert engine.end_job(key) is None and engine.jobs() == []
     assert engine.counters()["jobs"] == 0
     with pytest.raises(UnknownJobError):
-        engine.decide(key, task(), [rec("a", VALUE)])
+        decisions(engine, key, task(), [rec("a", VALUE)])
     engine.note_dead_letter_acked(key, 3)  # late acknowledgements of an ended run: ignored
     engine.register_job("j", {"errors.tolerance": "none"}, run_id="app-1")
     assert engine.summary(key).counts.total_record_errors == 0
@@ -609,7 +612,7 @@ def test_ten_thousand_runs_registered_and_ended_leave_the_engine_empty(engine):
     for i in range(10_000):
         key = run_key("many", f"app-{i}")
         engine.register_job("many", {"errors.tolerance": "all"}, run_id=f"app-{i}")
-        engine.decide(key, task(), [rec(f"r{i}", VALUE), rec(f"c{i}", CONN)])
+        decisions(engine, key, task(), [rec(f"r{i}", VALUE), rec(f"c{i}", CONN)])
         assert engine.end_job(key) is not None
     assert engine.jobs() == [] and engine._jobs == {}
     assert engine.counters()["records-tracked"] == 0
@@ -629,7 +632,7 @@ def test_ten_thousand_runs_registered_and_ended_leave_the_engine_empty(engine):
      "errors.tolerance.window.ms": "60000", "errors.tolerance.per.stage": "true"},
 ])
 def test_a_report_decided_at_once_answers_and_counts_as_record_by_record(clock, props):
-    """Runs of records failing the same way take a short path (`Decider.decide_all`): every answer,
+    """Streaks of records failing the same way take a short path (`Decider.decide`): every answer,
     count and remembered id must be what deciding each record on its own gives."""
     S = StageRef(Stage.SINK)
     first = [rec(f"a{i}", VALUE) for i in range(5)] + [rec("c0", CONN)] + \
@@ -643,11 +646,11 @@ def test_a_report_decided_at_once_answers_and_counts_as_record_by_record(clock, 
         e = PolicyEngine(clock=clock, rng=FakeRng(), logger=logs[per_record])
         if per_record:  # the plain loop the short path must agree with
             d = e._decider
-            d.decide_all = lambda j, b, rs: [d.decide_one(j, b, r) for r in rs]
+            d.decide = lambda j, b, rs: [(d.decide_one(j, b, r), 1) for r in rs]
         e.register_job("j", props)
         out = []
         for report in (first, second):
-            out += [(d.verdict, d.dead_letter) for d in e.decide("j", task(), report)]
+            out += [(d.verdict, d.dead_letter) for d in decisions(e, "j", task(), report)]
         j = e._jobs["j"]
         # the remembered ids and schedules, in use order (the order eviction follows)
         return out, e.summary("j"), e.task_counts("j", task().task_id), \
@@ -662,22 +665,24 @@ def test_a_report_decided_at_once_answers_and_counts_as_record_by_record(clock, 
         assert sum(v.action is Action.SKIP for v, _ in fast[0]) >= 12
 
 
-def test_a_report_decided_in_spans_logs_each_record_as_record_by_record(clock):
-    """`decide_spans` answers a run as one span, yet writes one error log line per record,
-    with the record's own id, as `decide` does."""
+def test_a_report_decided_in_streaks_logs_each_record_as_record_by_record(clock):
+    """`decide` answers a streak as one answer, yet writes one error log line per record,
+    with the record's own id, as deciding record by record does."""
     props = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": "dlq.t",
              "errors.log.enable": "true"}
     report = [rec(f"a{i}", VALUE) for i in range(6)] + [rec("c0", CONN)] + \
         [rec(f"b{i}", VALUE) for i in range(3)]
     lines = {}
-    for how in ("spans", "decide"):
+    for how in ("streaks", "decide"):
         lines[how] = ListLogger()
         e = PolicyEngine(clock=clock, rng=FakeRng(), logger=lines[how])
         e.register_job("j", props)
-        if how == "spans":
-            spans = e.decide_spans("j", task(), report)
-            assert len(spans) < len(report)   # the runs of VALUE errors are one span each
-        else:
-            e.decide("j", task(), report)
-    assert [ln["record_id"] for ln in lines["spans"].lines] == \
+        if how == "streaks":
+            streaks = e.decide("j", task(), report)
+            assert len(streaks) < len(report)   # the streaks of VALUE errors are one answer each
+        else:   # record by record
+            d = e._decider
+            d.decide = lambda j, b, rs: [(d.decide_one(j, b, r), 1) for r in rs]
+            decisions(e, "j", task(), report)
+    assert [ln["record_id"] for ln in lines["streaks"].lines] == \
         [ln["record_id"] for ln in lines["decide"].lines] == [r.record_id for r in report]

@@ -1,4 +1,4 @@
-"""Provisional verdicts (core/provisional.py) and claims at the home (`decide_tally(claim=)`):
+"""Provisional verdicts (core/provisional.py) and claims at the home (`Tally.claim`):
 a node's answer before its home's is the home's answer to a record it meets first, offered only
 when nothing but identity decides; a home asked again under the same claim answers as the
 first time (the claimant writes the record), under another as "already in the DLQ"; claims
@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from spillway.sidecar.core.model import Action, Category, ExceptionInfo, FailedRecord, TaskIdentity
 from spillway.sidecar.core.policy import PolicyEngine
+from support.deciding import Tally, decisions, tally
 from support.fakes import FakeClock, FakeRng
 
 DATA = ExceptionInfo("json.decoder.JSONDecodeError",
@@ -51,10 +52,10 @@ def _records(ids, exc=DATA) -> list[FailedRecord]:
 def _tally(e: PolicyEngine, key: str, ids, claim: int, exc=DATA):
     """(dead_letter, dead_lettered, action) per record of a tally under `claim`."""
     stage = _stage()
-    spans = e.decide_tally(key, TASK, list(ids), [7] * len(ids),
-                           [(stage, exc, "parse", len(ids))], [], claim)
+    streaks = tally(e, key, Tally(TASK, list(ids), [7] * len(ids),
+                                  [(stage, exc, "parse", len(ids))], claim), [])
     out = []
-    for (d, _logged, _rule), n in spans:
+    for (d, _logged, _rule), n in streaks:
         out += [(d.dead_letter, d.verdict.dead_lettered, d.verdict.action)] * n
     return out
 
@@ -71,7 +72,7 @@ def test_the_provisional_verdict_is_the_homes_answer_to_a_first_seen_record():
     assert [n for _, n in spans] == [5, 1] and all(v.record_id == "" for v, _ in spans)
     provisional = [(r.record_id, v) for r, v in zip(records, (v for v, n in spans
                                                               for _ in range(n)))]
-    home = [d.verdict for d in e.decide(key, TASK, records)]
+    home = [d.verdict for d in decisions(e, key, TASK, records)]
     assert [(rid, v.action, v.category, v.reason, v.attempt) for rid, v in provisional] == \
         [(v.record_id, v.action, v.category, v.reason, v.attempt) for v in home]
     assert all(v.action is Action.SKIP and v.category is Category.DATA for _, v in provisional)
@@ -117,7 +118,7 @@ def test_a_claim_survives_an_undo_and_a_replay_of_the_journal():
     e, key = _engine()
     journal: list = []
     stage = _stage()
-    e.decide_tally(key, TASK, ["a", "b"], [7, 7], [(stage, DATA, "parse", 2)], journal, 5)
+    tally(e, key, Tally(TASK, ["a", "b"], [7, 7], [(stage, DATA, "parse", 2)], 5), journal)
     e.undo_dead_letters(key, ["a"], journal=journal)
     fresh, fkey = _engine()
     fresh.restore(fkey, [blob for _gen, blob in journal])

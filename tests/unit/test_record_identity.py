@@ -13,6 +13,7 @@ from spillway.sidecar.core.idtable import IdTable
 from spillway.sidecar.core.model import Action, ExceptionInfo, FailedRecord, Stage, StageRef
 from spillway.sidecar.core.model import TaskIdentity
 from spillway.sidecar.core.policy import PolicyEngine
+from support.deciding import decisions
 from support.fakes import FakeClock, FakeRng
 
 VALUE = ExceptionInfo("builtins.ValueError", ("builtins.ValueError", "builtins.Exception"),
@@ -48,8 +49,8 @@ def props(request):
 def test_the_same_id_with_another_payload_is_a_second_record(engine, props, caplog):
     engine.register_job("j", props)
     caplog.set_level(logging.WARNING, "spillway.sidecar.policy")
-    orders = engine.decide("j", task(), [rec("TRANSFORMATION:j/parse:p0:r3", b'{"o":1')])[0]
-    refunds = engine.decide("j", task(stage_id=2),
+    orders = decisions(engine, "j", task(), [rec("TRANSFORMATION:j/parse:p0:r3", b'{"o":1')])[0]
+    refunds = decisions(engine, "j", task(stage_id=2),
                             [rec("TRANSFORMATION:j/parse:p0:r3", b'{"r":2')])[0]
     for d in (orders, refunds):
         assert d.verdict.action is Action.SKIP and d.dead_letter and not d.verdict.dead_lettered
@@ -65,8 +66,8 @@ def test_the_same_id_with_another_payload_is_a_second_record(engine, props, capl
 
 def test_the_same_id_with_the_same_payload_is_one_record(engine, props):
     engine.register_job("j", props)
-    first = engine.decide("j", task(), [rec("r", b"same")])[0]
-    again = engine.decide("j", task(attempt=1), [rec("r", b"same")])[0]
+    first = decisions(engine, "j", task(), [rec("r", b"same")])[0]
+    again = decisions(engine, "j", task(attempt=1), [rec("r", b"same")])[0]
     assert first.dead_letter and not again.dead_letter and again.verdict.dead_lettered
     s = engine.summary("j")
     assert (s.counts.total_record_errors, s.record_id_collisions) == (1, 0)
@@ -74,13 +75,13 @@ def test_the_same_id_with_the_same_payload_is_one_record(engine, props):
 
 def test_each_of_two_records_under_one_id_is_deduplicated_on_its_own(engine, props):
     engine.register_job("j", props)
-    a1, b1 = engine.decide("j", task(), [rec("r", b"a"), rec("r", b"b")])
+    a1, b1 = decisions(engine, "j", task(), [rec("r", b"a"), rec("r", b"b")])
     assert a1.dead_letter and b1.dead_letter
     # a task retry reports both again, in the other order: both are re-reports now
-    b2, a2 = engine.decide("j", task(attempt=1), [rec("r", b"b"), rec("r", b"a")])
+    b2, a2 = decisions(engine, "j", task(attempt=1), [rec("r", b"b"), rec("r", b"a")])
     assert not a2.dead_letter and not b2.dead_letter
     assert a2.verdict.dead_lettered and b2.verdict.dead_lettered
-    c = engine.decide("j", task(attempt=2), [rec("r", b"c")])[0]     # a third record
+    c = decisions(engine, "j", task(attempt=2), [rec("r", b"c")])[0]     # a third record
     assert c.dead_letter
     s = engine.summary("j")
     assert (s.counts.total_record_errors, s.record_id_collisions) == (3, 2)
@@ -88,15 +89,15 @@ def test_each_of_two_records_under_one_id_is_deduplicated_on_its_own(engine, pro
 
 def test_a_payload_less_record_and_one_with_a_payload_are_two(engine):
     engine.register_job("j", DLQ)
-    a, b = engine.decide("j", task(), [rec("r", None), rec("r", b"")])
+    a, b = decisions(engine, "j", task(), [rec("r", None), rec("r", b"")])
     assert a.dead_letter and b.dead_letter     # None and b"" are different payloads
 
 
 def test_undo_by_id_reaches_every_record_reported_under_it(engine):
     engine.register_job("j", DLQ)
-    engine.decide("j", task(), [rec("r", b"a"), rec("r", b"b")])
+    decisions(engine, "j", task(), [rec("r", b"a"), rec("r", b"b")])
     assert engine.undo_dead_letters("j", ["r"]) == 2
-    a, b = engine.decide("j", task(attempt=1), [rec("r", b"a"), rec("r", b"b")])
+    a, b = decisions(engine, "j", task(attempt=1), [rec("r", b"a"), rec("r", b"b")])
     assert a.dead_letter and b.dead_letter     # both written again, neither lost
 
 
@@ -105,11 +106,11 @@ def test_a_retrying_record_and_another_record_under_its_id_keep_their_own_schedu
                               "errors.retry.budget.ratio": "-1",
                               "errors.circuit.enable": "false"})
     for attempt in range(2):
-        v = engine.decide("j", task(attempt), [rec("r", b"a", CONN)])[0].verdict
+        v = decisions(engine, "j", task(attempt), [rec("r", b"a", CONN)])[0].verdict
         assert v.action is Action.RETRY and v.attempt == attempt + 1
-    other = engine.decide("j", task(), [rec("r", b"b", CONN)])[0].verdict
+    other = decisions(engine, "j", task(), [rec("r", b"b", CONN)])[0].verdict
     assert other.action is Action.RETRY and other.attempt == 1     # its own, fresh schedule
-    last = engine.decide("j", task(2), [rec("r", b"a", CONN)])[0].verdict
+    last = decisions(engine, "j", task(2), [rec("r", b"a", CONN)])[0].verdict
     assert last.action is Action.SKIP and last.attempt == 3         # a's schedule went on
     assert engine.summary("j").record_id_collisions == 1
 
@@ -121,7 +122,7 @@ def test_a_digest_collision_of_two_ids_with_other_payloads_keeps_both():
 
     engine = PolicyEngine(clock=FakeClock(), rng=FakeRng(), logger=None)
     engine.register_job("j", DLQ)
-    a, b = engine.decide("j", task(), [rec(Colliding("a"), b"1"), rec(Colliding("b"), b"2")])
+    a, b = decisions(engine, "j", task(), [rec(Colliding("a"), b"1"), rec(Colliding("b"), b"2")])
     assert a.dead_letter and b.dead_letter
 
 

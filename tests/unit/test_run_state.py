@@ -21,6 +21,7 @@ from spillway.sidecar.core.model import (
 )
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.service.runstate import RunStore
+from support.deciding import decisions
 from support.fakes import FakeClock, FakeRng
 
 VALUE = ExceptionInfo("builtins.ValueError", ("builtins.ValueError", "builtins.Exception"),
@@ -58,25 +59,25 @@ def test_a_restart_never_loosens_the_limit_nor_repeats_a_dead_letter():
     clock = FakeClock()
     first = _durable(clock)
     slices: list = []
-    verdicts = [d.verdict for d in first.decide("j", TASK, [rec(f"r{i}") for i in range(4)],
+    verdicts = [d.verdict for d in decisions(first, "j", TASK, [rec(f"r{i}") for i in range(4)],
                                                 journal=slices)]
     assert [v.action for v in verdicts] == [Action.SKIP] * 4
     assert len(slices) == 1
 
     again = _restarted(clock, slices)
     # a re-report of a dead-lettered record: known, not dead-lettered again, not counted again
-    (d,) = again.decide("j", TASK, [rec("r1")])
+    (d,) = decisions(again, "j", TASK, [rec("r1")])
     assert d.verdict.action == Action.SKIP and not d.dead_letter
     assert again.summary("j").counts.total_record_errors == 4
     # one more error is within the limit (5); the next one is the sixth: the run fails
-    (d,) = again.decide("j", TASK, [rec("r4")])
+    (d,) = decisions(again, "j", TASK, [rec("r4")])
     assert d.verdict.action == Action.SKIP and d.dead_letter
-    (d,) = again.decide("j", TASK, [rec("r5")])
+    (d,) = decisions(again, "j", TASK, [rec("r5")])
     assert d.verdict.action == Action.FAIL and "max.errors=5" in d.verdict.reason
 
     # without the kept state the same sequence tolerated 5 more (the 9 under 5)
     fresh = _durable(clock)
-    fresh.decide("j", TASK, [rec("r4")])
+    decisions(fresh, "j", TASK, [rec("r4")])
     assert fresh.summary("j").counts.total_record_errors == 1 and not fresh.summary("j").failed
 
 
@@ -87,22 +88,22 @@ def test_a_failed_run_stays_failed_and_ratio_limits_keep_their_progress():
     first = _durable(clock, props)
     slices: list = []
     first.record_progress("j", TASK, {T: 30}, journal=slices)
-    first.decide("j", TASK, [rec("a"), rec("b")], journal=slices)
+    decisions(first, "j", TASK, [rec("a"), rec("b")], journal=slices)
     first.record_progress("j", TASK, {T: 30}, journal=slices)
     again = _restarted(clock, slices, props)
     s = again.summary("j")
     assert (s.records_processed, s.counts.total_record_errors) == (30, 2)
     # 2 of 30 is within 10%; two more errors (4 of 30) are not, as they would not have been
-    decisions = again.decide("j", TASK, [rec("c"), rec("d")])
+    answers = decisions(again, "j", TASK, [rec("c"), rec("d")])
     again.record_progress("j", TASK, {T: 30})
-    assert again.summary("j").failed or decisions[-1].verdict.action == Action.FAIL
+    assert again.summary("j").failed or answers[-1].verdict.action == Action.FAIL
 
     failed_slices: list = []
     f = _durable(clock, {"errors.tolerance": "none"})
-    f.decide("j", TASK, [rec("x")], journal=failed_slices)
+    decisions(f, "j", TASK, [rec("x")], journal=failed_slices)
     back = _restarted(clock, failed_slices, {"errors.tolerance": "none"})
     assert back.summary("j").failed
-    (d,) = back.decide("j", TASK, [rec("y")])
+    (d,) = decisions(back, "j", TASK, [rec("y")])
     assert d.verdict.action == Action.FAIL
 
 
@@ -110,9 +111,9 @@ def test_the_same_id_with_another_payload_stays_another_record_after_a_restart()
     clock = FakeClock()
     first = _durable(clock)
     slices: list = []
-    first.decide("j", TASK, [rec("p0:r3", b"orders")], journal=slices)
+    decisions(first, "j", TASK, [rec("p0:r3", b"orders")], journal=slices)
     again = _restarted(clock, slices)
-    (d,) = again.decide("j", TASK, [rec("p0:r3", b"refunds")])
+    (d,) = decisions(again, "j", TASK, [rec("p0:r3", b"refunds")])
     assert d.dead_letter and again.summary("j").record_id_collisions == 1
 
 
@@ -120,10 +121,10 @@ def test_an_undone_dead_letter_is_dead_lettered_again_after_a_restart():
     clock = FakeClock()
     first = _durable(clock)
     slices: list = []
-    first.decide("j", TASK, [rec("r1")], journal=slices)
+    decisions(first, "j", TASK, [rec("r1")], journal=slices)
     first.undo_dead_letters("j", ["r1"], journal=slices)
     again = _restarted(clock, slices)
-    (d,) = again.decide("j", TASK, [rec("r1")])
+    (d,) = decisions(again, "j", TASK, [rec("r1")])
     assert d.dead_letter
 
 
@@ -132,12 +133,12 @@ def test_a_snapshot_replays_to_the_same_state():
     first = _durable(clock)
     slices: list = []
     for i in range(3):
-        first.decide("j", TASK, [rec(f"r{i}")], journal=slices)
+        decisions(first, "j", TASK, [rec(f"r{i}")], journal=slices)
     gen, snap = first.snapshot("j")
     assert gen > max(g for g, _ in slices)
     again = _restarted(clock, [(gen, snap)])
     assert again.summary("j").counts.total_record_errors == 3
-    (d,) = again.decide("j", TASK, [rec("r2")])
+    (d,) = decisions(again, "j", TASK, [rec("r2")])
     assert not d.dead_letter
 
 
@@ -209,13 +210,13 @@ def test_one_slice_per_report_and_none_for_a_run_that_is_not_durable(n):
     clock = FakeClock()
     e = _durable(clock, {"errors.tolerance": "all"})
     slices: list = []
-    e.decide("j", TASK, [rec(f"r{i}") for i in range(n)], journal=slices)
-    e.decide("j", TASK, [rec("r0")], journal=slices)
+    decisions(e, "j", TASK, [rec(f"r{i}") for i in range(n)], journal=slices)
+    decisions(e, "j", TASK, [rec("r0")], journal=slices)
     assert [g for g, _ in slices] == [1, 2]
     plain = engine(clock)
     plain.register_job("j", PROPS)
     none: list = []
-    plain.decide("j", TASK, [rec("r0")], journal=none)
+    decisions(plain, "j", TASK, [rec("r0")], journal=none)
     assert none == []
 
 
@@ -240,7 +241,7 @@ def test_a_run_past_the_compaction_size_is_kept_as_one_snapshot(tmp_path, monkey
     store.attach(e, "j", "j", "", b"d", None)
     for i in range(5):
         slices: list = []
-        e.decide("j", TASK, [rec(f"r{i}")], journal=slices)
+        decisions(e, "j", TASK, [rec(f"r{i}")], journal=slices)
         store.persist(e, "j", slices)
     digest, blobs = store.load("j")
     assert len(blobs) == 1                                  # compacted at every write past 100 B
@@ -248,15 +249,16 @@ def test_a_run_past_the_compaction_size_is_kept_as_one_snapshot(tmp_path, monkey
     again.register_job("j", {"errors.tolerance": "all"})
     store.attach(again, "j", "j", "", b"d", (digest, blobs))
     assert again.summary("j").counts.total_record_errors == 5
-    assert not again.decide("j", TASK, [rec("r3")])[0].dead_letter
+    assert not decisions(again, "j", TASK, [rec("r3")])[0].dead_letter
 
 
 def test_a_snapshot_keeps_the_id_table_as_columns_and_replays_it_whole():
     clock = FakeClock()
     first = _durable(clock, {"errors.tolerance": "all",
                              "errors.deadletterqueue.topic.name": "dlq.x"})
-    first.decide("j", TASK, [rec(f"r{i}", value=b"v%d" % i) for i in range(3000)])
-    first.decide("j", TASK, [rec(f"r{i}", value=b"v%d" % i) for i in range(0, 3000, 7)])  # touched
+    decisions(first, "j", TASK, [rec(f"r{i}", value=b"v%d" % i) for i in range(3000)])
+    decisions(first, "j", TASK,
+              [rec(f"r{i}", value=b"v%d" % i) for i in range(0, 3000, 7)])  # touched
     gen, blob = first.snapshot("j")
     entries = pickle.loads(blob)
     assert len(entries) < 10                       # no entry per id: the table as columns
@@ -268,7 +270,7 @@ def test_a_snapshot_keeps_the_id_table_as_columns_and_replays_it_whole():
     assert a.keys() == b.keys()                    # same ids, same least-recently-used order
     assert [a.tag(k) for k in a.keys()] == [b.tag(k) for k in b.keys()]
     assert [a.get(k) for k in a.keys()] == [b.get(k) for k in b.keys()]
-    (d,) = again.decide("j", TASK, [rec("r5", value=b"v5")])
+    (d,) = decisions(again, "j", TASK, [rec("r5", value=b"v5")])
     assert not d.dead_letter                       # already in the DLQ: not again
 
 

@@ -13,6 +13,7 @@ from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.core.slices import MAX_OPEN, MAX_SLICE, SliceAsk, SliceBook
 from spillway.sidecar.federation.node_slices import MAX_HELD, SLICE_WANT, NodeSlices
 from spillway.v1 import sidecar_pb2 as pb
+from support.deciding import Tally, decisions, tally
 from support.fakes import FakeClock, FakeRng
 
 DATA = ExceptionInfo("json.decoder.JSONDecodeError",
@@ -44,8 +45,8 @@ def _stage():
 
 def _tally(e, key, ids, ask):
     stage = _stage()
-    return e.decide_tally(key, TASK, list(ids), [7] * len(ids),
-                          [(stage, DATA, "parse", len(ids))], [], 0, ask)
+    return tally(e, key, Tally(TASK, list(ids), [7] * len(ids),
+                               [(stage, DATA, "parse", len(ids))], 0, ask), [])
 
 
 @pytest.mark.parametrize(("extra", "sliced"), [
@@ -69,7 +70,7 @@ def test_a_limited_run_is_answered_provisionally_only_under_a_slice():
     records = [FailedRecord(f"r{i}", _stage(), DATA, "parse", tag=7) for i in range(3)]
     assert e.provisional(key, records) is None
     verdicts = [v for v, n in e.provisional(key, records, sliced=True) for _ in range(n)]
-    home = [d.verdict for d in e.decide(key, TASK, records)]
+    home = [d.verdict for d in decisions(e, key, TASK, records)]
     assert [(v.action, v.reason) for v in verdicts] == [(v.action, v.reason) for v in home]
 
 
@@ -115,7 +116,7 @@ def test_the_homes_table_is_journaled_and_replayed_with_the_run():
     e2._jobs[key2].replay(entries)
     assert e2._jobs[key2].slices.state() == state
     journal: list = []
-    e.decide_tally(key, TASK, [], [], [], journal, 0, SliceAsk(closed=[(42, 1)]))
+    tally(e, key, Tally(TASK, [], [], [], 0, SliceAsk(closed=[(42, 1)])), journal)
     assert not j.slices.slices
     # one slice's change, not the table; replayed over the snapshot it ends the slice
     entries = pickle.loads(journal[0][1])

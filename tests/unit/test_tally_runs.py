@@ -1,9 +1,9 @@
-"""A home's tally decided from its columns in runs (`core.runs.decide_groups`, what
-TallyFailures does) answers exactly what the record-by-record path (a payload-less record per
-id, `_tally_records`, then `PolicyEngine.decide_outcomes`) answers over the same reports: the
-same verdict columns, the same counts and remembered ids, the same journal slices. Drawn over
-policies with and without runs (tolerance limits, errors.tolerance=none, no DLQ, logging), ids
-reported again, with another payload (collisions), records failing alike across groups and
+"""A home's tally decided from its columns in streaks (`core.streaks.tally_streaks`, what
+TallyFailures does) answers exactly what a report of the same records answers (a payload-less
+record per id, `_tally_records`, then `PolicyEngine.decide`, one outcome per record): the same
+verdict columns, the same counts and remembered ids, the same journal slices. Drawn over
+policies with and without streaks (tolerance limits, errors.tolerance=none, no DLQ, logging),
+ids reported again, with another payload (collisions), records failing alike across groups and
 retriable errors between them."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from spillway.sidecar.core.model import FailedRecord, TaskIdentity
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.transport import tally
 from spillway.v1 import sidecar_pb2 as pb
+from support.deciding import Tally, outcomes
+from support.deciding import tally as tally_at_home
 from support.fakes import FakeClock, FakeRng
 
 POLICIES = [
@@ -25,7 +27,7 @@ POLICIES = [
     {"errors.tolerance": "all"},
     {"errors.tolerance": "all", "errors.tolerance.max.errors": "40",
      "errors.deadletterqueue.topic.name": "dlq.t"},
-    # room for several reports (counted at their end, in runs), then a report that crosses it
+    # room for several reports (counted at their end, in streaks), then one that crosses it
     {"errors.tolerance": "all", "errors.tolerance.max.errors": "600",
      "errors.deadletterqueue.topic.name": "dlq.t"},
     {"errors.tolerance": "none"},
@@ -76,8 +78,8 @@ def _tally_records(rep: pb.TallyReport) -> list[FailedRecord]:
     return out
 
 
-def _tally_verdicts(outcomes) -> pb.TallyVerdicts:
-    return tally.tally_span_verdicts([(o, 1) for o in outcomes])
+def _tally_verdicts(answers) -> pb.TallyVerdicts:
+    return tally.tally_streak_verdicts([(o, 1) for o in answers])
 
 
 def _engine(props: dict) -> tuple[PolicyEngine, str]:
@@ -116,7 +118,7 @@ def _slices(journal: list) -> list:
 
 @pytest.mark.parametrize("policy", range(len(POLICIES)))
 @pytest.mark.parametrize("seed", range(12))
-def test_runs_answer_what_the_record_by_record_path_answers(policy, seed):
+def test_streaks_answer_what_the_record_by_record_path_answers(policy, seed):
     rng = random.Random(seed * 100 + policy)
     props = POLICIES[policy]
     old, key = _engine(props)
@@ -129,17 +131,16 @@ def test_runs_answer_what_the_record_by_record_path_answers(policy, seed):
                             attempt_number=rep.task.attempt_number)
         j_old: list = []
         j_new: list = []
-        want = _tally_verdicts(old.decide_outcomes(
-            key, task, _tally_records(rep), j_old, write_logs=False))
-        got = tally.tally_span_verdicts(new.decide_tally(
-            key, task, *tally.tally_groups(rep), j_new))
+        want = _tally_verdicts(outcomes(old, key, task, _tally_records(rep), j_old))
+        got = tally.tally_streak_verdicts(tally_at_home(
+            new, key, Tally(task, *tally.tally_groups(rep)), j_new))
         assert got == want
         assert _slices(j_new) == _slices(j_old)
         assert new.summary(key) == old.summary(key)
         kept.extend(blob for _, blob in j_new)
     assert old._jobs[key].ids.keys() == new._jobs[key].ids.keys()
     assert old._jobs[key].records.keys() == new._jobs[key].records.keys()
-    # what a restarted home replays from the runs' slices is the state they describe
+    # what a restarted home replays from the journal slices is the state they describe
     again, _ = _engine(props)
     again.restore(key, kept)
     ids, want = again._jobs[key].ids, new._jobs[key].ids
@@ -151,18 +152,19 @@ def test_runs_answer_what_the_record_by_record_path_answers(policy, seed):
 
 @pytest.mark.parametrize("policy", range(len(POLICIES)))
 @pytest.mark.parametrize("seed", range(6))
-def test_a_sidecars_own_report_in_spans_answers_what_record_by_record_answers(policy, seed):
-    """A sidecar deciding its own report (`PolicyEngine.decide_spans`, ReportFailures of a run
-    homed there) answers a run of records decided alike as one span: expanded, the same
-    answers, counts, remembered ids and journal as `decide_outcomes`."""
-    from spillway.sidecar.core.decide import expand
+def test_a_sidecars_own_report_in_streaks_answers_what_record_by_record_answers(policy, seed):
+    """A sidecar deciding its own report (`PolicyEngine.decide`, ReportFailures of a run homed
+    there) answers a streak of records decided alike once: given one outcome per record
+    (`per_record`), the same answers, counts, remembered ids and journal as the same report
+    answered per record (`support.deciding.outcomes`), and the same verdict columns."""
+    from spillway.sidecar.core.decide import per_record
 
     rng = random.Random(seed * 100 + policy + 7)
     props = POLICIES[policy]
     old, key = _engine(props)
     new, _ = _engine(props)
     n_ids = rng.choice([30, 200, 5000])
-    spans_seen = records_seen = 0
+    streaks_seen = records_seen = 0
     for _ in range(rng.randrange(3, 12)):
         rep = _report(rng, n_ids)
         task = TaskIdentity(stage_id=rep.task.stage_id, partition_id=rep.task.partition_id,
@@ -170,20 +172,20 @@ def test_a_sidecars_own_report_in_spans_answers_what_record_by_record_answers(po
         records = _tally_records(rep)
         j_old: list = []
         j_new: list = []
-        want = old.decide_outcomes(key, task, records, j_old, write_logs=False)
-        spans = new.decide_spans(key, task, records, j_new)
-        got = expand(spans, records)
+        want = outcomes(old, key, task, records, j_old)
+        streaks = new.decide(key, task, records, j_new)
+        got = per_record(streaks, records)
         assert [(o[0].verdict, o[0].dead_letter, o[1], o[2]) for o in got] == [
             (o[0].verdict, o[0].dead_letter, o[1], o[2]) for o in want]
-        assert tally.tally_span_verdicts(spans) == _tally_verdicts(want)
+        assert tally.tally_streak_verdicts(streaks) == _tally_verdicts(want)
         assert _slices(j_new) == _slices(j_old)
         assert new.summary(key) == old.summary(key)
-        spans_seen += len(spans)
+        streaks_seen += len(streaks)
         records_seen += len(records)
     assert old._jobs[key].ids.keys() == new._jobs[key].ids.keys()
     if "max.errors" not in str(props) and props["errors.tolerance"] == "all" \
             and "errors.retry.max.retries" not in props:
-        assert spans_seen < records_seen   # runs answered as spans
+        assert streaks_seen < records_seen   # streaks answered once
 
 
 @pytest.mark.parametrize("policy", range(len(POLICIES)))
@@ -206,11 +208,11 @@ def test_a_calls_reports_decided_together_answer_what_one_by_one_answers(policy,
         for rep in reports:
             task = TaskIdentity(stage_id=rep.task.stage_id, partition_id=rep.task.partition_id,
                                 attempt_number=rep.task.attempt_number)
-            tallies.append((task, *tally.tally_groups(rep), 0, None))
+            tallies.append(Tally(task, *tally.tally_groups(rep)))
         want = []
         for t in tallies:
             journal: list = []
-            want.append(tally.tally_span_verdicts(one.decide_tally(key, *t[:4], journal)))
+            want.append(tally.tally_streak_verdicts(tally_at_home(one, key, t, journal)))
             kept_one.extend(blob for _, blob in journal)
         journal = []
         entered: list[int] = []
@@ -226,7 +228,7 @@ def test_a_calls_reports_decided_together_answer_what_one_by_one_answers(policy,
                 return False
 
         got = calls.decide_tallies(key, tallies, journal, _Around)
-        assert [tally.tally_span_verdicts(spans) for spans in got] == want
+        assert [tally.tally_streak_verdicts(streaks) for streaks in got] == want
         assert entered == list(range(len(tallies)))   # one context per report, in order
         assert len(journal) == 1                       # one slice for the call
         kept_calls.extend(blob for _, blob in journal)
@@ -243,17 +245,18 @@ def test_a_calls_reports_decided_together_answer_what_one_by_one_answers(policy,
         want_ids.get(k) for k in want_ids.keys()]
 
 
-def test_a_run_is_answered_once_with_its_length():
+def test_a_streak_is_answered_once_with_its_length():
     e, key = _engine(POLICIES[0])
     rep = pb.TallyReport(record_ids=[f"t-0-{i}" for i in range(256)],
                          payload_digests=b"".join(i.to_bytes(8, "little") for i in range(256)))
     rep.groups.add(count=256, stage=1, function_name="parse", exception=_DATA)
-    spans = e.decide_tally(key, TaskIdentity(stage_id=0, partition_id=0, attempt_number=0),
-                           *tally.tally_groups(rep))
-    assert [n for _, n in spans] == [1, 255]     # the first decided, the rest its run
-    v = tally.tally_span_verdicts(spans)
+    streaks = tally_at_home(e, key, Tally(TaskIdentity(stage_id=0, partition_id=0,
+                                                        attempt_number=0),
+                                           *tally.tally_groups(rep)))
+    assert [n for _, n in streaks] == [1, 255]     # the first decided, the rest its streak
+    v = tally.tally_streak_verdicts(streaks)
     assert len(v.actions) == 256 and len(set(v.actions)) == 1 and list(v.reasons) == [
-        spans[0][0][0].verdict.reason]
+        streaks[0][0][0].verdict.reason]
     assert e.summary(key).counts.total_records_skipped == 256
 
 
@@ -326,16 +329,16 @@ def test_a_node_reads_an_answer_alike_for_every_record_as_the_records_one_by_one
     alike = rnd.random() < 0.5
     first = rnd.randrange(len(kinds))
     picks = [first if alike else rnd.randrange(len(kinds)) for _ in range(n)]
-    spans = [((Decision(Verdict(rid, *[getattr(kinds[k][0], f) for f in
+    streaks = [((Decision(Verdict(rid, *[getattr(kinds[k][0], f) for f in
                                       ("action", "category", "reason", "attempt",
                                        "retry_delay_ms", "dead_lettered", "job_failed",
                                        "retry_budget_exhausted")]), kinds[k][1]),
                kinds[k][2], kinds[k][3]), 1) for rid, k in zip(ids, picks, strict=True)]
-    resp = tally.tally_span_verdicts(spans)
+    resp = tally.tally_streak_verdicts(streaks)
     got = tally.tally_outcomes(resp, ids)
     uniform = len(set(picks)) == 1
     assert (type(got) is tally.AlikeOutcomes) == uniform
-    want = [(d.verdict, d.dead_letter, logged, rule) for (d, logged, rule), _ in spans]
+    want = [(d.verdict, d.dead_letter, logged, rule) for (d, logged, rule), _ in streaks]
     assert _spelled_out(got) == want
     assert len(got) == n
     if uniform:
@@ -349,8 +352,8 @@ def test_a_node_reads_an_answer_alike_for_every_record_as_the_records_one_by_one
 def test_an_alike_answer_of_the_wrong_length_is_refused():
     from spillway.sidecar.core.model import Action, Category, Decision, Verdict
 
-    spans = [((Decision(Verdict("a", Action.SKIP, Category.DATA, "s", 1), True), False, ""),
+    streaks = [((Decision(Verdict("a", Action.SKIP, Category.DATA, "s", 1), True), False, ""),
               3)]
-    resp = tally.tally_span_verdicts(spans)
+    resp = tally.tally_streak_verdicts(streaks)
     with pytest.raises(ValueError, match="one entry per record"):
         tally.tally_outcomes(resp, ["a", "b"])

@@ -20,6 +20,7 @@ from spillway.sidecar.core.model import (
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.core.settings import ToleranceSettings
 from spillway.sidecar.core.tolerance import KEY_MASK, IdTable, ToleranceTracker, record_key
+from support.deciding import decisions
 from support.fakes import FakeClock, FakeRng
 
 
@@ -51,7 +52,7 @@ def engine_with(**props: str) -> tuple[PolicyEngine, Clock]:
 
 def bad(e: PolicyEngine, rid: str, stage: StageRef = T, partition: int = 0):
     t = TaskIdentity(stage_id=1, partition_id=partition, task_attempt_id=partition)
-    return e.decide("x", t, [FailedRecord(rid, stage, VALUE)])[0].verdict
+    return decisions(e, "x", t, [FailedRecord(rid, stage, VALUE)])[0].verdict
 
 
 # --- the tracker -------------------------------------------------------------------------------

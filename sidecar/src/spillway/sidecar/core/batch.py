@@ -49,7 +49,7 @@ class Batch:
         self.by_category: dict[Category, int] = {}
         self.reports = 0
         self.last_exc: object = None
-        self.last_cls: object = None
+        self.last_cls: Classification | None = None
         self.last_what = ""
         self.reasons: dict[tuple[str, str], str] = {}
         self.last_info: SkipInfo | None = None

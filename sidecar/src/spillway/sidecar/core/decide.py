@@ -43,7 +43,7 @@ from .idtable import digests
 from .jobstate import JobState, RecordState, claim_of, describe
 from .model import Action, Category, Decision, ExceptionInfo, FailedRecord, Verdict
 from .ports import RandomSource
-from .tolerance import _WITHIN, record_key
+from .tolerance import WITHIN, record_key
 
 
 class BudgetRefusal(str):
@@ -54,13 +54,14 @@ class BudgetRefusal(str):
 
 # One record's answer, plus what to log after the lock is released: (decision, log, rule).
 Outcome = tuple[Decision, bool, str]
-# answers in order: an answer and how many consecutive records it is for (a run's verdict
-# has no record id: its records' ids are their own)
-Span = tuple[Outcome, int]
+# answers in order: an answer and how many consecutive records it is for. More than one is a
+# streak (consecutive records decided alike): its verdict has no record id, its records' ids
+# are their own (`per_record` gives each its verdict)
+Streak = tuple[Outcome, int]
 
 _RETRIABLE = frozenset(c for c in Category if c.retriable)
 _DATA = Category.DATA
-_DATA_WHY = "data error: never retried"
+DATA_WHY = "data error: never retried"   # why a data error is not retried (its reason's end)
 _CONTINUE = HandlerResponse.CONTINUE
 
 
@@ -71,48 +72,42 @@ class Decider:
     def __init__(self, rng: RandomSource) -> None:
         self._rng = rng
 
-    def decide_all(self, j: JobState, b: Batch,
-                   records: Sequence[FailedRecord]) -> list[Outcome]:
-        """`decide_one`'s answer for each record: `decide_spans`, one outcome per record."""
-        return expand(self.decide_spans(j, b, records), records)
-
-    def decide_spans(self, j: JobState, b: Batch,
-                     records: Sequence[FailedRecord]) -> list[Span]:
-        """The answers for `records` as spans, in order: `decide_one` for each record, except
-        along a run of records failing the same way for the first time: once a record (first
-        seen, a data error, the built-in CONTINUE handler, tolerance without limits) was
-        skipped, the records after it with the same exception value and stage get the same
-        answer, so they take a short path (their id remembered) and are answered and counted
-        together as one span when the run ends: no Decision or Verdict per record (a run's
-        verdict has no record id). Answers and counts are exactly `decide_one`'s (`expand`);
-        any other record ends the run."""
-        out: list[Span] = []
+    def decide(self, j: JobState, b: Batch, records: Sequence[FailedRecord]) -> list[Streak]:
+        """The answers for `records` in order: `decide_one` for each record, except along a
+        streak of records failing the same way for the first time: once a record (first seen,
+        a data error, the built-in CONTINUE handler, tolerance without limits) was skipped,
+        the records after it with the same exception value and stage get the same answer, so
+        they take a short path (their id remembered) and are answered and counted together as
+        one `Streak` when it ends: no Decision or Verdict per record (a streak's verdict has no
+        record id). Answers and counts are exactly `decide_one`'s (`per_record`); any other
+        record ends the streak."""
+        out: list[Streak] = []
         append = out.append
         b.unchecked = j.tolerance.room_for(len(records))
-        if not runs_allowed(j, b):
+        if not streaks_allowed(j, b):
             for r in records:
                 append((self.decide_one(j, b, r), 1))
             return out
         ids, tracked, tag_of, tags_of = j.ids, j.records, j.tag_of, j.tags_of
         logged = j.settings.log_enable
         dead_letter = j.settings.dlq.enabled
-        run_exc = run_ref = info = run = None
+        streak_exc = streak_ref = info = streak = None
         pending = 0
         n = len(records)
         i = 0
         while i < n:
             r = records[i]
-            if r.exception is run_exc and r.stage is run_ref:
+            if r.exception is streak_exc and r.stage is streak_ref:
                 if not len(tracked):
-                    # nothing retrying: the run's stretch of records failing this way goes
-                    # into the id table at once, up to the first id it already holds
+                    # nothing retrying: the streak's records failing this way go into the id
+                    # table at once, up to the first id it already holds
                     end = i + 1
-                    while end < n and records[end].exception is run_exc \
-                            and records[end].stage is run_ref:
+                    while end < n and records[end].exception is streak_exc \
+                            and records[end].stage is streak_ref:
                         end += 1
-                    stretch = records[i:end]
-                    added = ids.add_new(digests([x.record_id for x in stretch]),
-                                        tags_of(stretch), info, 0, end - i)
+                    alike = records[i:end]
+                    added = ids.add_new(digests([x.record_id for x in alike]),
+                                        tags_of(alike), info, 0, end - i)
                     pending += added
                     i += added
                     if i == end:
@@ -127,21 +122,21 @@ class Decider:
                         continue
             i += 1
             if pending:
-                count_run(b, run_exc, pending, dead_letter, logged)
-                append((run, pending))
+                count_streak(b, streak_exc, pending, dead_letter, logged)
+                append((streak, pending))
                 pending = 0
             o = self.decide_one(j, b, r)
             append((o, 1))
-            run_exc = None
-            start = run_start(j, b, o)
+            streak_exc = None
+            start = streak_start(j, b, o)
             if start is not None:
                 reason, info, rule = start
-                run_exc, run_ref = r.exception, r.stage
-                run = (Decision(Verdict("", Action.SKIP, _DATA, reason, 1), dead_letter),
-                       logged, rule)
+                streak_exc, streak_ref = r.exception, r.stage
+                streak = (Decision(Verdict("", Action.SKIP, _DATA, reason, 1), dead_letter),
+                          logged, rule)
         if pending:
-            count_run(b, run_exc, pending, dead_letter, logged)
-            append((run, pending))
+            count_streak(b, streak_exc, pending, dead_letter, logged)
+            append((streak, pending))
         return out
 
     def decide_one(self, j: JobState, b: Batch, record: FailedRecord) -> Outcome:
@@ -167,7 +162,8 @@ class Decider:
         category = cls.category
         counted = b.by_category       # by Category: its value is taken once, in apply()
         counted[category] = counted.get(category, 0) + 1
-        key, tag = j.identity(record, b.collisions)
+        ident = j.identity(record, b.collisions)
+        key, tag = ident
         skipped = j.ids.get(key)
         if skipped is not None and not j.failure_reason:
             if b.claim and claim_of(skipped) == b.claim:
@@ -204,7 +200,7 @@ class Decider:
             else:
                 what = f"{describe(record)} [{cls.describe()}]"
                 b.last_exc, b.last_cls, b.last_what = exc, cls, what
-            return self.handle(j, b, record, key, tag, None, cls, _DATA_WHY, what)
+            return self.handle(j, b, record, ident, None, DATA_WHY)
         if state is None:
             state = RecordState(first_ms=b.now)
             j.records.add(key, state, tag)
@@ -248,14 +244,13 @@ class Decider:
             if isinstance(retry, BudgetRefusal):
                 # the budget had no slot before the record's deadline: handled as exhausted,
                 # and the final verdict says the budget was why
-                out = self.handle(j, b, record, key, tag, state, cls,
-                                  f"retries exhausted: {retry}", what)
+                out = self.handle(j, b, record, ident, state, f"retries exhausted: {retry}")
                 out[0].verdict.retry_budget_exhausted = True
                 return out
             why = f"retries exhausted: {retry}"
         else:
-            why = _DATA_WHY
-        return self.handle(j, b, record, key, tag, state, cls, why, what)
+            why = DATA_WHY
+        return self.handle(j, b, record, ident, state, why)
 
     def try_retry(self, j: JobState, b: Batch, record: FailedRecord, state: RecordState,
                   cls: Classification) -> Verdict | str:
@@ -313,15 +308,18 @@ class Decider:
                        reason=reason, attempt=state.attempts, retry_delay_ms=delay,
                        retry_budget_exhausted=bool(budget_note))
 
-    def handle(self, j: JobState, b: Batch, record: FailedRecord, key: int, tag: int,
-               state: RecordState | None, cls: Classification, why: str,
-               what: str) -> Outcome:
+    def handle(self, j: JobState, b: Batch, record: FailedRecord, ident: tuple[int, int],
+               state: RecordState | None, why: str) -> Outcome:
         """KIP-1033 handler, then tolerance, for a record that will not be retried. `state`
         None: a data error seen for the first time (attempt 1), whose schedule is made only if
-        the record is not skipped (a skipped record's schedule is dropped at once). The
-        record's stage and its counts are the batch's last (`Batch.stage_amounts`)."""
+        the record is not skipped (a skipped record's schedule is dropped at once). `ident`:
+        the record's (key, payload tag), `JobState.identity`'s. The record's stage and its
+        counts, its classification and its description are the batch's last
+        (`Batch.stage_amounts`, `last_cls`, `last_what`: `decide_one` set them for it)."""
         s, task, now, wall = j.settings, b.task, b.now, b.wall
         stage, amounts = b.last_stage, b.last_amounts
+        cls, what = b.last_cls, b.last_what
+        key, tag = ident
         rid, category = record.record_id, cls.category
         attempts = state.attempts if state is not None else 1
 
@@ -364,7 +362,7 @@ class Decider:
                 ids.add(key, None, tag)
                 new = b.new_errors
                 new[stage] = new.get(stage, 0) + 1
-            tol = _WITHIN
+            tol = WITHIN
         else:
             tol = tolerance.admit(rid, stage, now, (task.stage_id, task.partition_id), key,
                                   tag)
@@ -396,13 +394,13 @@ class Decider:
                                          attempts), cls, dead_letter=dead_letter)
 
 
-def expand(spans: Sequence[Span], records: Sequence[FailedRecord]) -> list[Outcome]:
-    """`spans` of `records` (in order) as one outcome per record: a run's records (its
+def per_record(streaks: Sequence[Streak], records: Sequence[FailedRecord]) -> list[Outcome]:
+    """`streaks` of `records` (in order) as one outcome per record: a streak's records (its
     verdict has no record id; a record's always has one, ids are required) each get a
     verdict of their own, with their id, as `decide_one` would have made it."""
     out: list[Outcome] = []
     i = 0
-    for o, n in spans:
+    for o, n in streaks:
         v = o[0].verdict
         if v.record_id:
             out.append(o)
@@ -416,22 +414,22 @@ def expand(spans: Sequence[Span], records: Sequence[FailedRecord]) -> list[Outco
     return out
 
 
-def runs_allowed(j: JobState, b: Batch | None = None) -> bool:
-    """Whether records failing the same way can share a skipped record's answer (a run): the
+def streaks_allowed(j: JobState, b: Batch | None = None) -> bool:
+    """Whether records failing the same way can share a skipped record's answer (a streak): the
     built-in CONTINUE handler and no tolerance limit (or, for the report `b`, none it can
     cross), so nothing but the record's id decides."""
     return ((j.tolerance.unlimited or (b is not None and b.unchecked))
             and j.handler.fixed is _CONTINUE)
 
 
-def run_start(j: JobState, b: Batch, o: Outcome) -> tuple[str, object, str] | None:
-    """(reason, skip info, rule) when `o`, `decide_one`'s answer, opens a run: the record went
+def streak_start(j: JobState, b: Batch, o: Outcome) -> tuple[str, object, str] | None:
+    """(reason, skip info, rule) when `o`, `decide_one`'s answer, opens a streak: the record went
     `handle`'s first-seen data path (skipped at its first attempt, not already in the DLQ),
     so the records after it that fail the same way and are new get the same answer."""
     v = o[0].verdict
     if (v.action is Action.SKIP and v.category is _DATA and v.attempt == 1
             and not v.dead_lettered and not j.failure_reason):
-        reason = b.reasons.get((b.last_what, _DATA_WHY))
+        reason = b.reasons.get((b.last_what, DATA_WHY))
         info = b.last_info
         if (reason is not None and v.reason is reason and info is not None
                 and info[0] is _DATA and info[1] == reason and info[2] == 1):
@@ -439,8 +437,8 @@ def run_start(j: JobState, b: Batch, o: Outcome) -> tuple[str, object, str] | No
     return None
 
 
-def count_run(b: Batch, exc: ExceptionInfo, n: int, dead_letter: bool, logged: bool) -> None:
-    """The counts `Decider.decide_one` would have made for ``n`` records of a run (its stage is
+def count_streak(b: Batch, exc: ExceptionInfo, n: int, dead_letter: bool, logged: bool) -> None:
+    """The counts `Decider.decide_one` would have made for ``n`` records of a streak (its stage is
     the batch's last one: no other record came between)."""
     a = b.last_amounts
     a[FAILURES] += n

@@ -206,8 +206,10 @@ def _parts(settings: JobSettings) -> _JobParts:
     return parts
 
 
-def _dlq_record_factory() -> Callable[..., DlqRecord]:
-    """``DlqRecord(topic, key, value, headers, record_id, job, task_key, traceparent)``.
+def _dlq_record_factory() -> tuple[Callable[[tuple], DlqRecord], bool]:
+    """A DlqRecord from its row: the tuple of its fields in order, ``(topic, key, value,
+    headers, record_id, job, task_key, traceparent)`` (as the spool stores one, `dlq.codec`);
+    and whether the fast path below is in use.
 
     A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` and costs
     more than the rest of building a DLQ record (1,440 ns); calling the slots' own setters costs
@@ -215,40 +217,37 @@ def _dlq_record_factory() -> Callable[..., DlqRecord]:
     attribute stores, then the instance becomes a DlqRecord (``__class__`` assignment between
     two classes of one layout): 370 ns, and an ordinary frozen DlqRecord. Used only while
     DlqRecord is exactly those slotted fields with no ``__post_init__`` and the assignment
-    works; otherwise the class itself is called."""
+    works; otherwise the class itself is called with the row's fields."""
     names = ("topic", "key", "value", "headers", "record_id", "job", "task_key", "traceparent")
     fields = dataclasses.fields(DlqRecord)
+
+    def called(row: tuple) -> DlqRecord:
+        return DlqRecord(*row)
+
     if (tuple(f.name for f in fields) != names or "__post_init__" in DlqRecord.__dict__
             or tuple(getattr(DlqRecord, "__slots__", ())) != names):
-        return DlqRecord
+        return called, False
     frozen = DlqRecord
 
     class _Unfrozen:
         __slots__ = names
 
-        def __init__(self, topic, key, value, headers, record_id, job, task_key_,
-                     traceparent):
-            self.topic = topic
-            self.key = key
-            self.value = value
-            self.headers = headers
-            self.record_id = record_id
-            self.job = job
-            self.task_key = task_key_
-            self.traceparent = traceparent
+        def __init__(self, row: tuple) -> None:
+            (self.topic, self.key, self.value, self.headers, self.record_id, self.job,
+             self.task_key, self.traceparent) = row
             self.__class__ = frozen
 
     try:
-        probe = _Unfrozen(*names)
+        probe = _Unfrozen(names)
     except TypeError:   # the layouts differ after all
-        return DlqRecord
+        return called, False
     if type(probe) is not DlqRecord or probe != DlqRecord(*names):
-        return DlqRecord
-    return _Unfrozen
+        return called, False
+    return _Unfrozen, True
 
 
-# DlqRecord(...) by position, fast (the builder; the spool's decoding, `dlq.codec`)
-new_dlq_record = _dlq_record_factory()
+# A DlqRecord from its row, fast (the builder; the spool's decoding, `dlq.codec`)
+new_dlq_record, FAST_DLQ_RECORDS = _dlq_record_factory()
 
 _category_b: dict[object, bytes] = {}
 _STAGE_INPUT_B = b"stage-input"
@@ -368,13 +367,13 @@ class DlqBuilder:
             # always spillway's decision
             replaced = p.replaced[source is not None, self._has_stack]
             added = tuple([h for h in original if h[0] not in replaced]) + added
-        return new_dlq_record(p.topic, record.key if copy else None,
+        return new_dlq_record((p.topic, record.key if copy else None,
                                record.value if copy else None, added, record.record_id,
-                               self._run, self._task_key, parent)
+                               self._run, self._task_key, parent))
 
-    def build_span(self, records: Sequence[FailedRecord], start: int, n: int, verdict: Verdict,
-                   fallback_traceparent: str, out: list[DlqRecord]) -> None:
-        """`build` for each of ``records[start:start + n]`` (a span of records decided alike:
+    def build_streak(self, records: Sequence[FailedRecord], start: int, n: int,
+                     verdict: Verdict, fallback_traceparent: str, out: list[DlqRecord]) -> None:
+        """`build` for each of ``records[start:start + n]`` (a streak of records decided alike:
         one `verdict` for all), appended to `out`.
 
         Records that also fail the same way, share a trace context and carry no original
@@ -407,9 +406,9 @@ class DlqBuilder:
                         or (copy and r.headers)):
                     break
                 rid = r.record_id
-                out.append(new(topic, r.key if copy else None, r.value if copy else None,
-                               mid + ((h_rid, utf8(rid)),) + post, rid, run, task_key_,
-                               parent))
+                out.append(new((topic, r.key if copy else None, r.value if copy else None,
+                                mid + ((h_rid, utf8(rid)),) + post, rid, run, task_key_,
+                                parent)))
                 i += 1
 
     def _share(self, key: tuple) -> None:

@@ -71,6 +71,17 @@ def _from_le(data: bytes) -> array:
     return column
 
 
+def payload_tags_in_c(secret: bytes, records: Sequence) -> array | None:
+    """`tolerance.payload_tags` in one C call (an array('Q')), or None where the extension was
+    not built."""
+    if _native is None:
+        return None
+    out = array("Q")
+    out.frombytes(_native.payload_tags(secret, records if type(records) is list
+                                       else list(records)))
+    return out
+
+
 def digests(ids: Sequence[str]) -> Sequence[int]:
     """`tolerance.record_key` of each record id, in order (an array of unsigned 64-bit)."""
     if _native is None:
@@ -230,7 +241,7 @@ class IdTable(Generic[V]):
                 stop: int) -> int:
         """For each ``keys[p]``, ``tags[p]`` from `start` to `stop`, in order, while the key is
         absent: `add(key, value, tag)`; returns how many were added (a key left over is
-        present). One call for a run of new keys (a home's tally, `runs.py`).
+        present). One call for a streak of new keys (a home's tally, `streaks.py`).
 
         The common insert (no growth, no eviction) is done in stretches: a stretch's keys and
         tags are appended to the columns first (so a key repeated inside the stretch is found

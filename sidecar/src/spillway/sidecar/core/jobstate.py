@@ -118,7 +118,8 @@ class JobState:
         self.collisions = 0     # distinct records reported under an id known with another payload
         self.other_keys: dict[int, list[int]] = {}   # id key -> its other records' keys
         # the error budget's slices granted to nodes (`slices.py`), when the limit allows them
-        self.slices = (SliceBook(settings.tolerance.max_errors) if sliceable(self) else None)
+        self.slices = (SliceBook(settings.tolerance.max_errors)
+                       if sliceable(settings, handler) else None)
         # durable state (`enable_journal`): what changed the run's job-wide state, in order
         self.journal: list | None = None
         self.generation = 0     # journal slices taken (`take_journal`)

@@ -22,17 +22,17 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from itertools import repeat
 from operator import attrgetter
+from typing import NamedTuple
 
 from ..errors import JobConflictError, UnknownJobError
 from .batch import Batch
 from .counters import KIP_NAMES, add_counts, as_kip_dict, copy_counts
-from .decide import Decider, Outcome, Span, expand
+from .decide import Decider, Outcome, Streak, per_record
 from .errorlog import JsonErrorLogger, error_fields
 from .handlers import UNRESTRICTED, HandlerRules, load_handler
 from .jobstate import MAX_TRACKED_RECORDS, JobState, claim_of, run_key, warn_collisions
 from .model import (
     Counts,
-    Decision,
     FailedRecord,
     JobSummary,
     StageRef,
@@ -41,17 +41,23 @@ from .model import (
 )
 from .ports import Clock, ErrorLogger, RandomSource
 from .provisional import first_seen_skips, provisional_verdicts
-from .runs import Group, decide_groups
+from .streaks import Group, tally_streaks
 from .settings import JobSettings, job_settings
-from .slices import SliceAsk, settle
+from .slices import SliceAsk
 from .tolerance import record_key
 
-__all__ = ["MAX_TRACKED_RECORDS", "PolicyEngine", "run_key"]
+__all__ = ["MAX_TRACKED_RECORDS", "PolicyEngine", "Tally", "run_key"]
 
 
-# One report of a TallyFailures call (`PolicyEngine.decide_tallies`): task, record ids, payload
-# digests, groups, the node's provisional claim (0: none), what it says about budget slices
-Tally = tuple[TaskIdentity, Sequence[str], Sequence[int], Sequence[Group], int, SliceAsk | None]
+class Tally(NamedTuple):
+    """One report of a TallyFailures call (`PolicyEngine.decide_tallies`)."""
+
+    task: TaskIdentity
+    ids: Sequence[str]          # record ids
+    tags: Sequence[int]         # their payload digests
+    groups: Sequence[Group]     # the records by way of failing, in order
+    claim: int = 0              # the node's provisional claim (0: none)
+    ask: SliceAsk | None = None  # what it says about budget slices (None: nothing)
 
 
 def _take(j: JobState, out: list | None, counted: bool = False) -> None:
@@ -64,6 +70,16 @@ def _take(j: JobState, out: list | None, counted: bool = False) -> None:
     gen, entries = j.take_journal(counted)
     if entries:
         out.append((gen, pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)))
+
+
+def _settle(j: JobState, ask: SliceAsk, n: int, now_wall_ms: int) -> None:
+    """A decided report's slice business at its home (`SliceBook.settle`), after its `n`
+    records were counted, so that a grant sees them; a run that failed grants nothing."""
+    book = j.slices
+    if book is not None:
+        book.settle(ask, n, errors=j.tolerance.errors_total, may_grant=not j.failure_reason,
+                    now_wall_ms=now_wall_ms)
+
 
 # metric_rows reads a Counts' fields in one C call (a scrape reads every live job's counts)
 _KIP_ORDER = tuple(KIP_NAMES.values())
@@ -106,11 +122,11 @@ class PolicyEngine:
                 return settings
         return self._same_or_conflict(existing, settings)
 
-    def end_job(self, job: str) -> JobSummary | None:
+    def end_job(self, key: str) -> JobSummary | None:
         """Release a run (by its key): its tables go with it. Returns its final summary (None:
         not registered here). Reports still in flight for it then answer UnknownJobError."""
         with self._lock:
-            j = self._jobs.pop(job, None)
+            j = self._jobs.pop(key, None)
         if j is None:
             return None
         with j.lock:
@@ -129,101 +145,80 @@ class PolicyEngine:
             f"({'; '.join(diffs)}); a live run's policy cannot change: end it (EndJob) or "
             f"start a new run")
 
-    def settings(self, job: str) -> JobSettings:
-        return self._job(job).settings
+    def settings(self, key: str) -> JobSettings:
+        return self._job(key).settings
 
     def jobs(self) -> list[str]:
+        """The live runs' keys, sorted."""
         with self._lock:
             return sorted(self._jobs)
 
-    def _job(self, job: str) -> JobState:
+    def _job(self, key: str) -> JobState:
         with self._lock:
-            j = self._jobs.get(job)
+            j = self._jobs.get(key)
         if j is None:
-            raise UnknownJobError(job)
+            raise UnknownJobError(key)
         return j
 
     # --- decisions ------------------------------------------------------------------------
 
-    def decide(self, job: str, task: TaskIdentity, records: Sequence[FailedRecord],
-               journal: list | None = None) -> list[Decision]:
-        """Verdicts for `records`. ``journal``: receives this call's slice of a durable run's
-        journal (`JobState.take_journal`, pickled), for the caller to write once the report's
-        dead letters are spooled."""
-        return [o[0] for o in self.decide_outcomes(job, task, records, journal)]
-
-    def decide_outcomes(self, job: str, task: TaskIdentity, records: Sequence[FailedRecord],
-                        journal: list | None = None, *,
-                        write_logs: bool = True) -> list[Outcome]:
-        """`decide`, answering each record's (decision, logged, rule). ``write_logs=False``:
-        the error log lines are the caller's to write (`write_logs`: a node sidecar holds the
-        records a tally decided without their payloads)."""
-        decide_all = self._decider.decide_all
-        j, batch, outcomes = self._in_batch(job, task, journal,
-                                            lambda j, b: decide_all(j, b, records))
-        if write_logs and j.settings.log_enable:
-            self._write_logs(j, task, records, outcomes, batch.wall)
-        return outcomes
-
-    def decide_spans(self, job: str, task: TaskIdentity, records: Sequence[FailedRecord],
-                     journal: list | None = None) -> list[Span]:
-        """`decide_outcomes` as spans (`Decider.decide_spans`): a run of records decided alike
-        is one answer with its length, so a sidecar deciding its own reports makes no
-        Decision or Verdict per record of a run."""
-        spans_of = self._decider.decide_spans
-        j, batch, spans = self._in_batch(job, task, journal,
-                                         lambda j, b: spans_of(j, b, records))
+    def decide(self, key: str, task: TaskIdentity, records: Sequence[FailedRecord],
+               journal: list | None = None) -> list[Streak]:
+        """The answers for a report's records, in order, as streaks (`Decider.decide`): an
+        answer and how many consecutive records it is for, so that a sidecar deciding its own
+        reports makes no Decision or Verdict per record of a streak (`decide.per_record` gives
+        each record its own). The error log lines are written here, one per record.
+        ``journal``: receives this call's slice of a durable run's journal
+        (`JobState.take_journal`, pickled), for the caller to write once the report's dead
+        letters are spooled."""
+        decide = self._decider.decide
+        j, batch, streaks = self._in_batch(key, task, journal,
+                                           lambda j, b: decide(j, b, records))
         if j.settings.log_enable:
-            self._write_logs(j, task, records, expand(spans, records), batch.wall)
-        return spans
+            self._write_logs(j, task, records, per_record(streaks, records), batch.wall)
+        return streaks
 
-    def decide_tally(self, job: str, task: TaskIdentity, ids: Sequence[str],
-                     tags: Sequence[int], groups: Sequence[Group],
-                     journal: list | None = None, claim: int = 0,
-                     ask: SliceAsk | None = None) -> list[Span]:
-        """A home's tally of one report (`decide_tallies`)."""
-        return self.decide_tallies(job, [(task, ids, tags, groups, claim, ask)], journal)[0]
-
-    def decide_tallies(self, job: str, reports: Sequence[Tally], journal: list | None = None,
+    def decide_tallies(self, key: str, tallies: Sequence[Tally], journal: list | None = None,
                        around: Callable[[int], AbstractContextManager] | None = None
-                       ) -> list[list[Span]]:
-        """A home's tally, from its columns: each report (task, record ids, payload digests,
-        groups, the node's provisional claim or 0, what it says about budget slices or None)
-        answered as `Span`s, a run of records decided alike once with its length
-        (`runs.decide_groups`); the error log lines are the node's to write. Each report is
-        counted as a report of its own (its batch, its slices settled: `slices.settle`), in
+                       ) -> list[list[Streak]]:
+        """A home's tallies, from their columns: each report (`Tally`) answered as streaks
+        (`streaks.tally_streaks`); the error log lines are the node's to write. Each report is
+        counted as a report of its own (its batch, its slices settled: `SliceBook.settle`), in
         order, under one hold of the run's lock, and the run's journal is taken once for them
         all (`_in_batches`: one slice for one TallyFailures call, where a slice each cost the
         home as much as deciding a report). ``around(i)``: a context to decide report ``i`` in
-        (its span)."""
+        (its OpenTelemetry span)."""
         decider = self._decider
 
-        def deciding(ids, tags, groups, claim):
-            def decide(j: JobState, b: Batch) -> list[Span]:
-                b.claim = claim
-                return decide_groups(decider, j, b, ids, tags, groups)
+        def deciding(t: Tally):
+            def decide(j: JobState, b: Batch) -> list[Streak]:
+                b.claim = t.claim
+                return tally_streaks(decider, j, b, t.ids, t.tags, t.groups)
             return decide
 
-        def settling(ask, n):   # once the report's errors are counted
-            return None if ask is None else lambda j, b: settle(j, ask, n, b.wall)
+        def settling(t: Tally):   # once the report's errors are counted
+            ask, n = t.ask, len(t.ids)
+            if ask is None:
+                return None
+            return lambda j, b: _settle(j, ask, n, b.wall)
 
         _, done = self._in_batches(
-            job, [(task, deciding(ids, tags, groups, claim), settling(ask, len(ids)))
-                  for task, ids, tags, groups, claim, ask in reports], journal, around)
+            key, [(t.task, deciding(t), settling(t)) for t in map(Tally._make, tallies)],
+            journal, around)
         return [out for _, out in done]
 
-    def _in_batch(self, job: str, task: TaskIdentity, journal: list | None, decide):
+    def _in_batch(self, key: str, task: TaskIdentity, journal: list | None, decide):
         """`_in_batches` of one report: (run state, batch, what `decide` answered)."""
-        j, [(batch, out)] = self._in_batches(job, [(task, decide, None)], journal)
+        j, [(batch, out)] = self._in_batches(key, [(task, decide, None)], journal)
         return j, batch, out
 
-    def _in_batches(self, job: str, reports: Sequence, journal: list | None,
+    def _in_batches(self, key: str, reports: Sequence, journal: list | None,
                     around: Callable[[int], AbstractContextManager] | None = None):
         """For each (task, decide, after) of `reports`, in order, under one hold of the run's
         lock: `decide(j, batch)` in ``around(i)`` if given, then the report's counts applied
         and `after(j, batch)` called (if not None); the run's journal slice is taken once, after
         them all. Returns (run state, [(batch, what `decide` answered)])."""
-        j = self._job(job)
+        j = self._job(key)
         clock = self._clock
         done: list = []
         with j.lock:
@@ -244,43 +239,43 @@ class PolicyEngine:
                 warn_collisions(j, batch.collisions)
         return j, done
 
-    def write_logs(self, job: str, task: TaskIdentity, records: Sequence[FailedRecord],
+    def write_logs(self, key: str, task: TaskIdentity, records: Sequence[FailedRecord],
                    outcomes: Sequence[Outcome]) -> None:
         """The error log lines of outcomes decided elsewhere (the job's home), with the
         records' whole context."""
-        j = self._job(job)
+        j = self._job(key)
         if j.settings.log_enable:
             self._write_logs(j, task, records, outcomes, self._clock.wall_ms())
 
-    def payload_digests(self, job: str, records: Sequence[FailedRecord]) -> bytes:
+    def payload_digests(self, key: str, records: Sequence[FailedRecord]) -> bytes:
         """The records' payload digests (keyed by the run), 8 bytes each, little-endian: what a
         node sends the run's home instead of the payloads (`transport/tally.py`)."""
-        digests = self._job(job).tags_of(records)
+        digests = self._job(key).tags_of(records)
         if sys.byteorder != "little":
             digests.byteswap()
         return digests.tobytes()
 
-    def provisional(self, job: str, records: Sequence[FailedRecord], *, sliced: bool = False
+    def provisional(self, key: str, records: Sequence[FailedRecord], *, sliced: bool = False
                     ) -> list[tuple[Verdict, int]] | None:
-        """The verdicts a node may answer before its run's home confirms them, as spans (a
+        """The verdicts a node may answer before its run's home confirms them, as streaks (a
         verdict and how many consecutive records it is for), or None
         (`provisional.provisional_verdicts`)."""
-        return provisional_verdicts(self._job(job), records, sliced=sliced)
+        return provisional_verdicts(self._job(key), records, sliced=sliced)
 
-    def sliceable(self, job: str) -> bool:
+    def sliceable(self, key: str) -> bool:
         """Whether the run has an error limit its home slices among nodes (`slices.py`)."""
-        return self._job(job).slices is not None
+        return self._job(key).slices is not None
 
-    def first_seen_skips(self, job: str, records: Sequence[FailedRecord]
+    def first_seen_skips(self, key: str, records: Sequence[FailedRecord]
                          ) -> list[Verdict | None] | None:
         """Per record, its home's answer if it is a data error met first within the limits
         (`provisional.first_seen_skips`)."""
-        return first_seen_skips(self._job(job), records)
+        return first_seen_skips(self._job(key), records)
 
-    def builtin_handler(self, job: str) -> bool:
+    def builtin_handler(self, key: str) -> bool:
         """Whether the run's KIP-1033 handler is a built-in one, whose answer needs no record:
         then its home can decide a report from columns (`tally`)."""
-        return self._job(job).handler.fixed is not None
+        return self._job(key).handler.fixed is not None
 
     def _write_logs(self, j: JobState, task: TaskIdentity, records: Sequence[FailedRecord],
                     outcomes: Sequence[Outcome], wall: int) -> None:
@@ -301,8 +296,8 @@ class PolicyEngine:
                 j.log_failures += failures
     # --- progress, recoveries, DLQ acks -----------------------------------------------------
 
-    def record_recovered(self, job: str, task: TaskIdentity, record_ids: Sequence[str]) -> None:
-        j = self._job(job)
+    def record_recovered(self, key: str, task: TaskIdentity, record_ids: Sequence[str]) -> None:
+        j = self._job(key)
         now = self._clock.monotonic() * 1000.0
         with j.lock:
             for rid in record_ids:
@@ -314,9 +309,9 @@ class PolicyEngine:
                 if cb is not None:
                     cb.on_success(now)
 
-    def record_progress(self, job: str, task: TaskIdentity,
+    def record_progress(self, key: str, task: TaskIdentity,
                         processed: Mapping[StageRef, int], journal: list | None = None) -> None:
-        j = self._job(job)
+        j = self._job(key)
         now = self._clock.monotonic() * 1000.0
         counts: dict[str, int] = {}
         for ref, n in processed.items():
@@ -332,19 +327,19 @@ class PolicyEngine:
                     j.fail(result.reason)
             _take(j, journal)
 
-    def note_refused(self, job: str, n: int) -> None:
+    def note_refused(self, key: str, n: int) -> None:
         """``n`` records of a report refused for backpressure: counted, nothing decided."""
         with self._lock:
-            j = self._jobs.get(job)
+            j = self._jobs.get(key)
         if j is not None:
             with j.lock:
                 j.refused += int(n)
 
-    def undo_dead_letters(self, job: str, record_ids: Sequence[str],
+    def undo_dead_letters(self, key: str, record_ids: Sequence[str],
                           journal: list | None = None) -> int:
         """The DLQ records of these skipped ids were not spooled after all (the spool refused
         the report): a re-report of them is dead-lettered again. Returns how many were marked."""
-        j = self._job(job)
+        j = self._job(key)
         undone = 0
         with j.lock:
             ids = j.ids
@@ -364,29 +359,29 @@ class PolicyEngine:
 
     # --- durable state (runstate.py keeps it; JobState says what it is) ---------------------
 
-    def enable_journal(self, job: str) -> None:
-        j = self._job(job)
+    def enable_journal(self, key: str) -> None:
+        j = self._job(key)
         with j.lock:
             if j.journal is None:
                 j.enable_journal()
 
-    def restore(self, job: str, slices: Sequence[bytes]) -> None:
+    def restore(self, key: str, slices: Sequence[bytes]) -> None:
         """Replay a run's journal slices (and snapshot), oldest first, into its fresh state."""
-        j = self._job(job)
+        j = self._job(key)
         with j.lock:
             for blob in slices:
                 j.replay(pickle.loads(blob))  # noqa: S301 - the sidecar's own state file
 
-    def snapshot(self, job: str) -> tuple[int, bytes]:
+    def snapshot(self, key: str) -> tuple[int, bytes]:
         """The run's whole durable state as one slice (compaction), numbered."""
-        j = self._job(job)
+        j = self._job(key)
         with j.lock:
             gen, entries = j.snapshot()
             return gen, pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def note_dead_letter_acked(self, job: str, n: int) -> None:
+    def note_dead_letter_acked(self, key: str, n: int) -> None:
         with self._lock:
-            j = self._jobs.get(job)
+            j = self._jobs.get(key)
         if j is None:  # the run ended (or the sidecar restarted) while its records drained
             return
         with j.lock:
@@ -394,8 +389,8 @@ class PolicyEngine:
 
     # --- reporting --------------------------------------------------------------------------
 
-    def summary(self, job: str) -> JobSummary:
-        j = self._job(job)
+    def summary(self, key: str) -> JobSummary:
+        j = self._job(key)
         with j.lock:
             return self._summary(j)
 
@@ -417,16 +412,16 @@ class PolicyEngine:
             record_id_collisions=j.collisions,
         )
 
-    def stage_counts(self, job: str, stage: str) -> Counts:
+    def stage_counts(self, key: str, stage: str) -> Counts:
         """KIP-298 counts of one stage of a job (zeros if it never failed)."""
-        j = self._job(job)
+        j = self._job(key)
         with j.lock:
             c = j.counts.stages.get(stage)
             return copy_counts(c) if c is not None else Counts()
 
-    def task_counts(self, job: str, task_id: str) -> Counts:
+    def task_counts(self, key: str, task_id: str) -> Counts:
         """KIP-298 counts of one Spark task (``stage.partition``) of a job."""
-        j = self._job(job)
+        j = self._job(key)
         with j.lock:
             c = j.counts.tasks.get(task_id)
             return copy_counts(c) if c is not None else Counts()

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .decide import _DATA_WHY, runs_allowed  # the home's words for a data error
+from .decide import DATA_WHY, streaks_allowed  # the home's words for a data error
 from .jobstate import JobState, describe
 from .model import Action, Category, FailedRecord, Verdict
 
 
 def provisional_verdicts(j: JobState, records: Sequence[FailedRecord], *, sliced: bool = False
                          ) -> list[tuple[Verdict, int]] | None:
-    """The verdicts a node may answer for `records` before their home does, as spans (a
+    """The verdicts a node may answer for `records` before their home does, as streaks (a
     verdict and how many consecutive records it is for: records failing the same way share
     one, with no record id), as the home answers a record it meets first (SKIP, a data error,
     dead-lettered); or None when the home could answer any record of the report otherwise: an
@@ -31,9 +31,9 @@ def provisional_verdicts(j: JobState, records: Sequence[FailedRecord], *, sliced
     limit that slices allow does not stop it."""
     if not records or j.failure_reason:
         return None
-    if not runs_allowed(j) and not (sliced and j.slices is not None):
+    if not streaks_allowed(j) and not (sliced and j.slices is not None):
         return None
-    return _first_seen_spans(j, records, every=True)
+    return _first_seen_streaks(j, records, every=True)
 
 
 def first_seen_skips(j: JobState, records: Sequence[FailedRecord]
@@ -42,12 +42,12 @@ def first_seen_skips(j: JobState, records: Sequence[FailedRecord]
     limits (SKIP, dead-lettered), or None for a record that is not a data error; None for the
     whole report when the run has no DLQ topic. What a node holds a copy of before its home
     answers (`confirm.py`)."""
-    spans = _first_seen_spans(j, records)
-    if spans is None:
+    streaks = _first_seen_streaks(j, records)
+    if streaks is None:
         return None
     out: list[Verdict | None] = []
     i = 0
-    for v, n in spans:
+    for v, n in streaks:
         if v is None:
             out += [None] * n
         else:
@@ -57,9 +57,9 @@ def first_seen_skips(j: JobState, records: Sequence[FailedRecord]
     return out
 
 
-def _first_seen_spans(j: JobState, records: Sequence[FailedRecord], *, every: bool = False
+def _first_seen_streaks(j: JobState, records: Sequence[FailedRecord], *, every: bool = False
                       ) -> list[tuple[Verdict | None, int]] | None:
-    """`first_seen_skips` as spans of records failing the same way (None: not a data error;
+    """`first_seen_skips` as streaks of records failing the same way (None: not a data error;
     with `every`, the whole report is None then)."""
     s = j.settings
     if not s.dlq.enabled:
@@ -84,7 +84,7 @@ def _first_seen_spans(j: JobState, records: Sequence[FailedRecord], *, every: bo
                 verdict = None
             else:
                 verdict = Verdict("", skip, data,
-                                  f"{where}{describe(r)} [{cls.describe()}]; {_DATA_WHY}", 1)
+                                  f"{where}{describe(r)} [{cls.describe()}]; {DATA_WHY}", 1)
             last_exc = exc
     if records:
         out.append((verdict, len(records) - start))

@@ -16,32 +16,30 @@ slices shrink to one error, then none is granted and reports wait for the home a
 A slice ends when the node closes it (out of room: it says how many records it answered under
 it), when its lease runs out (the node stops using it at half the lease, measured from when it
 received it), or when the run ends. Pure: `SliceBook` is the home's table of a run's slices,
-durable in the run's journal; `sliceable` says which runs can have them.
+durable in the run's journal; `sliceable` says which runs can have them. Imports nothing of
+the run's state (`jobstate` imports this): it is handed the values it reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .handlers import HandlerResponse
-
-if TYPE_CHECKING:
-    from .jobstate import JobState
+from .handlers import HandlerResponse, LoadedHandler
+from .settings import JobSettings
 
 MAX_SLICE = 65_536     # errors in one slice, whatever a node asks for
 MAX_OPEN = 1_024       # slices reserving budget at once per run; past it no grant (reports wait)
 DEFAULT_LEASE_MS = 30_000
 
 
-def sliceable(j: JobState) -> bool:
-    """Whether the run's limits can be sliced: the built-in CONTINUE handler, a DLQ topic and
+def sliceable(settings: JobSettings, handler: LoadedHandler) -> bool:
+    """Whether a run's limits can be sliced: the built-in CONTINUE handler, a DLQ topic and
     one job-wide limit on the number of errors, counted over the whole run (no window, no
     ratio, not per stage). Other limits depend on when and where an error is counted, so their
     reports wait for the home."""
-    t = j.settings.tolerance
-    return (j.handler.fixed is HandlerResponse.CONTINUE and j.settings.dlq.enabled
+    t = settings.tolerance
+    return (handler.fixed is HandlerResponse.CONTINUE and settings.dlq.enabled
             and t.mode != "none" and t.max_errors >= 0 and t.max_ratio < 0
             and not t.window_ms and not t.per_stage)
 
@@ -51,7 +49,8 @@ class SliceAsk:
     """What one node's report says about slices (`TallyReport`): the slice its held records
     were answered under, slices it closed (id, records answered under each) and the size it
     asks for, with the id the new slice gets (chosen by the adapter: the core draws no random
-    numbers). `granted`, `lease_ms`: the size granted and its lease, set by `settle`."""
+    numbers). `granted`, `lease_ms`: the size granted and its lease, set by
+    `SliceBook.settle`."""
 
     slice: int = 0
     closed: Sequence[tuple[int, int]] = ()
@@ -59,24 +58,6 @@ class SliceAsk:
     new_id: int = 0
     granted: int = 0
     lease_ms: int = 0
-
-
-def settle(j: JobState, ask: SliceAsk, n: int, now_wall_ms: int) -> None:
-    """A decided report's slice business at its home, under the run's lock (after its `n`
-    records were counted, so that a grant sees them): its records spend their slice's
-    reservation, the slices it closed end, and a slice it asked for is granted if the budget
-    has room (`ask.granted`)."""
-    book = j.slices
-    if book is None:
-        return
-    if ask.slice:
-        book.confirmed(ask.slice, n)
-    for sid, used in ask.closed:
-        book.close(sid, used)
-    if ask.want and ask.new_id and not j.failure_reason:
-        ask.granted = book.grant(ask.new_id, ask.want, j.tolerance.errors_total, now_wall_ms,
-                                 max(n, 1))
-        ask.lease_ms = book.lease_ms
 
 
 class SliceBook:
@@ -89,6 +70,21 @@ class SliceBook:
         self.slices: dict[int, list[int]] = {}
         self.granted = 0       # slices granted, for the summary
         self.journal: list | None = None   # the run's journal: every change is appended
+
+    def settle(self, ask: SliceAsk, n: int, *, errors: int, may_grant: bool,
+               now_wall_ms: int) -> None:
+        """A decided report's slice business, under the run's lock, after its `n` records
+        were counted (`errors`: the run's errors now, them included, so that a grant sees
+        them): its records spend their slice's reservation, the slices it closed end, and a
+        slice it asked for is granted if the budget has room and ``may_grant`` (the run has
+        not failed): `ask.granted`, `ask.lease_ms`."""
+        if ask.slice:
+            self.confirmed(ask.slice, n)
+        for sid, used in ask.closed:
+            self.close(sid, used)
+        if ask.want and ask.new_id and may_grant:
+            ask.granted = self.grant(ask.new_id, ask.want, errors, now_wall_ms, max(n, 1))
+            ask.lease_ms = self.lease_ms
 
     def reserved(self, now_wall_ms: int) -> int:
         """Errors the open slices may still be answered for, after expiring ended leases."""
@@ -165,5 +161,4 @@ class SliceBook:
         self.granted = int(state.get("granted", 0))
 
 
-__all__ = ["DEFAULT_LEASE_MS", "MAX_OPEN", "MAX_SLICE", "SliceAsk", "SliceBook", "settle",
-           "sliceable"]
+__all__ = ["DEFAULT_LEASE_MS", "MAX_OPEN", "MAX_SLICE", "SliceAsk", "SliceBook", "sliceable"]

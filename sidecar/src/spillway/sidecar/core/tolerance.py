@@ -107,12 +107,10 @@ def payload_tags(secret: bytes, records: Sequence,
     array('Q'). One C call where the sidecar's extension was built (`_idindex.c`: BLAKE2b as
     RFC 7693 writes it, the same digests as hashlib's; ~0.6 instead of ~1.3 µs a record of 200
     bytes), else ``tag`` (`payload_tagger(secret)`) per record."""
-    out = array("Q")
-    native = idtable._native
-    if native is not None:
-        out.frombytes(native.payload_tags(secret, records if type(records) is list
-                                          else list(records)))
+    out = idtable.payload_tags_in_c(secret, records)
+    if out is not None:
         return out
+    out = array("Q")
     tag = tag or payload_tagger(secret)
     out.extend([r.tag if r.tag >= 0 else tag(r.key, r.value) for r in records])
     return out
@@ -131,7 +129,7 @@ class ToleranceResult:
     counted: bool = True       # False: this record id had already been counted
 
 
-_WITHIN = ToleranceResult(False)                  # the common answers, shared (immutable)
+WITHIN = ToleranceResult(False)   # within the limits: the common answer, shared (immutable)
 _ALREADY_COUNTED = ToleranceResult(False, "", counted=False)
 
 
@@ -293,9 +291,9 @@ class ToleranceTracker:
             if self.errors_total:
                 return ToleranceResult(True, f"job {self.job!r} failed on its first error: "
                                              f"errors.tolerance=none")
-            return _WITHIN
+            return WITHIN
         if self.s.max_errors < 0 and self.s.max_ratio < 0:
-            return _WITHIN  # no limits: nothing to check
+            return WITHIN  # no limits: nothing to check
         reason = self._over(self._job, now_ms, f"job {self.job!r} exceeded",
                             f" (stage {stage})" if stage else "")
         if reason:
@@ -306,7 +304,7 @@ class ToleranceTracker:
                                     f"exceeded", " (errors.tolerance.per.stage=true)")
                 if reason:
                     return ToleranceResult(True, reason)
-        return _WITHIN
+        return WITHIN
 
     def _over(self, pair: _Pair, now_ms: float, who: str, where: str) -> str:
         in_window = f" in the last {self.s.window_ms} ms" if self.s.window_ms else ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import marshal
 from array import array
 from collections.abc import Sequence
-from itertools import compress, starmap
+from itertools import compress
 from operator import not_, sub
 
 from ..core.dlq_record import new_dlq_record
@@ -154,7 +154,7 @@ def decode_columns(rid: int, ends: bytes, segs: bytes, data: bytes, *, start: in
                 raise DlqError("corrupt DLQ spool row: a record does not decode to its 8 "
                                "fields")
             seqs.extend(index)
-            records.extend(starmap(new_dlq_record, picked))
+            records.extend(map(new_dlq_record, picked))
             sizes.extend(size)
         if last >= stop:
             return

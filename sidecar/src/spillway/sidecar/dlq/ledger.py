@@ -95,7 +95,7 @@ def setup_tracing() -> None:
 
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return
-    if telemetry._otlp_configured("TRACES"):
+    if telemetry.otlp_configured("TRACES"):
         telemetry.setup(service_name="spillway-dlq-redrive", install_global=True)
 
 

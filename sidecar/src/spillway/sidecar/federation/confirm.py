@@ -208,7 +208,7 @@ class Confirmations:
         report.claim = secrets.randbits(64) or 1
         report.slice = slice_id
         build = DlqBuilder(s.engine.settings(key), task, now_ms=SystemClock().wall_ms(),
-                           sidecar_id=s.sidecar_id, run=key, run_id=run.run_id).build_span
+                           sidecar_id=s.sidecar_id, run=key, run_id=run.run_id).build_streak
         dlq: list = []
         for i, (v, n) in zip(accumulate((n for _, n in spans), initial=0), spans):
             build(records, i, n, v, traceparent, dlq)

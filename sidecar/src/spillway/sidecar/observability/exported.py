@@ -32,11 +32,14 @@ def provider(**kwargs):
         def __init__(self, inner: Sampler, exporting: Callable[[], bool]) -> None:
             self._inner, self._exporting = inner, exporting
 
-        def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None,
-                          links=None, trace_state=None) -> SamplingResult:
+        # `Sampler.should_sample(parent_context, trace_id, name, kind, attributes, links,
+        # trace_state)`: the SDK's tracer passes the first six by position, and its own
+        # wrapping samplers (ParentBased, AlwaysRecord) pass all seven by position, so none may
+        # be keyword-only. This one needs only the parent; the rest go to the inner sampler as
+        # they came, by position or by name.
+        def should_sample(self, parent_context, *args, **kwargs) -> SamplingResult:
             if self._exporting():
-                return self._inner.should_sample(parent_context, trace_id, name, kind,
-                                                 attributes, links, trace_state)
+                return self._inner.should_sample(parent_context, *args, **kwargs)
             parent = get_current_span(parent_context).get_span_context()
             return SamplingResult(Decision.DROP, None,
                                   parent.trace_state if parent.is_valid else None)

@@ -136,7 +136,9 @@ def prometheus_name(name: str, kind: str, unit: str) -> str:
     return out
 
 
-def _otlp_configured(signal: str) -> bool:
+def otlp_configured(signal: str) -> bool:
+    """Whether the standard environment names an OTLP endpoint for ``signal`` ("TRACES",
+    "METRICS"), or for all signals."""
     return bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
                 or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"))
 
@@ -352,12 +354,12 @@ def setup(*, service_name: str = SERVICE_NAME, sidecar_id: str = "",
     # One DLQ batch span links to every record it carries: allow as many links as a batch.
     # Spans are recorded only while a processor exports them (`exported`).
     tp = exported.provider(resource=resource, span_limits=SpanLimits(max_links=max_links))
-    if _otlp_configured("TRACES"):
+    if otlp_configured("TRACES"):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     readers = []
-    if _otlp_configured("METRICS"):
+    if otlp_configured("METRICS"):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 

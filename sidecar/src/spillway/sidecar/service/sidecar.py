@@ -348,15 +348,15 @@ class Sidecar:
                 decisions, guard = tallying.decide_at_home(self, run, request, task, records,
                                                            timeout_s, token, own)
                 decided = [(d, 1) for d in decisions]
-            else:   # a run of records decided alike stays one span (no object per record)
-                decided = [(o[0], n) for o, n in self.engine.decide_spans(key, task, records,
+            else:   # a streak (records decided alike) stays one answer (no object per record)
+                decided = [(o[0], n) for o, n in self.engine.decide(key, task, records,
                                                                           journal=journal)]
             if request.decide_only:
                 self.persist(key, journal)
                 return [((d.verdict, d.dead_letter), n) for d, n in decided]
             if span.is_recording():
                 _annotate(span, [d.verdict for d, n in decided for _ in range(n)], records)
-            # each span's first record: its index is the lengths of the spans before it
+            # each streak's first record: its index is the lengths of the streaks before it
             to_dlq = [(i, n, d.verdict) for i, (d, n) in zip(
                 accumulate((n for _, n in decided), initial=0), decided) if d.dead_letter]
             if to_dlq:
@@ -365,7 +365,7 @@ class Sidecar:
                 now_ms = SystemClock().wall_ms()
                 build = DlqBuilder(settings, task, now_ms=now_ms,
                                    sidecar_id=self.sidecar_id, run=key,
-                                   run_id=request.run_id).build_span
+                                   run_id=request.run_id).build_streak
                 dlq: list = []
                 for i, n, v in to_dlq:
                     build(records, i, n, v, own, dlq)

@@ -18,7 +18,7 @@ from itertools import accumulate
 from spillway.client.columns import NO_KEY, NO_TIMESTAMP, NO_VALUE, unpack_le
 from spillway.sidecar.core import model as m
 from spillway.sidecar.transport import convert
-from spillway.sidecar.transport.tally import encode_spans
+from spillway.sidecar.transport.tally import encode_streaks
 from spillway.v1 import sidecar_pb2 as pb
 
 _NO_TRACE = ("", "")   # a record without a trace context (`ColumnRecord.trace`)
@@ -190,7 +190,7 @@ def as_messages(recs) -> list[pb.FailedRecord]:
 def verdict_columns(answers) -> pb.TallyVerdicts:
     """The answer to a report sent with ``verdict_columns``: `((verdict, dead_letter), n)`
     spans as columns (no classification rules: those are the home protocol's)."""
-    return encode_spans([((v, dead_letter, False, None), n) for (v, dead_letter), n in answers],
+    return encode_streaks([((v, dead_letter, False, None), n) for (v, dead_letter), n in answers],
                         rules=False)
 
 

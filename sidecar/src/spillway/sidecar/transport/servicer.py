@@ -110,7 +110,7 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
         with _answering(context):
             answers = self._s.tally(request, reports, token=_job_token(context),
                                     caller=_caller())
-        return pb.TallyResponse(reports=[tally.tally_span_verdicts(o, grant)
+        return pb.TallyResponse(reports=[tally.tally_streak_verdicts(o, grant)
                                          for o, grant in answers])
 
     def FlushTask(self, request, context):

@@ -1,11 +1,11 @@
 """The home protocol in columns (TallyFailures): protobuf <-> core values, both ends.
 
 A node sidecar sends the job's home a report's job-wide part only (`tally_report`): record ids,
-payload digests (8 bytes each, keyed by the run) and each run of records failing the same way
+payload digests (8 bytes each, keyed by the run) and each group of records failing the same way
 once (stage, function, exception without its stack trace); never payloads, headers or stack
 traces. The home reads the ids, digests and groups (`tally_groups`: one exception and stage
-value per group), decides them with the same algorithm as any report (in runs,
-`core/runs.py`), and answers the verdicts as columns (`tally_span_verdicts`): one byte of
+value per group), decides them with the same algorithm as any report (in streaks,
+`core/streaks.py`), and answers the verdicts as columns (`tally_streak_verdicts`): one byte of
 action, category and flags per record, the distinct reasons and rules once each with an index
 per record. The node turns them back into
 verdicts (`tally_outcomes`) and dead-letters and logs with the records it holds.
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from itertools import repeat
+from typing import NamedTuple
 
 from spillway.client.columns import (  # the wire's column codec and flags, shared
     BUDGET_EXHAUSTED,
@@ -26,7 +28,7 @@ from spillway.client.columns import (  # the wire's column codec and flags, shar
     unpack_le,
 )
 from spillway.sidecar.core import model as m
-from spillway.sidecar.core.runs import Group
+from spillway.sidecar.core.streaks import Group
 from spillway.sidecar.transport import convert
 from spillway.v1 import sidecar_pb2 as pb
 
@@ -56,6 +58,18 @@ def tally_report(task: pb.TaskIdentity, records: Sequence, digests: bytes) -> pb
     return out
 
 
+class Answer(NamedTuple):
+    """One record's verdict columns, read back (all but its id)."""
+
+    action: m.Action
+    category: m.Category
+    reason: str
+    attempt: int
+    flags: int
+    delay: int | None   # retry delay, ms (None: the report has no delay column)
+    rule: str
+
+
 class AlikeOutcomes(Sequence):
     """`tally_outcomes` of a report whose records the home answered alike, every column the
     same (a confirmation's usual answer: all new data errors, dead-lettered). The confirmer
@@ -63,14 +77,11 @@ class AlikeOutcomes(Sequence):
     Decision per record (~2 µs a record on a node, `confirm.py`); an item is made when asked
     for, a fresh one each time (verdicts are mutable)."""
 
-    __slots__ = ("record_ids", "action", "category", "reason", "attempt", "flags", "delay",
-                 "rule")
+    __slots__ = ("record_ids", "answer", "action", "flags")
 
-    def __init__(self, record_ids: Sequence[str], action: m.Action, category: m.Category,
-                 reason: str, attempt: int, flags: int, delay: int | None, rule: str) -> None:
-        self.record_ids, self.action, self.category = record_ids, action, category
-        self.reason, self.attempt, self.flags = reason, attempt, flags
-        self.delay, self.rule = delay, rule
+    def __init__(self, record_ids: Sequence[str], answer: Answer) -> None:
+        self.record_ids, self.answer = record_ids, answer
+        self.action, self.flags = answer.action, answer.flags
 
     @property
     def dead_letter(self) -> bool:
@@ -89,13 +100,12 @@ class AlikeOutcomes(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
-        return _outcome(self.record_ids[i], self.action, self.category, self.reason,
-                        self.attempt, self.flags, self.delay, self.rule)
+        return _outcome(self.record_ids[i], self.answer)
 
 
-def _outcome(rid: str, action: m.Action, category: m.Category, reason: str, attempt: int,
-             f: int, delay: int | None, rule: str):
-    """One record's (decision, logged, rule) from its columns' values."""
+def _outcome(rid: str, answer: Answer | tuple):
+    """One record's (decision, logged, rule) from its id and its columns' values."""
+    action, category, reason, attempt, f, delay, rule = answer
     v = m.Verdict(rid, action, category, reason, attempt)
     if f:
         v.dead_lettered = bool(f & DEAD_LETTERED)
@@ -128,13 +138,15 @@ def tally_outcomes(resp: pb.TallyVerdicts, record_ids: Sequence[str]):
             and flags.count(flags[:1]) == n and attempts.count(attempts[0]) == n
             and reason_ix.count(reason_ix[0]) == n and rule_ix.count(rule_ix[0]) == n
             and (delays is None or delays.count(delays[0]) == n)):
-        return AlikeOutcomes(record_ids, action_of[actions[0]], category_of[categories[0]],
-                             reasons[reason_ix[0]], attempts[0], flags[0],
-                             delays[0] if delays is not None else None, rules[rule_ix[0]])
-    return [_outcome(rid, action_of[actions[i]], category_of[categories[i]],
-                     reasons[reason_ix[i]], attempts[i], flags[i],
-                     delays[i] if delays is not None else None, rules[rule_ix[i]])
-            for i, rid in enumerate(record_ids)]
+        return AlikeOutcomes(record_ids, Answer(
+            action_of[actions[0]], category_of[categories[0]], reasons[reason_ix[0]],
+            attempts[0], flags[0], delays[0] if delays is not None else None,
+            rules[rule_ix[0]]))
+    # each record's columns as one tuple, made by zip (in C; `_outcome` unpacks it)
+    answers = zip(map(action_of.__getitem__, actions), map(category_of.__getitem__, categories),
+                  map(reasons.__getitem__, reason_ix), attempts, flags,
+                  delays if delays is not None else repeat(None), map(rules.__getitem__, rule_ix))
+    return [_outcome(rid, a) for rid, a in zip(record_ids, answers)]
 
 
 # --- home side --------------------------------------------------------------------------------
@@ -153,23 +165,23 @@ def tally_groups(req: pb.TallyReport, where: str = "reports[0]"
     return list(req.record_ids), unpack_le("Q", req.payload_digests), groups
 
 
-def tally_span_verdicts(spans, grant: pb.BudgetSlice | None = None) -> pb.TallyVerdicts:
-    """`PolicyEngine.decide_tally`'s answers, (outcome, records) spans, as TallyVerdicts
-    (with the budget slice granted to the report, if any)."""
-    out = encode_spans([((d.verdict, d.dead_letter, logged, rule), n)
-                        for (d, logged, rule), n in spans], rules=True)
+def tally_streak_verdicts(streaks, grant: pb.BudgetSlice | None = None) -> pb.TallyVerdicts:
+    """A report's answers from `PolicyEngine.decide_tallies`, (outcome, records) streaks, as
+    TallyVerdicts (with the budget slice granted to the report, if any)."""
+    out = encode_streaks([((d.verdict, d.dead_letter, logged, rule), n)
+                          for (d, logged, rule), n in streaks], rules=True)
     if grant is not None:
         out.grant.CopyFrom(grant)
     return out
 
 
-def _joined(spans, rules: bool) -> list:
-    """`spans` with neighbours whose records get the same columns made one (records decided
-    one by one that still read alike, e.g. a run's, share one reason object)."""
+def _joined(streaks, rules: bool) -> list:
+    """`streaks` with neighbours whose records get the same columns made one (records decided
+    one by one that still read alike, e.g. a streak's, share one reason object)."""
     out: list = []
     pv = pdl = plogged = prule = None
-    for span in spans:
-        (v, dl, logged, rule), k = span
+    for streak in streaks:
+        (v, dl, logged, rule), k = streak
         if (pv is not None and dl == pdl and logged == plogged
                 and (not rules or rule == prule) and v.reason is pv.reason
                 and v.action is pv.action and v.category is pv.category
@@ -179,17 +191,17 @@ def _joined(spans, rules: bool) -> list:
                 and v.retry_delay_ms == pv.retry_delay_ms):
             out[-1] = (out[-1][0], out[-1][1] + k)
             continue
-        out.append(span)
+        out.append(streak)
         pv, pdl, plogged, prule = v, dl, logged, rule
     return out
 
 
-def encode_spans(spans, *, rules: bool) -> pb.TallyVerdicts:
-    """((verdict, dead_letter, logged, rule), records) spans, in order, as TallyVerdicts
-    columns: a span's records get the same verdict, written once per span (neighbours that
-    read alike joined first)."""
-    spans = _joined(spans, rules)
-    n = sum(k for _, k in spans)
+def encode_streaks(streaks, *, rules: bool) -> pb.TallyVerdicts:
+    """((verdict, dead_letter, logged, rule), records) streaks, in order, as TallyVerdicts
+    columns: a streak's records get the same verdict, written once per streak (neighbours
+    that read alike joined first)."""
+    streaks = _joined(streaks, rules)
+    n = sum(k for _, k in streaks)
     actions, categories, flags = bytearray(n), bytearray(n), bytearray(n)
     attempts, delays = array("I", bytes(4 * n)), None
     reason_ix, rule_ix = array("I", bytes(4 * n)), array("I", bytes(4 * n))
@@ -198,7 +210,7 @@ def encode_spans(spans, *, rules: bool) -> pb.TallyVerdicts:
     action_pb, category_pb = convert.ACTION_TO_PB, convert.CATEGORY_TO_PB
     last_reason, last_ix = None, 0
     i = 0
-    for (v, dead_letter, logged, rule), k in spans:
+    for (v, dead_letter, logged, rule), k in streaks:
         f = LOGGED if logged else 0
         if dead_letter:
             f |= DEAD_LETTER
@@ -245,5 +257,5 @@ def encode_spans(spans, *, rules: bool) -> pb.TallyVerdicts:
     return out
 
 
-__all__ = ["AlikeOutcomes", "encode_spans", "tally_groups", "tally_outcomes", "tally_report",
-           "tally_span_verdicts"]
+__all__ = ["AlikeOutcomes", "Answer", "encode_streaks", "tally_groups", "tally_outcomes",
+           "tally_report", "tally_streak_verdicts"]
