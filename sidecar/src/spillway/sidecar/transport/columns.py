@@ -21,6 +21,10 @@ from spillway.sidecar.transport import convert
 from spillway.sidecar.transport.tally import encode_streaks
 from spillway.v1 import sidecar_pb2 as pb
 
+# a way of failing: (stage, exception, function name, payload kind), shared by the records
+# that failed alike; a record's row: (index, record id, key, value, headers, trace)
+_Kind = tuple[m.StageRef, m.ExceptionInfo, str, str]
+_Row = tuple[int, str, "bytes | None", "bytes | None", "tuple[m.Header, ...]", "tuple[str, str]"]
 _NO_TRACE = ("", "")   # a record without a trace context (`ColumnRecord.trace`)
 
 
@@ -60,21 +64,13 @@ class ColumnRecord(convert.RecordView):
                  "key", "value", "headers", "trace")
     tag = -1  # its payload digest is computed from key and value (`JobState.tag_of`)
 
-    def __init__(self, record_id: str, stage: m.StageRef, exception: m.ExceptionInfo,
-                 function_name: str, payload: str, cols: _Columns, index: int,
-                 key: bytes | None, value: bytes | None, headers: tuple[m.Header, ...],
-                 trace: tuple[str, str]) -> None:
-        self.record_id = record_id
-        self.stage = stage
-        self.exception = exception
-        self.function_name = function_name
-        self.payload = payload
+    def __init__(self, kind: _Kind, cols: _Columns, row: _Row) -> None:
+        # two tuples unpacked: as cheap per record as positional arguments, and the way of
+        # failing (`kind`) is one value shared by every record that failed alike
+        self.stage, self.exception, self.function_name, self.payload = kind
         self._c = cols
-        self._i = index
-        self.key = key
-        self.value = value
-        self.headers = headers
-        self.trace = trace   # the records of one trace share this tuple (the column's entry)
+        # the records of one trace share their trace tuple (the column's entry)
+        self._i, self.record_id, self.key, self.value, self.headers, self.trace = row
 
     @property
     def source(self) -> m.SourceCoordinates | None:
@@ -150,11 +146,10 @@ def records(c: pb.RecordColumns) -> list[ColumnRecord]:
         values = [None if a & NO_VALUE else v for v, a in zip(values, absent)]
     rows = zip(range(n), ids, keys, values, _headers(cols, n), _traces(cols, n))
     if not c.kind_index:
-        stage, exc, fn, payload = kinds[0]
-        return [ColumnRecord(rid, stage, exc, fn, payload, cols, i, k, v, h, t)
-                for i, rid, k, v, h, t in rows]
+        kind = kinds[0]
+        return [ColumnRecord(kind, cols, row) for row in rows]
     ix = unpack_le("I", c.kind_index)
-    return [ColumnRecord(rid, *kinds[ix[i]], cols, i, k, v, h, t) for i, rid, k, v, h, t in rows]
+    return [ColumnRecord(kinds[ix[row[0]]], cols, row) for row in rows]
 
 
 def as_messages(recs) -> list[pb.FailedRecord]:
