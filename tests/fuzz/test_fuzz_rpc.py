@@ -257,15 +257,19 @@ def _answered(world, fn, request, metadata=None):
     assert health.status == health_pb2.HealthCheckResponse.SERVING
 
 
-@FUZZ
-@given(req=requests)
-def test_random_requests_get_deliberate_answers(world, req):
+def _send(world, req) -> None:
     method, message = req
     # the fixed jobs' reports carry their run's token, as an executor's would
     token = TOKENS.get(message.job) if getattr(message, "run_id", "") == RUN else None
     if method == "TallyFailures":  # a peer sidecar's call
         token = (*peer_md(), *(token or ()))
     _answered(world, getattr(world[1], method), message, token)
+
+
+@FUZZ
+@given(req=requests)
+def test_random_requests_get_deliberate_answers(world, req):
+    _send(world, req)
 
 
 @FUZZ
@@ -292,8 +296,17 @@ def test_status_survives_any_processed_counts(world, counts):
 
 
 def test_the_tier_reaches_the_policy_engine(world):
-    """Guards the strategies themselves: plausible reports are decided, not only refused."""
+    """Guards the strategies themselves: plausible reports are decided, not only refused. It
+    sends its own examples, so it holds whichever tests ran before it on this worker."""
     channel, stub, md, before = world
+
+    @settings(max_examples=60, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(req=requests)
+    def send(req):
+        _send(world, req)
+
+    send()
     decided = stub.GetJobSummary(pb.GetJobSummaryRequest(job="fuzz-dlq", run_id=RUN),
                                  metadata=TOKENS["fuzz-dlq"], timeout=5)
     status = stub.GetStatus(pb.GetStatusRequest(), timeout=5, metadata=admin_md())
