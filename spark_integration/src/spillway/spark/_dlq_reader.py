@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from spillway.client import dlq_ledger
+from spillway.client import dlq_ledger, kafka_auth
 
 from ._compat import arrow_conversions, is_connect, parse_ddl
 
@@ -217,7 +217,7 @@ def _consumer(bootstrap: str, conf: Mapping[str, str]):
     c = {"bootstrap.servers": bootstrap, "group.id": f"spillway-read-dlq-{uuid.uuid4().hex}",
          "enable.auto.commit": False, "enable.partition.eof": True,
          "auto.offset.reset": "earliest", "log_level": 2}
-    c.update(conf)
+    c.update(kafka_auth.resolve(conf))   # where the consumer runs: the plan keeps references
     return Consumer(c)
 
 
