@@ -337,3 +337,64 @@ def test_librdkafka_debug_logs_carry_no_secret(secrets, caplog):
     text = caplog.text
     assert "sasl.password = [redacted]" in text            # librdkafka did dump its settings
     assert SECRET not in text and "k3y-Passw0rd" not in text
+
+
+# --- docs/SECURITY.md's "Kafka authentication" ------------------------------------------------
+
+
+def test_the_security_doc_settings_build_real_clients(tmp_path, monkeypatch):
+    """Every properties block of the how-to is accepted by the sidecar's property parser (the
+    sidecar's) and builds a confluent-kafka Producer (librdkafka checks every key and value,
+    and loads the CA, certificate and key), its references read from files written here; every
+    `spillway` command of it parses."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from confluent_kafka import Producer
+    from spillway.sidecar.cli.main import build_parser
+    from spillway.sidecar.core import config
+    from spillway.sidecar.dlq.producer import producer_config
+    from support.kafka_tls import encrypted_key
+    from support.tls import Ca
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "SECURITY.md").read_text()
+    section = doc[doc.index("## Kafka authentication"):]
+    section = section[:section.index("\n## ")] if "\n## " in section else section
+    ca = Ca.create(tmp_path / "pki")
+    user = ca.issue(tmp_path / "pki", "dlq-user")
+    mount = tmp_path / "kafka"
+    mount.mkdir()
+    (mount / "ca.crt").write_bytes(ca.path.read_bytes())
+    (mount / "user.crt").write_bytes(user.cert.read_bytes())
+    encrypted_key(user, "user-key-pass", mount / "user.key")
+    for name, value in (("sasl.username", "u"), ("sasl.password", "p"),
+                        ("user.password", "user-key-pass")):
+        (mount / name).write_text(value + "\n")
+    for var in ("CONFLUENT_API_KEY", "CONFLUENT_API_SECRET", "KAFKA_USER"):
+        monkeypatch.setenv(var, "from-env")
+    blocks = re.findall(r"```properties\n(.*?)```", section, re.DOTALL)
+    assert len(blocks) >= 5
+    for block in blocks:
+        props = kafka_auth.parse_properties_text(block.replace("/etc/spillway/kafka", str(mount)))
+        if any(k.startswith(config.PRODUCER_PASSTHROUGH) for k in props):
+            raw = config.resolve(file=props, env={})          # unknown properties refused
+            conf = producer_config(raw["bootstrap.servers"] or "127.0.0.1:1", linger_ms=5,
+                                   batch_size=1000,
+                                   overrides=passthrough(raw, signer=FakeSigner()))
+        else:
+            conf = {"bootstrap.servers": "127.0.0.1:1", **resolve(props, signer=FakeSigner())}
+        Producer({**conf, "log_level": 0})                    # librdkafka accepts every setting
+    cli_file = tmp_path / "kafka-client.properties"     # the CLI's file, as the doc writes it
+    [text] = [b for b in blocks if "sasl.username=dlq-operator" in b]
+    cli_file.write_text(text.replace("/etc/spillway/kafka", str(mount)))
+    commands = [shlex.split(line.replace("kafka-client.properties", str(cli_file)),
+                            comments=True)
+                for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL)
+                for line in block.replace("\\\n", " ").splitlines()]
+    spillway = [c for c in commands if c and c[0] == "spillway"]
+    assert {c[2] for c in spillway} == {"tail", "redrive"}
+    for argv in spillway:
+        args = build_parser().parse_args(argv[1:])
+        conf = cli_settings(args.property, args.kafka_config)
+        assert conf["sasl.password"] == "p" and conf["security.protocol"] == "SASL_SSL"
