@@ -283,6 +283,8 @@ def test_cli_settings_from_a_file_and_x_references(secrets, tmp_path):
     assert conf == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
                     "sasl.username": "svc", "sasl.password": SECRET, "linger.ms": "50",
                     "ssl.key.password": SECRET}
+    assert cli_settings(["security.protocol=SSL", "a = b"]) == {"security.protocol": "SSL",
+                                                                "a": "b"}
 
 
 def test_cli_refuses_literal_secrets_and_never_echoes_a_setting(tmp_path):
