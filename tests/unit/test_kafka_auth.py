@@ -232,6 +232,22 @@ def test_the_sidecars_clients_get_the_resolved_settings(secrets, monkeypatch):
     assert admin["sasl.password"] == SECRET and admin["security.protocol"] == "SASL_SSL"
 
 
+def test_the_sidecar_logs_its_kafka_settings_as_given_never_a_secret(secrets, caplog):
+    d, _ = secrets
+    raw = {"producer.kafka.security.protocol": "SASL_SSL",
+           "producer.kafka.sasl.username": f"${{directory:{d}:username}}",
+           "producer.kafka.sasl.password": f"${{directory:{d}:password}}",
+           "producer.kafka.ssl.key.password": SECRET}      # literal, from a properties file
+    with caplog.at_level(logging.INFO, logger="spillway.sidecar.kafka"):
+        passthrough(raw)
+    [line] = [r.getMessage() for r in caplog.records if r.name == "spillway.sidecar.kafka"]
+    assert line == ("Kafka client settings: producer.kafka.sasl.password="
+                    f"${{directory:{d}:password}}, producer.kafka.sasl.username="
+                    f"${{directory:{d}:username}}, producer.kafka.security.protocol=SASL_SSL, "
+                    "producer.kafka.ssl.key.password=[hidden]")
+    assert SECRET not in caplog.text and "svc-dlq" not in caplog.text
+
+
 def test_a_missing_secret_stops_the_sidecar_naming_the_property_and_file(tmp_path):
     from spillway.sidecar.runtime.bootstrap import build_sidecar
     from spillway.sidecar.core import config

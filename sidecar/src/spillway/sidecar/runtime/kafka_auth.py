@@ -9,17 +9,21 @@ property and the variable or file.
 
 A secret setting (`kafka_auth.is_secret`) given literally on a command line (``--set``, ``-X``)
 is refused: every local user can read a process's arguments. The same value is accepted from a
-properties file, the environment (``SPILLWAY_PRODUCER_KAFKA_*``) or a reference.
+properties file, the environment (``SPILLWAY_PRODUCER_KAFKA_*``) or a reference. The sidecar
+logs its Kafka settings once, as given: references as written, a literal secret as ``[hidden]``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from spillway.client import kafka_auth
 from spillway.sidecar.core.config import PRODUCER_PASSTHROUGH, load_properties_file
 from spillway.sidecar.errors import ConfigError
+
+log = logging.getLogger("spillway.sidecar.kafka")
 
 
 def check_command_line(settings: Mapping[str, str], *, prefix: str = "", flag: str) -> None:
@@ -39,9 +43,14 @@ def passthrough(raw: Mapping[str, str], *, signer: Any = None) -> dict[str, Any]
     given = {k[len(PRODUCER_PASSTHROUGH):]: v for k, v in raw.items()
              if k.startswith(PRODUCER_PASSTHROUGH)}
     try:
-        return kafka_auth.resolve(given, prefix=PRODUCER_PASSTHROUGH, signer=signer)
+        resolved = kafka_auth.resolve(given, prefix=PRODUCER_PASSTHROUGH, signer=signer)
     except kafka_auth.KafkaConfigError as exc:
         raise ConfigError(exc.property, str(exc)[len(exc.property) + 2:]) from None
+    if given:   # as given: references as written, a secret given literally (in a file) hidden
+        shown = sorted(kafka_auth.redacted(given).items())
+        log.info("Kafka client settings: %s",
+                 ", ".join(f"{PRODUCER_PASSTHROUGH}{k}={v}" for k, v in shown))
+    return resolved
 
 
 def cli_settings(items: Sequence[str], files: Sequence[str] = (), *,
