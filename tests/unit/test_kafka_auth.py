@@ -357,6 +357,30 @@ def test_librdkafka_debug_logs_carry_no_secret(secrets, caplog):
     assert SECRET not in text and "k3y-Passw0rd" not in text
 
 
+# --- read_dlq (kafka_config) -------------------------------------------------------------------
+
+
+def test_read_dlq_refuses_a_literal_secret_before_anything_runs():
+    from spillway.spark import read_dlq
+
+    with pytest.raises(ValueError) as err:
+        read_dlq(None, "dlq.orders", bootstrap_servers="127.0.0.1:1",
+                 kafka_config={"security.protocol": "SASL_SSL", "sasl.password": SECRET})
+    assert str(err.value).startswith("kafka_config: sasl.password must be a reference")
+    assert SECRET not in str(err.value)
+
+
+def test_read_dlq_builds_its_consumer_from_the_resolved_settings(secrets, monkeypatch):
+    import confluent_kafka
+    from spillway.spark import _dlq_reader
+
+    d, _ = secrets
+    built: list[dict] = []
+    monkeypatch.setattr(confluent_kafka, "Consumer", lambda conf: built.append(conf))
+    _dlq_reader._consumer("k:9093", {"sasl.password": f"${{directory:{d}:password}}"})
+    assert built[0]["sasl.password"] == SECRET and built[0]["bootstrap.servers"] == "k:9093"
+
+
 # --- docs/SECURITY.md's "Kafka authentication" ------------------------------------------------
 
 

@@ -248,6 +248,14 @@ def msk_iam_oauth_cb(aws: Mapping[str, str], *, prefix: str = "",
     return oauth_cb
 
 
+def literal_secret(conf: Mapping[str, Any]) -> str | None:
+    """The first secret setting of ``conf`` given literally (not as a reference), or None."""
+    for key, value in conf.items():
+        if is_secret(key) and isinstance(value, str) and value and not has_reference(value):
+            return key
+    return None
+
+
 def redacted(conf: Mapping[str, Any]) -> dict[str, str]:
     """``conf`` safe to show: secrets and references as `HIDDEN` or the reference itself."""
     out = {}

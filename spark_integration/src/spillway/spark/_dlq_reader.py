@@ -367,6 +367,10 @@ def read_dlq(spark: Any, topic: str, *, bootstrap_servers: str,
         if not isinstance(spec, Mapping) and spec not in ("earliest", "latest", None):
             _offset(spec, what)
     conf = {str(k): str(v) for k, v in (kafka_config or {}).items()}
+    if (secret := kafka_auth.literal_secret(conf)) is not None:   # it would ride in the plan
+        raise ValueError(f"kafka_config: {secret} must be a reference to where the secret is "
+                         f"(${{directory:/dir:file}}, ${{env:NAME}}): a literal one travels to "
+                         f"the executors in the plan, which Spark may log")
     consumer = _consumer(bootstrap_servers, conf)
     try:
         md = consumer.list_topics(topic, timeout=timeout_s)

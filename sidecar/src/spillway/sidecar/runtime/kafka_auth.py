@@ -28,14 +28,13 @@ log = logging.getLogger("spillway.sidecar.kafka")
 
 def check_command_line(settings: Mapping[str, str], *, prefix: str = "", flag: str) -> None:
     """ConfigError for a secret given literally on the command line (``flag``)."""
-    for key, value in settings.items():
-        name = key[len(prefix):] if prefix and key.startswith(prefix) else key
-        if (not prefix or key.startswith(prefix)) and kafka_auth.is_secret(name) \
-                and value and not kafka_auth.has_reference(value):
-            raise ConfigError(key, (
-                f"a secret given on the command line ({flag}) is readable by every local user; "
-                f"give it as a reference (${{env:NAME}}, ${{directory:/path/dir:file}}, "
-                f"${{file:/path/file.properties:key}}) or in a properties file"))
+    key = kafka_auth.literal_secret({k[len(prefix):]: v for k, v in settings.items()
+                                     if k.startswith(prefix)})
+    if key is not None:
+        raise ConfigError(prefix + key, (
+            f"a secret given on the command line ({flag}) is readable by every local user; "
+            f"give it as a reference (${{env:NAME}}, ${{directory:/path/dir:file}}, "
+            f"${{file:/path/file.properties:key}}) or in a properties file"))
 
 
 def passthrough(raw: Mapping[str, str], *, signer: Any = None) -> dict[str, Any]:
