@@ -430,12 +430,13 @@ def test_the_security_doc_settings_build_real_clients(tmp_path, monkeypatch):
     cli_file = tmp_path / "kafka-client.properties"     # the CLI's file, as the doc writes it
     [text] = [b for b in blocks if "sasl.username=dlq-operator" in b]
     cli_file.write_text(text.replace("/etc/spillway/kafka", str(mount)))
-    commands = [shlex.split(line.replace("kafka-client.properties", str(cli_file)),
-                            comments=True)
+    commands = [shlex.split(line.replace("kafka-client.properties", str(cli_file))
+                            .replace("/etc/spillway/kafka", str(mount)), comments=True)
                 for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL)
                 for line in block.replace("\\\n", " ").splitlines()]
-    spillway = [c for c in commands if c and c[0] == "spillway"]
-    assert {c[2] for c in spillway} == {"tail", "redrive"}
+    spillway = [c[c.index("--") + 1:] if c[0] == "kubectl" else c   # kubectl exec -- spillway
+                for c in commands if c and (c[0] == "spillway" or "exec" in c)]
+    assert [c[2] for c in spillway] == ["tail", "redrive", "tail"]
     for argv in spillway:
         args = build_parser().parse_args(argv[1:])
         conf = cli_settings(args.property, args.kafka_config)
