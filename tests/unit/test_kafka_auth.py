@@ -166,6 +166,20 @@ def test_msk_iam_misconfigurations_name_the_property(conf, prop, says):
     assert err.value.property == prop and says in str(err.value)
 
 
+def test_a_failing_signer_is_logged_with_its_cause(caplog):
+    class NoCredentials(FakeSigner):
+        def generate_auth_token(self, region):
+            raise LookupError("Unable to locate credentials")
+
+    cb = resolve({**MSK, "sasl.oauthbearer.aws.region": "eu-west-1"},
+                 signer=NoCredentials())["oauth_cb"]
+    with caplog.at_level(logging.WARNING, logger="spillway.kafka.oauth"), \
+            pytest.raises(LookupError):
+        cb("")
+    assert caplog.messages == ["MSK IAM: no token for region eu-west-1 (LookupError: Unable to "
+                               "locate credentials); the Kafka client retries"]
+
+
 def test_msk_iam_without_the_signer_package_says_which_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "aws_msk_iam_sasl_signer", None)   # import fails
     with pytest.raises(KafkaConfigError) as err:

@@ -33,11 +33,14 @@ for the AWS region ``sasl.oauthbearer.aws.region`` (default: ``AWS_REGION``, the
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+log = logging.getLogger("spillway.kafka.oauth")
 
 PROVIDERS = ("env", "file", "directory")
 MSK_IAM = "aws-msk-iam"
@@ -62,10 +65,12 @@ _REFERENCE = re.compile(r"\$\{([^}:]*?):(?:([^}]*?):)?([^}]*?)\}")
 
 
 class KafkaConfigError(ValueError):
-    """A Kafka setting that cannot be used; ``property`` is its name as the caller gave it."""
+    """A Kafka setting that cannot be used; ``property`` is its name as the caller gave it,
+    ``reason`` what is wrong with it."""
 
     def __init__(self, prop: str, message: str) -> None:
         self.property = prop
+        self.reason = message
         super().__init__(f"{prop}: {message}")
 
 
@@ -237,12 +242,18 @@ def msk_iam_oauth_cb(aws: Mapping[str, str], *, prefix: str = "",
     profile, role = aws.get(AWS_PROFILE), aws.get(AWS_ROLE_ARN)
 
     def oauth_cb(_config: str) -> tuple[str, float]:
-        if profile:
-            token, expiry_ms = signer.generate_auth_token_from_profile(region, profile)
-        elif role:
-            token, expiry_ms = signer.generate_auth_token_from_role_arn(region, role)
-        else:
-            token, expiry_ms = signer.generate_auth_token(region)
+        try:
+            if profile:
+                token, expiry_ms = signer.generate_auth_token_from_profile(region, profile)
+            elif role:
+                token, expiry_ms = signer.generate_auth_token_from_role_arn(region, role)
+            else:
+                token, expiry_ms = signer.generate_auth_token(region)
+        except Exception as exc:
+            # librdkafka only learns that no token came ("OAuth token not set"): say why here
+            log.warning("MSK IAM: no token for region %s (%s: %s); the Kafka client retries",
+                        region, type(exc).__name__, exc)
+            raise
         return token, (expiry_ms / 1000.0 if expiry_ms else time.time() + 900.0)
 
     return oauth_cb

@@ -44,7 +44,7 @@ def passthrough(raw: Mapping[str, str], *, signer: Any = None) -> dict[str, Any]
     try:
         resolved = kafka_auth.resolve(given, prefix=PRODUCER_PASSTHROUGH, signer=signer)
     except kafka_auth.KafkaConfigError as exc:
-        raise ConfigError(exc.property, str(exc)[len(exc.property) + 2:]) from None
+        raise ConfigError(exc.property, exc.reason) from None
     if given:   # as given: references as written, a secret given literally (in a file) hidden
         shown = sorted(kafka_auth.redacted(given).items())
         log.info("Kafka client settings: %s",
@@ -61,7 +61,7 @@ def cli_settings(items: Sequence[str], files: Sequence[str] = (), *,
         try:
             given.update(load_properties_file(path))
         except ConfigError as exc:
-            raise ConfigError("--kafka-config", str(exc)[len("config: "):]) from None
+            raise ConfigError("--kafka-config", str(exc).partition(": ")[2]) from None
     x: dict[str, str] = {}
     for n, item in enumerate(items, 1):
         k, sep, v = item.partition("=")
@@ -73,4 +73,4 @@ def cli_settings(items: Sequence[str], files: Sequence[str] = (), *,
     try:
         return kafka_auth.resolve(given, signer=signer)
     except kafka_auth.KafkaConfigError as exc:
-        raise ConfigError(exc.property, str(exc)[len(exc.property) + 2:]) from None
+        raise ConfigError(exc.property, exc.reason) from None
