@@ -304,11 +304,11 @@ def test_serve_refuses_a_literal_secret_on_the_command_line(monkeypatch, tmp_pat
 
 
 def test_cli_settings_from_a_file_and_x_references(secrets, tmp_path):
-    d, _ = secrets
+    d, props = secrets
     f = tmp_path / "client.properties"
     f.write_text(f"security.protocol=SASL_SSL\nsasl.mechanism=PLAIN\nsasl.username=svc\n"
                  f"sasl.password=${{directory:{d}:password}}\nlinger.ms=5\n")
-    conf = cli_settings(["linger.ms=50", f"ssl.key.password=${{directory:{d}:password}}"],
+    conf = cli_settings(["linger.ms=50", f"ssl.key.password=${{file:{props}:dlq.password}}"],
                         [str(f)])
     assert conf == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
                     "sasl.username": "svc", "sasl.password": SECRET, "linger.ms": "50",

@@ -89,6 +89,22 @@ def test_the_sidecar_writes_its_dlq_over_mtls_and_the_cli_reads_it_back(
                topic, "--from-beginning", "--idle-ms", "500", "--kafka-config", str(props)) == 0
     out = capsys.readouterr().out
     assert out.count("── ") == 3 and "value: value of r2" in out
+    # redrive: its producer, the ledger topic it creates and reads, all over mTLS
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from spillway.client.kafka_auth import resolve
+
+    admin = AdminClient({"bootstrap.servers": tls_kafka.bootstrap_servers, "log_level": 0,
+                         **resolve(client_tls(pki))})
+    for f in admin.create_topics([NewTopic("orders.tls", 1, 1)]).values():
+        f.result(15)
+    del admin
+    redrive = ["dlq", "redrive", "--bootstrap-servers", tls_kafka.bootstrap_servers, "--topic",
+               topic, "--target", "orders.tls", "--idle-ms", "500", "--no-progress",
+               "--allow-stage-input", "--kafka-config", str(props)]
+    assert cli(*redrive) == 0
+    assert "redriven=3" in capsys.readouterr().out
+    assert cli(*redrive) == 0                                 # the ledger says: done already
+    assert "redriven=0" in capsys.readouterr().out
     assert KEY_PASSWORD not in caplog.text + out
 
 
