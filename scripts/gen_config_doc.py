@@ -22,7 +22,11 @@ its default. Job properties set on the sidecar are defaults for every job regist
 Invalid values stop start-up (or refuse the job) with a message naming the property.
 
 DLQ producer settings for librdkafka pass through as `producer.kafka.<librdkafka key>`
-(environment: `SPILLWAY_PRODUCER_KAFKA_<KEY>`).
+(environment: `SPILLWAY_PRODUCER_KAFKA_<KEY>`); they also serve the sidecar's DLQ topic check
+and Kafka health check. A value may be a reference to a secret, in Kafka's config-provider
+syntax: `${directory:/dir:file}`, `${file:/path.properties:key}`, `${env:NAME}`; a secret given
+literally on `--set` is refused. Kafka authentication (SASL/SCRAM, SASL/PLAIN, MSK IAM with
+`producer.kafka.sasl.oauthbearer.method=aws-msk-iam`, mTLS): docs/SECURITY.md.
 """
 
 

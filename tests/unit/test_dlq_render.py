@@ -9,7 +9,6 @@ from spillway.sidecar.dlq.tools import (
     format_message,
     is_context_only,
     original_headers,
-    parse_properties,
     parse_rate,
     parse_time_ms,
     redrive_count,
@@ -100,7 +99,3 @@ def test_parsers():
     assert parse_time_ms("1970-01-01T00:00:01Z") == 1000
     assert parse_time_ms("1970-01-01T00:00:01") == 1000  # no zone: UTC
     assert parse_time_ms("1970-01-01T01:00:01+01:00") == 1000
-    assert parse_properties(["security.protocol=SSL", "a = b"]) == {
-        "security.protocol": "SSL", "a": "b"}
-    with pytest.raises(ValueError, match="expected key=value"):
-        parse_properties(["nope"])

@@ -159,7 +159,8 @@ def test_daemonset_references_the_objects_of_the_base(resources, daemonset):
 
 def test_every_property_and_variable_is_one_the_sidecar_knows_and_accepts(props,
                                                                           sidecar_container):
-    unknown = set(props) - set(config.PROPERTIES)
+    unknown = {p for p in props if not p.startswith(config.PRODUCER_PASSTHROUGH)} - set(
+        config.PROPERTIES)   # producer.kafka.*: test_kafka_login_and_ca_come_from_their_secret
     assert not unknown, f"ConfigMap properties the sidecar does not know: {unknown}"
     env = _env(sidecar_container)
     for name in env:
@@ -256,6 +257,44 @@ def test_socket_spool_and_secrets_are_where_the_properties_say(props, daemonset,
     assert all(d in init["command"][-1] for d in host_dirs)
 
 
+def test_kafka_login_and_ca_come_from_their_secret(props, daemonset, sidecar_container,
+                                                   tmp_path):
+    """The DLQ producer's SASL login and Kafka's CA: files of the Secret spillway-kafka, named
+    by ${directory:...} references and paths; no secret value in the ConfigMap; resolved as the
+    sidecar resolves them at start-up (the Secret's files written to a directory here)."""
+    from spillway.client import kafka_auth
+    from spillway.sidecar.dlq.producer import producer_config
+    from spillway.sidecar.runtime.kafka_auth import passthrough
+
+    pod = daemonset["spec"]["template"]["spec"]
+    kafka = {k: v for k, v in props.items() if k.startswith(config.PRODUCER_PASSTHROUGH)}
+    assert kafka["producer.kafka.security.protocol"] == "SASL_SSL"
+    files: dict[str, str] = {}
+    for key, value in kafka.items():
+        for ref in re.findall(r"\$\{directory:([^}:]+):([^}]+)\}", value):
+            path = str(PurePosixPath(ref[0]) / ref[1])
+            files[path] = _secret_file(pod, sidecar_container, path)[1]
+            assert _secret_file(pod, sidecar_container, path)[0] == "spillway-kafka", key
+        if key.endswith(".location"):
+            files[value] = _secret_file(pod, sidecar_container, value)[1]
+            assert _secret_file(pod, sidecar_container, value)[0] == "spillway-kafka", key
+        name = key[len(config.PRODUCER_PASSTHROUGH):]
+        if kafka_auth.is_secret(name):
+            assert kafka_auth.has_reference(value), f"{key} holds a literal secret"
+    assert sorted(files.values()) == ["ca.crt", "sasl.password", "sasl.username"]
+    mount = "/etc/spillway/kafka"
+    for key in files.values():
+        (tmp_path / key).write_text(f"the {key} of the Secret\n")
+    raw = {k: v.replace(mount, str(tmp_path)) for k, v in kafka.items()}
+    overrides = passthrough(raw)
+    assert overrides["sasl.username"] == "the sasl.username of the Secret"
+    assert overrides["sasl.password"] == "the sasl.password of the Secret"
+    assert overrides["ssl.ca.location"] == str(tmp_path / "ca.crt")
+    conf = producer_config(props["bootstrap.servers"], linger_ms=5, batch_size=1,
+                           overrides=overrides)
+    assert conf["sasl.mechanism"] == "SCRAM-SHA-512" and conf["acks"] == "all"
+
+
 def test_sidecar_runs_unprivileged(daemonset, sidecar_container):
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -307,12 +346,14 @@ def test_deploy_doc_describes_these_manifests(props, sidecar_container):
             "spark.kubernetes.driver.podTemplateFile=deploy/kubernetes/spark/"
             "driver-pod-template.yaml",
             "status.hostIP", "spillway-tls", "spillway-tokens", "spillway-node-token",
-            "PodDisruptionBudget", "health.listen.address", "advertised.address"):
+            "PodDisruptionBudget", "health.listen.address", "advertised.address",
+            "spillway-kafka"):
         assert needle in section, f"docs/DEPLOY.md's Kubernetes section lacks {needle!r}"
     for p in sidecar_container["ports"]:
         assert str(p["containerPort"]) in section, p
     # every property the ConfigMap sets is a documented one
     documented = (ROOT / "docs" / "CONFIGURATION.md").read_text()
     for prop in props:
-        assert f"`{prop}`" in documented, prop
+        if not prop.startswith(config.PRODUCER_PASSTHROUGH):   # librdkafka's, passed through
+            assert f"`{prop}`" in documented, prop
     assert re.search(r"kubernetes-validate", section)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from spillway.client import dlq_ledger
+from spillway.client import dlq_ledger, kafka_auth
 
 from ._compat import arrow_conversions, is_connect, parse_ddl
 
@@ -217,7 +217,7 @@ def _consumer(bootstrap: str, conf: Mapping[str, str]):
     c = {"bootstrap.servers": bootstrap, "group.id": f"spillway-read-dlq-{uuid.uuid4().hex}",
          "enable.auto.commit": False, "enable.partition.eof": True,
          "auto.offset.reset": "earliest", "log_level": 2}
-    c.update(conf)
+    c.update(kafka_auth.resolve(conf))   # where the consumer runs: the plan keeps references
     return Consumer(c)
 
 
@@ -368,6 +368,10 @@ def read_dlq(spark: Any, topic: str, *, bootstrap_servers: str,
         if not isinstance(spec, Mapping) and spec not in ("earliest", "latest", None):
             _offset(spec, what)
     conf = {str(k): str(v) for k, v in (kafka_config or {}).items()}
+    if (secret := kafka_auth.literal_secret(conf)) is not None:   # it would ride in the plan
+        raise ValueError(f"kafka_config: {secret} must be a reference to where the secret is "
+                         f"(${{directory:/dir:file}}, ${{env:NAME}}): a literal one travels to "
+                         f"the executors in the plan, which Spark may log")
     consumer = _consumer(bootstrap_servers, conf)
     try:
         md = consumer.list_topics(topic, timeout=timeout_s)

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from spillway.client import dlq_ledger
+from spillway.client import dlq_ledger, kafka_auth
 from spillway.client.dlq_ledger import (
     H_REDRIVE_DLQ,
     H_REDRIVE_FROM,
@@ -218,6 +218,7 @@ def write_resolutions(ledger: Ledger, notes: Mapping[tuple[str, str], tuple], ru
                 f"with read_dlq in this driver, so its ledger is unknown (read it with "
                 f"read_dlq, or pass ledger=False to Job.reprocess)")
         bootstrap, conf, topic = source
+        conf = kafka_auth.resolve(dict(conf))   # ${env:...} references read here, not shipped
         if topic not in _ENSURED:
             dlq_ledger.ensure_topic(confluent_kafka, {"bootstrap.servers": bootstrap, **dict(conf)},
                                     topic, 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from spillway.client.kafka_auth import scrub
 from spillway.sidecar.errors import DlqError
 
 # `.dlq` (Kafka clients, the spool, OpenTelemetry) is imported by the commands that use it, not
@@ -22,7 +23,12 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
                    help="Kafka bootstrap servers")
     p.add_argument("--topic", required=True, help="the DLQ topic")
     p.add_argument("-X", "--property", action="append", default=[], metavar="KEY=VALUE",
-                   help="librdkafka client setting (e.g. security.protocol=SASL_SSL); repeatable")
+                   help="librdkafka client setting (e.g. security.protocol=SASL_SSL); repeatable; "
+                        "a secret as a reference, e.g. 'sasl.password=${env:KAFKA_PASSWORD}' "
+                        "(docs/SECURITY.md)")
+    p.add_argument("--kafka-config", action="append", default=[], metavar="FILE",
+                   help="librdkafka client settings from a properties file (-X wins); "
+                        "repeatable")
     p.add_argument("--idle-ms", type=int, default=2000,
                    help="the end of the topic is reached when nothing new arrives for this long "
                         "(default 2000)")
@@ -89,14 +95,16 @@ def add_dlq_commands(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 def run_tail(args: argparse.Namespace) -> int:
     from spillway.sidecar.dlq import tools
+    from spillway.sidecar.runtime.kafka_auth import cli_settings
 
+    conf: dict = {}
     try:
-        conf = tools.parse_properties(args.property)
+        conf = cli_settings(args.property, args.kafka_config)
         tools.tail(args.bootstrap_servers, args.topic, from_beginning=args.from_beginning,
                    max_records=args.max, follow=args.follow, idle_s=args.idle_ms / 1000.0,
                    max_bytes=args.max_bytes, consumer_conf=conf, out=sys.stdout)
     except (DlqError, ValueError) as exc:
-        print(f"spillway dlq tail: {exc}", file=sys.stderr)
+        print(f"spillway dlq tail: {scrub(str(exc), conf)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0
@@ -105,10 +113,12 @@ def run_tail(args: argparse.Namespace) -> int:
 
 def run_redrive(args: argparse.Namespace) -> int:
     from spillway.sidecar.dlq import ledger, tools
+    from spillway.sidecar.runtime.kafka_auth import cli_settings
 
     ledger.setup_tracing()
+    conf: dict = {}
     try:
-        conf = tools.parse_properties(args.property)
+        conf = cli_settings(args.property, args.kafka_config)
         flt = tools.RedriveFilter(
             stage=args.stage, exception_class=args.exception_class, job=args.job,
             since_ms=tools.parse_time_ms(args.since) if args.since else None,
@@ -123,7 +133,7 @@ def run_redrive(args: argparse.Namespace) -> int:
                                 ledger_topic=args.ledger_topic,
                                 use_ledger=not args.no_ledger)
     except (DlqError, ValueError) as exc:
-        print(f"spillway dlq redrive: {exc}", file=sys.stderr)
+        print(f"spillway dlq redrive: {scrub(str(exc), conf)}", file=sys.stderr)
         return 2
     finally:
         ledger.shutdown_tracing()

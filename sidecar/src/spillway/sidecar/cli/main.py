@@ -26,6 +26,7 @@ from spillway.sidecar.cli.dlq import add_dlq_commands
 from spillway.sidecar.cli.job import add_job_commands, all_pages
 from spillway.sidecar.core import config
 from spillway.sidecar.errors import ConfigError, SpillwayError
+from spillway.sidecar.runtime import kafka_auth
 
 
 def _parse_set(values: list[str]) -> dict[str, str]:
@@ -93,6 +94,7 @@ def operator_client(args: argparse.Namespace):
 
 def serve_properties(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
     explicit = _parse_set(args.set or [])
+    kafka_auth.check_command_line(explicit, prefix=config.PRODUCER_PASSTHROUGH, flag="--set")
     for flag, prop in _PROPERTY_FLAGS:
         value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
         if value is not None:

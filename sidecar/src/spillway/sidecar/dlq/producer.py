@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
+from spillway.client.kafka_auth import scrub
 
 from ..core.model import DlqRecord
 from ..errors import ConfigError, DlqError
@@ -218,8 +219,9 @@ class KafkaDlqProducer:
                 conf.setdefault("logger", logger)
                 self._producer = self._factory(conf)
             except KafkaException as exc:
+                why = exc.args[0].str() if exc.args else str(exc)
                 raise ConfigError("producer.kafka", f"invalid DLQ producer settings: "
-                                  f"{exc.args[0].str() if exc.args else exc}") from exc
+                                  f"{scrub(why, self._config)}") from exc
             self.builds += 1
             self.fatal_error = None
         return self._producer

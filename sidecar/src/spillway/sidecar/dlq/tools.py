@@ -31,7 +31,7 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TextIO
@@ -578,13 +578,3 @@ def parse_rate(text: str) -> float:
     if rate <= 0:
         raise ValueError(f"the rate must be > 0, got {text!r}")
     return rate
-
-
-def parse_properties(items: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        k, sep, v = item.partition("=")
-        if not sep or not k.strip():
-            raise ValueError(f"expected key=value, got {item!r}")
-        out[k.strip()] = v.strip()
-    return out

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spillway.client.kafka_auth import scrub
+
 log = logging.getLogger("spillway.sidecar.kafka")
 
 KAFKA_HEALTH_SERVICE = "spillway.kafka"
@@ -55,9 +57,9 @@ def probe(conf: Mapping[str, Any], timeout_s: float) -> KafkaStatus:
     except KafkaException as exc:
         err = exc.args[0] if exc.args else None
         why = f"{err.name()}: {err.str()}" if isinstance(err, KafkaError) else str(exc)
-        return KafkaStatus(False, error=why)
+        return KafkaStatus(False, error=scrub(why, conf))
     except Exception as exc:  # a bad client setting (producer.kafka.*) is also "unreachable"
-        return KafkaStatus(False, error=f"{type(exc).__name__}: {exc}")
+        return KafkaStatus(False, error=scrub(f"{type(exc).__name__}: {exc}", conf))
     return KafkaStatus(True, brokers=len(md.brokers))
 
 

@@ -31,6 +31,7 @@ from spillway.sidecar.errors import ConfigError
 from spillway.sidecar.federation.confirm import Confirmations
 from spillway.sidecar.observability import prometheus, telemetry
 from spillway.sidecar.observability.health import KAFKA_HEALTH_SERVICE, KafkaWatch
+from spillway.sidecar.runtime import kafka_auth
 from spillway.sidecar.service import runstate
 from spillway.sidecar.service.admission import Admission
 from spillway.sidecar.service.registry import Registry
@@ -130,8 +131,7 @@ def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
     check_topic_name(defaults.dlq, props["dlq.topic.required.prefix"],
                      props["dlq.topic.auto.create.allow"])
     props["_job_defaults"] = job_defaults
-    kafka_overrides = {k[len(config.PRODUCER_PASSTHROUGH):]: v for k, v in raw.items()
-                       if k.startswith(config.PRODUCER_PASSTHROUGH)}
+    kafka_overrides = kafka_auth.passthrough(raw)   # ${env:...} etc. read; MSK IAM's oauth_cb
     props["_kafka_overrides"] = kafka_overrides
     if not props["listen.address"] and not props["listen.unix.socket"]:
         raise ConfigError("listen.address", "set listen.address or listen.unix.socket")
