@@ -1,5 +1,13 @@
 """Shared fixtures: a real Tansu broker process and a real local Spark session.
 
+Layout: a directory per tier (unit, integration, e2e, fuzz, compat); within unit and
+integration, a directory per package a module exercises (``client/``, ``spark/``,
+``sidecar/<role>/`` as in spillway/sidecar, and ``unit/project/`` for the repository-wide
+checks: lint, packaging, docs, compose, Kubernetes, import cycles, the bench harness). Helpers
+more than one module uses live in ``support/``; a file under the repository is found through
+``support.paths.ROOT``, never by a module's depth. Modules are imported by basename (pytest's
+default import mode, no ``__init__.py``), so a test module's basename is unique in the suite.
+
 Both are started once per test process (as pyspark.testing does) and stopped at its end; under
 pytest-xdist (`make test`: ``-n N --dist loadgroup``) that is once per worker, each worker with
 its own broker, ports (all picked free on loopback), temporary directories and processes.

@@ -16,6 +16,7 @@ from spillway.sidecar.runtime.embedded import free_port
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from support.creds import admin_md, peer_md
+from support import paths
 
 pytestmark = pytest.mark.integration
 
@@ -200,9 +201,7 @@ def test_prometheus_endpoint_shows_kip_counters_per_job_and_stage(observed, topi
 
 def _doc_table() -> dict[str, tuple[str, set[str]]]:
     """Prometheus name -> (kind, labels) from docs/OBSERVABILITY.md's metric table."""
-    from pathlib import Path
-
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "OBSERVABILITY.md").read_text()
+    doc = (paths.DOCS / "OBSERVABILITY.md").read_text()
     out = {}
     for line in doc.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

@@ -9,16 +9,16 @@ import sys
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 from pyspark import cloudpickle
 from spillway.spark import DLQ_SCHEMA, KAFKA_SOURCE_SCHEMA, Job, read_dlq
+from support import paths
 
 pytestmark = pytest.mark.integration
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = paths.EXAMPLES
 
 
 def _rows(n: int = 30):

@@ -7,15 +7,15 @@ import importlib.util
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from pyspark import cloudpickle
 from spillway.spark import Job
+from support import paths
 
 pytestmark = pytest.mark.integration
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = paths.EXAMPLES
 
 
 def _load(name: str):

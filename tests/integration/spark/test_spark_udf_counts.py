@@ -1,7 +1,7 @@
 """A UDF's processed counts on classic Spark: every row is in the job's summary once the action
 returns (a UDF sees no partition end: its counts leave the worker when pyspark ends the task,
 never parked in a worker that may exit before its next task). The Connect tier checks the same
-through a Connect server (tests/integration/test_spark_connect.py)."""
+through a Connect server (tests/integration/spark/test_spark_connect.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_a_udf_counts_every_row_by_the_time_the_action_returns(spark, sidecar):
 
 def test_spark_workers_call_the_user_function_from_the_native_per_row_function(spark, sidecar):
     """Where spillway-spark was built with its extension (here it is: tests/unit/
-    test_spark_udf.py checks the build), the user function's caller in a Python worker is
+    spark/test_spark_udf.py checks the build), the user function's caller in a Python worker is
     pyspark's own loop, not a Python frame of spillway's (`spark/_udfcall.c`)."""
     from spillway.spark import _udf
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from support import paths
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 PACKAGES = {
     "spillway.client": ROOT / "client/src/spillway/client",

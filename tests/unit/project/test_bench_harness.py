@@ -10,7 +10,9 @@ from collections import Counter
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support import paths
+
+ROOT = str(paths.ROOT)
 if ROOT not in sys.path:  # `pytest` run directly rather than `python -m pytest` from the root
     sys.path.insert(0, ROOT)
 

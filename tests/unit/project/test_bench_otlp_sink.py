@@ -7,13 +7,14 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-REPO = Path(__file__).resolve().parents[2]
+from support import paths
+
+REPO = paths.ROOT
 
 
 def test_the_sink_receives_and_counts_exported_spans():

@@ -35,8 +35,9 @@ import jsonschema
 import pytest
 import yaml
 from spillway.sidecar.core import config
+from support import paths
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SCHEMA_FILE = ROOT / "tests" / "data" / "compose-spec.json"
 SCHEMA_SOURCE = ROOT / "tests" / "data" / "compose-spec.SOURCE.md"

@@ -1,9 +1,10 @@
 """docs/CONFIGURATION.md is generated from the property table and must match it."""
 
 import runpy
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from support import paths
+
+ROOT = paths.ROOT
 
 
 def test_configuration_doc_matches_the_property_table():

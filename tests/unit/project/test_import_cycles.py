@@ -17,7 +17,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from support import paths
+
+ROOT = paths.ROOT
 SOURCES = ("client/src", "sidecar/src", "spark_integration/src")
 GENERATED = ROOT / "client" / "src" / "spillway" / "v1"
 

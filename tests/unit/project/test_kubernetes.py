@@ -15,8 +15,9 @@ import kubernetes_validate
 import pytest
 import yaml
 from spillway.sidecar.core import config
+from support import paths
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 BASE = ROOT / "deploy" / "kubernetes"
 TEMPLATES = {"driver": BASE / "spark" / "driver-pod-template.yaml",
              "executor": BASE / "spark" / "executor-pod-template.yaml"}
@@ -35,7 +36,8 @@ def build(base: Path = BASE) -> list[dict]:
     kustomization.yaml fails here, so this composer cannot silently diverge from kustomize)."""
     kust = yaml.safe_load((base / "kustomization.yaml").read_text())
     unknown = set(kust) - KNOWN_KEYS
-    assert not unknown, f"kustomization.yaml uses {unknown}: teach tests/unit/test_kubernetes.py"
+    assert not unknown, (f"kustomization.yaml uses {unknown}: "
+                         "teach tests/unit/project/test_kubernetes.py")
     assert (kust["apiVersion"], kust["kind"]) == ("kustomize.config.k8s.io/v1beta1",
                                                   "Kustomization")
     out = []

@@ -33,8 +33,9 @@ import pytest
 import yaml
 from test_compose import dockerfile_instructions, dockerignore_rules, ignored, instruction_args
 from test_kubernetes import BASE, K8S_VERSION, TEMPLATES, _load_all, build
+from support import paths
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 DATA = ROOT / "tests" / "data"
 OVERLAY = ROOT / "deploy" / "kubernetes-per-node-certs"
 SPARK_APP = BASE / "spark" / "spark-application.yaml"

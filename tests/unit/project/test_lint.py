@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from support import paths
+
+ROOT = paths.ROOT
 
 
 def test_ruff_check_passes_with_the_configured_rules():

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
+from support import paths
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 GEN = ROOT / "client" / "src" / "spillway" / "v1"
 DISTS = ("client", "sidecar", "spark_integration")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import conftest
-from support import xdist_plan
+from support import paths, xdist_plan
 
 
 def _session(*, worker: str | None, loadgroup: bool, spark_tests: bool = True):
@@ -35,4 +35,11 @@ def test_without_loadgroup_or_xdist_any_process_with_a_spark_test_starts_one():
 
 def test_the_spark_group_goes_first_and_to_its_worker():
     assert xdist_plan.rank(xdist_plan.SPARK_GROUP) < xdist_plan.rank("tests/e2e/test_cli.py")
-    assert xdist_plan.rank("tests/integration/test_spark_cluster.py") == 0
+    assert xdist_plan.rank("tests/integration/spark/test_spark_cluster.py") == 0
+
+
+def test_every_tier_and_module_the_plan_ranks_is_there():
+    # a test module moved to another directory would silently lose its place in the order
+    for _, prefix in xdist_plan.RANK:
+        if prefix != xdist_plan.SPARK_GROUP:
+            assert (paths.ROOT / prefix).exists(), prefix

@@ -10,12 +10,12 @@ import re
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.version import Version
+from support import paths
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 
 
 def _extra(name: str) -> list[Requirement]:

@@ -1,7 +1,8 @@
 """What Spark Connect support rests on, off Spark: the micro-batch id from Spark's property or
 from the job tag `batch_scope` sets, the end-of-task hook that sends a UDF's counts, and the
 run id / foreach_partition checks on a Connect-shaped session (stand-ins for pyspark's
-TaskContext and session classes; the real thing runs in tests/integration/test_spark_connect.py).
+TaskContext and session classes; the real thing runs in
+tests/integration/spark/test_spark_connect.py).
 """
 
 from __future__ import annotations

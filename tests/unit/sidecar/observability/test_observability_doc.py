@@ -1,10 +1,10 @@
 """Every exported metric is documented with its KIP name."""
 
-from pathlib import Path
 
 from spillway.sidecar.observability.telemetry import METRICS
+from support import paths
 
-DOC = (Path(__file__).resolve().parents[2] / "docs" / "OBSERVABILITY.md").read_text()
+DOC = (paths.DOCS / "OBSERVABILITY.md").read_text()
 
 
 def test_every_metric_is_in_the_mapping_table():

@@ -11,7 +11,7 @@ while no record of the run is retrying), and the run is answered once with its l
 Every other record is decided by `decide_one` exactly as `decide_all` would.
 
 The answers are the same as `decide_all`'s over one payload-less `FailedRecord` per id, state,
-counts and journal included (tests/unit/test_tally_runs.py checks it).
+counts and journal included (tests/unit/sidecar/core/test_tally_runs.py checks it).
 """
 
 from __future__ import annotations
