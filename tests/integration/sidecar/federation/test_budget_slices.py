@@ -13,6 +13,7 @@ import pytest
 
 from spillway.sidecar.core.jobstate import run_key
 from spillway.v1 import sidecar_pb2 as pb
+from support.engines import run_state
 from support.homes import flush, record, register, report, start, stub, summary, task
 from support.kafka import read_all
 
@@ -138,14 +139,14 @@ def test_slices_are_durable_at_the_home_across_its_restart(broker, tmp_path):
     try:
         job, token, _, props = register(h, [n], _limit(1000))
         report(n, job, token, task(0), [record("a")])
-        book = h.sidecar.engine._job(run_key(job, "r")).slices
+        book = run_state(h.sidecar.engine, run_key(job, "r")).slices
         before = book.state()
         assert len(before["slices"]) == 1
         h.stop(1.0)
         h = start(broker, spool, "slice-durable")
         stub(h).RegisterJob(pb.RegisterJobRequest(job=job, run_id="r", properties=props),
                             timeout=10, metadata=[("spillway-job-token", token)])
-        assert h.sidecar.engine._job(run_key(job, "r")).slices.state() == before
+        assert run_state(h.sidecar.engine, run_key(job, "r")).slices.state() == before
     finally:
         h.stop(1.0)
         n.stop(1.0)
@@ -157,7 +158,7 @@ def test_a_peer_asking_for_too_much_or_closing_too_many_is_refused_and_changes_n
     from support.creds import peer_md
 
     job, token, _, _ = register(home, [], _limit(1000))
-    book = home.sidecar.engine._job(run_key(job, "r")).slices
+    book = run_state(home.sidecar.engine, run_key(job, "r")).slices
 
     def tally(**fields):
         req = pb.TallyRequest(job=job, run_id="r")

@@ -168,19 +168,9 @@ def test_fail_fast_job_under_a_continue_default_still_fails_on_the_first_error()
         TaskIdentity,
     )
     from spillway.sidecar.core.policy import PolicyEngine
+    from support.fakes import FakeClock, FakeRng
 
-    class Clock:
-        def monotonic(self):
-            return 0.0
-
-        def wall_ms(self):
-            return 0
-
-    class Rng:
-        def random(self):
-            return 0.0
-
-    e = PolicyEngine(clock=Clock(), rng=Rng(),
+    e = PolicyEngine(clock=FakeClock(start_ms=0.0, wall_start_ms=0), rng=FakeRng(0.0),
                      job_defaults={"errors.handler.class": "LogAndContinue"})
     e.register_job("j", {"errors.tolerance": "none"})
     v = e.decide("j", TaskIdentity(), [FailedRecord("r", StageRef(Stage.SINK),

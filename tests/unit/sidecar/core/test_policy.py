@@ -21,6 +21,7 @@ from spillway.sidecar.core.model import (
 )
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.errors import ConfigError, JobConflictError, UnknownJobError
+from support.engines import run_state, runs
 from support.fakes import FakeClock, FakeRng
 
 
@@ -395,7 +396,7 @@ def test_schedule_state_is_bounded(engine, monkeypatch):
 def test_skipped_ids_are_compact_bounded_and_least_recently_seen_evicted(engine):
     engine.register_job("j", {"errors.tolerance": "all",
                               "errors.deadletterqueue.topic.name": "dlq.j"})
-    j = engine._jobs["j"]
+    j = run_state(engine, "j")
     j.ids.limit = 10
     engine.decide("j", task(), [rec(f"j/TRANSFORMATION/0/{i}", VALUE) for i in range(10)])
     # one shared answer for the batch, no record-id strings kept, no schedules left
@@ -439,7 +440,7 @@ def test_a_digest_collision_answers_as_the_record_it_collides_with(engine):
 def test_retry_schedules_are_keyed_by_digest_and_continue_across_attempts(engine):
     engine.register_job("j", {"errors.retry.max.retries": "2", "errors.tolerance": "all",
                               "errors.retry.budget.ratio": "-1", "errors.circuit.enable": "false"})
-    j = engine._jobs["j"]
+    j = run_state(engine, "j")
     for attempt in range(2):
         v = engine.decide("j", task(attempt=attempt), [rec("r")])[0].verdict
         assert v.action is Action.RETRY
@@ -611,7 +612,7 @@ def test_ten_thousand_runs_registered_and_ended_leave_the_engine_empty(engine):
         engine.register_job("many", {"errors.tolerance": "all"}, run_id=f"app-{i}")
         engine.decide(key, task(), [rec(f"r{i}", VALUE), rec(f"c{i}", CONN)])
         assert engine.end_job(key) is not None
-    assert engine.jobs() == [] and engine._jobs == {}
+    assert engine.jobs() == [] and runs(engine) == {}
     assert engine.counters()["records-tracked"] == 0
 
 
@@ -648,7 +649,7 @@ def test_a_report_decided_at_once_answers_and_counts_as_record_by_record(clock, 
         out = []
         for report in (first, second):
             out += [(d.verdict, d.dead_letter) for d in e.decide("j", task(), report)]
-        j = e._jobs["j"]
+        j = run_state(e, "j")
         # the remembered ids and schedules, in use order (the order eviction follows)
         return out, e.summary("j"), e.task_counts("j", task().task_id), \
             [(k, j.ids.get(k)) for k in j.ids.keys()], \

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from spillway.sidecar.core.model import Action, Category, ExceptionInfo, FailedRecord, TaskIdentity
 from spillway.sidecar.core.policy import PolicyEngine
-from support.fakes import FakeClock, FakeRng
+from support.engines import journaled, run_state
 
 DATA = ExceptionInfo("json.decoder.JSONDecodeError",
                      ("json.decoder.JSONDecodeError", "builtins.ValueError",
@@ -22,19 +22,6 @@ RETRIABLE = ExceptionInfo("builtins.TimeoutError",
                           "timed out")
 BASE = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": "dlq.t"}
 TASK = TaskIdentity(stage_id=1, partition_id=0, attempt_number=0, task_attempt_id=7)
-
-
-class _Quiet:
-    def log_error(self, fields) -> None:
-        pass
-
-
-def _engine(props: dict | None = None) -> tuple[PolicyEngine, str]:
-    e = PolicyEngine(clock=FakeClock(), rng=FakeRng(), logger=_Quiet())
-    e.register_job("j", props or BASE, run_id="r", tag_secret=b"k" * 32)
-    key = next(iter(e._jobs))
-    e.enable_journal(key)
-    return e, key
 
 
 def _stage():
@@ -64,7 +51,7 @@ ALREADY = (False, True, Action.SKIP)
 
 
 def test_the_provisional_verdict_is_the_homes_answer_to_a_first_seen_record():
-    e, key = _engine()
+    e, key = journaled(BASE)
     records = _records([f"r{i}" for i in range(5)]) + _records(["k1"], OTHER)
     spans = e.provisional(key, records)
     # records failing the same way share one verdict: a span of them, with no record id
@@ -84,7 +71,7 @@ def test_the_provisional_verdict_is_the_homes_answer_to_a_first_seen_record():
     (BASE, "retriable"),                                            # retried, not skipped
 ], ids=["limit", "tolerance-none", "no-dlq", "retriable"])
 def test_no_provisional_verdict_where_the_home_could_answer_otherwise(props, records):
-    e, key = _engine(props)
+    e, key = journaled(props)
     recs = _records(["a", "b"])
     if records == "retriable":
         recs.append(_records(["c"], RETRIABLE)[0])
@@ -92,13 +79,13 @@ def test_no_provisional_verdict_where_the_home_could_answer_otherwise(props, rec
 
 
 def test_no_provisional_verdict_once_the_run_failed():
-    e, key = _engine()
-    e._jobs[key].fail("stopped")
+    e, key = journaled(BASE)
+    run_state(e, key).fail("stopped")
     assert e.provisional(key, _records(["a"])) is None
 
 
 def test_the_same_claim_asked_again_is_answered_as_the_first_time():
-    e, key = _engine()
+    e, key = journaled(BASE)
     ids = [f"r{i}" for i in range(50)]
     assert _tally(e, key, ids, claim=11) == [NEW] * 50
     # the claimant, restarted before it released its copy, asks again: it still writes them
@@ -114,19 +101,19 @@ def test_the_same_claim_asked_again_is_answered_as_the_first_time():
 
 
 def test_a_claim_survives_an_undo_and_a_replay_of_the_journal():
-    e, key = _engine()
+    e, key = journaled(BASE)
     journal: list = []
     stage = _stage()
     e.decide_tally(key, TASK, ["a", "b"], [7, 7], [(stage, DATA, "parse", 2)], journal, 5)
     e.undo_dead_letters(key, ["a"], journal=journal)
-    fresh, fkey = _engine()
+    fresh, fkey = journaled(BASE)
     fresh.restore(fkey, [blob for _gen, blob in journal])
     assert _tally(fresh, fkey, ["a", "b"], claim=5) == [NEW, NEW]
     assert _tally(fresh, fkey, ["b"], claim=6) == [ALREADY]
 
 
 def test_claims_do_not_change_what_an_unclaimed_report_is_answered():
-    e, key = _engine()
+    e, key = journaled(BASE)
     ids = [f"r{i}" for i in range(10)]
     assert _tally(e, key, ids, claim=0) == [NEW] * 10
     assert _tally(e, key, ids, claim=0) == [ALREADY] * 10

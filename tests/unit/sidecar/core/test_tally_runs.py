@@ -13,10 +13,9 @@ import random
 
 import pytest
 from spillway.sidecar.core.model import FailedRecord, TaskIdentity
-from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.transport import tally
 from spillway.v1 import sidecar_pb2 as pb
-from support.fakes import FakeClock, FakeRng
+from support.engines import journaled, run_state
 
 POLICIES = [
     {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": "dlq.t"},
@@ -80,21 +79,6 @@ def _tally_verdicts(outcomes) -> pb.TallyVerdicts:
     return tally.tally_span_verdicts([(o, 1) for o in outcomes])
 
 
-def _engine(props: dict) -> tuple[PolicyEngine, str]:
-    e = PolicyEngine(clock=FakeClock(), rng=FakeRng(), logger=_Quiet())
-    e.register_job("j", props, run_id="r", tag_secret=b"k" * 32)
-    key = "j"
-    for k in list(e._jobs):
-        key = k
-    e.enable_journal(key)
-    return e, key
-
-
-class _Quiet:
-    def log_error(self, fields) -> None:
-        pass
-
-
 def _expanded(entries: list) -> list:
     """Journal entries with each stretch of new ids (an ``"n"`` entry, `IdTable.add_new`'s) as
     the ``"i"`` entry per id that `IdTable.add` writes: the same changes, in the same order."""
@@ -119,8 +103,8 @@ def _slices(journal: list) -> list:
 def test_runs_answer_what_the_record_by_record_path_answers(policy, seed):
     rng = random.Random(seed * 100 + policy)
     props = POLICIES[policy]
-    old, key = _engine(props)
-    new, _ = _engine(props)
+    old, key = journaled(props)
+    new, _ = journaled(props)
     n_ids = rng.choice([30, 200, 5000])
     kept: list = []
     for _ in range(rng.randrange(3, 12)):
@@ -137,12 +121,12 @@ def test_runs_answer_what_the_record_by_record_path_answers(policy, seed):
         assert _slices(j_new) == _slices(j_old)
         assert new.summary(key) == old.summary(key)
         kept.extend(blob for _, blob in j_new)
-    assert old._jobs[key].ids.keys() == new._jobs[key].ids.keys()
-    assert old._jobs[key].records.keys() == new._jobs[key].records.keys()
+    assert run_state(old, key).ids.keys() == run_state(new, key).ids.keys()
+    assert run_state(old, key).records.keys() == run_state(new, key).records.keys()
     # what a restarted home replays from the runs' slices is the state they describe
-    again, _ = _engine(props)
+    again, _ = journaled(props)
     again.restore(key, kept)
-    ids, want = again._jobs[key].ids, new._jobs[key].ids
+    ids, want = run_state(again, key).ids, run_state(new, key).ids
     assert ids.keys() == want.keys() and [ids.tag(k) for k in ids.keys()] == [
         want.tag(k) for k in want.keys()] and [ids.get(k) for k in ids.keys()] == [
         want.get(k) for k in want.keys()]
@@ -159,8 +143,8 @@ def test_a_sidecars_own_report_in_spans_answers_what_record_by_record_answers(po
 
     rng = random.Random(seed * 100 + policy + 7)
     props = POLICIES[policy]
-    old, key = _engine(props)
-    new, _ = _engine(props)
+    old, key = journaled(props)
+    new, _ = journaled(props)
     n_ids = rng.choice([30, 200, 5000])
     spans_seen = records_seen = 0
     for _ in range(rng.randrange(3, 12)):
@@ -180,7 +164,7 @@ def test_a_sidecars_own_report_in_spans_answers_what_record_by_record_answers(po
         assert new.summary(key) == old.summary(key)
         spans_seen += len(spans)
         records_seen += len(records)
-    assert old._jobs[key].ids.keys() == new._jobs[key].ids.keys()
+    assert run_state(old, key).ids.keys() == run_state(new, key).ids.keys()
     if "max.errors" not in str(props) and props["errors.tolerance"] == "all" \
             and "errors.retry.max.retries" not in props:
         assert spans_seen < records_seen   # runs answered as spans
@@ -195,8 +179,8 @@ def test_a_calls_reports_decided_together_answer_what_one_by_one_answers(policy,
     the per-report slices replay to."""
     rng = random.Random(seed * 100 + policy + 13)
     props = POLICIES[policy]
-    one, key = _engine(props)
-    calls, _ = _engine(props)
+    one, key = journaled(props)
+    calls, _ = journaled(props)
     n_ids = rng.choice([30, 200, 5000])
     kept_one: list = []
     kept_calls: list = []
@@ -231,20 +215,20 @@ def test_a_calls_reports_decided_together_answer_what_one_by_one_answers(policy,
         assert len(journal) == 1                       # one slice for the call
         kept_calls.extend(blob for _, blob in journal)
         assert calls.summary(key) == one.summary(key)
-    assert calls._jobs[key].ids.keys() == one._jobs[key].ids.keys()
-    assert calls._jobs[key].records.keys() == one._jobs[key].records.keys()
-    a, _ = _engine(props)
+    assert run_state(calls, key).ids.keys() == run_state(one, key).ids.keys()
+    assert run_state(calls, key).records.keys() == run_state(one, key).records.keys()
+    a, _ = journaled(props)
     a.restore(key, kept_one)
-    b, _ = _engine(props)
+    b, _ = journaled(props)
     b.restore(key, kept_calls)
     assert b.summary(key) == a.summary(key)
-    ids, want_ids = b._jobs[key].ids, a._jobs[key].ids
+    ids, want_ids = run_state(b, key).ids, run_state(a, key).ids
     assert ids.keys() == want_ids.keys() and [ids.get(k) for k in ids.keys()] == [
         want_ids.get(k) for k in want_ids.keys()]
 
 
 def test_a_run_is_answered_once_with_its_length():
-    e, key = _engine(POLICIES[0])
+    e, key = journaled(POLICIES[0])
     rep = pb.TallyReport(record_ids=[f"t-0-{i}" for i in range(256)],
                          payload_digests=b"".join(i.to_bytes(8, "little") for i in range(256)))
     rep.groups.add(count=256, stage=1, function_name="parse", exception=_DATA)

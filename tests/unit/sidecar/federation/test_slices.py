@@ -9,11 +9,11 @@ import pickle
 
 import pytest
 from spillway.sidecar.core.model import ExceptionInfo, FailedRecord, TaskIdentity
-from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.core.slices import MAX_OPEN, MAX_SLICE, SliceAsk, SliceBook
 from spillway.sidecar.federation.node_slices import MAX_HELD, SLICE_WANT, NodeSlices
 from spillway.v1 import sidecar_pb2 as pb
-from support.fakes import FakeClock, FakeRng
+from support.engines import journaled, run_state
+from support.fakes import FakeClock
 
 DATA = ExceptionInfo("json.decoder.JSONDecodeError",
                      ("json.decoder.JSONDecodeError", "builtins.ValueError",
@@ -21,20 +21,6 @@ DATA = ExceptionInfo("json.decoder.JSONDecodeError",
 LIMITED = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": "dlq.t",
            "errors.tolerance.max.errors": "100"}
 TASK = TaskIdentity(stage_id=1, partition_id=0, attempt_number=0, task_attempt_id=7)
-
-
-class _Quiet:
-    def log_error(self, fields) -> None:
-        pass
-
-
-def _engine(props: dict) -> tuple[PolicyEngine, str, FakeClock]:
-    clock = FakeClock()
-    e = PolicyEngine(clock=clock, rng=FakeRng(), logger=_Quiet())
-    e.register_job("j", props, run_id="r", tag_secret=b"k" * 32)
-    key = next(iter(e._jobs))
-    e.enable_journal(key)
-    return e, key, clock
 
 
 def _stage():
@@ -60,12 +46,12 @@ def _tally(e, key, ids, ask):
     ({"errors.handler.class": "LogAndFail"}, False),
 ])
 def test_which_runs_have_slices(extra, sliced):
-    e, key, _ = _engine({**LIMITED, **extra})
+    e, key = journaled({**LIMITED, **extra})
     assert e.sliceable(key) is sliced
 
 
 def test_a_limited_run_is_answered_provisionally_only_under_a_slice():
-    e, key, _ = _engine(LIMITED)
+    e, key = journaled(LIMITED)
     records = [FailedRecord(f"r{i}", _stage(), DATA, "parse", tag=7) for i in range(3)]
     assert e.provisional(key, records) is None
     verdicts = [v for v, n in e.provisional(key, records, sliced=True) for _ in range(n)]
@@ -101,31 +87,32 @@ def test_a_reservation_is_spent_by_confirmations_and_ends_with_its_close_or_leas
 
 
 def test_the_homes_table_is_journaled_and_replayed_with_the_run():
-    e, key, clock = _engine(LIMITED)
+    clock = FakeClock()
+    e, key = journaled(LIMITED, clock=clock)
     ask = SliceAsk(want=SLICE_WANT, new_id=42)
     _tally(e, key, ["a", "b"], ask)
     assert ask.granted == (100 - 2) // 2
     held = SliceAsk(slice=42)
     _tally(e, key, ["c"], held)
-    j = e._jobs[key]
+    j = run_state(e, key)
     state = j.slices.state()
     assert state["slices"] == {42: [49, 1, -1, clock.wall_ms() + 30_000]}
     _, entries = j.snapshot()
-    e2, key2, _ = _engine(LIMITED)
-    e2._jobs[key2].replay(entries)
-    assert e2._jobs[key2].slices.state() == state
+    e2, key2 = journaled(LIMITED)
+    run_state(e2, key2).replay(entries)
+    assert run_state(e2, key2).slices.state() == state
     journal: list = []
     e.decide_tally(key, TASK, [], [], [], journal, 0, SliceAsk(closed=[(42, 1)]))
     assert not j.slices.slices
     # one slice's change, not the table; replayed over the snapshot it ends the slice
     entries = pickle.loads(journal[0][1])
     assert ("b", 42, None, 1) in entries
-    e2._jobs[key2].replay(entries)
-    assert not e2._jobs[key2].slices.slices
+    run_state(e2, key2).replay(entries)
+    assert not run_state(e2, key2).slices.slices
 
 
 def test_no_grant_once_the_run_failed():
-    e, key, _ = _engine({**LIMITED, "errors.tolerance.max.errors": "2"})
+    e, key = journaled({**LIMITED, "errors.tolerance.max.errors": "2"})
     _tally(e, key, ["a", "b", "c"], None)
     ask = SliceAsk(want=10, new_id=7)
     _tally(e, key, ["d"], ask)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 from spillway.sidecar.errors import ConfigError, LiveRunsExhaustedError
 from spillway.sidecar.service import registry as r
+from support.fakes import FakeClock
 
 
 @dataclass(frozen=True)
@@ -19,14 +20,6 @@ class Who:
 
 
 APP, PEER, OPERATOR = Who(), Who(peer=True), Who(admin=True)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def _run(job="j", run_id="app-1", token="tok"):
@@ -111,20 +104,20 @@ def test_two_runs_of_one_name_are_independent_entries():
 
 
 def test_idle_runs_are_found_after_the_timeout_and_a_touch_keeps_one_alive():
-    clock = Clock()
-    reg = r.Registry(max_live=10, idle_timeout_s=60, clock=clock)
+    clock = FakeClock(start_ms=100_000.0)
+    reg = r.Registry(max_live=10, idle_timeout_s=60, clock=clock.monotonic)
     quiet, busy = reg.add(_run(run_id="quiet")), reg.add(_run(run_id="busy"))
-    clock.t += 59
+    clock.advance(59_000)
     assert reg.idle() == []
     reg.touch(busy)
-    clock.t += 2
+    clock.advance(2_000)
     assert reg.idle() == [quiet]
     assert reg.remove(quiet, expired=True) and (reg.expired, reg.ended) == (1, 0)
 
 
 def test_the_reaper_expires_idle_runs_and_stops():
-    clock = Clock()
-    reg = r.Registry(max_live=10, idle_timeout_s=0.2, clock=clock)
+    clock = FakeClock(start_ms=100_000.0)
+    reg = r.Registry(max_live=10, idle_timeout_s=0.2, clock=clock.monotonic)
     run = reg.add(_run())
     done = threading.Event()
 
@@ -134,7 +127,7 @@ def test_the_reaper_expires_idle_runs_and_stops():
 
     reg.start_reaper(expire)
     try:
-        clock.t += 1
+        clock.advance(1_000)
         assert done.wait(10) and reg.get("j", "app-1") is None and reg.expired == 1
     finally:
         reg.stop()

@@ -21,6 +21,7 @@ from spillway.sidecar.core.model import (
 )
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.service.runstate import RunStore
+from support.engines import run_state
 from support.fakes import FakeClock, FakeRng
 
 VALUE = ExceptionInfo("builtins.ValueError", ("builtins.ValueError", "builtins.Exception"),
@@ -264,7 +265,7 @@ def test_a_snapshot_keeps_the_id_table_as_columns_and_replays_it_whole():
     assert len(table[1]) == len(table[2]) == 8 * 3000 and len(table[3]) == 3000
     again = _restarted(clock, [(gen, blob)], {"errors.tolerance": "all",
                                               "errors.deadletterqueue.topic.name": "dlq.x"})
-    a, b = first._jobs["j"].ids, again._jobs["j"].ids
+    a, b = run_state(first, "j").ids, run_state(again, "j").ids
     assert a.keys() == b.keys()                    # same ids, same least-recently-used order
     assert [a.tag(k) for k in a.keys()] == [b.tag(k) for k in b.keys()]
     assert [a.get(k) for k in a.keys()] == [b.get(k) for k in b.keys()]
