@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import time
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from spillway.client import SidecarClient
 from spillway.client.errors import SidecarBackpressureError
 from spillway.v1 import sidecar_pb2 as pb
+from support import rpc
 from support.kafka import read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -25,15 +25,9 @@ def _records(prefix, n):
                                    class_chain=["builtins.ValueError"])) for i in range(n)]
 
 
-def _health(address):
-    with grpc.insecure_channel(address) as ch:
-        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
-                                                    timeout=5).status
-
-
 def _wait_health(address, status, timeout_s=15):
     deadline = time.monotonic() + timeout_s
-    while _health(address) != status:
+    while rpc.health_at(address) != status:
         assert time.monotonic() < deadline, f"health never became {status}"
         time.sleep(0.1)
 

@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support import rpc
 from support.kafka import read_all
 
 pytestmark = pytest.mark.integration
@@ -44,11 +45,6 @@ def _record(i, cls="json.decoder.JSONDecodeError", chain=None, topic="orders"):
 RUN = "app-20261123000000-0001"
 
 
-def _md(reg):
-    """The run's job token, as every job-scoped call carries it."""
-    return [("spillway-job-token", reg.job_token)]
-
-
 def _register(stub, job, topic, token=None, **extra):
     props = {"errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
              "errors.deadletterqueue.context.headers.enable": "true",
@@ -75,12 +71,12 @@ def test_poison_records_are_dead_lettered_and_flush_waits_for_kafka(stub, broker
     task = _task()
     out = stub.ReportFailures(pb.ReportFailuresRequest(
         job="job-poison", run_id=RUN, task=task, records=[_record(i) for i in range(5)]),
-        timeout=10, metadata=_md(reg))
+        timeout=10, metadata=rpc.md(reg.job_token))
     assert [v.action for v in out.verdicts] == [pb.ACTION_SKIP] * 5
     assert all(v.dead_lettered and v.category == pb.CATEGORY_DATA and v.reason
                for v in out.verdicts)
     flushed = stub.FlushTask(pb.FlushTaskRequest(job="job-poison", run_id=RUN, task=task),
-                             timeout=20, metadata=_md(reg))
+                             timeout=20, metadata=rpc.md(reg.job_token))
     assert flushed.dlq_records_acknowledged == 5
 
     records = read_all(broker.bootstrap_servers, topic_name)
@@ -92,7 +88,7 @@ def test_poison_records_are_dead_lettered_and_flush_waits_for_kafka(stub, broker
     assert h["__connect.errors.task.id"] == b"3.0"
     assert h["traceparent"] == b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     summary = stub.GetJobSummary(pb.GetJobSummaryRequest(job="job-poison", run_id=RUN),
-                                 timeout=5, metadata=_md(reg))
+                                 timeout=5, metadata=rpc.md(reg.job_token))
     assert summary.dlq_records_written == 5 and summary.total_records_skipped == 5
 
 
@@ -103,7 +99,7 @@ def test_retriable_error_gets_retry_with_delay(stub, topic_name):
                          "builtins.BaseException"])
     out = stub.ReportFailures(pb.ReportFailuresRequest(job="job-retry", run_id=RUN, task=_task(),
                                                        records=[rec]), timeout=10,
-                              metadata=_md(reg))
+                              metadata=rpc.md(reg.job_token))
     v = out.verdicts[0]
     assert v.action == pb.ACTION_RETRY and v.category == pb.CATEGORY_RETRIABLE
     assert 300 <= v.retry_delay_ms <= 10000
@@ -113,7 +109,7 @@ def test_tolerance_none_fails_the_job(stub, topic_name):
     reg = _register(stub, "job-none", topic_name, **{"errors.tolerance": "none"})
     out = stub.ReportFailures(pb.ReportFailuresRequest(job="job-none", run_id=RUN, task=_task(),
                                                        records=[_record(1)]), timeout=10,
-                              metadata=_md(reg))
+                              metadata=rpc.md(reg.job_token))
     v = out.verdicts[0]
     assert v.action == pb.ACTION_FAIL and v.job_failed
     assert "TRANSFORMATION" in v.reason or "tolerance" in v.reason

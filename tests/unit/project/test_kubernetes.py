@@ -16,6 +16,7 @@ import pytest
 import yaml
 from spillway.sidecar.core import config
 from support import paths
+from support.rpc import port_of
 
 ROOT = paths.ROOT
 BASE = ROOT / "deploy" / "kubernetes"
@@ -106,10 +107,6 @@ def _secret_file(pod_spec, container, path) -> tuple[str, str]:
     return vol["secret"]["secretName"], items.get(inside, inside)
 
 
-def _port(address: str) -> int:
-    return int(address.rpartition(":")[2])
-
-
 # --- schemas ---------------------------------------------------------------------------------
 
 
@@ -190,7 +187,7 @@ def test_advertised_address_is_the_nodes_ip_on_the_host_port(props, sidecar_cont
     assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     ports = {p["name"]: p for p in sidecar_container["ports"]}
-    grpc_port = _port(props["listen.address"])
+    grpc_port = port_of(props["listen.address"])
     assert ports["grpc"]["containerPort"] == ports["grpc"]["hostPort"] == grpc_port
     assert env["SPILLWAY_ADVERTISED_ADDRESS"]["value"] == f"$(HOST_IP):{grpc_port}"
     assert env["SPILLWAY_SIDECAR_ID"]["value"] == "$(NODE_NAME)"
@@ -202,8 +199,8 @@ def test_probes_are_native_grpc_on_the_plaintext_health_port(props, sidecar_cont
     from spillway.sidecar.server import SERVICE_NAME
     from spillway.sidecar.transport.probe import LIVENESS_SERVICE
 
-    health_port = _port(props["health.listen.address"])
-    assert health_port != _port(props["listen.address"])  # the kubelet cannot speak TLS
+    health_port = port_of(props["health.listen.address"])
+    assert health_port != port_of(props["listen.address"])  # the kubelet cannot speak TLS
     ports = {p["name"]: p for p in sidecar_container["ports"]}
     assert ports["probe"]["containerPort"] == health_port and "hostPort" not in ports["probe"]
     ready, live = sidecar_container["readinessProbe"], sidecar_container["livenessProbe"]

@@ -34,6 +34,7 @@ import yaml
 from test_compose import dockerfile_instructions, dockerignore_rules, ignored, instruction_args
 from test_kubernetes import BASE, K8S_VERSION, TEMPLATES, _load_all, build
 from support import paths
+from support.rpc import port_of
 
 ROOT = paths.ROOT
 DATA = ROOT / "tests" / "data"
@@ -53,10 +54,6 @@ def _props(resources) -> dict[str, str]:
     [cm] = [d for d in resources if d["kind"] == "ConfigMap"
             and d["metadata"]["name"] == "spillway-sidecar-config"]
     return dict(javaproperties.loads(cm["data"]["sidecar.properties"]))
-
-
-def _port(address: str) -> int:
-    return int(address.rpartition(":")[2])
 
 
 def _pod(resources) -> dict:
@@ -102,7 +99,7 @@ def test_plaintext_ports_are_closed_to_pods_but_prometheus(base, policy):
     props = _props(base)
     [sidecar] = _pod(base)["spec"]["containers"]
     ports = {p["containerPort"] for p in sidecar["ports"]}
-    metrics, probe = int(props["metrics.prometheus.port"]), _port(props["health.listen.address"])
+    metrics, probe = int(props["metrics.prometheus.port"]), port_of(props["health.listen.address"])
     assert {metrics, probe} <= ports
     # the probe port: no pod at all (the kubelet probes from the node, always admitted)
     assert admitted_from(policy, probe) is None
@@ -110,13 +107,13 @@ def test_plaintext_ports_are_closed_to_pods_but_prometheus(base, policy):
     [peers] = admitted_from(policy, metrics)
     assert peers and all("ipBlock" not in p and "podSelector" in p for p in peers)
     # every port the container opens is covered by a decision of this policy (no port forgotten)
-    grpc = _port(props["listen.address"])
+    grpc = port_of(props["listen.address"])
     assert ports == {grpc, metrics, probe}
 
 
 def test_the_mtls_port_admits_the_nodes_network_of_the_home_allow_list(base, policy):
     props = _props(base)
-    grpc = _port(props["listen.address"])
+    grpc = port_of(props["listen.address"])
     [peers] = admitted_from(policy, grpc)
     cidrs = {p["ipBlock"]["cidr"] for p in peers if "ipBlock" in p}
     allowed = props["home.allowed.addresses"].rpartition(":")[0]

@@ -10,7 +10,7 @@ import logging
 import grpc
 import pytest
 from spillway.v1 import sidecar_pb2 as pb
-from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support import rpc
 from support.creds import peer_md
 from support.records import json_error
 
@@ -51,14 +51,6 @@ def cluster(broker, tmp_path_factory):
     for n in nodes:
         n.stop(1.0)
     sys.path.remove(str(handlers))
-
-
-def _stub(node):
-    return pb_grpc.ErrorSidecarStub(grpc.insecure_channel(node.address))
-
-
-def _md(token):
-    return [("spillway-job-token", token)]
 
 
 _exc = json_error
@@ -105,11 +97,11 @@ def _run_through(entry, job, run_id, home_reg=None, home_stub=None):
         entry.RegisterJob(pb.RegisterJobRequest(job=job, run_id=run_id, properties=PROPS,
                                                 home=reg.home,
                                                 home_instance_id=reg.home_instance_id),
-                          timeout=20, metadata=_md(reg.job_token))
+                          timeout=20, metadata=rpc.md(reg.job_token))
     else:
         reg = entry.RegisterJob(pb.RegisterJobRequest(job=job, run_id=run_id,
                                                       properties=PROPS), timeout=20)
-    md = _md(reg.job_token)
+    md = rpc.md(reg.job_token)
     out = []
     for n, records in enumerate(_reports()):
         task = pb.TaskIdentity(stage_id=1, partition_id=n, task_attempt_id=10 + n)
@@ -133,7 +125,7 @@ def _counts(s: pb.JobSummary):
 def test_a_node_tally_decides_exactly_what_the_home_decides_for_the_whole_report(
         cluster, caplog):
     a, b = cluster
-    sa, sb = _stub(a), _stub(b)
+    sa, sb = rpc.stub(a), rpc.stub(b)
     with caplog.at_level(logging.ERROR, logger="spillway.errors"):
         direct, at_home, _ = _run_through(sa, "tally-direct", "run-1")
         caplog.clear()
@@ -169,7 +161,7 @@ def test_a_home_that_predates_the_tally_gets_the_whole_report(cluster, broker, m
                         "bootstrap.servers": broker.bootstrap_servers,
                         "producer.linger.ms": "5", "home.allowed.addresses": "127.0.0.0/8"})
     try:
-        so, sb = _stub(old), _stub(cluster[1])
+        so, sb = rpc.stub(old), rpc.stub(cluster[1])
         direct, at_home, _ = _run_through(so, "tally-old", "run-1")
         via, through_node, _ = _run_through(sb, "tally-old", "run-2", home_stub=so)
         assert via == direct and _counts(through_node) == _counts(at_home)
@@ -221,32 +213,32 @@ def _tally(reg, n=2, **over):
 ])
 def test_a_malformed_tally_is_refused_and_changes_nothing(cluster, over, expected):
     a, _ = cluster
-    sa = _stub(a)
+    sa = rpc.stub(a)
     reg = _guard_run(sa)
     before = sa.GetJobSummary(pb.GetJobSummaryRequest(job=reg.job, run_id="run-1"),
-                              timeout=5, metadata=_md(reg.job_token))
+                              timeout=5, metadata=rpc.md(reg.job_token))
     with pytest.raises(grpc.RpcError) as refused:
         sa.TallyFailures(_tally(reg, **over), timeout=5,
-                         metadata=[*peer_md(), *_md(reg.job_token)])
+                         metadata=[*peer_md(), *rpc.md(reg.job_token)])
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert expected in refused.value.details()
     after = sa.GetJobSummary(pb.GetJobSummaryRequest(job=reg.job, run_id="run-1"),
-                             timeout=5, metadata=_md(reg.job_token))
+                             timeout=5, metadata=rpc.md(reg.job_token))
     assert _counts(after) == _counts(before)
 
 
 def test_only_a_peer_with_the_run_token_may_tally(cluster):
     a, _ = cluster
-    sa = _stub(a)
+    sa = rpc.stub(a)
     reg = _guard_run(sa)
     with pytest.raises(grpc.RpcError) as not_peer:   # an executor holding the run's token
-        sa.TallyFailures(_tally(reg), timeout=5, metadata=_md(reg.job_token))
+        sa.TallyFailures(_tally(reg), timeout=5, metadata=rpc.md(reg.job_token))
     assert not_peer.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "sidecar-to-sidecar" in not_peer.value.details()
     with pytest.raises(grpc.RpcError) as no_token:   # a peer without the run's token
         sa.TallyFailures(_tally(reg), timeout=5, metadata=peer_md())
     assert no_token.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    ok = sa.TallyFailures(_tally(reg), timeout=5, metadata=[*peer_md(), *_md(reg.job_token)])
+    ok = sa.TallyFailures(_tally(reg), timeout=5, metadata=[*peer_md(), *rpc.md(reg.job_token)])
     assert ok.reports[0].actions == bytes([pb.ACTION_SKIP]) * 2
     assert len(ok.reports[0].reasons) == 1
 
@@ -254,7 +246,7 @@ def test_only_a_peer_with_the_run_token_may_tally(cluster):
 def test_a_run_with_a_user_handler_is_forwarded_whole(cluster, broker):
     """A user handler is given each record's whole context: the home needs the report."""
     a, b = cluster
-    sa, sb = _stub(a), _stub(b)
+    sa, sb = rpc.stub(a), rpc.stub(b)
     import tally_handlers
 
     props = {"errors.tolerance": "all", "errors.handler.class": "tally_handlers:Seeing"}
@@ -262,46 +254,46 @@ def test_a_run_with_a_user_handler_is_forwarded_whole(cluster, broker):
                                                properties=props), timeout=20)
     sb.RegisterJob(pb.RegisterJobRequest(job="tally-user", run_id="run-1", properties=props,
                                          home=reg.home, home_instance_id=reg.home_instance_id),
-                   timeout=20, metadata=_md(reg.job_token))
+                   timeout=20, metadata=rpc.md(reg.job_token))
     resp = sb.ReportFailures(pb.ReportFailuresRequest(
         job="tally-user", run_id="run-1", task=pb.TaskIdentity(stage_id=1),
-        records=[_record("u1", b"{", _exc())]), timeout=20, metadata=_md(reg.job_token))
+        records=[_record("u1", b"{", _exc())]), timeout=20, metadata=rpc.md(reg.job_token))
     assert resp.verdicts[0].action == pb.ACTION_SKIP
     assert tally_handlers.SEEN == [b"{"]   # the home's handler saw the record's payload
     with pytest.raises(grpc.RpcError) as refused:   # and the home refuses a tally of it
         sa.TallyFailures(_tally(reg), timeout=5,
-                         metadata=[*peer_md(), *_md(reg.job_token)])
+                         metadata=[*peer_md(), *rpc.md(reg.job_token)])
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "ReportFailures.decide_only" in refused.value.details()
 
 
 def test_reports_of_one_run_in_one_tally_are_decided_in_order(cluster):
     a, _ = cluster
-    sa = _stub(a)
+    sa = rpc.stub(a)
     reg = _guard_run(sa)
     req = _tally(reg, n=3)
     again = req.reports.add()
     again.CopyFrom(req.reports[0])
     again.task.partition_id = 7   # a re-run of the task: the same records again
-    resp = sa.TallyFailures(req, timeout=5, metadata=[*peer_md(), *_md(reg.job_token)])
+    resp = sa.TallyFailures(req, timeout=5, metadata=[*peer_md(), *rpc.md(reg.job_token)])
     first, second = resp.reports
     assert first.actions == second.actions == bytes([pb.ACTION_SKIP]) * 3
     assert first.reasons[0].startswith("skipped, dropped (no errors.deadletterqueue")
     assert all("already skipped by an earlier task attempt" in second.reasons[i]
                for i in range(len(second.reasons)))
     summary = sa.GetJobSummary(pb.GetJobSummaryRequest(job=reg.job, run_id="run-1"), timeout=5,
-                               metadata=_md(reg.job_token))
+                               metadata=rpc.md(reg.job_token))
     assert summary.total_record_errors == 3 and summary.total_record_failures == 6
 
 
 def test_a_tally_of_too_many_records_together_is_refused(cluster):
     a, _ = cluster
-    sa = _stub(a)
+    sa = rpc.stub(a)
     reg = _guard_run(sa)
     req = _tally(reg, n=40_000)
     req.reports.add().CopyFrom(req.reports[0])
     with pytest.raises(grpc.RpcError) as refused:
-        sa.TallyFailures(req, timeout=20, metadata=[*peer_md(), *_md(reg.job_token)])
+        sa.TallyFailures(req, timeout=20, metadata=[*peer_md(), *rpc.md(reg.job_token)])
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "at most 65536 record ids together (got 80000 by reports[1])" in \
         refused.value.details()
@@ -319,7 +311,7 @@ def test_concurrent_reports_through_a_node_share_calls_and_lose_nothing(cluster,
     from support.kafka import read_all
 
     a, b = cluster
-    sa, sb = _stub(a), _stub(b)
+    sa, sb = rpc.stub(a), rpc.stub(b)
     job = f"tally-many-{provisional}"
     topic = f"dlq.tally-concurrent-{provisional}"
     monkeypatch.setitem(b.sidecar.props, "home.confirm.async", provisional)
@@ -329,7 +321,7 @@ def test_concurrent_reports_through_a_node_share_calls_and_lose_nothing(cluster,
              "errors.deadletterqueue.topic.replication.factor": "1"}
     reg = sa.RegisterJob(pb.RegisterJobRequest(job=job, run_id="run-1",
                                                properties=props), timeout=20)
-    md = _md(reg.job_token)
+    md = rpc.md(reg.job_token)
     sb.RegisterJob(pb.RegisterJobRequest(job=job, run_id="run-1", properties=props,
                                          home=reg.home, home_instance_id=reg.home_instance_id),
                    timeout=20, metadata=md)

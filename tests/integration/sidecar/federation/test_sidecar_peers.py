@@ -7,6 +7,7 @@ import grpc
 import pytest
 
 from spillway.v1 import sidecar_pb2 as pb
+from support import rpc
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.integration
@@ -24,50 +25,36 @@ def nodes():
         s.stop(0.5)
 
 
-def _stub(node):
-    return pb_grpc.ErrorSidecarStub(grpc.insecure_channel(node.address))
-
-
 RUN = "app-peers-0001"
-
-
-def _tok(reg):
-    return [("spillway-job-token", reg.job_token)]
-
-
-def _refused(call):
-    with pytest.raises(grpc.RpcError) as err:
-        call()
-    return err.value.code(), err.value.details()
 
 
 def test_register_answers_the_home_address_and_instance(nodes):
     a, _ = nodes
-    reg = _stub(a).RegisterJob(pb.RegisterJobRequest(job="named", run_id=RUN), timeout=10)
-    status = _stub(a).GetStatus(pb.GetStatusRequest(), timeout=5)
+    reg = rpc.stub(a).RegisterJob(pb.RegisterJobRequest(job="named", run_id=RUN), timeout=10)
+    status = rpc.stub(a).GetStatus(pb.GetStatusRequest(), timeout=5)
     assert reg.home == a.address == status.advertised_address
     assert reg.home_instance_id == status.instance_id == a.sidecar.instance_id
 
 
 def test_home_address_reaching_this_sidecar_for_a_job_homed_elsewhere_is_refused(nodes):
     a, b = nodes
-    reg = _stub(a).RegisterJob(pb.RegisterJobRequest(job="loop", run_id=RUN), timeout=10)
+    reg = rpc.stub(a).RegisterJob(pb.RegisterJobRequest(job="loop", run_id=RUN), timeout=10)
     # every node on the loopback default: HOME names "my own address" on node b
-    code, details = _refused(lambda: _stub(b).RegisterJob(pb.RegisterJobRequest(
+    code, details = rpc.error(lambda: rpc.stub(b).RegisterJob(pb.RegisterJobRequest(
         job="loop", run_id=RUN, home=b.address, home_instance_id=reg.home_instance_id),
-        metadata=_tok(reg), timeout=10))
+        metadata=rpc.md(reg.job_token), timeout=10))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert (f"the job's home is instance {reg.home_instance_id} but HOME {b.address} reaches "
             f"this sidecar (instance {b.sidecar.instance_id})") in details
     assert "advertised.address" in details
-    code, _ = _refused(lambda: _stub(b).GetJobSummary(
-        pb.GetJobSummaryRequest(job="loop", run_id=RUN), metadata=_tok(reg), timeout=5))
+    code, _ = rpc.error(lambda: rpc.stub(b).GetJobSummary(
+        pb.GetJobSummaryRequest(job="loop", run_id=RUN), metadata=rpc.md(reg.job_token), timeout=5))
     assert code == grpc.StatusCode.NOT_FOUND  # node b decides nothing locally for it
 
 
 def test_home_address_reaching_another_instance_is_refused(nodes):
     a, b = nodes
-    code, details = _refused(lambda: _stub(b).RegisterJob(pb.RegisterJobRequest(
+    code, details = rpc.error(lambda: rpc.stub(b).RegisterJob(pb.RegisterJobRequest(
         job="other", run_id=RUN, home=a.address, home_instance_id="0123456789abcdef"),
         metadata=[("spillway-job-token", "executor-token")], timeout=10))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
@@ -77,10 +64,10 @@ def test_home_address_reaching_another_instance_is_refused(nodes):
 
 def test_home_at_its_instance_is_accepted(nodes):
     a, b = nodes
-    reg = _stub(a).RegisterJob(pb.RegisterJobRequest(job="ok", run_id=RUN), timeout=10)
-    fwd = _stub(b).RegisterJob(pb.RegisterJobRequest(
+    reg = rpc.stub(a).RegisterJob(pb.RegisterJobRequest(job="ok", run_id=RUN), timeout=10)
+    fwd = rpc.stub(b).RegisterJob(pb.RegisterJobRequest(
         job="ok", run_id=RUN, home=reg.home, home_instance_id=reg.home_instance_id),
-        metadata=_tok(reg), timeout=10)
+        metadata=rpc.md(reg.job_token), timeout=10)
     assert (fwd.home, fwd.home_instance_id) == (reg.home, reg.home_instance_id)
 
 
@@ -96,11 +83,11 @@ def test_a_home_that_does_not_take_this_sidecar_for_a_peer_is_a_clear_error(tmp_
                                 "home.allowed.addresses": "127.0.0.0/8"}) for _ in range(2))
     try:
         md = [("spillway-node-token", "n0de")]
-        reg = _stub(home).RegisterJob(pb.RegisterJobRequest(job="j", run_id=RUN), metadata=md,
+        reg = rpc.stub(home).RegisterJob(pb.RegisterJobRequest(job="j", run_id=RUN), metadata=md,
                                       timeout=10)
-        code, details = _refused(lambda: _stub(node).RegisterJob(pb.RegisterJobRequest(
+        code, details = rpc.error(lambda: rpc.stub(node).RegisterJob(pb.RegisterJobRequest(
             job="j", run_id=RUN, home=reg.home, home_instance_id=reg.home_instance_id),
-            metadata=md + _tok(reg), timeout=10))
+            metadata=md + rpc.md(reg.job_token), timeout=10))
         assert code == grpc.StatusCode.FAILED_PRECONDITION
         assert "does not recognise this sidecar as a peer" in details
         assert "auth.peer.token.file" in details
@@ -133,9 +120,10 @@ def test_a_peer_is_named_by_its_certificate_uri_or_dns_name(tmp_path):
         task = pb.TaskIdentity(stage_id=1, partition_id=0, task_attempt_id=1)
         reg = stub(other).RegisterJob(pb.RegisterJobRequest(job="j", run_id=RUN), timeout=10)
         probe = pb.ReportFailuresRequest(job="j", run_id=RUN, task=task, decide_only=True)
-        code, details = _refused(lambda: stub(other).ReportFailures(
-            probe, metadata=_tok(reg), timeout=10))
+        code, details = rpc.error(lambda: stub(other).ReportFailures(
+            probe, metadata=rpc.md(reg.job_token), timeout=10))
         assert code == grpc.StatusCode.PERMISSION_DENIED and "cert:executor-9" in details
-        stub(peer).ReportFailures(probe, metadata=_tok(reg), timeout=10)  # a peer: honoured
+        # a peer: honoured
+        stub(peer).ReportFailures(probe, metadata=rpc.md(reg.job_token), timeout=10)
     finally:
         running.stop(0.2)
