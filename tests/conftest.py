@@ -37,14 +37,11 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from support import xdist_plan  # noqa: E402
+from support.ci import in_ci  # noqa: E402
 from support.spark import pin_loopback, quick_jvms  # noqa: E402
 
 pin_loopback()  # before any Spark, here or in a subprocess: the driver binds to 127.0.0.1
 quick_jvms()    # short-lived test JVMs: client JIT, serial GC (support/spark.py)
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 @pytest.fixture(scope="session")
@@ -146,7 +143,7 @@ def spark():
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if _in_ci() and report.skipped and not hasattr(report, "wasxfail"):
+    if in_ci() and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = (f"skipped under CI={os.environ.get('CI')}, which runs every tier: "
@@ -157,7 +154,7 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     report = outcome.get_result()
-    if _in_ci() and report.skipped:  # a whole module skipped at import
+    if in_ci() and report.skipped:  # a whole module skipped at import
         report.outcome = "failed"
         report.longrepr = (f"{collector.nodeid} skipped under CI={os.environ.get('CI')}, "
                            f"which runs every tier: {report.longrepr}")

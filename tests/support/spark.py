@@ -53,3 +53,21 @@ def local_spark(app: str = "spillway-tests", cores: int = 2):
         .config("spark.python.worker.reuse", "true")
         .getOrCreate()
     )
+
+
+def load_example(name: str):
+    """examples/<name>.py as a module, pickled by value: Spark's workers cannot import
+    examples/."""
+    import importlib.util
+
+    from pyspark import cloudpickle
+
+    from support.paths import EXAMPLES
+
+    spec = importlib.util.spec_from_file_location(f"spillway_example_{name}",
+                                                  EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    return module

@@ -21,7 +21,7 @@ from pyspark import cloudpickle
 from spillway.client import RetriableError
 from spillway.spark import KAFKA_SOURCE_SCHEMA, Job, read_dlq
 from support.connect import connect_session, running_connect_server, start_stream
-from support.kafka import read_all
+from support.kafka import header_map, read_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
@@ -54,10 +54,6 @@ def _job(sidecar, topic, **props):
         **props}, sidecar=sidecar.address)
     job.register()
     return job
-
-
-def _headers(msg):
-    return {k: v for k, v in (msg.headers() or [])}
 
 
 def _bump(path) -> int:
@@ -117,9 +113,9 @@ def test_map_partitions_on_a_dataframe_counts_and_dead_letters_like_classic(
             s.dlq_records_written) == (30, 6, 6, 6)
     assert s.by_exception_class == {"json.decoder.JSONDecodeError": 3, "builtins.KeyError": 3}
     msgs = read_all(broker.bootstrap_servers, topic_name)
-    assert sorted(int(_headers(m)["__connect.errors.offset"]) for m in msgs) == [
+    assert sorted(int(header_map(m)["__connect.errors.offset"]) for m in msgs) == [
         103, 107, 113, 117, 123, 127]
-    assert all(_headers(m)["__connect.errors.stage"] == b"TRANSFORMATION" for m in msgs)
+    assert all(header_map(m)["__connect.errors.stage"] == b"TRANSFORMATION" for m in msgs)
 
 
 def test_map_in_pandas_and_map_in_arrow_isolate_failing_rows(connect_spark, sidecar, broker,
@@ -201,7 +197,7 @@ def test_deserialize_in_python_and_natively(connect_spark, sidecar, broker, topi
     assert report.by_stage == {"VALUE_CONVERTER": 4}
     msgs = read_all(broker.bootstrap_servers, topic_name)
     assert sorted(m.value() for m in msgs) == [b"{oops"] * 4
-    assert {_headers(m)["__connect.errors.class.name"] for m in msgs} == {
+    assert {header_map(m)["__connect.errors.class.name"] for m in msgs} == {
         b"json.loads", b"spark:from_json"}
 
 
@@ -227,7 +223,7 @@ def test_foreach_partition_retries_and_dead_letters_unwritable_rows(connect_spar
     assert (report.total_retries, report.total_record_failures, report.dlq_records_written,
             report.records_processed) == (1, 2, 1, 16)
     [msg] = read_all(broker.bootstrap_servers, topic_name)
-    assert _headers(msg)["__connect.errors.stage"] == b"TASK_PUT"
+    assert header_map(msg)["__connect.errors.stage"] == b"TASK_PUT"
     assert json.loads(msg.value()) == {"id": 9}
 
 
@@ -327,7 +323,7 @@ def test_streaming_job_dead_letters_every_failure_it_reports(connect_spark, side
     assert (report.total_record_failures == report.total_record_errors
             == report.dlq_records_written == len(msgs)), report
     assert report.record_id_collisions == 0
-    ids = [_headers(m)["spillway.record.id"].decode() for m in msgs]
+    ids = [header_map(m)["spillway.record.id"].decode() for m in msgs]
     assert len(set(ids)) == len(ids)
     transform = [i for i in ids if i.startswith("TRANSFORMATION:")]
     assert transform and all(":b" in i for i in transform)
@@ -362,7 +358,7 @@ def test_a_stream_into_a_spark_sink_carries_the_micro_batch_in_its_ids(connect_s
     finally:
         query.stop()
     assert job.summary().record_id_collisions == 0
-    ids = [_headers(m)["spillway.record.id"].decode()
+    ids = [header_map(m)["spillway.record.id"].decode()
            for m in read_all(broker.bootstrap_servers, topic_name)]
     assert len(ids) >= 6 and all(":b" in i for i in ids)
     assert len({i.split(":b")[1].split(":")[0] for i in ids}) >= 2

@@ -3,7 +3,6 @@ sidecar back from the Tansu broker as a DataFrame; the top-causes example runs o
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -13,12 +12,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pyspark import cloudpickle
 from spillway.spark import DLQ_SCHEMA, KAFKA_SOURCE_SCHEMA, Job, read_dlq
-from support import paths
+from support.spark import load_example
 
 pytestmark = pytest.mark.integration
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
-
-EXAMPLES = paths.EXAMPLES
 
 
 def _rows(n: int = 30):
@@ -113,21 +110,11 @@ def test_read_dlq_filters_and_bounds(spark, broker, dead_letters):
                  timeout_s=5)
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"spillway_example_{name}",
-                                                  EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    cloudpickle.register_pickle_by_value(module)
-    return module
-
-
 def test_top_causes_example(spark, broker, dead_letters):
     topic, name, _ = dead_letters
     t0 = time.monotonic()
-    out = _load("dlq_top_causes").top_causes(spark, topic, broker.bootstrap_servers,
-                                             job=name).collect()
+    out = load_example("dlq_top_causes").top_causes(spark, topic, broker.bootstrap_servers,
+                                                    job=name).collect()
     assert [(r.exception_class, r.records) for r in out] == [
         ("builtins.KeyError", 3), ("json.decoder.JSONDecodeError", 3)]
     assert all(r.stage == "TRANSFORMATION" and r.partitions == 3 for r in out)

@@ -15,7 +15,7 @@ from pyspark import cloudpickle
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 from spillway.spark import KAFKA_SOURCE_SCHEMA, Job, UnsupportedOnThisSparkError
-from support.kafka import read_all
+from support.kafka import header_map, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -38,10 +38,6 @@ def kafka_rows(values: list[bytes | None], topic: str = "orders", partition: int
     ts = dt.datetime(2024, 5, 1, 12, 0, 0)
     return [(f"k{i}".encode(), v, topic, partition, 100 + i, ts, 0,
              [("origin", b"test"), ("seq", str(i).encode())]) for i, v in enumerate(values)]
-
-
-def _headers(msg) -> dict[str, bytes]:
-    return {k: v for k, v in (msg.headers() or [])}
 
 
 JSON_VALUES = [json.dumps({"id": i, "amount": i * 1.5}).encode() for i in range(12)]
@@ -68,10 +64,10 @@ def test_json_corrupt_rows_are_dead_lettered_with_original_bytes_and_coordinates
     assert s.by_stage == {"VALUE_CONVERTER": 3}
     assert s.by_category == {"data": 3}
     msgs = sorted(read_all(broker.bootstrap_servers, topic_name),
-                  key=lambda m: int(_headers(m)["__connect.errors.offset"]))
+                  key=lambda m: int(header_map(m)["__connect.errors.offset"]))
     assert [(m.key(), m.value()) for m in msgs] == [
         (b"k2", b"{broken"), (b"k5", b'{"id": "five", "amount": 1}'), (b"k9", b"")]
-    h = _headers(msgs[0])
+    h = header_map(msgs[0])
     assert h["origin"] == b"test" and h["seq"] == b"2"            # the original headers
     assert h["__connect.errors.topic"] == b"orders"
     assert h["__connect.errors.partition"] == b"3"
@@ -83,8 +79,8 @@ def test_json_corrupt_rows_are_dead_lettered_with_original_bytes_and_coordinates
         b"spillway.spark._native.CorruptRecordError"
     msg = h["__connect.errors.exception.message"].decode()
     assert "from_json" in msg and "struct<id:int,amount:double>" in msg and "corrupt" in msg
-    assert "does not fit" in _headers(msgs[1])["__connect.errors.exception.message"].decode()
-    assert "empty" in _headers(msgs[2])["__connect.errors.exception.message"].decode()
+    assert "does not fit" in header_map(msgs[1])["__connect.errors.exception.message"].decode()
+    assert "empty" in header_map(msgs[2])["__connect.errors.exception.message"].decode()
 
 
 def test_good_rows_never_reach_python(spark, sidecar, topic_name, tmp_path):
@@ -133,8 +129,8 @@ def test_csv_key_and_json_value_report_the_step_that_failed(spark, sidecar, brok
         [(100 + i, f"tenant{i}", i) for i in (0, 2, 3, 5)],
         "offset long, tenant string, id int"))
     msgs = sorted(read_all(broker.bootstrap_servers, topic_name), key=lambda m: m.key())
-    assert [(m.key(), m.value(), _headers(m)["__connect.errors.stage"],
-             _headers(m)["__connect.errors.class.name"]) for m in msgs] == [
+    assert [(m.key(), m.value(), header_map(m)["__connect.errors.stage"],
+             header_map(m)["__connect.errors.class.name"]) for m in msgs] == [
         (b"1,tenant1,extra", b'{"id":1}', b"KEY_CONVERTER", b"spark:from_csv"),
         (b"4,tenant4", b"[1", b"VALUE_CONVERTER", b"spark:from_json")]
 
@@ -154,7 +150,7 @@ def test_native_value_with_a_python_key(spark, sidecar, broker, topic_name):
     assertDataFrameEqual(out.select("parsed_key", "parsed_value.id"), spark.createDataFrame(
         [(f"k{i}", i) for i in (0, 2, 4)], "parsed_key string, id int"))
     msgs = sorted(read_all(broker.bootstrap_servers, topic_name), key=lambda m: m.key())
-    assert [(_headers(m)["__connect.errors.stage"], _headers(m)["__connect.errors.class.name"])
+    assert [(header_map(m)["__connect.errors.stage"], header_map(m)["__connect.errors.class.name"])
             for m in msgs] == [(b"VALUE_CONVERTER", b"spark:from_json"),
                                (b"KEY_CONVERTER", decode_key.__module__.encode()
                                 + b".test_native_value_with_a_python_key.<locals>.decode_key")]
@@ -237,7 +233,7 @@ def test_streaming_dataframe(spark, sidecar, broker, topic_name, tmp_path):
     finally:
         query.stop()
     assert seen and all(i % 10 != 3 for i in seen)
-    dead = {int(_headers(m)["__connect.errors.offset"])
+    dead = {int(header_map(m)["__connect.errors.offset"])
             for m in read_all(broker.bootstrap_servers, topic_name)}
     assert len(dead) >= 2 and all(o % 10 == 3 for o in dead)
     assert not set(seen) & dead

@@ -15,7 +15,7 @@ from pyspark import cloudpickle
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 from spillway.spark import KAFKA_SOURCE_SCHEMA, Job, RetriableError
-from support.kafka import read_all
+from support.kafka import header_map, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -58,10 +58,6 @@ def parse_order(row):
     return Row(id=doc["id"], amount=float(doc["amount"]))
 
 
-def _headers(msg) -> dict[str, bytes]:
-    return {k: v for k, v in (msg.headers() or [])}
-
-
 def _expected(spark, ids):
     return spark.createDataFrame([(i, i * 1.5) for i in ids], OUT_SCHEMA)
 
@@ -90,7 +86,7 @@ def test_transient_failure_is_retried_and_poison_is_dead_lettered(spark, sidecar
 
     [msg] = read_all(broker.bootstrap_servers, topic_name)
     assert (msg.key(), msg.value()) == (b"k13", b"{not json")
-    h = _headers(msg)
+    h = header_map(msg)
     assert h["origin"] == b"test" and h["seq"] == b"13"  # original headers copied
     assert h["__connect.errors.topic"] == b"orders"
     assert h["__connect.errors.offset"] == b"13"
@@ -126,7 +122,7 @@ def test_rdd_in_rdd_out_with_positional_ids(spark, sidecar, topic_name, broker):
     assert len(out.take(2)) == 2  # Spark stops reading early: no flush needed, no error
     assert sorted(out.collect()) == sorted(100 // (x - 6) for x in range(10) if x != 6)
     [msg] = read_all(broker.bootstrap_servers, topic_name)
-    assert (_headers(msg)["spillway.record.id"]
+    assert (header_map(msg)["spillway.record.id"]
             == f"TRANSFORMATION:{job.name}/divide#1:p1:r1".encode())
     assert msg.value() == b"6"  # a record without Kafka bytes is dead-lettered as JSON
 
@@ -152,11 +148,11 @@ def test_deserialize_reports_key_and_value_converter_stages(spark, sidecar, brok
         [(i, str(i), i, rows[i][1]) for i in range(8) if i not in (2, 5)],
         "offset long, parsed_key string, id int, value binary"))
     msgs = sorted(read_all(broker.bootstrap_servers, topic_name), key=lambda m: m.key())
-    assert [(m.key(), _headers(m)["__connect.errors.stage"]) for m in msgs] == [
+    assert [(m.key(), header_map(m)["__connect.errors.stage"]) for m in msgs] == [
         (b"k2", b"VALUE_CONVERTER"), (b"\xffbad-key", b"KEY_CONVERTER")]
     assert msgs[0].value() == b"[broken"
-    assert _headers(msgs[0])["__connect.errors.class.name"].endswith(b"decode_value")
-    assert _headers(msgs[1])["__connect.errors.class.name"].endswith(b"decode_key")
+    assert header_map(msgs[0])["__connect.errors.class.name"].endswith(b"decode_value")
+    assert header_map(msgs[1])["__connect.errors.class.name"].endswith(b"decode_key")
 
 
 def _bump(path: str) -> int:
@@ -247,7 +243,7 @@ def test_sink_retries_transient_writes_and_dead_letters_unwritable_rows(
     job.foreach_partition(spark.range(0, 16, numPartitions=2), write, batch_size=4)
     assert sorted(int(p.name) for p in out_dir.iterdir()) == [i for i in range(16) if i != 9]
     [msg] = read_all(broker.bootstrap_servers, topic_name)
-    assert _headers(msg)["__connect.errors.stage"] == b"TASK_PUT"
+    assert header_map(msg)["__connect.errors.stage"] == b"TASK_PUT"
     assert json.loads(msg.value()) == {"id": 9}
     assert job.summary().total_retries == 1
 

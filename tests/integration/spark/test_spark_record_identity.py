@@ -12,7 +12,7 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.sql import Row
 from spillway.spark import Job
-from support.kafka import read_all
+from support.kafka import header_map, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -43,10 +43,6 @@ def _frame(spark, kind, bad_at):
     return spark.createDataFrame(rows, "payload string").coalesce(1)
 
 
-def _headers(msg):
-    return dict(msg.headers() or [])
-
-
 def test_one_function_over_two_dataframes_dead_letters_both_bad_records(spark, sidecar, broker,
                                                                        topic_name):
     job = _job(sidecar, topic_name)
@@ -62,7 +58,7 @@ def test_one_function_over_two_dataframes_dead_letters_both_bad_records(spark, s
     msgs = read_all(broker.bootstrap_servers, topic_name)
     assert sorted(m.value() for m in msgs) == [b'{"payload":"{orders is not json"}',
                                                b'{"payload":"{refunds is not json"}']
-    ids = {_headers(m)["spillway.record.id"] for m in msgs}
+    ids = {header_map(m)["spillway.record.id"] for m in msgs}
     assert len(ids) == 2
 
 
@@ -86,7 +82,7 @@ def test_one_udf_in_two_queries_dead_letters_both_bad_values(spark, sidecar, bro
             report.total_errors_logged, report.dlq_records_written) == (2, 2, 2, 2)
     msgs = read_all(broker.bootstrap_servers, topic_name)
     assert [m.value() for m in msgs] == [b"-1.0", b"-1.0"]   # identical payloads, two uses
-    assert len({_headers(m)["spillway.record.id"] for m in msgs}) == 2
+    assert len({header_map(m)["spillway.record.id"] for m in msgs}) == 2
 
 
 def test_a_record_id_function_that_is_not_unique_loses_nothing(spark, sidecar, broker,
