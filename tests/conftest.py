@@ -55,6 +55,15 @@ def broker(tmp_path_factory):
 
 
 @pytest.fixture
+def unreachable():
+    """A loopback address that refuses connections throughout the test (support/net.py)."""
+    from support.net import nothing_listening
+
+    with nothing_listening() as address:
+        yield address
+
+
+@pytest.fixture
 def topic_name():
     """A fresh DLQ-prefixed topic name per test."""
     return f"dlq.test-{uuid.uuid4().hex[:10]}"

@@ -5,7 +5,6 @@ deadline with an error that names Kafka and its address (not "the sidecar is unr
 from __future__ import annotations
 
 import logging
-import socket
 import time
 
 import pytest
@@ -16,18 +15,11 @@ from spillway.client.errors import SidecarKafkaError, SidecarUnavailableError
 pytestmark = pytest.mark.integration
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def test_wrong_bootstrap_address_is_reported_as_kafka_within_the_deadline(tmp_path, caplog):
+def test_wrong_bootstrap_address_is_reported_as_kafka_within_the_deadline(tmp_path, caplog,
+                                                                         unreachable):
     from spillway.sidecar.server import start_server
 
-    wrong = f"127.0.0.1:{_closed_port()}"
+    wrong = unreachable
     caplog.set_level(logging.INFO, logger="spillway")
     running = start_server({"listen.address": "127.0.0.1:0", "bootstrap.servers": wrong,
                             "spool.dir": str(tmp_path / "spool"),

@@ -24,7 +24,6 @@ from spillway.client import (
     _channel,
 )
 from spillway.client.client import DEFAULT_TARGET, resolve_target
-from spillway.sidecar.runtime.embedded import free_port
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
@@ -161,8 +160,8 @@ def test_persistent_unavailable_raises_after_bounded_retries(scripted):
     assert scripted.methods() == ["ReportFailures"] * 5  # the retry policy's maxAttempts
 
 
-def test_unreachable_sidecar_names_target_and_how_to_configure_it():
-    target = f"127.0.0.1:{free_port()}"
+def test_unreachable_sidecar_names_target_and_how_to_configure_it(unreachable):
+    target = unreachable
     c = SidecarClient(target, timeout_s=5)
     start = time.monotonic()
     with pytest.raises(SidecarUnavailableError) as info:
@@ -256,8 +255,8 @@ def test_bad_timeout_is_refused():
 
 @pytest.mark.parametrize("call", [lambda c: c.status(),
                                   lambda c: c.flush_task("j", _task(), {"SINK": 1})])
-def test_deadline_while_unreachable_is_unavailable_not_a_timeout(call):
-    target = f"127.0.0.1:{free_port()}"
+def test_deadline_while_unreachable_is_unavailable_not_a_timeout(call, unreachable):
+    target = unreachable
     c = SidecarClient(target, timeout_s=0.5)  # shorter than gRPC's own retries
     with pytest.raises(SidecarUnavailableError) as info:
         call(c)

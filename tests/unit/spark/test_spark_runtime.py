@@ -123,7 +123,7 @@ def test_failure_free_partitions_send_their_counts_before_the_task_ends(scripted
     assert _runtime.worker().counts == {}
 
 
-def test_counts_only_flush_once_due_and_kept_when_it_fails(scripted):
+def test_counts_only_flush_once_due_and_kept_when_it_fails(scripted, unreachable):
     spec = JobSpec("j", counts_interval_s=0)
     s = _session(spec, scripted.target)
     s.processed([T], 7)
@@ -131,7 +131,7 @@ def test_counts_only_flush_once_due_and_kept_when_it_fails(scripted):
     assert scripted.methods() == ["RegisterJob", "FlushTask"]
     assert scripted.flushed() == {(pb.STAGE_TRANSFORMATION, ""): 7}
 
-    dead = f"127.0.0.1:{free_port()}"
+    dead = unreachable
     s = _session(spec, dead)
     s.processed([T], 4)
     s.close(True)  # no exception: counts are statistics, kept for a later call
@@ -192,8 +192,8 @@ def test_a_failed_partition_does_not_flush(scripted):
     assert scripted.methods() == ["RegisterJob", "ReportFailures"]
 
 
-def test_unreachable_sidecar_fails_by_default():
-    dead = f"127.0.0.1:{free_port()}"
+def test_unreachable_sidecar_fails_by_default(unreachable):
+    dead = unreachable
     s = _session(JobSpec("j"), dead)
     with pytest.raises(SidecarUnavailableError, match=dead):
         s.report([_record()])

@@ -71,7 +71,8 @@ def test_broker_paused_during_a_burst(own_broker, tmp_path):
         t0 = time.monotonic()
         with pytest.raises(FlushTimeoutError, match="not acknowledged by Kafka within 3s"):
             p.wait_task("outage/0.0.0/2", 3.0)
-        assert 3.0 <= time.monotonic() - t0 < 4.0  # fails at its deadline, never hangs
+        # fails at its deadline, never hangs (the slack is for a busy machine's scheduling)
+        assert 3.0 <= time.monotonic() - t0 < 5.0
 
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - paused_at)))
         during = p.stats()

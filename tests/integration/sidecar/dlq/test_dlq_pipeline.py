@@ -25,7 +25,6 @@ from spillway.sidecar.core.model import (
 from spillway.sidecar.core.settings import job_settings
 from spillway.sidecar.dlq import DlqPipeline
 from spillway.sidecar.errors import BackpressureError, DlqError, FlushTimeoutError
-from spillway.sidecar.runtime.embedded import free_port
 from support.kafka import create_topic, read_all
 
 pytestmark = pytest.mark.integration
@@ -135,9 +134,9 @@ def test_wait_task_counts_only_its_own_records(broker, topic_name, tmp_path, pip
 
 
 def test_unreachable_kafka_times_out_then_a_restart_delivers_the_spool(
-        broker, topic_name, tmp_path, pipelines):
+        broker, topic_name, tmp_path, pipelines, unreachable):
     create_topic(broker.bootstrap_servers, topic_name)
-    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    dead = unreachable  # nothing listens there
     p = pipelines(dead, str(tmp_path), producer_overrides={"message.timeout.ms": "1000"})
     p.submit(records(topic_name, 40, tk="job/0.0.0/7"))
     t0 = time.monotonic()
@@ -157,8 +156,9 @@ def test_unreachable_kafka_times_out_then_a_restart_delivers_the_spool(
         {f"r{i}": 1 for i in range(40)})
 
 
-def test_spool_high_water_mark_gives_backpressure_never_a_silent_drop(tmp_path, pipelines):
-    dead = f"127.0.0.1:{free_port()}"
+def test_spool_high_water_mark_gives_backpressure_never_a_silent_drop(tmp_path, pipelines,
+                                                                     unreachable):
+    dead = unreachable
     p = pipelines(dead, str(tmp_path), max_records=100, max_bytes=10_000_000)
     p.submit(records("dlq.x", 90))
     with pytest.raises(BackpressureError, match="spool.max.records=100"):

@@ -359,7 +359,13 @@ def _home_down(home, node):
     run.home.confirm = down
     for n in range(2):   # 20,000 records: more than one call carries
         report(node, job, token, task(n), [record(f"d{n}-{i}") for i in range(10_000)])
-    time.sleep(1.5)
+    # the confirmations run in the background: on a busy machine the first may come late, so
+    # the 1.5 s in which they may not loop are counted from it, not from the reports
+    first = time.monotonic() + 30
+    while not calls and time.monotonic() < first:
+        time.sleep(0.01)
+    assert calls, "the node never tried to confirm with its home"
+    time.sleep(max(0.0, calls[0] + 1.5 - time.monotonic()))
     assert 1 <= len(calls) <= 8, len(calls)    # 0.1, 0.2, 0.4, 0.8 s apart, not a busy loop
     with pytest.raises(grpc.RpcError) as late:   # no deadline of the caller's: the sidecar's
         stub(node).FlushTask(pb.FlushTaskRequest(job=job, run_id="r", task=task(0)),

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from spillway.sidecar.runtime import memtune
+from support.fakes import FakeClock
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc: Linux only")
@@ -86,21 +87,31 @@ def _wait_for(pred, timeout_s=5.0):
 
 
 def test_trimmer_trims_once_after_a_burst_of_ended_runs():
+    # the trimmer's clock is the test's: a busy machine that runs this thread late cannot
+    # stretch the burst past the quiet period (its real waits only bound how often it looks)
+    clock = FakeClock()
     calls = []
-    t = memtune.Trimmer(threshold=3, quiet_s=0.2, release=lambda: calls.append(time.monotonic()))
+    t = memtune.Trimmer(threshold=3, quiet_s=0.2, release=lambda: calls.append(clock.monotonic()),
+                        clock=clock.monotonic)
     try:
-        start = time.monotonic()
+        start = clock.monotonic()
         for _ in range(10):  # a burst: one trim after it, none per call
             t.freed()
+            clock.advance(10)
             time.sleep(0.01)
-        last = time.monotonic()
+        last = clock.monotonic()
+        time.sleep(0.3)
+        assert calls == []  # 10 ms after the burst: not quiet yet, whatever the real time
+        clock.advance(300)
         _wait_for(lambda: calls)
         time.sleep(0.3)
         assert len(calls) == 1 and calls[0] >= last + 0.15 > start
         t.freed()  # below the threshold: nothing to hand back
+        clock.advance(400)
         time.sleep(0.4)
         assert len(calls) == 1
         t.freed(2)
+        clock.advance(300)
         _wait_for(lambda: len(calls) == 2)
         assert t.trims == 2
     finally:
