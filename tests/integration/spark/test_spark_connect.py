@@ -14,7 +14,6 @@ import json
 import sys
 import time
 import uuid
-from datetime import datetime
 
 import pytest
 from pyspark import cloudpickle
@@ -22,6 +21,7 @@ from spillway.client import RetriableError
 from spillway.spark import KAFKA_SOURCE_SCHEMA, Job, read_dlq
 from support.connect import connect_session, running_connect_server, start_stream
 from support.kafka import header_map, read_all
+from support.orders import bump, order_rows, parse, parse_fixed
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
@@ -56,38 +56,6 @@ def _job(sidecar, topic, **props):
     return job
 
 
-def _bump(path) -> int:
-    """A counter shared by every Python worker: the new count."""
-    n = int(path.read_text()) + 1 if path.exists() else 1
-    path.write_text(str(n))
-    return n
-
-
-def _kafka_rows(n: int = 30, base: int = 0):
-    ts = datetime(2026, 1, 1)
-    out = []
-    for i in range(base, base + n):
-        if i % 10 == 3:
-            value = b"{oops"                                   # JSONDecodeError
-        elif i % 10 == 7:
-            value = json.dumps({"id": i}).encode()             # KeyError: 'amount'
-        else:
-            value = json.dumps({"id": i, "amount": i * 1.5}).encode()
-        out.append((f"k{i}".encode(), value, "orders", i % 3, 100 + i, ts, 0,
-                    [("source", b"example")]))
-    return out
-
-
-def parse(row):
-    order = json.loads(row.value)
-    return (order["id"], float(order["amount"]))
-
-
-def parse_fixed(row):
-    order = json.loads(row.value)
-    return (order["id"], float(order.get("amount", 0.0)))
-
-
 def test_one_run_per_connect_session_whatever_the_job_objects(connect_spark, sidecar):
     name = f"connect-run-{uuid.uuid4().hex[:6]}"
     first = Job(name, {"errors.tolerance": "all"}, sidecar=sidecar.address)
@@ -105,7 +73,7 @@ def test_one_run_per_connect_session_whatever_the_job_objects(connect_spark, sid
 def test_map_partitions_on_a_dataframe_counts_and_dead_letters_like_classic(
         connect_spark, sidecar, broker, topic_name):
     job = _job(sidecar, topic_name)
-    df = connect_spark.createDataFrame(_kafka_rows(), KAFKA_SOURCE_SCHEMA).repartition(3)
+    df = connect_spark.createDataFrame(order_rows(), KAFKA_SOURCE_SCHEMA).repartition(3)
     out = job.map_partitions(df, parse, schema="id int, amount double")
     assert sorted(r.id for r in out.collect()) == [i for i in range(30) if i % 10 not in (3, 7)]
     s = job.summary()
@@ -181,11 +149,11 @@ def test_udf_counts_every_row_and_dead_letters_its_failures(connect_spark, sidec
 
 def test_deserialize_in_python_and_natively(connect_spark, sidecar, broker, topic_name):
     job = _job(sidecar, topic_name)
-    df = connect_spark.createDataFrame(_kafka_rows(20), KAFKA_SOURCE_SCHEMA)
+    df = connect_spark.createDataFrame(order_rows(20), KAFKA_SOURCE_SCHEMA)
     parsed = job.deserialize(df, value=json.loads, value_type="struct<id:int,amount:double>")
     assert parsed.where("parsed_value is not null").count() == 18
     # other source records (offsets 200-219): the same record in both would be one record
-    other = connect_spark.createDataFrame(_kafka_rows(20, base=100), KAFKA_SOURCE_SCHEMA)
+    other = connect_spark.createDataFrame(order_rows(20, base=100), KAFKA_SOURCE_SCHEMA)
     native = job.deserialize(other, value="json", value_type="struct<id:int,amount:double>",
                              value_column="native")
     got = native.where("native is not null").collect()
@@ -212,7 +180,7 @@ def test_foreach_partition_retries_and_dead_letters_unwritable_rows(connect_spar
         for r in rows:
             if r.id == 9:
                 raise ValueError("row 9 rejected by the sink")
-            if r.id == 4 and _bump(marker) <= 3:  # in its chunk of 4, its half, then alone
+            if r.id == 4 and bump(marker) <= 3:  # in its chunk of 4, its half, then alone
                 raise RetriableError("sink throttled")
         for r in rows:
             (out_dir / str(r.id)).write_text(str(r.id))
@@ -230,7 +198,7 @@ def test_foreach_partition_retries_and_dead_letters_unwritable_rows(connect_spar
 def test_read_dlq_and_reprocess_over_connect(connect_spark, sidecar, broker):
     topic = f"dlq.connect-reprocess-{uuid.uuid4().hex[:8]}"
     job = _job(sidecar, topic, **{"errors.deadletterqueue.topic.partitions": "2"})
-    df = connect_spark.createDataFrame(_kafka_rows(), KAFKA_SOURCE_SCHEMA).repartition(3)
+    df = connect_spark.createDataFrame(order_rows(), KAFKA_SOURCE_SCHEMA).repartition(3)
     assert job.map_partitions(df, parse, schema="id int, amount double").count() == 24
     read = lambda: read_dlq(connect_spark, topic,   # noqa: E731
                             bootstrap_servers=broker.bootstrap_servers)

@@ -3,7 +3,6 @@ sidecar back from the Tansu broker as a DataFrame; the top-causes example runs o
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import uuid
@@ -12,30 +11,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pyspark import cloudpickle
 from spillway.spark import DLQ_SCHEMA, KAFKA_SOURCE_SCHEMA, Job, read_dlq
+from support.orders import order_rows, parse, parse_fixed
 from support.spark import load_example
 
 pytestmark = pytest.mark.integration
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
-
-
-def _rows(n: int = 30):
-    ts = datetime(2026, 1, 1)
-    out = []
-    for i in range(n):
-        if i % 10 == 3:
-            value = b"{oops"                                   # JSONDecodeError
-        elif i % 10 == 7:
-            value = json.dumps({"id": i}).encode()             # KeyError: 'amount'
-        else:
-            value = json.dumps({"id": i, "amount": i * 1.5}).encode()
-        out.append((f"k{i}".encode(), value, "orders", i % 3, 100 + i, ts, 0,
-                    [("source", b"example")]))
-    return out
-
-
-def parse(row):
-    order = json.loads(row.value)
-    return (order["id"], float(order["amount"]))
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +32,7 @@ def dead_letters(spark, sidecar, broker):
               sidecar=sidecar.address)
     job.register()
     before = datetime.now(timezone.utc) - timedelta(seconds=1)
-    df = spark.createDataFrame(_rows(), KAFKA_SOURCE_SCHEMA).repartition(3)
+    df = spark.createDataFrame(order_rows(), KAFKA_SOURCE_SCHEMA).repartition(3)
     assert job.map_partitions(df, parse, schema="id int, amount double").count() == 24
     return topic, name, before
 
@@ -122,12 +102,6 @@ def test_top_causes_example(spark, broker, dead_letters):
     print(f"top causes in {time.monotonic() - t0:.1f}s")
 
 
-def parse_fixed(row):
-    """The fix: a missing amount is 0; undecodable JSON still fails."""
-    order = json.loads(row.value)
-    return (order["id"], float(order.get("amount", 0.0)))
-
-
 @pytest.mark.slow
 def test_reprocess_sends_fixed_records_on_and_dead_letters_the_rest_again(spark, sidecar,
                                                                           broker):
@@ -138,7 +112,7 @@ def test_reprocess_sends_fixed_records_on_and_dead_letters_the_rest_again(spark,
         "errors.deadletterqueue.auto.create.topics.enable": "true",
         "errors.deadletterqueue.topic.replication.factor": "1"}, sidecar=sidecar.address)
     job.register()
-    df = spark.createDataFrame(_rows(), KAFKA_SOURCE_SCHEMA)
+    df = spark.createDataFrame(order_rows(), KAFKA_SOURCE_SCHEMA)
     assert job.map_partitions(df, parse, schema="id int, amount double").count() == 24
     read = lambda: read_dlq(spark, topic, bootstrap_servers=broker.bootstrap_servers)  # noqa: E731
     first = read().collect()

@@ -16,6 +16,7 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 from spillway.spark import KAFKA_SOURCE_SCHEMA, Job, RetriableError
 from support.kafka import header_map, read_all
+from support.orders import bump
 
 pytestmark = pytest.mark.integration
 
@@ -155,14 +156,6 @@ def test_deserialize_reports_key_and_value_converter_stages(spark, sidecar, brok
     assert header_map(msgs[1])["__connect.errors.class.name"].endswith(b"decode_key")
 
 
-def _bump(path: str) -> int:
-    """A counter shared by every Python worker: the new count."""
-    n = int(open(path).read()) + 1 if os.path.exists(path) else 1
-    with open(path, "w") as fh:
-        fh.write(str(n))
-    return n
-
-
 def _has_bad(ids, bad):
     return bool(set(int(i) for i in ids) & bad)
 
@@ -235,7 +228,7 @@ def test_sink_retries_transient_writes_and_dead_letters_unwritable_rows(
         for r in rows:
             if r.id == 9:
                 raise ValueError("row 9 rejected by the sink")
-            if r.id == 4 and _bump(marker) <= 3:  # in its chunk of 4, its half, then alone
+            if r.id == 4 and bump(marker) <= 3:  # in its chunk of 4, its half, then alone
                 raise RetriableError("sink throttled")
         for r in rows:  # idempotent: one file per id
             (out_dir / str(r.id)).write_text(str(r.id))
