@@ -43,3 +43,22 @@ def health_at(address: str) -> int:
 def port_of(address: str) -> int:
     """The port of ``host:port`` (a bracketed IPv6 host included)."""
     return int(address.rpartition(":")[2])
+
+
+def serve_servicer(servicer, *, port: int = 0, with_health: bool = False):
+    """A test's own ErrorSidecar servicer on a real in-process ``grpc.server`` on loopback
+    (``port`` 0: one picked by the server); with ``with_health``, grpc.health.v1 answering
+    SERVING too. Returns (server, target); the caller stops the server."""
+    from concurrent import futures
+
+    from grpc_health.v1 import health
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_ErrorSidecarServicer_to_server(servicer, server)
+    if with_health:
+        hs = health.HealthServicer()
+        hs.set("", health_pb2.HealthCheckResponse.SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server, f"127.0.0.1:{port}"

@@ -9,7 +9,6 @@ from concurrent import futures
 
 import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from spillway.client import (
     FlushTimeoutError,
     InvalidPolicyError,
@@ -26,6 +25,7 @@ from spillway.client import (
 from spillway.client.client import DEFAULT_TARGET, resolve_target
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.rpc import serve_servicer
 
 
 class Scripted(pb_grpc.ErrorSidecarServicer):
@@ -81,14 +81,7 @@ class Scripted(pb_grpc.ErrorSidecarServicer):
 @pytest.fixture
 def scripted():
     servicer = Scripted()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_ErrorSidecarServicer_to_server(servicer, server)
-    hs = health.HealthServicer()
-    hs.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    servicer.target = f"127.0.0.1:{port}"
+    server, servicer.target = serve_servicer(servicer, with_health=True)
     yield servicer
     server.stop(0)
     _channel.close_channel(servicer.target)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import uuid
-from concurrent import futures
 
 import grpc
 import pytest
@@ -35,6 +34,8 @@ from spillway.spark import job as job_module
 from spillway.spark._compat import arrow_conversions
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.rpc import serve_servicer
+from support.spark import FakeTaskContext
 
 POISON = 3  # the row every wrapper's function fails on (with "only skipped": every row fails)
 ID_SCHEMA = StructType([StructField("id", IntegerType(), True)])
@@ -87,42 +88,10 @@ class Sidecar(pb_grpc.ErrorSidecarServicer):
 @pytest.fixture(scope="module")
 def server():
     servicer = Sidecar()
-    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_ErrorSidecarServicer_to_server(servicer, srv)
-    port = srv.add_insecure_port("127.0.0.1:0")
-    srv.start()
-    servicer.target = f"127.0.0.1:{port}"
+    srv, servicer.target = serve_servicer(servicer)
     yield servicer
     srv.stop(0)
     _channel.close_channel(servicer.target)
-
-
-class FakeTaskContext:
-    """Spark's TaskContext as a UDF reads it (the class attribute per row)."""
-
-    _taskContext = None
-
-    def __init__(self, tid):
-        self.tid = tid
-
-    @classmethod
-    def get(cls):
-        return cls._taskContext
-
-    def taskAttemptId(self):
-        return self.tid
-
-    def stageId(self):
-        return 1
-
-    def partitionId(self):
-        return 0
-
-    def attemptNumber(self):
-        return 0
-
-    def getLocalProperty(self, key):
-        return None
 
 
 class Captured:
@@ -155,7 +124,8 @@ def sidecar(server, monkeypatch):
     monkeypatch.setattr(_udf, "_udf_states", {})
     monkeypatch.setattr(_udf, "TaskContext", FakeTaskContext)
     monkeypatch.setattr(_runtime, "_task_context", FakeTaskContext.get)
-    FakeTaskContext._taskContext = FakeTaskContext(tid=int(uuid.uuid4().int % 10**6))
+    monkeypatch.setattr(FakeTaskContext, "_taskContext",
+                        FakeTaskContext(tid=int(uuid.uuid4().int % 10**6)))
     server.flush_fails = True
     server.calls.clear()
     return server

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent import futures
 
 import grpc
 import pytest
@@ -21,6 +20,7 @@ from spillway.spark._engine import StageRef
 from spillway.spark._runtime import JobSpec, TaskSession, WrapperSpec
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.rpc import serve_servicer
 
 T = StageRef.of("TRANSFORMATION")
 
@@ -62,14 +62,6 @@ class Scripted(pb_grpc.ErrorSidecarServicer):
         return {(c.stage, c.custom_stage): c.records for c in flushes[i].processed}
 
 
-def _serve(servicer, port=0):
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_ErrorSidecarServicer_to_server(servicer, server)
-    port = server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    return server, f"127.0.0.1:{port}"
-
-
 @pytest.fixture(autouse=True)
 def fresh_worker(monkeypatch):
     monkeypatch.setattr(_runtime, "_worker", None)
@@ -82,7 +74,7 @@ def fresh_worker(monkeypatch):
 @pytest.fixture
 def scripted():
     servicer = Scripted()
-    server, target = _serve(servicer)
+    server, target = serve_servicer(servicer)
     servicer.target = target
     yield servicer
     server.stop(0)
@@ -206,7 +198,7 @@ def test_wait_mode_rides_out_a_sidecar_restart():
 
     def start_later():
         time.sleep(1.0)
-        started["server"] = _serve(servicer, port)[0]
+        started["server"] = serve_servicer(servicer, port=port)[0]
 
     threading.Thread(target=start_later, daemon=True).start()
     s = _session(JobSpec("j", on_sidecar_unavailable="wait", sidecar_wait_s=30),

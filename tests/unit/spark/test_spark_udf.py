@@ -14,32 +14,7 @@ from spillway.spark._runtime import WrapperSpec
 from spillway.spark._udf import udf_function as _udf_function
 from spillway.spark.job import Job
 from support.native import skip_without_a_c_compiler
-
-
-class FakeTaskContext:
-    _taskContext = None  # pyspark's layout: the wrapper reads it per row
-
-    def __init__(self, tid, partition=0):
-        self.tid, self.partition = tid, partition
-
-    @classmethod
-    def get(cls):
-        return cls._taskContext
-
-    def taskAttemptId(self):
-        return self.tid
-
-    def stageId(self):
-        return 1
-
-    def partitionId(self):
-        return self.partition
-
-    def attemptNumber(self):
-        return 0
-
-    def getLocalProperty(self, key):
-        return None
+from support.spark import FakeTaskContext
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +46,7 @@ def executor_like(monkeypatch):
     monkeypatch.setattr(udf_module, "_udf_states", {})
     monkeypatch.setattr(udf_module, "TaskContext", FakeTaskContext)
     monkeypatch.setattr(_runtime, "_task_context", FakeTaskContext.get)
-    FakeTaskContext._taskContext = FakeTaskContext(tid=1)
+    monkeypatch.setattr(FakeTaskContext, "_taskContext", FakeTaskContext(tid=1))
 
 
 def _job(sidecar, **kw):
