@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 
 import grpc
 import pytest
@@ -94,6 +95,37 @@ def test_the_local_credential_is_the_defaults_admin_and_peer_token(tmp_path):
     again = localcred.apply(security.load_config({}), str(path))
     assert again.admin_token.current().reveal() == token
     assert "local credential" in security.describe(again, local_only=True)
+
+
+def test_two_first_starts_at_once_both_read_the_one_local_credential(tmp_path, monkeypatch):
+    # the first start of two sidecars of this user (a fresh machine or CI home): the one that
+    # loses the race to create the file must never read it before its token is in it
+    path = tmp_path / "state" / "spillway" / "local.token"
+    writing, go_on = threading.Event(), threading.Event()
+    real_fdopen = os.fdopen
+    got = {}
+    slow = threading.Thread(target=lambda: got.setdefault(
+        "slow", localcred.apply(security.load_config({}), str(path))))
+
+    def slow_fdopen(fd, *a, **kw):
+        if threading.current_thread() is slow:   # held before it writes its token
+            writing.set()
+            assert go_on.wait(10)
+        return real_fdopen(fd, *a, **kw)
+
+    monkeypatch.setattr(os, "fdopen", slow_fdopen)
+    slow.start()
+    assert writing.wait(10)           # the other start is writing its token: this one starts
+    try:
+        fast = localcred.apply(security.load_config({}), str(path))
+    finally:
+        go_on.set()
+        slow.join(10)
+    token = path.read_text().strip()
+    assert len(token) >= 40 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert fast.admin_token.current().reveal() == token
+    assert got["slow"].admin_token.current().reveal() == token
+    assert [f.name for f in path.parent.iterdir()] == ["local.token"]   # nothing left behind
 
 
 def test_a_local_credential_others_could_read_stops_start_up(tmp_path):
