@@ -16,3 +16,15 @@ def nothing_listening() -> Iterator[str]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         yield f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@contextlib.contextmanager
+def reserved_port() -> Iterator[int]:
+    """A loopback port for a gRPC server the test starts later: held bound (refusing
+    connections) with SO_REUSEPORT, as grpc binds its listeners, so that server can bind it
+    while no other process can be given it meanwhile (Linux hands out no port held so for
+    an ephemeral bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]

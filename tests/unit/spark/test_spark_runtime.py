@@ -14,12 +14,12 @@ from spillway.client import (
     SidecarUnavailableError,
     _channel,
 )
-from spillway.sidecar.runtime.embedded import free_port
 from spillway.spark import _runtime, _tracing
 from spillway.spark._engine import StageRef
 from spillway.spark._runtime import JobSpec, TaskSession, WrapperSpec
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.net import reserved_port
 from support.rpc import serve_servicer
 
 T = StageRef.of("TRANSFORMATION")
@@ -192,21 +192,21 @@ def test_unreachable_sidecar_fails_by_default(unreachable):
 
 
 def test_wait_mode_rides_out_a_sidecar_restart():
-    port = free_port()
     servicer = Scripted()
     started = {}
+    with reserved_port() as port:   # no other process of a parallel run is given it meanwhile
 
-    def start_later():
-        time.sleep(1.0)
-        started["server"] = serve_servicer(servicer, port=port)[0]
+        def start_later():
+            time.sleep(1.0)
+            started["server"] = serve_servicer(servicer, port=port)[0]
 
-    threading.Thread(target=start_later, daemon=True).start()
-    s = _session(JobSpec("j", on_sidecar_unavailable="wait", sidecar_wait_s=30),
-                 f"127.0.0.1:{port}")
-    try:
-        assert [v.action for v in s.report([_record()])] == [pb.ACTION_SKIP]
-    finally:
-        started["server"].stop(0)
+        threading.Thread(target=start_later, daemon=True).start()
+        s = _session(JobSpec("j", on_sidecar_unavailable="wait", sidecar_wait_s=30),
+                     f"127.0.0.1:{port}")
+        try:
+            assert [v.action for v in s.report([_record()])] == [pb.ACTION_SKIP]
+        finally:
+            started["server"].stop(0)
     assert servicer.methods() == ["RegisterJob", "ReportFailures"]
 
 
