@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 import pytest
 from spillway.sidecar.errors import ConfigError, LiveRunsExhaustedError
 from spillway.sidecar.service import registry as r
-from support.fakes import FakeClock
+from support.fakes import Caller, FakeClock
 
 
-@dataclass(frozen=True)
-class Who:
-    admin: bool = False
-    peer: bool = False
-    authenticated: bool = True
-    identity: str = "test"
-
-
-APP, PEER, OPERATOR = Who(), Who(peer=True), Who(admin=True)
+APP, PEER, OPERATOR = Caller(), Caller(peer=True), Caller(admin=True)
 
 
 def _run(job="j", run_id="app-1", token="tok"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from dataclasses import dataclass
 
 import pytest
 from spillway.client import SidecarClient
@@ -19,17 +18,10 @@ from spillway.client.errors import JobAccessError, SidecarAuthError
 from spillway.client.runs import JobRun, JobToken
 from spillway.sidecar.service import registry as r
 from spillway.v1 import sidecar_pb2 as pb
+from support.fakes import Caller
 
 
-@dataclass(frozen=True)
-class Who:
-    admin: bool = False
-    peer: bool = False
-    authenticated: bool = True
-    identity: str = "app"
-
-
-APP = Who()
+APP = Caller()
 
 
 def _same_prefix(token: str, nbytes: int) -> str:
