@@ -9,7 +9,7 @@ processes through `spillway serve`, client processes, local Spark — alternates
 candidate runs (ABAB…), and reports medians and min–max over several runs, each target's
 ratio, its threshold and whether it is met. Figures are reported, never asserted.
 
-Layout: `stats`, `model` and `report` are pure (tested in tests/unit/test_bench_harness.py);
+Layout: `stats`, `model` and `report` are pure (tested in tests/unit/project/test_bench_harness.py);
 `infra`, `clients`, `profiling` start and watch processes, `cpu` reads their CPU counters;
 `loadgen`, `echo` and `produce` are the programs those processes run; `targets` holds the
 targets (11, `cluster`: node sidecars forwarding to one home, CPU per record by role).

@@ -2,7 +2,7 @@
 stime, every thread of the process), for figures in CPU per record.
 
 `parse_stat_cpu`, `cpu_used`, `us_per_record` and `per_core_ceiling` are pure (tested in
-tests/unit/test_bench_harness.py); `cpu_seconds` and `snapshot` read /proc.
+tests/unit/project/test_bench_harness.py); `cpu_seconds` and `snapshot` read /proc.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 #
 # pyspark itself is the image's own ($SPARK_HOME/python; spark-submit and the executors put it on
 # PYTHONPATH), so its version is the cluster's: keep this tag's Spark version equal to the pyspark
-# pin in requirements/dev.txt (tests/unit/test_compose.py checks it).
+# pin in requirements/dev.txt (tests/unit/project/test_compose.py checks it).
 
 FROM apache/spark:4.3.0-scala2.13-java17-python3-ubuntu
 

@@ -1,6 +1,7 @@
 """Writes docs/CONFIGURATION.md from the property table in spillway.sidecar.core.config.
 
-The table is the single source of truth; tests/unit/test_config_doc.py fails when the doc is stale.
+The table is the single source of truth; tests/unit/project/test_config_doc.py fails when the
+doc is stale.
 """
 
 from __future__ import annotations

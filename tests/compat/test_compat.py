@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from support.kafka import read_all
+from support.kafka import header_map, read_all
 
 from compat.venvs import MATRIX, build_wheels, make_venv
 
@@ -45,10 +45,6 @@ def venvs(request, wheels, tmp_path_factory):
               if c.name in selected}
     yield builds
     pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _headers(msg) -> dict[str, bytes]:
-    return {k: v for k, v in (msg.headers() or [])}
 
 
 def _dlq(broker, prefix: str, wrapper: str) -> list:
@@ -81,7 +77,7 @@ def test_wheels_run_every_wrapper(combo, venvs, sidecar, broker, tmp_path):
     assert (rows["retries"], rows["skipped"], rows["dlq"], rows["processed"]) == (1, 1, 1, 20)
     [msg] = _dlq(broker, prefix, "rows")
     assert (msg.key(), msg.value()) == (b"k13", b"{not json")
-    h = _headers(msg)
+    h = header_map(msg)
     assert h["origin"] == b"compat" and h["__connect.errors.offset"] == b"13"
     assert h["__connect.errors.stage"] == b"TRANSFORMATION"
     assert h["__connect.errors.exception.class.name"] == b"json.decoder.JSONDecodeError"
@@ -98,7 +94,7 @@ def test_wheels_run_every_wrapper(combo, venvs, sidecar, broker, tmp_path):
     assert r["arrow"]["ids"] == [i for i in range(12) if i != 5]
     assert r["arrow"]["dlq"] == 1
     [msg] = _dlq(broker, prefix, "arrow")
-    assert _headers(msg)["__connect.errors.exception.class.name"] == b"builtins.ZeroDivisionError"
+    assert header_map(msg)["__connect.errors.exception.class.name"] == b"builtins.ZeroDivisionError"
 
     # UDF: null, and the error column
     assert r["udf"]["plain"] == [["1", 1], ["3", 3], ["x", None]]
@@ -112,7 +108,7 @@ def test_wheels_run_every_wrapper(combo, venvs, sidecar, broker, tmp_path):
     assert d["columns"][-2:] == ["parsed_key", "parsed_value"]
     assert d["by_stage"] == {"KEY_CONVERTER": 1, "VALUE_CONVERTER": 1}
     msgs = _dlq(broker, prefix, "deserialize")
-    assert [(m.key(), _headers(m)["__connect.errors.stage"]) for m in msgs] == [
+    assert [(m.key(), header_map(m)["__connect.errors.stage"]) for m in msgs] == [
         (b"k2", b"VALUE_CONVERTER"), (b"\xffbad-key", b"KEY_CONVERTER")]
     assert msgs[0].value() == b"[broken"
 
@@ -121,7 +117,7 @@ def test_wheels_run_every_wrapper(combo, venvs, sidecar, broker, tmp_path):
     assert s["written"] == [i for i in range(16) if i != 9]
     assert (s["retries"], s["dlq"]) == (1, 1)
     [msg] = _dlq(broker, prefix, "sink")
-    assert _headers(msg)["__connect.errors.stage"] == b"TASK_PUT"
+    assert header_map(msg)["__connect.errors.stage"] == b"TASK_PUT"
     assert json.loads(msg.value()) == {"id": 9}
 
     if combo.with_sidecar:  # the sidecar's wheel installs and its command runs

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.ci import in_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 PINS = ROOT / "requirements" / "compat"
@@ -58,10 +59,6 @@ def wheelhouse() -> Path:
                 or Path.home() / ".cache" / "spillway" / "compat-wheelhouse")
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def find_python(versions: tuple[str, ...]) -> str:

@@ -9,20 +9,14 @@ import sys
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support import serve
+from grpc_health.v1 import health_pb2
+from support import rpc, serve
 
 pytestmark = pytest.mark.e2e
 
 
 def _spawn(args, env=None):
     return serve.spawn(args, extra_env=env)
-
-
-def _health(address):
-    with grpc.insecure_channel(address) as ch:
-        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
-                                                    timeout=5).status
 
 
 def test_serve_layers_flags_over_env_over_file_and_stops_on_sigterm(tmp_path, broker):
@@ -41,7 +35,7 @@ def test_serve_layers_flags_over_env_over_file_and_stops_on_sigterm(tmp_path, br
     )
     try:
         assert address.startswith("127.0.0.1:")  # loopback, never all interfaces by default
-        assert _health(address) == health_pb2.HealthCheckResponse.SERVING
+        assert rpc.health_at(address) == health_pb2.HealthCheckResponse.SERVING
         from spillway.v1 import sidecar_pb2 as pb
         from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 
@@ -87,7 +81,7 @@ def test_unix_socket_listener(tmp_path):
     proc, address = _spawn(["--listen", "", "--unix-socket", str(sock)])
     try:
         assert address == f"unix://{sock}"
-        assert _health(address) == health_pb2.HealthCheckResponse.SERVING
+        assert rpc.health_at(address) == health_pb2.HealthCheckResponse.SERVING
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
@@ -183,7 +177,7 @@ def test_serve_runs_on_glibc_malloc_unless_an_allocator_was_chosen(tmp_path, cho
         env["PYTHONMALLOC"] = chosen
     proc, address = serve.spawn(["--listen", "127.0.0.1:0"], env=env, log_level="INFO")
     try:
-        assert _health(address) == health_pb2.HealthCheckResponse.SERVING
+        assert rpc.health_at(address) == health_pb2.HealthCheckResponse.SERVING
         assert _environ(proc.pid).get("PYTHONMALLOC") == expected
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)

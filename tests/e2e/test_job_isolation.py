@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from support import serve
+from support import rpc
 from support.tls import write_token
 
 pytestmark = pytest.mark.e2e
@@ -50,12 +51,6 @@ def _record(rid, category=pb.CATEGORY_UNSPECIFIED, cls="builtins.ValueError"):
     return pb.FailedRecord(record_id=rid, stage=pb.STAGE_TRANSFORMATION, value=b"payload",
                            exception=pb.ExceptionInfo(class_name=cls, class_chain=[cls],
                                                       marker_category=category))
-
-
-def _code(call):
-    with pytest.raises(grpc.RpcError) as err:
-        call()
-    return err.value.code(), err.value.details()
 
 
 def test_another_caller_cannot_touch_a_victims_run(sidecars):
@@ -106,7 +101,7 @@ def test_another_caller_cannot_touch_a_victims_run(sidecars):
                 pb.EndJobRequest(job="victim", run_id=RUN), metadata=md, timeout=10),
         }
         for what, attack in attacks.items():
-            code, details = _code(attack)
+            code, details = rpc.error(attack)
             assert code == grpc.StatusCode.PERMISSION_DENIED, (who, what, code, details)
             assert "job token" in details and reg.job_token not in details, (who, what)
         # status lists none of it to this caller
@@ -153,7 +148,7 @@ def test_the_same_name_in_another_run_is_another_job(sidecars):
         job="shared", run_id="run-b", task=TASK, records=[_record("x")]),
         metadata=node + [("spillway-job-token", theirs.job_token)], timeout=10)
     assert failed.verdicts[0].job_failed  # tolerance none: run-b has failed
-    code, _ = _code(lambda: stub.ReportFailures(pb.ReportFailuresRequest(
+    code, _ = rpc.error(lambda: stub.ReportFailures(pb.ReportFailuresRequest(
         job="shared", run_id="run-a", task=TASK, records=[_record("x")]),
         metadata=node + [("spillway-job-token", theirs.job_token)], timeout=10))
     assert code == grpc.StatusCode.PERMISSION_DENIED  # run-b's token is not run-a's
@@ -186,7 +181,7 @@ def test_the_operator_lists_and_ends_runs_with_spillway_job(sidecars):
                                              metadata=[("spillway-admin-token", ADMIN)],
                                              timeout=5).jobs] == ["op-2"]
     # without the operator's token, the node token alone ends nothing
-    code, _ = _code(lambda: stub.EndJob(pb.EndJobRequest(job="nightly", run_id="op-2"),
+    code, _ = rpc.error(lambda: stub.EndJob(pb.EndJobRequest(job="nightly", run_id="op-2"),
                                         metadata=node, timeout=10))
     assert code == grpc.StatusCode.PERMISSION_DENIED
     out = _cli(addr, admin, "end", "nightly")  # every live run of the name

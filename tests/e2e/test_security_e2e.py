@@ -15,12 +15,13 @@ import sys
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from spillway.client import SidecarAuthError, SidecarClient, SidecarTlsError
 from spillway.client.errors import SidecarUnavailableError
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support import rpc
 from support import serve
 from support.tls import Ca, write_token
 
@@ -38,11 +39,6 @@ def _spawn(args, env=None):
 
 
 _stop = serve.stop
-
-
-def _health(channel):
-    return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                     timeout=5).status
 
 
 def _records(prefix, n):
@@ -68,23 +64,17 @@ def guarded(tmp_path_factory):
     _stop(proc)
 
 
-def _code(call):
-    with pytest.raises(grpc.RpcError) as err:
-        call()
-    return err.value.code(), err.value.details()
-
-
 def test_missing_and_wrong_node_token_are_refused(guarded, tmp_path):
     ch = grpc.insecure_channel(guarded)
     stub = pb_grpc.ErrorSidecarStub(ch)
-    code, details = _code(lambda: stub.GetStatus(pb.GetStatusRequest(), timeout=5))
+    code, details = rpc.error(lambda: stub.GetStatus(pb.GetStatusRequest(), timeout=5))
     assert code == grpc.StatusCode.UNAUTHENTICATED and "spillway-node-token" in details
-    code, details = _code(lambda: stub.RegisterJob(
+    code, details = rpc.error(lambda: stub.RegisterJob(
         pb.RegisterJobRequest(job="j"), metadata=[("spillway-node-token", NODE + "x")],
         timeout=5))
     assert code == grpc.StatusCode.UNAUTHENTICATED and "does not match" in details
     assert NODE not in details
-    assert _health(ch) == health_pb2.HealthCheckResponse.SERVING  # probes need no token
+    assert rpc.health(ch) == health_pb2.HealthCheckResponse.SERVING  # probes need no token
 
     # the client side: a clear error naming the setting, then success with the token file
     with pytest.raises(SidecarAuthError, match="SPILLWAY_TOKEN_FILE") as err:
@@ -125,7 +115,7 @@ def test_sidecar_only_fields_from_a_non_peer_change_nothing(guarded):
                                           metadata=node, timeout=5),
     }
     for field, attack in attacks.items():
-        code, details = _code(attack)
+        code, details = rpc.error(attack)
         assert code == grpc.StatusCode.PERMISSION_DENIED, (field, code, details)
         assert field in details and "peer sidecar" in details
 
@@ -140,19 +130,19 @@ def test_sidecar_only_fields_from_a_non_peer_change_nothing(guarded):
         job="victim", run_id=RUN, task=TASK, records=_records("p", 1), decide_only=True),
         metadata=peer, timeout=5)
     assert len(out.verdicts) == 1
-    assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
+    assert rpc.health(ch) == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_home_address_not_allowed_is_refused_without_dialling(guarded):
     stub = pb_grpc.ErrorSidecarStub(grpc.insecure_channel(guarded))
     node = [("spillway-node-token", NODE)]
     for home in ("169.254.169.254:80", "metadata.attacker.invalid:50051", "10.0.0.1:50051"):
-        code, details = _code(lambda: stub.RegisterJob(pb.RegisterJobRequest(
+        code, details = rpc.error(lambda: stub.RegisterJob(pb.RegisterJobRequest(
             job="ssrf", run_id=RUN, home=home),
             metadata=node + [("spillway-job-token", "an-executors-token")], timeout=10))
         assert code == grpc.StatusCode.PERMISSION_DENIED, (home, code, details)
         assert home in details and "home.allowed.addresses" in details
-    code, _ = _code(lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(job="ssrf", run_id=RUN),
+    code, _ = rpc.error(lambda: stub.GetJobSummary(pb.GetJobSummaryRequest(job="ssrf", run_id=RUN),
                                                metadata=node, timeout=5))
     assert code == grpc.StatusCode.NOT_FOUND  # nothing was registered
 
@@ -188,7 +178,7 @@ def test_unix_socket_mode_and_spool_permissions(tmp_path):
         for f in files:
             assert stat.S_IMODE(os.stat(spool / f).st_mode) == 0o600, f
         with grpc.insecure_channel(address) as ch:
-            assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
+            assert rpc.health(ch) == health_pb2.HealthCheckResponse.SERVING
     finally:
         _stop(proc)
 
@@ -322,7 +312,7 @@ def test_node_sidecar_forwards_to_its_home_over_mtls(pki, tmp_path):
         # the third error, on the other node, is decided by the home: the job-wide limit holds
         assert vb.verdicts[0].action == pb.ACTION_FAIL and vb.verdicts[0].job_failed
         # the executor's certificate is not a peer's: the home refuses its decide_only
-        code, details = _code(lambda: stub_a.ReportFailures(pb.ReportFailuresRequest(
+        code, details = rpc.error(lambda: stub_a.ReportFailures(pb.ReportFailuresRequest(
             job="wide", run_id=RUN, task=TASK, records=_records("x", 1), decide_only=True),
             metadata=jt, timeout=10))
         assert code == grpc.StatusCode.PERMISSION_DENIED and "executor-1" in details

@@ -38,6 +38,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _listens_in_group(port: int, pgid: int) -> bool:
+    """Whether the socket listening on ``port`` belongs to a process of the process group
+    ``pgid`` (Linux: /proc/net/tcp* and /proc/<pid>/fd). Where /proc cannot tell, yes."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return not Path("/proc/net/tcp").exists()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getpgid(int(pid)) != pgid:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def spark_home() -> Path:
     import pyspark
 
@@ -93,7 +120,19 @@ class ConnectServer:
         })
         return env
 
-    def start(self) -> ConnectServer:
+    def start(self, attempts: int = 3) -> ConnectServer:
+        """Start the server and wait until it listens. Its port is picked free here but bound
+        by the JVM seconds later, and another process of a parallel run (a sidecar, a broker,
+        a Spark driver binding port 0) may be given it meanwhile: then the port answers but not
+        from this server, or this server cannot bind it. Either way it starts again on another
+        port (up to ``attempts`` times) instead of the tests talking to that other process."""
+        for attempt in range(1, attempts + 1):
+            if self._start_once(last=attempt == attempts):
+                return self
+            self.port = _free_port()
+        raise AssertionError("unreachable")  # _start_once(last=True) returns True or raises
+
+    def _start_once(self, *, last: bool) -> bool:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         try:
@@ -106,11 +145,20 @@ class ConnectServer:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             if self.proc.poll() is not None:
+                if not last and "Address already in use" in self.log_tail():
+                    return False   # another process took the port first
                 raise RuntimeError(f"the Spark Connect server exited with {self.proc.returncode}"
                                    f" before listening; its log:\n{self.log_tail()}")
             with contextlib.suppress(OSError), socket.create_connection(
                     ("127.0.0.1", self.port), timeout=1.0):
-                return self
+                if _listens_in_group(self.port, self.proc.pid):
+                    return True
+                if last:
+                    self.stop()
+                    raise RuntimeError(f"127.0.0.1:{self.port} answers, but not from the Spark "
+                                       f"Connect server started on it (another process has it)")
+                self.stop()
+                return False
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the Spark Connect server did not listen on "

@@ -1,6 +1,9 @@
-"""Fakes for the pure core's ports (Clock, RandomSource): unit tests build state, then assert."""
+"""Fakes for the pure core's ports (Clock, RandomSource) and the caller of an RPC: unit tests
+build state, then assert."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 class FakeClock:
@@ -29,3 +32,14 @@ class FakeRng:
 
     def random(self) -> float:
         return self.value
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who calls, as the registry's access rules read it (`service.registry.Caller`): an
+    anonymous application by default."""
+
+    admin: bool = False
+    peer: bool = False
+    authenticated: bool = True
+    identity: str = "test"

@@ -7,11 +7,9 @@ import threading
 import time
 import uuid
 
-import grpc
-
 from spillway.v1 import sidecar_pb2 as pb
-from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from support.records import json_error
+from support.rpc import md, stub  # part of this module's vocabulary for its tests
 
 
 def start(broker, spool, sid):
@@ -21,14 +19,6 @@ def start(broker, spool, sid):
         "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
         "spool.dir": str(spool), "producer.linger.ms": "5", "sidecar.id": sid,
         "home.allowed.addresses": "127.0.0.0/8"})
-
-
-def stub(s):
-    return pb_grpc.ErrorSidecarStub(grpc.insecure_channel(s.address))
-
-
-def md(token):
-    return [("spillway-job-token", token)]
 
 
 def record(rid, value=b"{bad", exc=None):

@@ -52,3 +52,8 @@ def read_all(bootstrap: str, topic: str, idle_s: float = 2.0, timeout_s: float =
         return out
     finally:
         c.close()
+
+
+def header_map(msg) -> dict[str, bytes]:
+    """A consumed record's headers by name (the last value of a name given twice)."""
+    return {k: v for k, v in (msg.headers() or [])}

@@ -53,3 +53,51 @@ def local_spark(app: str = "spillway-tests", cores: int = 2):
         .config("spark.python.worker.reuse", "true")
         .getOrCreate()
     )
+
+
+def load_example(name: str):
+    """examples/<name>.py as a module, pickled by value: Spark's workers cannot import
+    examples/."""
+    import importlib.util
+
+    from pyspark import cloudpickle
+
+    from support.paths import EXAMPLES
+
+    spec = importlib.util.spec_from_file_location(f"spillway_example_{name}",
+                                                  EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+class FakeTaskContext:
+    """Spark's TaskContext as an executor's wrappers read it: ``get()`` answers the class
+    attribute ``_taskContext`` (pyspark's layout: a UDF reads it per row). Set it with
+    ``monkeypatch.setattr`` so that it is undone after the test."""
+
+    _taskContext = None
+
+    def __init__(self, tid, partition=0):
+        self.tid, self.partition = tid, partition
+
+    @classmethod
+    def get(cls):
+        return cls._taskContext
+
+    def taskAttemptId(self):
+        return self.tid
+
+    def stageId(self):
+        return 1
+
+    def partitionId(self):
+        return self.partition
+
+    def attemptNumber(self):
+        return 0
+
+    def getLocalProperty(self, key):
+        return None

@@ -30,7 +30,7 @@ SPARK_WORKER = "gw0"
 # (rank, how a group's scope name starts); the first match decides. A group a module names
 # itself (it holds something heavy, e.g. its own server process) ranks with the e2e modules.
 RANK: tuple[tuple[int, str], ...] = (
-    (0, "tests/integration/test_spark_cluster.py"),
+    (0, "tests/integration/spark/test_spark_cluster.py"),
     (1, SPARK_GROUP),
     (2, "tests/compat/"),
     (3, "tests/e2e/"),

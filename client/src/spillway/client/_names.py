@@ -1,8 +1,8 @@
 """The job-name rule, checked on the driver before anything is sent.
 
 A mirror of the sidecar's ``spillway.sidecar.core.names.check_job_name`` (the client cannot
-import the sidecar); tests/unit/test_names_agree.py checks that both accept and refuse the same
-names with the same message.
+import the sidecar); tests/unit/client/test_names_agree.py checks that both accept and refuse
+the same names with the same message.
 """
 
 from __future__ import annotations

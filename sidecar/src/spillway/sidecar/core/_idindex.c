@@ -194,7 +194,7 @@ digests(PyObject *self, PyObject *ids)
 
 /* --- payload tags: keyed BLAKE2b-64 of a record's key and value (tolerance.payload_tag) ---
  * BLAKE2b as RFC 7693 specifies it (the same digests as hashlib.blake2b(digest_size=8,
- * key=secret): tests/unit/test_idtable_native.py compares them over every length around the
+ * key=secret): tests/unit/sidecar/core/test_idtable_native.py compares them over every length around the
  * block size). The keyed first block is compressed once per call, as payload_tagger does. */
 static const uint64_t B2_IV[8] = {
     UINT64_C(0x6a09e667f3bcc908), UINT64_C(0xbb67ae8584caa73b), UINT64_C(0x3c6ef372fe94f82b),

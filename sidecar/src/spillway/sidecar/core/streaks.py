@@ -12,7 +12,7 @@ while no record of it is retrying), and the streak is answered once with its len
 other record is decided by `decide_one` exactly as `Decider.decide` would.
 
 The answers are the same as `Decider.decide`'s over one payload-less `FailedRecord` per id,
-state, counts and journal included (tests/unit/test_tally_runs.py checks it).
+state, counts and journal included (tests/unit/sidecar/core/test_tally_runs.py checks it).
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
 SERVICE_NAME = "spillway-sidecar"
 
 # KIP metric name -> (spillway metric name, instrument kind, unit, description).
-# docs/OBSERVABILITY.md carries this table for users (tests/unit/test_observability_doc.py).
+# docs/OBSERVABILITY.md carries this table for users
+# (tests/unit/sidecar/observability/test_observability_doc.py).
 METRICS: dict[str, tuple[str, str, str, str]] = {
     "total-record-failures": ("spillway.record.failures", "counter", "{failure}",
                               "KIP-298: every failed attempt of a record"),

@@ -51,20 +51,39 @@ def ensure(path: str) -> str:
     user can read or write: anything else stops start-up naming the property."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        pass  # made by an earlier start, or by another sidecar of this user
-    except OSError as exc:
-        raise ConfigError(PROP, f"cannot create {path}: {exc.strerror}") from None
-    else:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(token + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+    if not os.path.lexists(path):
+        _create(path, directory)
     _check_private(path)
     return path
+
+
+def _create(path: str, directory: str) -> None:
+    """Write the token to a file of its own, then link it in as ``path`` unless that exists
+    by then: the file appears with its token in it, so another sidecar of this user starting
+    at the same moment never reads it empty (it uses whichever file was linked first)."""
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(secrets.token_urlsafe(32) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise
+            except OSError:   # a file system without hard links: moved in if still absent
+                if not os.path.lexists(path):
+                    os.rename(tmp, path)
+                    return
+        except FileExistsError:
+            pass  # made meanwhile by another sidecar of this user
+        finally:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:
+        raise ConfigError(PROP, f"cannot create {path}: {exc.strerror}") from None
 
 
 def _check_private(path: str) -> None:

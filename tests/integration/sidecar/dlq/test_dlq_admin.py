@@ -1,0 +1,84 @@
+"""ensure_topic against a real Tansu broker: existence, no auto-create by default, replication
+factor checked against the broker count, guardrails before any network call."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from spillway.sidecar.core.settings import DlqSettings
+from spillway.sidecar.dlq import ensure_topic
+from spillway.sidecar.errors import DlqError, TopicGuardrailError
+from support.kafka import create_topic
+
+pytestmark = pytest.mark.integration
+
+
+def dlq(topic: str, *, auto_create: bool = False, rf: int = 1, partitions: int = 1,
+        prefix: str = "dlq.") -> DlqSettings:
+    return DlqSettings(topic=topic, prefix=prefix, context_headers=False, header_format="connect",
+                       copy_record=True, auto_create=auto_create, replication_factor=rf,
+                       partitions=partitions, stacktrace_max_bytes=8192)
+
+
+def topics(bootstrap: str) -> dict:
+    return AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
+
+
+def test_an_existing_topic_is_accepted(broker, topic_name):
+    create_topic(broker.bootstrap_servers, topic_name)
+    conf = {"bootstrap.servers": broker.bootstrap_servers}
+    assert ensure_topic(conf, dlq(topic_name), 10) is False
+
+
+def test_a_missing_topic_is_not_created_by_default(broker, topic_name):
+    conf = {"bootstrap.servers": broker.bootstrap_servers}
+    with pytest.raises(TopicGuardrailError) as info:
+        ensure_topic(conf, dlq(topic_name), 10)
+    assert info.value.property == "errors.deadletterqueue.auto.create.topics.enable"
+    assert str(info.value) == (
+        f"errors.deadletterqueue.auto.create.topics.enable: the DLQ topic {topic_name!r} does "
+        f"not exist and auto-create is disabled; create it, or set "
+        f"errors.deadletterqueue.auto.create.topics.enable=true")
+    assert topic_name not in topics(broker.bootstrap_servers)
+
+
+def test_a_replication_factor_above_the_broker_count_is_refused_clearly(broker, topic_name):
+    conf = {"bootstrap.servers": broker.bootstrap_servers}
+    with pytest.raises(TopicGuardrailError) as info:
+        ensure_topic(conf, dlq(topic_name, auto_create=True, rf=3), 10)
+    assert info.value.property == "errors.deadletterqueue.topic.replication.factor"
+    assert str(info.value) == (
+        f"errors.deadletterqueue.topic.replication.factor: is 3 but the cluster at "
+        f"{broker.bootstrap_servers} has only 1 broker(s), so the DLQ topic {topic_name!r} "
+        f"cannot be created; set errors.deadletterqueue.topic.replication.factor to at most 1")
+    assert topic_name not in topics(broker.bootstrap_servers)
+
+
+def test_auto_create_uses_the_partition_count(broker, topic_name):
+    conf = {"bootstrap.servers": broker.bootstrap_servers}
+    assert ensure_topic(conf, dlq(topic_name, auto_create=True, partitions=3), 10) is True
+    deadline = time.monotonic() + 10
+    while topic_name not in topics(broker.bootstrap_servers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(topics(broker.bootstrap_servers)[topic_name].partitions) == 3
+    assert ensure_topic(conf, dlq(topic_name, auto_create=True, partitions=3), 10) is False
+
+
+def test_guardrails_refuse_a_name_before_any_network_call(unreachable):
+    conf = {"bootstrap.servers": unreachable}
+    t0 = time.monotonic()
+    with pytest.raises(TopicGuardrailError, match="starts with '__'"):
+        ensure_topic(conf, dlq("__consumer_offsets", prefix=""), 10)
+    with pytest.raises(TopicGuardrailError, match="does not start with the DLQ prefix"):
+        ensure_topic(conf, dlq("orders"), 10)
+    assert time.monotonic() - t0 < 5.0  # a network call would wait out its 10 s
+
+
+def test_an_unreachable_cluster_is_a_dlq_error_within_the_timeout(unreachable):
+    conf = {"bootstrap.servers": unreachable}
+    t0 = time.monotonic()
+    with pytest.raises(DlqError, match="cannot read the metadata of the Kafka cluster"):
+        ensure_topic(conf, dlq("dlq.x"), 1.0)
+    assert time.monotonic() - t0 < 5.0
