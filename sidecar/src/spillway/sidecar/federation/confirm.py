@@ -33,11 +33,11 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 import grpc
 from spillway.sidecar.core.dlq_record import DlqBuilder
@@ -50,6 +50,9 @@ from spillway.sidecar.federation.peers import HomeError
 from spillway.sidecar.service.registry import Registry, Run
 from spillway.sidecar.transport import convert, tally
 from spillway.v1 import sidecar_pb2 as pb
+
+if TYPE_CHECKING:
+    from spillway.sidecar.dlq import DlqPipeline
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +101,8 @@ class Confirmations:
     releases the rows (one that holds: `DlqPipeline.holds`), the registry (a run still here when
     its answer comes) and the properties (``home.confirm.*``, read when a report comes)."""
 
-    def __init__(self, *, engine: PolicyEngine, pipeline, registry: Registry,
+    def __init__(self, *, engine: PolicyEngine, pipeline: DlqPipeline,
+                 registry: Registry,
                  props: Mapping[str, object], sidecar_id: str) -> None:
         self._engine = engine
         self._pipeline = pipeline

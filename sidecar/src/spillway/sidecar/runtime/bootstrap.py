@@ -52,6 +52,7 @@ from spillway.sidecar.transport.probe import start_probe_server
 from spillway.sidecar.transport.servicer import SERVICE_NAME, ErrorSidecarServicer
 
 if TYPE_CHECKING:
+    from spillway.sidecar.dlq import DlqPipeline
     from spillway.sidecar.runtime.processes import ProcessRole
 
 log = logging.getLogger("spillway.sidecar")
@@ -140,7 +141,7 @@ class Parts:
 
     props: dict
     engine: PolicyEngine
-    pipeline: object   # a DlqPipeline, or None
+    pipeline: DlqPipeline | None   # with bootstrap.servers
     runstate: runstate.RunStore | None
     security: security.SecurityConfig
     registry: Registry

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import grpc
 from spillway.sidecar.core.policy import PolicyEngine
@@ -28,6 +29,9 @@ from spillway.sidecar.service.registry import (
 from spillway.sidecar.service.runstate import RunStore
 from spillway.sidecar.service.values import Ended, RunSummary
 
+if TYPE_CHECKING:
+    from spillway.sidecar.dlq import DlqPipeline
+
 log = logging.getLogger("spillway.sidecar")
 
 
@@ -37,7 +41,8 @@ class Ending:
     reports confirmed first) and the heap trimmer (ended runs' memory handed back)."""
 
     def __init__(self, *, identity: Identity, registry: Registry, engine: PolicyEngine,
-                 runstate: RunStore | None, pipeline, confirmations: Confirmations | None,
+                 runstate: RunStore | None,
+                 pipeline: DlqPipeline | None, confirmations: Confirmations | None,
                  trimmer: Trimmer) -> None:
         self._me = identity
         self._registry = registry

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from itertools import accumulate, islice
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from spillway.sidecar.core.dlq_record import DlqBuilder
 from spillway.sidecar.core.model import Action, Verdict, task_key
@@ -30,6 +31,9 @@ from spillway.sidecar.service.registry import Caller, Registry, Run
 from spillway.sidecar.service.runstate import RunStore, keep
 from spillway.sidecar.service.values import Answer, Flush, Report
 
+if TYPE_CHECKING:
+    from spillway.sidecar.dlq import DlqPipeline
+
 log = logging.getLogger("spillway.sidecar")
 
 _ACTION_CATEGORY = attrgetter("action", "category")
@@ -42,13 +46,14 @@ MAX_VERDICT_EVENTS = 8
 class Reporting:
     """ReportFailures and FlushTask."""
 
-    def __init__(self, *, engine: PolicyEngine, registry: Registry, pipeline,
+    def __init__(self, *, engine: PolicyEngine, registry: Registry,
+                 pipeline: DlqPipeline | None,
                  admission: Admission | None, runstate: RunStore | None, telemetry: Telemetry,
                  confirmations: Confirmations | None, node_tally: NodeTally,
                  sidecar_id: str) -> None:
         self._engine = engine
         self._registry = registry
-        self._pipeline = pipeline     # a DlqPipeline, with bootstrap.servers
+        self._pipeline = pipeline     # with bootstrap.servers
         self._admission = admission   # with a DLQ pipeline
         self._runstate = runstate
         self._telemetry = telemetry

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.federation.confirm import Confirmations
@@ -41,6 +42,9 @@ from spillway.sidecar.service.values import (
     StatusQuery,
 )
 
+if TYPE_CHECKING:
+    from spillway.sidecar.dlq import DlqPipeline
+
 
 @dataclass(frozen=True, eq=False)
 class Sidecar:
@@ -50,7 +54,7 @@ class Sidecar:
     props: Mapping[str, object]
     engine: PolicyEngine
     registry: Registry
-    pipeline: object   # a DlqPipeline with bootstrap.servers, else None
+    pipeline: DlqPipeline | None   # with bootstrap.servers
     runstate: RunStore | None
     telemetry: Telemetry
     admission: Admission | None      # backpressure gate, with a DLQ pipeline

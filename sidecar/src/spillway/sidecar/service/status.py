@@ -6,6 +6,7 @@ see (GetStatus; the transport cuts them to a page that fits one message, `conver
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from spillway.sidecar import __version__
 from spillway.sidecar.core.model import JobSummary
@@ -27,13 +28,17 @@ from spillway.sidecar.service.registry import (
 )
 from spillway.sidecar.service.values import RunSummary, StatusPage, StatusQuery
 
+if TYPE_CHECKING:
+    from spillway.sidecar.dlq import DlqPipeline
+
 
 class Status:
     """Counters and summaries, over the engine, the live runs and what else counts: the DLQ
     pipeline, a node's confirmations, the Kafka check, the backpressure gate."""
 
     def __init__(self, *, identity: Identity, engine: PolicyEngine, registry: Registry,
-                 pipeline, confirmations: Confirmations | None, kafka: KafkaWatch | None,
+                 pipeline: DlqPipeline | None, confirmations: Confirmations | None,
+                 kafka: KafkaWatch | None,
                  admission: Admission | None) -> None:
         self._me = identity
         self._engine = engine

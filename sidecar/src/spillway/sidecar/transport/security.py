@@ -2,8 +2,8 @@
 
 Every call passes `Authenticating` before any servicer code runs. It checks the credentials the
 call carries (gRPC metadata) and the mTLS identity of the connection, then publishes the result
-as a `Caller` through a context variable (`current_caller()`), which the servicer and the
-registry ask instead of looking at metadata themselves.
+as a `Caller` through a context variable (`current_caller()`), which the servicer reads and
+hands to the service with each call (the service never reads it, nor the metadata).
 
 Credentials (docs/SECURITY.md):
 - ``spillway-node-token`` (``auth.token.file``): the node's API token, application -> sidecar.

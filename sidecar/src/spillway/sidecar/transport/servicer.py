@@ -10,6 +10,7 @@ durability to `dlq.pipeline`, the run bookkeeping to `service`.
 from __future__ import annotations
 
 from contextlib import contextmanager
+
 import grpc
 from spillway.sidecar.errors import (
     BackpressureError,
