@@ -205,6 +205,7 @@ def test_status_pages_through_every_run_and_each_page_fits_a_default_client(tmp_
 
 def test_ten_thousand_runs_registered_and_ended_leave_nothing_behind(tmp_path):
     """Through the sidecar's own flows (no network: 20,000 calls), counted, not timed."""
+    from spillway.sidecar.service.values import Registration, Report
     from spillway.sidecar.transport.security import Caller
 
     running = _start(tmp_path)
@@ -212,14 +213,14 @@ def test_ten_thousand_runs_registered_and_ended_leave_nothing_behind(tmp_path):
     app = Caller(authenticated=True, identity="app")
     try:
         for i in range(10_000):
-            reg = sc.register_job(pb.RegisterJobRequest(job="soak", run_id=f"run-{i}",
-                                                        properties=PROPS),
+            reg = sc.register_job(Registration(job="soak", run_id=f"run-{i}", properties=PROPS),
                                   token=None, caller=app, timeout_s=10)
-            sc.report(pb.ReportFailuresRequest(job="soak", run_id=f"run-{i}"), None, [],
+            sc.report(Report(job="soak", run_id=f"run-{i}", task=None, records=[]),
                       timeout_s=10, token=reg.job_token, caller=app)
-            ended = sc.end_job(pb.EndJobRequest(job="soak", run_id=f"run-{i}"),
-                               token=reg.job_token, caller=app, timeout_s=10)
-            assert len(ended.summaries) == 1 and ended.summaries[0].run_id == f"run-{i}"
+            ended = sc.end_job("soak", f"run-{i}", token=reg.job_token, caller=app,
+                               timeout_s=10)
+            assert (len(ended.summaries) == 1
+                    and ended.summaries[0].summary.run_id == f"run-{i}")
         assert sc.engine.jobs() == [] and len(sc.registry) == 0
         counters = sc.sidewide_counters()
         assert (counters["jobs"], counters["jobs-ended"]) == (0, 10_000)

@@ -5,8 +5,9 @@ with `ast` from client/src, sidecar/src and spark_integration/src (the generated
 client/src/spillway/v1 aside, which imports only itself):
 - imports inside functions count: a deferred import hides a circle from the interpreter, not
   from a reader, who still has to know both modules to change either;
-- imports under ``if TYPE_CHECKING:`` do not: they name a type for annotations and run never
-  (e.g. the servicer naming `service.Sidecar`, which it is handed);
+- imports under ``if TYPE_CHECKING:`` count too: they run never, but a module that names
+  another's type for its annotations cannot be read without it, and one that imports it back
+  that way is one module in two files;
 - a package's ``__init__`` importing its own submodules (to re-export them) is not an edge:
   otherwise every submodule that imports a sibling through the package would close a circle
   with it, and, worse, a real circle between two submodules would hide inside the package's.
@@ -41,23 +42,12 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
-def _type_checking(node: ast.If) -> bool:
-    t = node.test
-    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
-
-
 def _imported(tree: ast.Module, name: str, is_package: bool) -> set[str]:
-    """Dotted names `tree` imports at run time (absolute; `from x import y` yields x and x.y)."""
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _type_checking(node):
-            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    """Dotted names `tree` imports, at run time or under TYPE_CHECKING (absolute; `from x import
+    y` yields x and x.y)."""
     package = name if is_package else name.rpartition(".")[0]
     out: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -139,8 +129,8 @@ def test_the_graph_sees_the_project_and_its_imports():
     assert "spillway.sidecar.runtime.bootstrap" in edges and "spillway.spark" in edges
     assert not any(m.startswith("spillway.v1") for m in edges)  # generated code aside
     assert "spillway.sidecar.service.sidecar" in edges["spillway.sidecar.runtime.bootstrap"]
-    # TYPE_CHECKING imports do not count: the servicer only names the service's type
-    assert "spillway.sidecar.service.sidecar" not in edges["spillway.sidecar.transport.servicer"]
+    # TYPE_CHECKING imports count: bootstrap names processes' ProcessRole only for annotations
+    assert "spillway.sidecar.runtime.processes" in edges["spillway.sidecar.runtime.bootstrap"]
     # a package's __init__ re-exporting its submodules is no edge
     assert not any(m.startswith("spillway.sidecar.dlq.") for m in edges["spillway.sidecar.dlq"])
 
@@ -149,7 +139,7 @@ def test_the_circle_finder_finds_a_circle_through_a_deferred_import():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"d"}}
     assert _circles(edges) == [frozenset({"a", "b", "c"})]
     tree = ast.parse("def f():\n    from . import c\nif TYPE_CHECKING:\n    from . import d\n")
-    assert _imported(tree, "pkg.a", False) == {"pkg", "pkg.c"}
+    assert _imported(tree, "pkg.a", False) == {"pkg", "pkg.c", "pkg.d"}
 
 
 def test_no_import_circle_between_the_projects_modules():

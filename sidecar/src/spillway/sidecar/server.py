@@ -1,8 +1,8 @@
 """Where `spillway serve`, the tests and the benchmarks start a sidecar (names kept here).
 
-The parts live in their own modules: bootstrap.py (build, serve, stop), service.py (the
-application service `Sidecar`), service/status.py (GetStatus), transport/servicer.py (the gRPC
-servicer and its status-code table); see docs/ARCHITECTURE.md.
+The parts live in their own modules: runtime/bootstrap.py (wire, serve, stop),
+service/sidecar.py (the application service's facade `Sidecar`), transport/servicer.py (the
+gRPC servicer and its status-code table); see docs/ARCHITECTURE.md.
 """
 
 from spillway.sidecar.runtime.bootstrap import (

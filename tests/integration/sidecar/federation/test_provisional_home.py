@@ -219,8 +219,6 @@ def test_a_run_expiring_on_a_node_writes_what_it_still_holds(home, node, broker)
     """Idle expiry on the node (no EndJob): what is held and not yet sent is written as it is
     (never lost; a copy the home also has elsewhere would be a duplicate), and the report in
     flight is applied when its answer comes."""
-    from spillway.sidecar.service import ending
-
     job, token, topic, _ = register(home, [node], {})
     gate = Gate(node, job)
     report(node, job, token, task(0), [record(f"i{i}") for i in range(10)])
@@ -229,7 +227,7 @@ def test_a_run_expiring_on_a_node_writes_what_it_still_holds(home, node, broker)
         time.sleep(0.01)
     report(node, job, token, task(1), [record(f"q{i}") for i in range(10)])   # queued
     run = node.sidecar.registry.get(job, "r")
-    ending.release(node.sidecar, run, time.monotonic(), expired=True)
+    node.sidecar.ending.release(run, time.monotonic(), expired=True)
     gate.open.set()
     node.sidecar.pipeline.force_flush(20)
     until_nothing_held(node)
@@ -283,7 +281,7 @@ def test_a_home_that_cannot_confirm_gets_the_held_records_written_as_they_are(ho
     assert flush(node, job, token, task(0)) == 8
     keys = sorted(m.key() for m in read_all(broker.bootstrap_servers, topic))
     assert keys == sorted(f"u{i}".encode() for i in range(8))
-    assert node.sidecar.confirmations.answer(run, task(1), None, [], token, "") is None
+    assert node.sidecar.confirmations.answer(run, None, [], token, "") is None
 
 
 def test_a_waiting_report_whose_node_dies_before_spooling_is_not_lost(home, broker, tmp_path,
@@ -305,7 +303,7 @@ def test_a_waiting_report_whose_node_dies_before_spooling_is_not_lost(home, brok
             raise RuntimeError("killed before the spool's commit")
         return real_submit(records, release=release, segments=segments)
     monkeypatch.setattr(s.pipeline, "submit", dies)
-    monkeypatch.setattr(s, "_undo_dead_letters", lambda *a, **kw: None)   # no time left
+    monkeypatch.setattr(s.reporting, "_undo_dead_letters", lambda *a, **kw: None)   # no time left
     monkeypatch.setattr(s.confirmations, "drop", lambda *a, **kw: None)
     with pytest.raises(grpc.RpcError):
         report(node, job, token, task(0), [record(f"g{i}") for i in range(6)])

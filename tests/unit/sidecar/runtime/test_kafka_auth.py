@@ -265,7 +265,7 @@ def test_the_sidecar_logs_its_kafka_settings_as_given_never_a_secret(secrets, ca
 
 def test_a_missing_secret_stops_the_sidecar_naming_the_property_and_file(tmp_path):
     from spillway.sidecar.core import config
-    from spillway.sidecar.runtime.bootstrap import build_sidecar
+    from spillway.sidecar.runtime.bootstrap import configure
 
     raw = config.resolve(explicit={
         "listen.address": "127.0.0.1:0", "bootstrap.servers": "127.0.0.1:1",
@@ -273,7 +273,7 @@ def test_a_missing_secret_stops_the_sidecar_naming_the_property_and_file(tmp_pat
         "producer.kafka.sasl.username": "svc",
         "producer.kafka.sasl.password": f"${{directory:{tmp_path}/secret:password}}"}, env={})
     with pytest.raises(ConfigError) as err:
-        build_sidecar(raw)
+        configure(raw)
     assert err.value.property == "producer.kafka.sasl.password"
     assert str(err.value) == (f"producer.kafka.sasl.password: file not found: "
                               f"{tmp_path}/secret/password")

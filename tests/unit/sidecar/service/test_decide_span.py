@@ -4,7 +4,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from spillway.sidecar.core.model import Action, Category, Verdict
-from spillway.sidecar.service.sidecar import MAX_VERDICT_EVENTS, _annotate
+from spillway.sidecar.service.reporting import MAX_VERDICT_EVENTS, annotate
 
 
 class _Rec:
@@ -18,7 +18,7 @@ def _span(verdicts, ids=None):
     tp.add_span_processor(SimpleSpanProcessor(exporter))
     records = [_Rec(i) for i in (ids or [v.record_id for v in verdicts])]
     with tp.get_tracer("t").start_as_current_span("spillway.decide") as span:
-        _annotate(span, verdicts, records)
+        annotate(span, verdicts, records)
     [finished] = exporter.get_finished_spans()
     return finished
 

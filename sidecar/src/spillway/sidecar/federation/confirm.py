@@ -33,7 +33,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
@@ -41,17 +41,18 @@ from typing import TYPE_CHECKING
 
 import grpc
 from spillway.sidecar.core.dlq_record import DlqBuilder
-from spillway.sidecar.core.model import Action, Verdict, task_key
+from spillway.sidecar.core.model import Action, TaskIdentity, Verdict, task_key
+from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.core.ports import SystemClock
 from spillway.sidecar.errors import FlushTimeoutError, JobConflictError, UnknownJobError
 from spillway.sidecar.federation.node_slices import NodeSlices
 from spillway.sidecar.federation.peers import HomeError
+from spillway.sidecar.service.registry import Registry, Run
 from spillway.sidecar.transport import convert, tally
 from spillway.v1 import sidecar_pb2 as pb
 
 if TYPE_CHECKING:
-    from spillway.sidecar.service.registry import Run
-    from spillway.sidecar.service.sidecar import Sidecar
+    from spillway.sidecar.dlq import DlqPipeline
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +96,19 @@ class _RunQueue:
 
 
 class Confirmations:
-    """A node's held reports and their confirmation (one thread for all runs)."""
+    """A node's held reports and their confirmation (one thread for all runs): over the
+    engine (provisional verdicts, payload digests, log lines), the DLQ pipeline that holds and
+    releases the rows (one that holds: `DlqPipeline.holds`), the registry (a run still here when
+    its answer comes) and the properties (``home.confirm.*``, read when a report comes)."""
 
-    def __init__(self, s: Sidecar) -> None:
-        self._s = s
+    def __init__(self, *, engine: PolicyEngine, pipeline: DlqPipeline,
+                 registry: Registry,
+                 props: Mapping[str, object], sidecar_id: str) -> None:
+        self._engine = engine
+        self._pipeline = pipeline
+        self._registry = registry
+        self._props = props
+        self._sidecar_id = sidecar_id
         self._cv = threading.Condition()
         self._runs: dict[str, _RunQueue] = {}
         self._tasks: dict[str, list] = {}      # flush key -> [held reports, failure reason]
@@ -109,11 +119,11 @@ class Confirmations:
         self._in_memory = 0                    # records of queued reports held in memory
         # held rows kept from before a restart, until their run registers again (`adopt`)
         self._orphans: set[int] = set()
-        if s.pipeline is not None and s.pipeline.holds:
-            self._orphans = {rid for rid, _, _ in s.pipeline.store.held_rows()}
-        self._orphans_at = time.monotonic() + s.registry.idle_timeout_s
+        if pipeline is not None and pipeline.holds:
+            self._orphans = {rid for rid, _, _ in pipeline.store.held_rows()}
+        self._orphans_at = time.monotonic() + registry.idle_timeout_s
         # how long a held report may wait for others to share its call (a flush does not wait)
-        self._linger_s = s.props["home.confirm.linger.ms"] / 1000
+        self._linger_s = props["home.confirm.linger.ms"] / 1000
         self._closing = False
         self.confirmed = self.released = self.dropped = self.calls = 0
         self.slices = NodeSlices()   # this node's slices of its runs' error budgets
@@ -124,32 +134,32 @@ class Confirmations:
 
     # --- the report's path -------------------------------------------------------------
 
-    def answer(self, run: Run, task_pb: pb.TaskIdentity, task, records, token: str | None,
+    def answer(self, run: Run, task: TaskIdentity, records, token: str | None,
                traceparent: str) -> list[tuple[Verdict, int]] | None:
         """Provisional verdicts for a report of `run` (homed elsewhere), its DLQ records held,
         as spans (a verdict and how many consecutive records it is for); None when the home
         must answer it now (`core.provisional`, a home that predates TallyFailures, a spool
         that cannot hold)."""
-        s = self._s
+        engine = self._engine
         if not self._may_hold(run):
             return None
         key = run.key
         if self._in_memory + len(records) > MAX_HELD_IN_MEMORY:
             return None
         # a limited run: only under a slice of its error budget (`node_slices.py`)
-        sliced = s.engine.sliceable(key)
+        sliced = engine.sliceable(key)
         if sliced and not self.slices.holds(key):
             return None
-        spans = s.engine.provisional(key, records, sliced=sliced)
+        spans = engine.provisional(key, records, sliced=sliced)
         if spans is None:
             return None
         sid = self.slices.take(key, len(records)) if sliced else 0
         if sliced and not sid:
             return None
         try:
-            held = self._hold(run, task_pb, task, records, spans,
-                              s.engine.payload_digests(key, records), token, traceparent,
-                              task_key(key, task), sid)
+            held = self._hold(run, task, records, spans,
+                              digests=engine.payload_digests(key, records), token=token,
+                              traceparent=traceparent, tk=task_key(key, task), slice_id=sid)
         except BaseException:
             if sid:
                 self.slices.give_back(key, sid, len(records))
@@ -160,18 +170,18 @@ class Confirmations:
         return spans
 
     def _may_hold(self, run: Run) -> bool:
-        s, pipeline = self._s, self._s.pipeline
-        return (s.props.get("home.confirm.async", True) and pipeline is not None
+        pipeline = self._pipeline
+        return (self._props.get("home.confirm.async", True) and pipeline is not None
                 and pipeline.holds and run.home.tally_supported and run.key not in self._failed)
 
     def slice_ask(self, run: Run, n: int) -> tuple[int, list] | None:
         """What a report of `n` records that waits for its home says about its run's budget
         slices (`NodeSlices.ask`); None when the run has none or its reports are not held."""
-        if not self._may_hold(run) or not self._s.engine.sliceable(run.key):
+        if not self._may_hold(run) or not self._engine.sliceable(run.key):
             return None
         return self.slices.ask(run.key, n)
 
-    def guard(self, run: Run, task_pb: pb.TaskIdentity, task, records, digests: bytes,
+    def guard(self, run: Run, task: TaskIdentity, records, digests: bytes,
               token: str | None, traceparent: str) -> Held | None:
         """Before a report waits for its home: copies of the DLQ records its data errors get
         if the home skips them, held under a claim sent with the report. The home keeps the
@@ -180,39 +190,37 @@ class Confirmations:
         answers the claim as the first time) instead of losing them to a re-report answered
         "already in the DLQ". None when no record could be dead-lettered this way or the
         spool cannot hold."""
-        s = self._s
-        pipeline = s.pipeline
+        pipeline = self._pipeline
         if pipeline is None or not pipeline.holds:
             return None
         key = run.key
-        skips = s.engine.first_seen_skips(key, records)
+        skips = self._engine.first_seen_skips(key, records)
         if not skips:
             return None
         idx = [i for i, v in enumerate(skips) if v is not None]
         if not idx:
             return None
         view = memoryview(digests)
-        return self._hold(run, task_pb, task, [records[i] for i in idx],
-                          [(skips[i], 1) for i in idx],
-                          b"".join(view[8 * i:8 * i + 8] for i in idx), token, traceparent, "")
+        return self._hold(run, task, [records[i] for i in idx], [(skips[i], 1) for i in idx],
+                          digests=b"".join(view[8 * i:8 * i + 8] for i in idx), token=token,
+                          traceparent=traceparent, tk="")
 
-    def _hold(self, run: Run, task_pb: pb.TaskIdentity, task, records, spans,
-              digests: bytes, token: str | None, traceparent: str, tk: str,
-              slice_id: int = 0) -> Held:
+    def _hold(self, run: Run, task: TaskIdentity, records, spans, *, digests: bytes,
+              token: str | None, traceparent: str, tk: str, slice_id: int = 0) -> Held:
         """`records`' DLQ records, built from `spans` of verdicts (a verdict and how many
         consecutive records it is for), held in the spool as one row with their tally under a
         fresh claim (BackpressureError past the spool's bounds); `slice_id`: the budget slice
         they were answered under."""
-        s, key = self._s, run.key
-        report = tally.tally_report(task_pb, records, digests)
+        key = run.key
+        report = tally.tally_report(convert.task_pb(task), records, digests)
         report.claim = secrets.randbits(64) or 1
         report.slice = slice_id
-        build = DlqBuilder(s.engine.settings(key), task, now_ms=SystemClock().wall_ms(),
-                           sidecar_id=s.sidecar_id, run=key, run_id=run.run_id).build_streak
+        build = DlqBuilder(self._engine.settings(key), task, now_ms=SystemClock().wall_ms(),
+                           sidecar_id=self._sidecar_id, run=key, run_id=run.run_id).build_streak
         dlq: list = []
         for i, (v, n) in zip(accumulate((n for _, n in spans), initial=0), spans):
             build(records, i, n, v, traceparent, dlq)
-        rid, segments = s.pipeline.hold(dlq, key, report.SerializeToString())
+        rid, segments = self._pipeline.hold(dlq, key, report.SerializeToString())
         return Held(rid, key, tk, report, token, records, dlq, segments)
 
     def confirm_later(self, run: Run, guard: Held) -> None:
@@ -225,7 +233,7 @@ class Confirmations:
         """Discard a guard's held copies (a failure here leaves them held: confirmed again
         after a restart, a possible duplicate, never a loss)."""
         try:
-            self._s.pipeline.submit((), release=guard.rid)
+            self._pipeline.submit((), release=guard.rid)
         except Exception as exc:  # noqa: BLE001
             log.warning("could not discard held DLQ row %d: %s", guard.rid, exc)
 
@@ -301,7 +309,7 @@ class Confirmations:
 
     def stats(self) -> dict[str, float]:
         """Counters for GetStatus and the metrics."""
-        store = self._s.pipeline.store if self._s.pipeline is not None else None
+        store = self._pipeline.store if self._pipeline is not None else None
         return {
             "held-records": float(store.held_count() if store is not None else 0),
             "held-reports-confirmed": float(self.confirmed),
@@ -317,7 +325,7 @@ class Confirmations:
     def adopt(self, run: Run, token: str | None) -> int:
         """The spool's held rows of `run` (kept from before a restart), queued to be confirmed
         again with its home (their claims make that safe); returns how many."""
-        pipeline = self._s.pipeline
+        pipeline = self._pipeline
         if pipeline is None or not pipeline.holds or run.home is None or not token:
             return 0
         n = 0
@@ -395,7 +403,7 @@ class Confirmations:
                 q.urgent = False
         if not batch:
             return
-        run = self._s.registry.get(q.job, q.run_id)
+        run = self._registry.get(q.job, q.run_id)
         if run is None:
             # ended or expired here while these were held (a report racing the run's end):
             # nobody can confirm them now, so they are written as they are
@@ -464,10 +472,10 @@ class Confirmations:
     def _apply(self, item: Held, outcomes: list | None) -> None:
         """Release the records the home called new (None: all of them) and drop the rest; log;
         settle the task's count (and its failure, if the home answered otherwise)."""
-        s = self._s
+        pipeline = self._pipeline
         failure = ""
         try:
-            dlq = item.dlq if item.dlq is not None else s.pipeline.store.held_records(item.rid)
+            dlq = item.dlq if item.dlq is not None else pipeline.store.held_records(item.rid)
             if outcomes is None:
                 keep = dlq
             elif type(outcomes) is tally.AlikeOutcomes:   # the usual answer: read once
@@ -483,7 +491,7 @@ class Confirmations:
                 if bad is not None:
                     failure = self._otherwise(item, bad)
             segments = item.segments if len(keep) == len(dlq) else None
-            s.pipeline.submit(keep, release=item.rid, segments=segments)
+            pipeline.submit(keep, release=item.rid, segments=segments)
             self.confirmed += 1
             self.released += len(keep)
             self.dropped += len(dlq) - len(keep)
@@ -495,7 +503,7 @@ class Confirmations:
         if (outcomes is not None and item.records is not None
                 and (type(outcomes) is not tally.AlikeOutcomes or outcomes.logged)):
             try:   # the error log lines, with the records' whole context, once released
-                s.engine.write_logs(item.key, convert.task_identity(item.report.task),
+                self._engine.write_logs(item.key, convert.task_identity(item.report.task),
                                     item.records, outcomes)
             except UnknownJobError:
                 pass   # the run ended here meanwhile
@@ -526,7 +534,7 @@ class Confirmations:
     def _release_orphans(self) -> None:
         """Held rows of runs that did not register again within job.idle.timeout.ms of the
         start: released as they are."""
-        pipeline = self._s.pipeline
+        pipeline = self._pipeline
         if pipeline is None or not pipeline.holds or not self._orphans:
             return
         try:

@@ -21,11 +21,19 @@ import threading
 import time
 from dataclasses import dataclass
 
-from spillway.v1 import sidecar_pb2 as pb
-
 SLICE_WANT = 4_096   # errors a node asks for at a time (the home may grant fewer)
 MAX_HELD = 8
 MAX_CLOSED = 1_024
+
+
+@dataclass(frozen=True, slots=True)
+class SliceGrant:
+    """A slice of a run's error budget its home granted a node: its id, how many errors, for
+    how long (BudgetSlice on the wire)."""
+
+    id: int
+    size: int
+    lease_ms: int
 
 
 @dataclass(slots=True)
@@ -97,7 +105,7 @@ class NodeSlices:
         with self._lock:
             return self._closed.pop(key, [])
 
-    def grant(self, key: str, g: pb.BudgetSlice) -> None:
+    def grant(self, key: str, g: SliceGrant) -> None:
         """A slice the home granted (kept for half its lease)."""
         if not g.id or not g.size:
             return
@@ -129,4 +137,4 @@ class NodeSlices:
             del closed[0]
 
 
-__all__ = ["MAX_CLOSED", "MAX_HELD", "NodeSlices", "SLICE_WANT"]
+__all__ = ["MAX_CLOSED", "MAX_HELD", "NodeSlices", "SLICE_WANT", "SliceGrant"]

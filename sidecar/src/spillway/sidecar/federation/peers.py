@@ -1,6 +1,8 @@
 """Sidecar to sidecar: dialling a job's home (and, from the home, its node sidecars).
 
-A job has one home sidecar, which decides for every node. A node sidecar dials it:
+A job has one home sidecar, which decides for every node. `Home` is a gRPC client adapter:
+the service hands it plain values (`service.values`) and gets plain values back; the messages
+are built and read here. A node sidecar dials its home:
 - only at an address the operator allows (``home.allowed.addresses``; this sidecar's own address
   always): anything else is refused with PERMISSION_DENIED naming it, before any DNS lookup;
 - with this sidecar's own TLS material (its certificate as the client certificate, its CA bundle
@@ -16,11 +18,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import grpc
-from spillway.sidecar.core.model import Decision
+from spillway.sidecar.core.model import Decision, TaskIdentity
 from spillway.sidecar.errors import SpillwayError
 from spillway.sidecar.federation.coalesce import GroupCall, GroupCallTimeout
+from spillway.sidecar.federation.node_slices import SliceGrant
+from spillway.sidecar.service.values import Ended, Flush, Registered, Report, RunSummary
 from spillway.sidecar.transport import columns, convert, listeners, security, tally
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
@@ -31,6 +36,7 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # one TallyFailures call carries at most this (`transport/validate.py` bounds what a home takes)
 MAX_TALLY_REPORTS = 64
 MAX_TALLY_RECORDS = 16_384
+_MESSAGE = attrgetter("message")   # a reported record's message (`convert.PbFailedRecord`)
 
 
 class HomeError(SpillwayError):
@@ -44,7 +50,7 @@ class HomeError(SpillwayError):
 
 @dataclass(frozen=True)
 class LocalSidecar:
-    """What dialling another sidecar needs of this one (`service.Sidecar.local` builds it)."""
+    """What dialling another sidecar needs of this one (`service.identity.Identity.local`)."""
 
     instance_id: str
     addresses: frozenset[str]  # its advertised and listen addresses (those set)
@@ -128,31 +134,33 @@ class Home:
 
     def register(self, job: str, run_id: str = "", properties: Mapping[str, str] | None = None,
                  *, token: str | None = None, peer: str = "",
-                 timeout_s: float = 15.0) -> pb.RegisterJobResponse:
-        return self._call("RegisterJob", self.stub.RegisterJob, pb.RegisterJobRequest(
-            job=job, run_id=run_id, properties=dict(properties or {}), peer=peer),
-            timeout_s, token)
+                 timeout_s: float = 15.0) -> Registered:
+        return convert.registered_from_pb(self._call(
+            "RegisterJob", self.stub.RegisterJob, pb.RegisterJobRequest(
+                job=job, run_id=run_id, properties=dict(properties or {}), peer=peer),
+            timeout_s, token))
 
-    def report(self, request: pb.ReportFailuresRequest, timeout_s: float, *,
-               token: str | None = None, records=()) -> list[Decision]:
-        """The whole report, decided by the home (decide_only). ``records``: the request's
-        records as this sidecar converted them; a columnar report's go as messages (the home
-        may predate columns)."""
-        fwd = pb.ReportFailuresRequest()
-        fwd.CopyFrom(request)
-        fwd.decide_only = True
-        fwd.verdict_columns = False
-        if request.HasField("columns"):
-            fwd.ClearField("columns")
+    def report(self, report: Report, timeout_s: float, *,
+               token: str | None = None) -> list[Decision]:
+        """The whole report, decided by the home (decide_only): its records as they were
+        reported, a columnar report's as messages (the home may predate columns)."""
+        fwd = pb.ReportFailuresRequest(
+            job=report.job, run_id=report.run_id, task=convert.task_pb(report.task),
+            recovered_record_ids=report.recovered_ids,
+            undo_dead_letter_record_ids=report.undo_ids, decide_only=True)
+        records = report.records
+        if records and isinstance(records[0], convert.PbFailedRecord):
+            fwd.records.extend(map(_MESSAGE, records))
+        elif records:
             fwd.records.extend(columns.as_messages(records))
         resp = self._call("ReportFailures", self.stub.ReportFailures, fwd, timeout_s, token)
         return [Decision(convert.verdict_from_pb(v), dead_letter=v.dead_letter)
                 for v in resp.verdicts]
 
-    def tally(self, job: str, run_id: str, task: pb.TaskIdentity, records, digests: bytes,
+    def tally(self, job: str, run_id: str, task: TaskIdentity, records, digests: bytes,
               timeout_s: float, *, token: str | None = None, claim: int = 0,
               slices: tuple[int, list] | None = None
-              ) -> tuple[list, pb.BudgetSlice | None] | None:
+              ) -> tuple[list, SliceGrant | None] | None:
         """A report decided by the home from its columns (`transport/tally.py`): (decision,
         logged, rule) per record, and the budget slice granted with them; None from a home
         that predates TallyFailures (the caller then sends the whole report). Reports of
@@ -164,7 +172,7 @@ class Home:
             group = self._tallies.setdefault((job, run_id), GroupCall(
                 lambda items, t: self._send_tallies(job, run_id, items, t),
                 max_items=MAX_TALLY_REPORTS, max_weight=MAX_TALLY_RECORDS))
-        report = tally.tally_report(task, records, digests)
+        report = tally.tally_report(convert.task_pb(task), records, digests)
         report.claim = claim
         if slices is not None:
             report.want_slice = slices[0]
@@ -207,38 +215,43 @@ class Home:
                             f"{len(resp.reports)} of {len(items)} reports")
         try:
             return [(tally.tally_outcomes(v, report.record_ids),
-                     v.grant if v.HasField("grant") else None)
+                     SliceGrant(v.grant.id, v.grant.size, v.grant.lease_ms)
+                     if v.HasField("grant") else None)
                     for v, (report, _) in zip(resp.reports, items, strict=True)]
         except ValueError as exc:
             raise HomeError(grpc.StatusCode.FAILED_PRECONDITION,
                             f"TallyFailures at {self.role} {self.address}: {exc}") from exc
 
-    def undo_dead_letters(self, request: pb.ReportFailuresRequest, record_ids: list[str],
-                          timeout_s: float, *, token: str | None = None) -> None:
+    def undo_dead_letters(self, job: str, run_id: str, task: TaskIdentity,
+                          record_ids: list[str], timeout_s: float, *,
+                          token: str | None = None) -> None:
         """Tell the home these ids' DLQ records were not spooled here (see
-        `service.Sidecar.report`)."""
-        fwd = pb.ReportFailuresRequest(job=request.job, run_id=request.run_id,
+        `service.reporting.Reporting.report`)."""
+        fwd = pb.ReportFailuresRequest(job=job, run_id=run_id, task=convert.task_pb(task),
                                        decide_only=True,
                                        undo_dead_letter_record_ids=record_ids)
-        fwd.task.CopyFrom(request.task)
         self._call("ReportFailures", self.stub.ReportFailures, fwd, timeout_s, token)
 
-    def progress(self, request: pb.FlushTaskRequest, timeout_s: float, *,
-                 token: str | None = None) -> None:
-        fwd = pb.FlushTaskRequest()
-        fwd.CopyFrom(request)
-        fwd.progress_only = True
+    def progress(self, flush: Flush, timeout_s: float, *, token: str | None = None) -> None:
+        stage_pb = convert.STAGE_TO_PB
+        fwd = pb.FlushTaskRequest(
+            job=flush.job, run_id=flush.run_id, task=convert.task_pb(flush.task),
+            processed=[pb.StageCount(stage=stage_pb[ref.stage], custom_stage=ref.custom,
+                                     records=n) for ref, n in flush.processed.items()],
+            recovered_record_ids=flush.recovered_ids, progress_only=True)
         self._call("FlushTask", self.stub.FlushTask, fwd, timeout_s, token)
 
     def summary(self, job: str, run_id: str, *, token: str | None,
-                timeout_s: float) -> pb.JobSummary:
-        return self._call("GetJobSummary", self.stub.GetJobSummary, pb.GetJobSummaryRequest(
-            job=job, run_id=run_id), timeout_s, token)
+                timeout_s: float) -> RunSummary:
+        return convert.summary_from_pb(self._call(
+            "GetJobSummary", self.stub.GetJobSummary, pb.GetJobSummaryRequest(
+                job=job, run_id=run_id), timeout_s, token))
 
     def end(self, job: str, run_id: str, *, token: str | None, timeout_s: float,
-            local_only: bool = False) -> pb.EndJobResponse:
-        return self._call("EndJob", self.stub.EndJob, pb.EndJobRequest(
-            job=job, run_id=run_id, local_only=local_only), timeout_s, token)
+            local_only: bool = False) -> Ended:
+        return convert.ended_from_pb(self._call(
+            "EndJob", self.stub.EndJob, pb.EndJobRequest(
+                job=job, run_id=run_id, local_only=local_only), timeout_s, token))
 
     def close(self) -> None:
         self.channel.close()
@@ -289,7 +302,7 @@ def resolve_home(me: LocalSidecar, home: str, home_instance_id: str,
 
 
 def end_on_node(me: LocalSidecar, node: str, job: str, run_id: str, *, token: str | None,
-                timeout_s: float) -> pb.EndJobResponse:
+                timeout_s: float) -> Ended:
     """EndJob(local_only) on a node sidecar that registered the run (from its home)."""
     check_allowed(me, node, "node sidecar")
     remote = Home.connect(node, me)

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 from spillway.sidecar.errors import UnknownJobError
 from spillway.sidecar.federation.peers import Home, LocalSidecar
-from spillway.v1 import sidecar_pb2 as pb
+from spillway.sidecar.service.values import Ended, Registered, Registration, RunSummary
 
 
 def owner(siblings: Sequence[str], job: str, run_id: str) -> str:
@@ -59,8 +59,8 @@ def _owner(me: LocalSidecar, address: str) -> Iterator[Home]:
         remote.close()
 
 
-def register_at_owner(me: LocalSidecar, address: str, request: pb.RegisterJobRequest,
-                      token: str | None, timeout_s: float) -> pb.RegisterJobResponse:
+def register_at_owner(me: LocalSidecar, address: str, request: Registration,
+                      token: str | None, timeout_s: float) -> Registered:
     """The home-less registration, made at the owning process."""
     with _owner(me, address) as remote:
         return remote.register(request.job, request.run_id, request.properties, token=token,
@@ -68,12 +68,12 @@ def register_at_owner(me: LocalSidecar, address: str, request: pb.RegisterJobReq
 
 
 def summary_at_owner(me: LocalSidecar, address: str, job: str, run_id: str, token: str,
-                     timeout_s: float) -> pb.JobSummary:
+                     timeout_s: float) -> RunSummary:
     with _owner(me, address) as remote:
         return remote.summary(job, run_id, token=token, timeout_s=timeout_s)
 
 
 def end_at_owner(me: LocalSidecar, address: str, job: str, run_id: str, token: str,
-                 timeout_s: float) -> pb.EndJobResponse:
+                 timeout_s: float) -> Ended:
     with _owner(me, address) as remote:
         return remote.end(job, run_id, token=token, timeout_s=timeout_s)

@@ -1,9 +1,12 @@
-"""Bootstrap: build a sidecar from its properties, serve it over gRPC, stop it.
+"""Bootstrap: build a sidecar from its properties, serve it over gRPC, stop it; the one place
+the sidecar's objects are wired, once (none is patched afterwards).
 
-`build_sidecar` parses the layered properties and constructs the policy engine and the DLQ
-pipeline; `start_server` adds what serving needs (telemetry and its Prometheus endpoint,
-authentication, the gRPC server with the servicer and grpc.health.v1, the health probe) and
-returns a `RunningSidecar`, whose `stop()` shuts all of it down in order.
+`configure` parses the layered properties and constructs the policy engine, the DLQ pipeline
+and the registry; `start_server` sets up telemetry (and its Prometheus endpoint), binds the
+listeners (so that the addresses are known), builds the service with them (`build_sidecar`:
+the `Sidecar` facade over its collaborators), adds authentication, the servicer and
+grpc.health.v1, serves, and returns a `RunningSidecar`, whose `stop()` shuts all of it down in
+order.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import random
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -29,19 +33,26 @@ from spillway.sidecar.core.ports import SystemClock
 from spillway.sidecar.core.settings import job_settings
 from spillway.sidecar.errors import ConfigError
 from spillway.sidecar.federation.confirm import Confirmations
+from spillway.sidecar.federation.tallying import HomeTally, NodeTally
 from spillway.sidecar.observability import prometheus, telemetry
 from spillway.sidecar.observability.health import KAFKA_HEALTH_SERVICE, KafkaWatch
-from spillway.sidecar.runtime import kafka_auth
+from spillway.sidecar.runtime import kafka_auth, memtune
 from spillway.sidecar.service import runstate
 from spillway.sidecar.service.admission import Admission
+from spillway.sidecar.service.ending import Ending
+from spillway.sidecar.service.identity import Identity
+from spillway.sidecar.service.registration import Registrar, TopicRules
 from spillway.sidecar.service.registry import Registry
+from spillway.sidecar.service.reporting import Reporting
 from spillway.sidecar.service.sidecar import Sidecar
-from spillway.sidecar.service.topic_checks import kafka_conf
+from spillway.sidecar.service.status import Status
+from spillway.sidecar.service.topic_checks import TopicChecks, kafka_conf
 from spillway.sidecar.transport import listeners, localcred, rpc, security
 from spillway.sidecar.transport.probe import start_probe_server
 from spillway.sidecar.transport.servicer import SERVICE_NAME, ErrorSidecarServicer
 
 if TYPE_CHECKING:
+    from spillway.sidecar.dlq import DlqPipeline
     from spillway.sidecar.runtime.processes import ProcessRole
 
 log = logging.getLogger("spillway.sidecar")
@@ -122,7 +133,22 @@ def _local_only(props: Mapping[str, object]) -> bool:
     return not tcp or listeners.is_loopback_host(listeners.split_host_port(tcp)[0])
 
 
-def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
+@dataclass(frozen=True)
+class Parts:
+    """What a sidecar's properties make before anything listens: the policy engine, the DLQ
+    pipeline (with bootstrap.servers; not started), the runs' durable state, the security
+    settings and the live-run registry."""
+
+    props: dict
+    engine: PolicyEngine
+    pipeline: DlqPipeline | None   # with bootstrap.servers
+    runstate: runstate.RunStore | None
+    security: security.SecurityConfig
+    registry: Registry
+    sidecar_id: str
+
+
+def configure(raw: Mapping[str, str]) -> Parts:
     """Parse sidecar properties (already layered) and construct the engine and pipeline."""
     props = config.parse(raw)
     job_defaults = {k: v for k, v in raw.items() if k in config.JOB_PROPERTIES}
@@ -165,13 +191,56 @@ def build_sidecar(raw: Mapping[str, str]) -> Sidecar:
     sec = security.load_config(props)
     if localcred.applies(sec, _local_only(props)):
         sec = localcred.apply(sec, props["auth.local.token.file"] or localcred.default_path())
-    return Sidecar(
-        props=props, engine=engine, pipeline=pipeline, runstate=store,
-        sidecar_id=props["sidecar.id"] or socket.gethostname(),
-        flush_timeout_s=props["flush.timeout.ms"] / 1000,
-        security=sec,
+    return Parts(
+        props=props, engine=engine, pipeline=pipeline, runstate=store, security=sec,
         registry=Registry(max_live=props["jobs.max.live"],
                           idle_timeout_s=props["job.idle.timeout.ms"] / 1000),
+        sidecar_id=props["sidecar.id"] or socket.gethostname(),
+    )
+
+
+def build_sidecar(parts: Parts, *, identity: Identity,
+                  tel: telemetry.Telemetry | None = None) -> Sidecar:
+    """The service, wired once: every collaborator gets what it uses in its constructor. With
+    a DLQ pipeline (started first) come the backpressure gate, the Kafka check (started) and,
+    with a spool that holds, a node's confirmations (started: also for rows held before a
+    restart)."""
+    props, engine, pipeline = parts.props, parts.engine, parts.pipeline
+    registry, store = parts.registry, parts.runstate
+    tel = tel if tel is not None else telemetry.Telemetry()
+    confirmations = admission = kafka = None
+    if pipeline is not None:
+        pipeline.start()
+        if pipeline.holds:
+            confirmations = Confirmations(engine=engine, pipeline=pipeline, registry=registry,
+                                          props=props, sidecar_id=identity.sidecar_id)
+        admission = Admission(pipeline.store,
+                              low_water_percent=props["spool.low.water.percent"])
+        kafka = KafkaWatch(kafka_conf(props),
+                           interval_s=props["kafka.check.interval.ms"] / 1000).start()
+    trimmer = memtune.Trimmer()
+    rules = TopicRules(job_defaults=props.get("_job_defaults"),
+                       required_prefix=props["dlq.topic.required.prefix"],
+                       auto_create_allow=props["dlq.topic.auto.create.allow"],
+                       dlq_writable=pipeline is not None)
+    return Sidecar(
+        identity=identity, props=props, engine=engine, registry=registry, pipeline=pipeline,
+        runstate=store, telemetry=tel, admission=admission, kafka=kafka,
+        confirmations=confirmations, trimmer=trimmer,
+        registrar=Registrar(identity=identity, engine=engine, registry=registry,
+                            runstate=store, topics=TopicChecks(props), rules=rules,
+                            confirmations=confirmations),
+        reporting=Reporting(engine=engine, registry=registry, pipeline=pipeline,
+                            admission=admission, runstate=store, telemetry=tel,
+                            confirmations=confirmations,
+                            node_tally=NodeTally(engine=engine, confirmations=confirmations),
+                            sidecar_id=identity.sidecar_id),
+        home_tally=HomeTally(engine=engine, registry=registry, runstate=store, telemetry=tel),
+        ending=Ending(identity=identity, registry=registry, engine=engine, runstate=store,
+                      pipeline=pipeline, confirmations=confirmations, trimmer=trimmer),
+        status=Status(identity=identity, engine=engine, registry=registry, pipeline=pipeline,
+                      confirmations=confirmations, kafka=kafka, admission=admission),
+        flush_timeout_s=props["flush.timeout.ms"] / 1000,
     )
 
 
@@ -199,44 +268,32 @@ def start_server(
     process: ProcessRole | None = None,
 ) -> RunningSidecar:
     """Build and start a sidecar from layered raw properties (see `config.resolve`);
-    ``process``: one of several processes behind listen.address (processes.py)."""
+    ``process``: one of several processes behind listen.address (processes.py). Its listeners
+    are bound first (port 0 resolved), then the service is built with its addresses, then
+    served."""
     raw = config.resolve(explicit=raw or {})  # idempotent over an already-layered mapping
-    sidecar = build_sidecar(raw)
-    sec = sidecar.security
-    tcp = sidecar.props["listen.address"]
+    parts = configure(raw)
+    props, sec, pipeline = parts.props, parts.security, parts.pipeline
+    tcp = props["listen.address"]
     if tcp:
         listeners.check_plaintext_listen(tcp, sec)
-    if sidecar.props["listen.unix.socket"]:  # before anything starts: a refusal leaves no thread
-        listeners.clear_stale_socket(sidecar.props["listen.unix.socket"])
-    local_only = _local_only(sidecar.props)
-    spans = None
-    if sidecar.props["telemetry.enable"]:
-        tel = telemetry.setup(sidecar_id=sidecar.sidecar_id,
+    if props["listen.unix.socket"]:  # before anything starts: a refusal leaves no thread
+        listeners.clear_stale_socket(props["listen.unix.socket"])
+    local_only = _local_only(props)
+    tel, spans = None, None
+    if props["telemetry.enable"]:
+        tel = telemetry.setup(sidecar_id=parts.sidecar_id,
                               install_global=install_global_telemetry)
-        if sidecar.props["metrics.prometheus.port"]:
-            http = prometheus.serve(tel, sidecar.props["metrics.prometheus.host"],
-                                    sidecar.props["metrics.prometheus.port"])
+        if props["metrics.prometheus.port"]:
+            http = prometheus.serve(tel, props["metrics.prometheus.host"],
+                                    props["metrics.prometheus.port"])
             tel.http_server, tel.prometheus_port = http, http.server_port
-        task_label = sidecar.props["metrics.task.label.enable"]
-        tel.add_source(lambda: sidecar.engine.metric_rows(task_label=task_label))
-        tel.add_source(lambda: [(k, {}, float(v)) for k, v in sidecar.sidewide_counters().items()
-                                if k in telemetry.SIDECAR_WIDE])
-        if sidecar.pipeline is not None:
-            sidecar.pipeline.tracer = tel.tracer
-            sidecar.pipeline.traced = tel.exporting
-        sidecar.telemetry = tel
+        if pipeline is not None:
+            pipeline.tracer = tel.tracer
+            pipeline.traced = tel.exporting
         # gRPC server spans continue the executor's trace (W3C context in the metadata); only
         # a sampled call pays for its span
         spans = telemetry.ServerSpans(tel.tracer_provider)
-    if sidecar.pipeline is not None:
-        sidecar.pipeline.start()
-        if sidecar.pipeline.holds:   # also to confirm rows held before a restart
-            sidecar.confirmations = Confirmations(sidecar)
-        sidecar.admission = Admission(sidecar.pipeline.store,
-                                      low_water_percent=sidecar.props["spool.low.water.percent"])
-        sidecar.kafka = KafkaWatch(
-            kafka_conf(sidecar.props),
-            interval_s=sidecar.props["kafka.check.interval.ms"] / 1000).start()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="spillway-rpc"),
         interceptors=list(interceptors) or None,
@@ -244,6 +301,21 @@ def start_server(
                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                  ("grpc.so_reuseport", int(process is not None))],
     )
+    address = _bind(server, props, sec, process)
+    identity = Identity(
+        sidecar_id=parts.sidecar_id, instance_id=uuid.uuid4().hex, listen_address=address,
+        # where its runs are homed: its own port when it is one of several processes
+        advertised_address=(process.advertised if process is not None else
+                            sec.advertised_address or listeners.default_advertised(address)),
+        process_port=process.port if process is not None else 0,
+        siblings=tuple(process.siblings) if process is not None else (),
+        security=sec)
+    sidecar = build_sidecar(parts, identity=identity, tel=tel)
+    if tel is not None:
+        task_label = props["metrics.task.label.enable"]
+        tel.add_source(lambda: sidecar.engine.metric_rows(task_label=task_label))
+        tel.add_source(lambda: [(k, {}, float(v)) for k, v in sidecar.sidewide_counters().items()
+                                if k in telemetry.SIDECAR_WIDE])
     # raw bytes in, parsed and bounded inside: undecodable requests answer INVALID_ARGUMENT;
     # every method of both services authenticated first: nothing (tracing included) sees a
     # call before it is, then the call's server span (a handler wrapper, not an interceptor)
@@ -254,18 +326,57 @@ def start_server(
         [rpc.generic_handler(ErrorSidecarServicer(sidecar)), *health_handlers.generic],
         security.Authenticator(sec, local_only=local_only),
         around=spans.wrap if spans is not None else None),))
+    server.start()
+    sidecar.registry.start_reaper(sidecar.expire)
+    for name in ("", SERVICE_NAME) + ((KAFKA_HEALTH_SERVICE,) if sidecar.kafka else ()):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    running = RunningSidecar(server, sidecar, health_servicer, address)
+    if props["health.listen.address"]:
+        try:
+            running.probe, running.probe_address = start_probe_server(
+                props["health.listen.address"], health_servicer,
+                reuse_port=process is not None)
+        except Exception:
+            running.stop(0)
+            raise
+    if pipeline is not None:
+        running._watch = threading.Thread(target=running._watch_backpressure,
+                                          name="spillway-health", daemon=True)
+        running._watch.start()
+    where = (f"{address} (process {process.index + 1} of {process.count}, its own port "
+             f"{process.advertised})" if process is not None else address)
+    log.info("spillway sidecar %s serving on %s (%s)", sidecar.sidecar_id, where,
+             security.describe(sec, local_only=local_only))
+    for weakness in security.weaknesses(sec, local_only=local_only):
+        log.warning("security: %s", weakness)
+    if not idtable.NATIVE:
+        log.warning("the sidecar was installed without its C extension (no C compiler then): "
+                    "its id tables' per-id loops run in Python, which about doubles what a "
+                    "run's home spends per record (docs/DEPLOY.md)")
+    if props["producer.native"] is not None:
+        log.warning("producer.native is deprecated and has no effect: DLQ records are always "
+                    "produced through confluent-kafka's produce(); spillway's own C producer "
+                    "saved no measurable CPU per record and was removed (docs/BENCHMARKS.md)")
+    return running
+
+
+def _bind(server: grpc.Server, props: Mapping, sec: security.SecurityConfig,
+          process: ProcessRole | None) -> str:
+    """Bind the listeners (before any handler is added or the server started): what a client
+    dials, host:port (port 0 resolved) or unix:///path."""
     address = ""
-    if sidecar.props["listen.unix.socket"]:
-        path = sidecar.props["listen.unix.socket"]
+    if props["listen.unix.socket"]:
+        path = props["listen.unix.socket"]
         old_umask = os.umask(0o177)  # nobody else can connect before the mode below is set
         try:
             server.add_insecure_port(f"unix://{path}")
         finally:
             os.umask(old_umask)
-        listeners.secure_socket(path, sidecar.props["listen.unix.socket.mode"],
-                               sidecar.props["listen.unix.socket.owner"],
-                               sidecar.props["listen.unix.socket.group"])
+        listeners.secure_socket(path, props["listen.unix.socket.mode"],
+                                props["listen.unix.socket.owner"],
+                                props["listen.unix.socket.group"])
         address = f"unix://{path}"
+    tcp = props["listen.address"]
     if tcp:
         host = tcp.rpartition(":")[0]
         creds = listeners.TlsReloader(sec.tls).server_credentials() if sec.tls else None
@@ -280,45 +391,8 @@ def start_server(
         address = f"{host}:{bind(tcp)}"  # port 0 picks a free port: report the real one
         if process is not None:  # and its own port, with the same credentials
             bind(process.process_address())
-    sidecar.listen_address = address
-    sidecar.advertised_address = sec.advertised_address or listeners.default_advertised(address)
-    if process is not None:  # its own port: where its runs are homed, and its siblings'
-        sidecar.advertised_address = process.advertised
-        sidecar.process_port = process.port
-        sidecar.siblings = tuple(process.siblings)
-    server.start()
-    sidecar.registry.start_reaper(sidecar.expire)
-    for name in ("", SERVICE_NAME) + ((KAFKA_HEALTH_SERVICE,) if sidecar.kafka else ()):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    running = RunningSidecar(server, sidecar, health_servicer, address)
-    if sidecar.props["health.listen.address"]:
-        try:
-            running.probe, running.probe_address = start_probe_server(
-                sidecar.props["health.listen.address"], health_servicer,
-                reuse_port=process is not None)
-        except Exception:
-            running.stop(0)
-            raise
-    if sidecar.pipeline is not None:
-        running._watch = threading.Thread(target=running._watch_backpressure,
-                                          name="spillway-health", daemon=True)
-        running._watch.start()
-    where = (f"{address} (process {process.index + 1} of {process.count}, its own port "
-             f"{process.advertised})" if process is not None else address)
-    log.info("spillway sidecar %s serving on %s (%s)", sidecar.sidecar_id, where,
-             security.describe(sec, local_only=local_only))
-    for weakness in security.weaknesses(sec, local_only=local_only):
-        log.warning("security: %s", weakness)
-    if not idtable.NATIVE:
-        log.warning("the sidecar was installed without its C extension (no C compiler then): "
-                    "its id tables' per-id loops run in Python, which about doubles what a "
-                    "run's home spends per record (docs/DEPLOY.md)")
-    if sidecar.props["producer.native"] is not None:
-        log.warning("producer.native is deprecated and has no effect: DLQ records are always "
-                    "produced through confluent-kafka's produce(); spillway's own C producer "
-                    "saved no measurable CPU per record and was removed (docs/BENCHMARKS.md)")
-    return running
+    return address
 
 
-
-__all__ = ["start_server", "build_sidecar", "RunningSidecar", "MAX_MESSAGE_BYTES"]
+__all__ = ["start_server", "configure", "build_sidecar", "Parts", "RunningSidecar",
+           "MAX_MESSAGE_BYTES"]

@@ -37,7 +37,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from spillway.sidecar.core import names
-from spillway.sidecar.errors import ConfigError, JobAccessError, LiveRunsExhaustedError
+from spillway.sidecar.errors import (
+    ConfigError,
+    JobAccessError,
+    LiveRunsExhaustedError,
+    UnknownJobError,
+)
 
 log = logging.getLogger("spillway.sidecar.service.registry")
 
@@ -56,7 +61,8 @@ MAX_PAGE_SIZE = 1000
 
 
 class Caller(Protocol):
-    """What `security.current_caller()` tells about the caller of the current RPC."""
+    """Who is calling, as authenticated at the edge (`security.Caller`), handed in by the
+    servicer with each call."""
 
     admin: bool
     peer: bool
@@ -193,6 +199,16 @@ class Registry:
     def get(self, job: str, run_id: str) -> Run | None:
         with self._lock:
             return self._runs.get((job, run_id))
+
+    def run_for(self, job: str, run_id: str, token: str | None) -> Run:
+        """The live run, once the caller proved it holds its token (else nothing happens)."""
+        run = self.get(job, run_id)
+        if run is None:
+            raise UnknownJobError(job, run_id)
+        if not may_use(run.digest, token):
+            raise access_error(job, run_id, token)
+        self.touch(run)
+        return run
 
     def runs(self, job: str = "") -> list[Run]:
         """Live runs (of ``job`` when given), ordered by (job, run_id)."""

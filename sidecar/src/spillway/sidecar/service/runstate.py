@@ -292,6 +292,12 @@ class RunStore:
             return [k for (k,) in self._conn.execute("SELECT key FROM runs ORDER BY key")]
 
 
+def keep(store: RunStore | None, engine, key: str, slices: list | None) -> None:
+    """Write a call's journal slices of run `key`, when runs' states are kept and it has any."""
+    if store is not None and slices:
+        store.persist(engine, key, slices)
+
+
 def wanted(props: dict) -> bool:
     """Whether a sidecar with these (parsed) properties keeps run states: it has a spool."""
     return bool(props["bootstrap.servers"]) and props["spool.enable"] \

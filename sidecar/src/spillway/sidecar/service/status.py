@@ -1,85 +1,106 @@
-"""GetStatus's answer: the sidecar-wide counters and one page of the runs a caller may see.
-
-A page is bounded twice: by the caller's page size and by bytes (it stays under a default
-4 MiB client limit), and each run's summary is cut for listing (reason and breakdowns; the full
-summary is GetJobSummary's).
+"""What a sidecar tells about itself and its runs: the sidecar-wide counters (GetStatus and
+the metrics read the same numbers), a run's summary (GetJobSummary), and the runs a caller may
+see (GetStatus; the transport cuts them to a page that fits one message, `convert.status_to_pb`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from spillway.sidecar import __version__
+from spillway.sidecar.core.model import JobSummary
+from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.errors import UnknownJobError
+from spillway.sidecar.federation import siblings
+from spillway.sidecar.federation.confirm import Confirmations
+from spillway.sidecar.observability.health import KafkaWatch
+from spillway.sidecar.service.admission import Admission
+from spillway.sidecar.service.identity import Identity
 from spillway.sidecar.service.registry import (
     Caller,
+    Registry,
+    Run,
+    check_run_id,
     decode_page_token,
-    encode_page_token,
     page_size,
     visible,
 )
-from spillway.v1 import sidecar_pb2 as pb
+from spillway.sidecar.service.values import RunSummary, StatusPage, StatusQuery
 
 if TYPE_CHECKING:
-    from spillway.sidecar.service.sidecar import Sidecar
-
-_STATUS_REASON_CHARS = 1024       # a run's failure reason in GetStatus (full in GetJobSummary)
-_STATUS_BREAKDOWN_KEYS = 20       # per breakdown in GetStatus, the rest summed as "(other)"
-_STATUS_KEY_CHARS = 256
-# GetStatus pages stop short of this many bytes, so any page fits a default 4 MiB client limit
-_STATUS_PAGE_BYTES = 3 * 1024 * 1024
+    from spillway.sidecar.dlq import DlqPipeline
 
 
-def _status_summary(s: pb.JobSummary) -> pb.JobSummary:
-    """A run's summary bounded for GetStatus (which lists many): reason and breakdowns cut."""
-    if len(s.failure_reason) > _STATUS_REASON_CHARS:
-        s.failure_reason = s.failure_reason[:_STATUS_REASON_CHARS] + "…"
-    for entries in (s.by_stage, s.by_category, s.by_exception_class):
-        if len(entries) <= _STATUS_BREAKDOWN_KEYS and all(
-                len(e.key) <= _STATUS_KEY_CHARS for e in entries):
-            continue
-        ranked = sorted(entries, key=lambda e: (-e.count, e.key))
-        kept = ranked[:_STATUS_BREAKDOWN_KEYS]
-        other = sum(e.count for e in ranked[_STATUS_BREAKDOWN_KEYS:])
-        cut = [pb.CountEntry(key=e.key[:_STATUS_KEY_CHARS], count=e.count) for e in kept]
-        if other:
-            cut.append(pb.CountEntry(key="(other)", count=other))
-        del entries[:]
-        entries.extend(cut)
-    return s
+class Status:
+    """Counters and summaries, over the engine, the live runs and what else counts: the DLQ
+    pipeline, a node's confirmations, the Kafka check, the backpressure gate."""
+
+    def __init__(self, *, identity: Identity, engine: PolicyEngine, registry: Registry,
+                 pipeline: DlqPipeline | None, confirmations: Confirmations | None,
+                 kafka: KafkaWatch | None,
+                 admission: Admission | None) -> None:
+        self._me = identity
+        self._engine = engine
+        self._registry = registry
+        self._pipeline = pipeline
+        self._confirmations = confirmations
+        self._kafka = kafka
+        self._admission = admission
+
+    def counters(self) -> dict[str, float]:
+        """The sidecar-wide counters (engine, runs, DLQ pipeline, health) by name."""
+        counters = dict(self._engine.counters())
+        counters["jobs-expired"] = float(self._registry.expired)
+        counters["jobs-ended"] = float(self._registry.ended)
+        if self._pipeline is not None:
+            counters.update(self._pipeline.stats())
+        if self._confirmations is not None:
+            counters.update(self._confirmations.stats())
+        if self._kafka is not None:
+            counters["kafka-reachable"] = float(self._kafka.reachable)
+        gate = self._admission
+        counters["records-refused"] = float(gate.refused_records if gate else 0)
+        counters["backpressure"] = float(bool(gate and gate.refusing()))
+        return counters
+
+    def job_summary(self, job: str, run_id: str, *, token: str | None) -> RunSummary:
+        """GetJobSummary: here, or at the process of this sidecar that homes the run."""
+        run_id = check_run_id(run_id)
+        if self._registry.get(job, run_id) is None:
+            me = self._me
+            owner = me.owner_elsewhere(job, run_id)
+            if owner and token:  # homed at another process of this sidecar (siblings.py)
+                return siblings.summary_at_owner(me.local, owner, job, run_id, token, 10.0)
+            raise siblings.unknown_here(owner, job, run_id)
+        run = self._registry.run_for(job, run_id, token)
+        return RunSummary(self._engine.summary(run.key), self._me.sidecar_id)
+
+    def page(self, query: StatusQuery, *, caller: Caller, token: str | None) -> StatusPage:
+        """Counters, and the runs the caller may see (by job name, then run id) after the
+        page token."""
+        size = page_size(query.page_size)
+        after = decode_page_token(query.page_token) if query.page_token else None
+        runs = visible(self._registry.runs(query.job), caller, token)
+        me = self._me
+        total = len(runs)
+        counters = self.counters()
+        if after is not None:
+            runs = [r for r in runs if (r.job, r.run_id) > after]
+        return StatusPage(
+            sidecar_id=me.sidecar_id, version=__version__, counters=counters,
+            instance_id=me.instance_id, advertised_address=me.advertised_address,
+            jobs_total=total, size=size,
+            last=(runs[-1].job, runs[-1].run_id) if runs else None,
+            summaries=self._summaries(runs))
+
+    def _summaries(self, runs: list[Run]) -> Iterator[tuple[tuple[str, str], JobSummary]]:
+        for run in runs:
+            try:
+                summary = self._engine.summary(run.key)
+            except UnknownJobError:  # ended meanwhile
+                continue
+            yield (run.job, run.run_id), summary
 
 
-def status_page(sidecar: Sidecar, request: pb.GetStatusRequest, caller: Caller,
-                token: str | None) -> pb.SidecarStatus:
-    """Counters, and a page of the runs the caller may see (by job name, then run id)."""
-    size = page_size(request.page_size)
-    after = decode_page_token(request.page_token) if request.page_token else None
-    runs = visible(sidecar.registry.runs(request.job), caller, token)
-    out = pb.SidecarStatus(
-        sidecar_id=sidecar.sidecar_id, version=__version__,
-        counters=sidecar.sidewide_counters(),
-        instance_id=sidecar.instance_id, advertised_address=sidecar.advertised_address,
-        jobs_total=len(runs))
-    if after is not None:
-        runs = [r for r in runs if (r.job, r.run_id) > after]
-    budget = _STATUS_PAGE_BYTES - out.ByteSize()
-    last = None
-    for run in runs:
-        if len(out.jobs) >= size:
-            break
-        try:
-            summary = _status_summary(sidecar.summary_pb(run.key))
-        except UnknownJobError:  # ended meanwhile
-            continue
-        cost = summary.ByteSize() + 8
-        if cost > budget and out.jobs:
-            break
-        budget -= cost
-        out.jobs.append(summary)
-        last = run
-    if last is not None and runs and runs[-1] is not last:
-        out.next_page_token = encode_page_token(last.job, last.run_id)
-    return out
-
-
-__all__ = ["status_page"]
+__all__ = ["Status"]

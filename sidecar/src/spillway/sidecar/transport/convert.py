@@ -1,7 +1,8 @@
-"""Translation between spillway.v1 protobuf messages and the core's domain values.
+"""Translation between spillway.v1 protobuf messages and the core's and the service's values.
 
 Pure translation: no policy here. Invalid input raises ValueError naming the field, which the
-servicer turns into INVALID_ARGUMENT.
+servicer turns into INVALID_ARGUMENT. The service's answers (`service.values`) become messages
+here too, GetStatus's page cut to what one message may carry (`status_to_pb`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from spillway.sidecar.core import model as m
+from spillway.sidecar.service.registry import encode_page_token
+from spillway.sidecar.service.values import Ended, Registered, RunSummary, StatusPage
 from spillway.v1 import sidecar_pb2 as pb
 
 STAGE_FROM_PB = {
@@ -63,6 +66,13 @@ def stage_ref(stage: int, custom: str, where: str) -> m.StageRef:
 
 def task_identity(t: pb.TaskIdentity) -> m.TaskIdentity:
     return m.TaskIdentity(
+        stage_id=t.stage_id, partition_id=t.partition_id, attempt_number=t.attempt_number,
+        task_attempt_id=t.task_attempt_id, executor_id=t.executor_id, host=t.host,
+    )
+
+
+def task_pb(t: m.TaskIdentity) -> pb.TaskIdentity:
+    return pb.TaskIdentity(
         stage_id=t.stage_id, partition_id=t.partition_id, attempt_number=t.attempt_number,
         task_attempt_id=t.task_attempt_id, executor_id=t.executor_id, host=t.host,
     )
@@ -142,23 +152,24 @@ class PbFailedRecord(RecordView):
     logged or custom-handled record needs them). Treat it as a value, like FailedRecord;
     `to_model()` gives the plain dataclass."""
 
-    __slots__ = ("record_id", "stage", "exception", "_r")
+    # `message`: the record as it was reported (passed on as it is to a run's home)
+    __slots__ = ("record_id", "stage", "exception", "message")
     tag = -1  # its payload digest is computed from key and value (`JobState.tag_of`)
 
     def __init__(self, r: pb.FailedRecord, record_id: str, stage: m.StageRef,
                  exception: m.ExceptionInfo) -> None:
-        self._r = r
+        self.message = r
         self.record_id = record_id
         self.stage = stage
         self.exception = exception
 
     @property
     def function_name(self) -> str:
-        return self._r.function_name
+        return self.message.function_name
 
     @property
     def source(self) -> m.SourceCoordinates | None:
-        r = self._r
+        r = self.message
         if not r.HasField("source"):
             return None
         src = r.source
@@ -166,42 +177,42 @@ class PbFailedRecord(RecordView):
 
     @property
     def key(self) -> bytes | None:
-        r = self._r
+        r = self.message
         return r.key if r.HasField("key") else None
 
     @property
     def value(self) -> bytes | None:
-        r = self._r
+        r = self.message
         return r.value if r.HasField("value") else None
 
     @property
     def headers(self) -> tuple[m.Header, ...]:
-        headers = self._r.headers
+        headers = self.message.headers
         return tuple((h.key, h.value if h.HasField("value") else None)
                      for h in headers) if headers else ()
 
     @property
     def timestamp_ms(self) -> int | None:
-        r = self._r
+        r = self.message
         return r.timestamp_ms if r.HasField("timestamp_ms") else None
 
     @property
     def attempt(self) -> int:
-        a = self._r.attempt
+        a = self.message.attempt
         return a if a > 1 else 1
 
     @property
     def traceparent(self) -> str:
-        return self._r.traceparent
+        return self.message.traceparent
 
     @property
     def payload(self) -> str:
-        return m.PAYLOAD_SOURCE if self._r.payload == pb.PAYLOAD_SOURCE else \
+        return m.PAYLOAD_SOURCE if self.message.payload == pb.PAYLOAD_SOURCE else \
             m.PAYLOAD_STAGE_INPUT
 
     @property
     def tracestate(self) -> str:
-        return self._r.tracestate
+        return self.message.tracestate
 
 
 
@@ -324,3 +335,104 @@ def summary_to_pb(s: m.JobSummary, sidecar_id: str) -> pb.JobSummary:
         records_refused=_u64(s.records_refused),
         record_id_collisions=_u64(s.record_id_collisions),
     )
+
+
+def summary_from_pb(s: pb.JobSummary) -> RunSummary:
+    """A summary another sidecar answered with (its run's home, a node, a sibling process)."""
+    counts = m.Counts(
+        total_record_failures=s.total_record_failures,
+        total_record_errors=s.total_record_errors,
+        total_records_skipped=s.total_records_skipped, total_retries=s.total_retries,
+        total_errors_logged=s.total_errors_logged, dropped_records=s.dropped_records,
+        last_error_timestamp_ms=s.last_error_timestamp_ms)
+    return RunSummary(m.JobSummary(
+        job=s.job, run_id=s.run_id, failed=s.failed, failure_reason=s.failure_reason,
+        records_processed=s.records_processed, counts=counts,
+        dlq_records_written=s.dlq_records_written,
+        by_stage={e.key: e.count for e in s.by_stage},
+        by_category={e.key: e.count for e in s.by_category},
+        by_exception_class={e.key: e.count for e in s.by_exception_class},
+        retry_budget_exhausted=s.retry_budget_exhausted, records_refused=s.records_refused,
+        record_id_collisions=s.record_id_collisions), s.sidecar_id)
+
+
+def run_summary_pb(s: RunSummary) -> pb.JobSummary:
+    return summary_to_pb(s.summary, s.sidecar_id)
+
+
+def registered_pb(r: Registered) -> pb.RegisterJobResponse:
+    return pb.RegisterJobResponse(
+        job=r.job, run_id=r.run_id, job_token=r.job_token,
+        effective_properties=dict(r.effective_properties), home=r.home,
+        home_instance_id=r.home_instance_id, process_port=r.process_port,
+        report_columns=r.report_columns)
+
+
+def registered_from_pb(r: pb.RegisterJobResponse) -> Registered:
+    return Registered(
+        job=r.job, run_id=r.run_id, job_token=r.job_token,
+        effective_properties=dict(r.effective_properties), home=r.home,
+        home_instance_id=r.home_instance_id, process_port=r.process_port,
+        report_columns=r.report_columns)
+
+
+def ended_pb(e: Ended) -> pb.EndJobResponse:
+    return pb.EndJobResponse(summaries=[run_summary_pb(s) for s in e.summaries],
+                             unreachable=e.unreachable)
+
+
+def ended_from_pb(r: pb.EndJobResponse) -> Ended:
+    return Ended([summary_from_pb(s) for s in r.summaries], list(r.unreachable))
+
+
+# --- GetStatus ---------------------------------------------------------------------------------
+
+_STATUS_REASON_CHARS = 1024       # a run's failure reason in GetStatus (full in GetJobSummary)
+_STATUS_BREAKDOWN_KEYS = 20       # per breakdown in GetStatus, the rest summed as "(other)"
+_STATUS_KEY_CHARS = 256
+# GetStatus pages stop short of this many bytes, so any page fits a default 4 MiB client limit
+_STATUS_PAGE_BYTES = 3 * 1024 * 1024
+
+
+def _status_summary(s: pb.JobSummary) -> pb.JobSummary:
+    """A run's summary bounded for GetStatus (which lists many): reason and breakdowns cut."""
+    if len(s.failure_reason) > _STATUS_REASON_CHARS:
+        s.failure_reason = s.failure_reason[:_STATUS_REASON_CHARS] + "…"
+    for entries in (s.by_stage, s.by_category, s.by_exception_class):
+        if len(entries) <= _STATUS_BREAKDOWN_KEYS and all(
+                len(e.key) <= _STATUS_KEY_CHARS for e in entries):
+            continue
+        ranked = sorted(entries, key=lambda e: (-e.count, e.key))
+        kept = ranked[:_STATUS_BREAKDOWN_KEYS]
+        other = sum(e.count for e in ranked[_STATUS_BREAKDOWN_KEYS:])
+        cut = [pb.CountEntry(key=e.key[:_STATUS_KEY_CHARS], count=e.count) for e in kept]
+        if other:
+            cut.append(pb.CountEntry(key="(other)", count=other))
+        del entries[:]
+        entries.extend(cut)
+    return s
+
+
+def status_to_pb(page: StatusPage) -> pb.SidecarStatus:
+    """GetStatus's answer: the counters and one page of runs, bounded twice: by the page size
+    and by bytes (it stays under a default 4 MiB client limit); each run's summary cut for
+    listing (reason and breakdowns; the full summary is GetJobSummary's)."""
+    out = pb.SidecarStatus(
+        sidecar_id=page.sidecar_id, version=page.version, counters=page.counters,
+        instance_id=page.instance_id, advertised_address=page.advertised_address,
+        jobs_total=page.jobs_total)
+    budget = _STATUS_PAGE_BYTES - out.ByteSize()
+    last = None
+    for run, summary in page.summaries:
+        if len(out.jobs) >= page.size:
+            break
+        cut = _status_summary(summary_to_pb(summary, page.sidecar_id))
+        cost = cut.ByteSize() + 8
+        if cost > budget and out.jobs:
+            break
+        budget -= cost
+        out.jobs.append(cut)
+        last = run
+    if last is not None and page.last != last:
+        out.next_page_token = encode_page_token(*last)
+    return out

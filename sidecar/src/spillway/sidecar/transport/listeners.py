@@ -4,7 +4,8 @@ stale one cleared, a live one never taken over; mode and owner set), and the hom
 (``home.allowed.addresses``: which sidecars may be dialled as a job's home).
 
 Pure string and IP-literal matching: nothing is resolved before a decision. The settings these
-read come from `security.load_config` (`SecurityConfig`).
+read come from `security.load_config` (`SecurityConfig`, which this module names only as
+the `ListenPolicy` it reads: security imports listeners, never the other way).
 """
 
 from __future__ import annotations
@@ -16,18 +17,34 @@ import socket
 import stat
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 from spillway.sidecar.errors import ConfigError
-
-if TYPE_CHECKING:
-    from spillway.sidecar.transport.security import SecurityConfig, TlsFiles
 
 log = logging.getLogger("spillway.sidecar.transport.security")
 
 
 # --- TLS -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The TLS material a sidecar serves and dials with (PEM files; ``tls.*`` properties)."""
+
+    cert: str
+    key: str
+    ca: str
+    client_auth: str  # "none" | "require"
+
+
+class ListenPolicy(Protocol):
+    """What listening and dialling read of the security settings (`security.SecurityConfig`)."""
+
+    tls: TlsFiles | None
+    plaintext_allowed: bool
+    home_allowed: tuple[str, ...]
 
 
 def _read_bytes(prop: str, path: str) -> bytes:
@@ -141,7 +158,7 @@ def default_advertised(address: str) -> str:
     return f"{socket.gethostname()}:{port}"
 
 
-def check_plaintext_listen(address: str, cfg: SecurityConfig) -> None:
+def check_plaintext_listen(address: str, cfg: ListenPolicy) -> None:
     """Plaintext on a routable address is refused unless the operator asked for it."""
     host, _ = split_host_port(address)
     if cfg.tls is not None or is_loopback_host(host):
@@ -269,7 +286,7 @@ def parse_home_pattern(entry: str) -> tuple[str, str]:
 DEFAULT_HOME_ALLOWED: tuple[str, ...] = ()
 
 
-def home_allowed(address: str, cfg: SecurityConfig, own: Iterable[str] = ()) -> bool:
+def home_allowed(address: str, cfg: ListenPolicy, own: Iterable[str] = ()) -> bool:
     """Whether `address` may be dialled as a job's home: matched against the configured
     patterns (default: none) or one of this sidecar's own addresses. Pure string and
     IP-literal matching: nothing is resolved before the decision."""
@@ -306,6 +323,7 @@ def home_allowed(address: str, cfg: SecurityConfig, own: Iterable[str] = ()) -> 
     return False
 
 
-__all__ = ["DEFAULT_HOME_ALLOWED", "TlsReloader", "check_plaintext_listen", "clear_stale_socket",
+__all__ = ["DEFAULT_HOME_ALLOWED", "ListenPolicy", "TlsFiles", "TlsReloader",
+           "check_plaintext_listen", "clear_stale_socket",
            "client_channel_credentials", "default_advertised", "home_allowed", "is_loopback_host",
            "parse_home_pattern", "secure_socket", "split_host_port"]

@@ -2,8 +2,8 @@
 
 Every call passes `Authenticating` before any servicer code runs. It checks the credentials the
 call carries (gRPC metadata) and the mTLS identity of the connection, then publishes the result
-as a `Caller` through a context variable (`current_caller()`), which the servicer and the
-registry ask instead of looking at metadata themselves.
+as a `Caller` through a context variable (`current_caller()`), which the servicer reads and
+hands to the service with each call (the service never reads it, nor the metadata).
 
 Credentials (docs/SECURITY.md):
 - ``spillway-node-token`` (``auth.token.file``): the node's API token, application -> sidecar.
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import grpc
 from spillway.sidecar.errors import ConfigError
 from spillway.sidecar.transport import listeners
+from spillway.sidecar.transport.listeners import TlsFiles
 
 log = logging.getLogger("spillway.sidecar.transport.security")
 
@@ -182,14 +183,6 @@ def current_caller() -> Caller:
 
 
 # --- configuration -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TlsFiles:
-    cert: str
-    key: str
-    ca: str
-    client_auth: str  # "none" | "require"
 
 
 @dataclass
@@ -495,6 +488,7 @@ def _authenticated(method: str, handler, authenticator: Authenticator, around=No
     return handler
 
 
-__all__ = ["Caller", "current_caller", "Secret", "TokenFile", "SecurityConfig", "load_config",
+__all__ = ["Caller", "current_caller", "Secret", "TokenFile", "TlsFiles", "SecurityConfig",
+           "load_config",
            "Authenticating", "Authenticator", "check_sidecar_only",
            "NODE_TOKEN_KEY", "PEER_TOKEN_KEY", "ADMIN_TOKEN_KEY", "JOB_TOKEN_KEY"]

@@ -1,15 +1,15 @@
 """The gRPC servicer of spillway.v1: it only translates.
 
-Each RPC turns protobuf into core values (`convert`), calls the application service
-(`service.Sidecar`) and answers; a typed sidecar error becomes a status code through one table
-(`_STATUS_OF`) and `context.abort(code, details)`. Decisions belong to `core.policy`, durability
-to `dlq.pipeline`, the run bookkeeping to `service`.
+Each RPC turns protobuf into core and service values (`convert`, `service.values`), calls the
+application service (`service.Sidecar`) with the caller `security`'s interceptor authenticated,
+and turns its plain answer into protobuf; a typed sidecar error becomes a status code through
+one table (`_STATUS_OF`) and `context.abort(code, details)`. Decisions belong to `core.policy`,
+durability to `dlq.pipeline`, the run bookkeeping to `service`.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import grpc
 from spillway.sidecar.errors import (
@@ -25,14 +25,15 @@ from spillway.sidecar.errors import (
     SpillwayError,
     UnknownJobError,
 )
+from spillway.sidecar.federation.node_slices import SliceGrant
 from spillway.sidecar.federation.peers import HomeError
+from spillway.sidecar.federation.tallying import SliceWant, TallyIn
 from spillway.sidecar.service.registry import JOB_TOKEN_METADATA
+from spillway.sidecar.service.sidecar import Sidecar
+from spillway.sidecar.service.values import Flush, Registration, Report, StatusQuery
 from spillway.sidecar.transport import columns, convert, security, tally
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
-
-if TYPE_CHECKING:
-    from spillway.sidecar.service.sidecar import Sidecar
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ErrorSidecar"].full_name
 # Flush barriers answer a little before the caller's deadline so the caller sees our error.
@@ -79,9 +80,13 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
         self._s = sidecar
 
     def RegisterJob(self, request, context):
+        registration = Registration(
+            job=request.job, run_id=request.run_id, properties=dict(request.properties),
+            home=request.home, home_instance_id=request.home_instance_id, peer=request.peer)
         with _answering(context, dlq_what="DLQ topic check failed: "):
-            return self._s.register_job(request, token=_job_token(context), caller=_caller(),
-                                        timeout_s=_timeout(context))
+            answer = self._s.register_job(registration, token=_job_token(context),
+                                          caller=_caller(), timeout_s=_timeout(context))
+        return convert.registered_pb(answer)
 
     def ReportFailures(self, request, context):
         try:
@@ -93,9 +98,13 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
                                  "(decide_only) requests")
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        report = Report(job=request.job, run_id=request.run_id, task=task, records=records,
+                        recovered_ids=request.recovered_record_ids,
+                        undo_ids=request.undo_dead_letter_record_ids,
+                        decide_only=request.decide_only, size=request.ByteSize)
         with _answering(context):
-            answers = self._s.report(request, task, records, timeout_s=_timeout(context),
-                                     token=_job_token(context), caller=_caller())
+            answers = self._s.report(report, caller=_caller(), timeout_s=_timeout(context),
+                                     token=_job_token(context))
         if request.verdict_columns:
             return pb.ReportFailuresResponse(columns=columns.verdict_columns(answers))
         return convert.report_response(answers, records)
@@ -103,14 +112,15 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
     def TallyFailures(self, request, context):
         """The home protocol (sidecar to sidecar): reports decided from their columns."""
         try:
-            reports = [(convert.task_identity(r.task), tally.tally_groups(r, f"reports[{i}]"))
+            reports = [TallyIn(convert.task_identity(r.task),
+                               tally.tally_groups(r, f"reports[{i}]"), r.claim, _slices(r))
                        for i, r in enumerate(request.reports)]
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         with _answering(context):
-            answers = self._s.tally(request, reports, token=_job_token(context),
-                                    caller=_caller())
-        return pb.TallyResponse(reports=[tally.tally_streak_verdicts(o, grant)
+            answers = self._s.tally(request.job, request.run_id, reports,
+                                    token=_job_token(context), caller=_caller())
+        return pb.TallyResponse(reports=[tally.tally_streak_verdicts(o, _grant_pb(grant))
                                          for o, grant in answers])
 
     def FlushTask(self, request, context):
@@ -122,24 +132,48 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
                 processed[ref] = processed.get(ref, 0) + sc.records
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        flush = Flush(job=request.job, run_id=request.run_id, task=task, processed=processed,
+                      recovered_ids=request.recovered_record_ids,
+                      progress_only=request.progress_only)
         with _answering(context):
-            acked = self._s.flush(request, task, processed,
-                                  _timeout(context, self._s.flush_timeout_s),
-                                  token=_job_token(context), caller=_caller())
+            acked = self._s.flush(flush, caller=_caller(),
+                                  timeout_s=_timeout(context, self._s.flush_timeout_s),
+                                  token=_job_token(context))
         return pb.FlushTaskResponse(dlq_records_acknowledged=acked)
 
     def GetJobSummary(self, request, context):
         with _answering(context):
-            return self._s.job_summary(request.job, request.run_id, token=_job_token(context))
+            summary = self._s.job_summary(request.job, request.run_id,
+                                          token=_job_token(context))
+        return convert.run_summary_pb(summary)
 
     def GetStatus(self, request, context):
+        query = StatusQuery(job=request.job, page_size=request.page_size,
+                            page_token=request.page_token)
         with _answering(context):
-            return self._s.status_pb(request, token=_job_token(context), caller=_caller())
+            page = self._s.status_page(query, caller=_caller(), token=_job_token(context))
+            return convert.status_to_pb(page)   # its runs' summaries are read as it is cut
 
     def EndJob(self, request, context):
         with _answering(context):
-            return self._s.end_job(request, token=_job_token(context), caller=_caller(),
-                                   timeout_s=_timeout(context))
+            ended = self._s.end_job(request.job, request.run_id, local_only=request.local_only,
+                                    token=_job_token(context), caller=_caller(),
+                                    timeout_s=_timeout(context))
+        return convert.ended_pb(ended)
+
+
+def _slices(report: pb.TallyReport) -> SliceWant | None:
+    """What a tally report says about its run's budget slices (None: nothing)."""
+    if not (report.slice or report.want_slice or report.closed_slices):
+        return None
+    return SliceWant(report.slice, [(c.id, c.used) for c in report.closed_slices],
+                     report.want_slice)
+
+
+def _grant_pb(grant: SliceGrant | None) -> pb.BudgetSlice | None:
+    if grant is None:
+        return None
+    return pb.BudgetSlice(id=grant.id, size=grant.size, lease_ms=grant.lease_ms)
 
 
 def _job_token(context) -> str | None:
