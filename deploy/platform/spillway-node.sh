@@ -24,7 +24,9 @@
 #                              spillway-spark ('' : leave it alone)
 #   SPILLWAY_BOOTSTRAP_SERVERS Kafka for the DLQ (bootstrap.servers)
 #   SPILLWAY_PORT              TCP port (default 50051)
-#   SPILLWAY_NODE_ADDRESS      this node's address (cluster mode: listen and advertise on it)
+#   SPILLWAY_NODE_ADDRESS      this node's address (cluster mode: listen and advertise on it;
+#                              the platform scripts default to its private IP; fqdn: its host
+#                              name, for one wildcard certificate such as *.ec2.internal)
 #   SPILLWAY_TLS_DIR           cluster mode: tls.crt, tls.key, ca.crt (optional node.token,
 #                              admin.token; client.crt, client.key for sandboxed executors).
 #                              Unset: single-node mode (loopback and the Unix socket only)
@@ -451,6 +453,9 @@ spillway_check_settings() {
             spillway_die "SPILLWAY_EXECUTOR_TRANSPORT=node needs SPILLWAY_TLS_DIR (TLS on the node address)" ;;
     *) spillway_die "SPILLWAY_EXECUTOR_TRANSPORT=$SPILLWAY_EXECUTOR_TRANSPORT: expected socket or node" ;;
   esac
+  if [ "${SPILLWAY_NODE_ADDRESS:-}" = fqdn ]; then  # one wildcard certificate for every node
+    SPILLWAY_NODE_ADDRESS="$(hostname -f)"
+  fi
   if spillway_cluster_mode; then
     [ -n "${SPILLWAY_NODE_ADDRESS:-}" ] ||
       spillway_die "cluster mode (SPILLWAY_TLS_DIR) needs SPILLWAY_NODE_ADDRESS"
