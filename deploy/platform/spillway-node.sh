@@ -316,7 +316,8 @@ PY
 
 spillway_wait_healthy() {
   local deadline=$((SECONDS + ${SPILLWAY_START_TIMEOUT:-90}))
-  until spillway_health; do
+  # the socket appears when the sidecar binds; only then is a health call worth its start-up
+  until [ -S "$SW_SOCKET" ] && spillway_health; do
     if [ "$SECONDS" -ge "$deadline" ]; then
       spillway_log "the sidecar did not answer SERVING at $(spillway_health_target) within ${SPILLWAY_START_TIMEOUT:-90} s"
       [ -f "$SW_LOG/sidecar.log" ] && tail -n 20 "$SW_LOG/sidecar.log" >&2
