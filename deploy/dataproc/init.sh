@@ -43,5 +43,8 @@ role="$(metadata attributes/dataproc-role)"
 export SPILLWAY_NODE_ADDRESS="${SPILLWAY_NODE_ADDRESS:-$(metadata network-interfaces/0/ip)}"
 export SPILLWAY_SIDECAR_ID="${SPILLWAY_SIDECAR_ID:-$(metadata attributes/dataproc-cluster-name)-${role:-node}-$(hostname -s)}"
 
+if [ -z "${SPILLWAY_TLS_DIR:-}" ] && [ "$(metadata attributes/dataproc-worker-count)" != 0 ]; then
+  spillway_log "warning: this cluster has workers; without SPILLWAY_TLS_DIR (cluster mode) jobs whose executors run on several nodes are refused"
+fi
 spillway_node_install
 spillway_yarn_spark_conf "$R/etc/spark/conf"

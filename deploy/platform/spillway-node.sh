@@ -284,6 +284,9 @@ spillway_write_config() {
   envfile="$(spillway_companion spillway.env)"
   conf_result="$(printf '%s\n' "$props" | spillway_write "$SW_CONF" 0644)"
   env_result="$(spillway_write "$SW_ENV" 0644 <"$envfile")"
+  if ! spillway_cluster_mode; then
+    spillway_log "single-node mode: a job whose executors run on other nodes is refused there; multi-node clusters need cluster mode (SPILLWAY_TLS_DIR)"
+  fi
   if [ "$conf_result" = changed ] || [ "$env_result" = changed ]; then
     SW_RESTART=1
     spillway_log "configuration: $SW_CONF written"

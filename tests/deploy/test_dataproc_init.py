@@ -21,6 +21,7 @@ def worker(bundle, tmp_path_factory):
         "attributes/dataproc-role": "Worker",
         "attributes/dataproc-cluster-name": "etl-cluster",
         "attributes/dataproc-bucket": "dataproc-staging-example",
+        "attributes/dataproc-worker-count": "2",
         "attributes/spillway-deploy-uri": str(bundle),
         "attributes/spillway-bootstrap-servers": "kafka-1.internal:9092",
         "network-interfaces/0/ip": "127.0.0.1",
@@ -45,6 +46,8 @@ def worker(bundle, tmp_path_factory):
 def test_init_action_installs_configures_and_starts_the_sidecar(worker):
     node, _, _, first = worker
     assert "sidecar SERVING" in first.stderr
+    # two workers and no TLS material: said once, at the start (jobs across nodes are refused)
+    assert first.stderr.count("without SPILLWAY_TLS_DIR (cluster mode)") == 1
     assert_serving_once(node)
     props = properties(node.path("/etc/spillway/sidecar.properties"))
     assert props["sidecar.id"].startswith("etl-cluster-Worker-")
