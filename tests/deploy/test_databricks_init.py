@@ -5,6 +5,8 @@ temporary root. It starts a real sidecar under its restart loop; a second run ch
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from conftest import assert_serving_once, probe_from_executor, properties
 
@@ -52,6 +54,17 @@ def test_executors_reach_the_sidecar_through_spark_env(driver):
     assert (target, health) == (node.socket_address, "SERVING")
     assert sidecar_id == "1206-033000-abcd1234-driver-127.0.0.1"
     assert not list((cluster_python.parent.parent / "lib").glob("python3*/site-packages/pyspark"))
+
+
+def test_the_operator_status_command_of_deploy_md(driver):
+    node = driver[0]
+    proc = subprocess.run(
+        [str(node.path("/opt/spillway/bin/spillway")), "status", "--sidecar", node.socket_address],
+        env=base_env(SPILLWAY_LOCAL_TOKEN_FILE=str(
+            node.path("/var/lib/spillway/credentials/local.token"))),
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("sidecar 1206-033000-abcd1234-driver-127.0.0.1 (spillway ")
 
 
 def test_second_run_is_idempotent(driver):
