@@ -136,8 +136,11 @@ spillway_install_sidecar() {
   command -v "$py" >/dev/null || spillway_die "SPILLWAY_PYTHON=$py: not found"
   spillway_python_ok "$py" || spillway_die "SPILLWAY_PYTHON=$py is older than 3.11 (the sidecar needs 3.11+)"
   [ -f "$wh/constraints.txt" ] && constraints=(-c "$wh/constraints.txt")
+  # what is installed: the interpreter, the wheelhouse's files, and our wheels' contents (a
+  # rebuilt bundle keeps their version numbers)
   stamp="$({ "$py" -c 'import sys; print(sys.version)'; ls -1 "$wh"; \
-             cat "$wh/constraints.txt" 2>/dev/null || true; } | sha256sum | cut -d' ' -f1)"
+             cat "$wh/constraints.txt" 2>/dev/null || true; sha256sum "$wh"/spillway_*.whl; } |
+           sha256sum | cut -d' ' -f1)"
   if [ -x "$SW_OPT/bin/spillway" ] && [ "$(cat "$SW_OPT/.wheelhouse" 2>/dev/null)" = "$stamp" ]; then
     spillway_log "sidecar: $SW_OPT already has these wheels"
     return 0
@@ -147,6 +150,9 @@ spillway_install_sidecar() {
   PIP_CONFIG_FILE=/dev/null "$SW_OPT/bin/python" -m pip install -q --disable-pip-version-check \
     --no-compile --no-index --find-links "$wh" "${constraints[@]}" --upgrade \
     spillway-sidecar spillway-client
+  PIP_CONFIG_FILE=/dev/null "$SW_OPT/bin/python" -m pip install -q --disable-pip-version-check \
+    --no-compile --no-index --no-deps --force-reinstall \
+    "$wh"/spillway_client-*.whl "$wh"/spillway_sidecar-*.whl
   echo "$stamp" >"$SW_OPT/.wheelhouse"
   SW_RESTART=1
   spillway_log "sidecar: installed into $SW_OPT"
@@ -163,7 +169,7 @@ spillway_install_executor_python() {
   "$spy" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
     spillway_die "SPILLWAY_SPARK_PYTHON=$spy is older than 3.10 (spillway-spark needs 3.10+)"
   stamp="$({ echo "$spy"; "$spy" -c 'import sys; print(sys.prefix, sys.version)'; \
-             ls -1 "$wh"; } | sha256sum | cut -d' ' -f1)"
+             ls -1 "$wh"; sha256sum "$wh"/spillway_*.whl; } | sha256sum | cut -d' ' -f1)"
   file="$SW_OPT/.executor-python.$(printf '%s' "$spy" | sha256sum | cut -c1-12)"
   if [ "$(cat "$file" 2>/dev/null)" = "$stamp" ]; then
     spillway_log "executors: $spy already has spillway-client and spillway-spark"
@@ -174,8 +180,8 @@ spillway_install_executor_python() {
     --disable-pip-version-check --no-compile --no-index --find-links "$wh" \
     spillway-client 'opentelemetry-sdk>=1.27,<2'
   PIP_CONFIG_FILE=/dev/null "$SW_OPT/bin/python" -m pip --python "$spy" install -q \
-    --disable-pip-version-check --no-compile --no-index --find-links "$wh" --no-deps \
-    --upgrade spillway-spark
+    --disable-pip-version-check --no-compile --no-index --no-deps --force-reinstall \
+    "$wh"/spillway_client-*.whl "$wh"/spillway_spark-*.whl
   echo "$stamp" >"$file"
   spillway_log "executors: spillway-client and spillway-spark installed for $spy"
 }

@@ -7,8 +7,10 @@ command line the unit's ExecStart has; the unit the installer writes for systemd
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 from conftest import assert_serving_once, properties
@@ -129,6 +131,23 @@ def test_cluster_mode_serves_tls_on_the_node_address(host, tmp_path):
         assert client.status().sidecar_id == "host-17"
     finally:
         client.close()
+
+
+def test_a_rebuilt_bundle_is_installed_again(host, bundle, tmp_path):
+    """Same version numbers, other contents (a bundle rebuilt from a changed checkout): the new
+    wheel is installed and the sidecar restarted on it."""
+    node, run, _ = host
+    pid = assert_serving_once(node)
+    wheelhouse = tmp_path / "wheelhouse"
+    shutil.copytree(bundle / "wheelhouse", wheelhouse)
+    wheel = next(wheelhouse.glob("spillway_sidecar-*.whl"))
+    with zipfile.ZipFile(wheel, "a") as zf:
+        zf.writestr("spillway/sidecar/REBUILT", "a rebuilt bundle\n")
+    rebuilt = run(SPILLWAY_WHEELHOUSE=str(wheelhouse))
+    assert "sidecar: installed into" in rebuilt.stderr
+    site = node.path("/opt/spillway/lib")
+    assert list(site.glob("python3*/site-packages/spillway/sidecar/REBUILT"))
+    assert assert_serving_once(node) != pid
 
 
 def test_the_restart_loop_stops_with_its_sidecar(host):
