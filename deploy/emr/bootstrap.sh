@@ -57,8 +57,8 @@ if [ "$(emr_field "$info/instance.json" isMaster)" = True ]; then role=primary; 
 cluster="$(emr_field "$info/job-flow.json" jobFlowId 2>/dev/null || echo emr)"
 export SPILLWAY_NODE_ADDRESS="${SPILLWAY_NODE_ADDRESS:-$(hostname -I | awk '{print $1}')}"
 export SPILLWAY_SIDECAR_ID="${SPILLWAY_SIDECAR_ID:-${cluster:-emr}-$role-$(hostname -s)}"
-# YARN containers run as yarn (group hadoop) unless Kerberos maps them to the submitting users
-export SPILLWAY_SOCKET_GROUP="${SPILLWAY_SOCKET_GROUP-}"
+# YARN containers run as yarn (group hadoop) unless Kerberos maps them to the submitting users;
+# the socket keeps mode 0666 by default: the hadoop group does not exist yet at bootstrap
 
 spillway_node_install
 

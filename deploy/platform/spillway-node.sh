@@ -146,7 +146,8 @@ spillway_install_sidecar() {
     return 0
   fi
   [ -x "$SW_OPT/bin/python" ] || "$py" -m venv "$SW_OPT"
-  # the wheelhouse alone decides what is installed: no index, no pip configuration of the host
+  # the wheelhouse alone decides what is installed: no index, no pip configuration of the host;
+  # not byte-compiled (the first start compiles; the unit keeps that in /var/cache/spillway)
   PIP_CONFIG_FILE=/dev/null "$SW_OPT/bin/python" -m pip install -q --disable-pip-version-check \
     --no-compile --no-index --find-links "$wh" "${constraints[@]}" --upgrade \
     spillway-sidecar spillway-client
