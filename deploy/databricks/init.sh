@@ -35,7 +35,8 @@ export SPILLWAY_SPARK_PYTHON="${SPILLWAY_SPARK_PYTHON-/databricks/python3/bin/py
 export SPILLWAY_NODE_ADDRESS="${SPILLWAY_NODE_ADDRESS:-${DB_CONTAINER_IP:-}}"
 if [ "${DB_IS_DRIVER:-}" = TRUE ]; then role=driver; else role=worker; fi
 export SPILLWAY_SIDECAR_ID="${SPILLWAY_SIDECAR_ID:-${DB_CLUSTER_ID:-databricks}-$role-${DB_CONTAINER_IP:-$(hostname)}}"
-# Databricks containers have no systemd: the installer's restart loop supervises the sidecar
+# init scripts run inside the Spark container, not under systemd: the installer's restart loop
+# supervises the sidecar (SPILLWAY_SUPERVISOR=systemd where a runtime image does run it)
 export SPILLWAY_SUPERVISOR="${SPILLWAY_SUPERVISOR:-loop}"
 
 # shellcheck source=SCRIPTDIR/../platform/spillway-node.sh
