@@ -1,0 +1,166 @@
+"""The platform recipes of deploy/ run as their platform runs them, into a temporary root.
+
+`build_bundle` makes what an operator uploads (deploy/platform/make-bundle.sh: the scripts and a
+wheelhouse of the three spillway wheels built from this checkout plus the pinned dependencies).
+The third-party wheels come from a cache kept across runs (``$SPILLWAY_DEPLOY_WHEELHOUSE``,
+default ``~/.cache/spillway/deploy-wheelhouse``), filled with `pip download` only when building
+offline from it fails; under ``CI=true`` a cache that cannot be filled fails the run.
+
+`Node` is one node's temporary root (``SPILLWAY_ROOT``: every path a recipe writes is under
+it), with the processes the recipe started there (found through /proc, by the root's path on
+their command line) and a way to stop them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+MAKE_BUNDLE = DEPLOY / "platform" / "make-bundle.sh"
+RECIPE_TIMEOUT_S = 240
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def wheel_cache() -> Path:
+    path = Path(os.environ.get("SPILLWAY_DEPLOY_WHEELHOUSE")
+                or Path.home() / ".cache" / "spillway" / "deploy-wheelhouse")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def _locked(directory: Path):
+    with open(directory / ".lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=RECIPE_TIMEOUT_S, **kw)
+
+
+def build_bundle(out: Path) -> Path:
+    """make-bundle.sh into ``out``, offline from the cache (filled first when it lacks a
+    wheel); the build backends are this venv's (requirements/dev.txt pins them)."""
+    cache = wheel_cache()
+    env = {**os.environ, "PYTHON": sys.executable}
+    offline = ["--no-index", "--find-links", str(cache), "--no-build-isolation"]
+    with _locked(cache):
+        proc = _run(["bash", str(MAKE_BUNDLE), str(out), "--", *offline], env=env)
+        if proc.returncode != 0:
+            fill = _run([sys.executable, "-m", "pip", "download", "-q",
+                         "--disable-pip-version-check", "--only-binary=:all:", "--dest",
+                         str(cache), "-r", str(ROOT / "requirements" / "sidecar.txt")])
+            if fill.returncode != 0:
+                why = f"cannot fill the wheel cache {cache}:\n{fill.stderr[-2000:]}"
+                if in_ci():
+                    pytest.fail(why)
+                pytest.skip(why)
+            proc = _run(["bash", str(MAKE_BUNDLE), str(out), "--", *offline], env=env)
+    assert proc.returncode == 0, f"make-bundle.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bare_python(path: Path) -> Path:
+    """A venv without pip standing in for a cluster's Python (the recipe installs into it
+    with the sidecar venv's pip)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True,
+                   timeout=60)
+    return path / "bin" / "python"
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    """A root shell's environment: PATH and the like, none of this test run's SPILLWAY_*."""
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    return {**env, **extra}
+
+
+class Node:
+    """One node's temporary root and what the recipe started in it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, absolute: str) -> Path:
+        return self.root / absolute.lstrip("/")
+
+    @property
+    def socket_address(self) -> str:
+        return f"unix://{self.path('/run/spillway/sidecar.sock')}"
+
+    def processes(self, what: str) -> list[int]:
+        """Pids whose command line holds ``what`` and this root (serve / supervise)."""
+        out = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            words = [a.decode(errors="replace") for a in argv if a]
+            if what in words and any(str(self.root) in w for w in words):
+                out.append(int(entry.name))
+        return sorted(out)
+
+    def sidecars(self) -> list[int]:
+        return self.processes("serve")
+
+    def supervisors(self) -> list[int]:
+        return self.processes("supervise")
+
+    def run(self, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+        proc = _run(argv, env={**env, "SPILLWAY_ROOT": str(self.root)})
+        assert proc.returncode == 0, f"{argv[0]} failed ({proc.returncode}):\n{proc.stderr}"
+        return proc
+
+    def stop(self) -> None:
+        """The recipe's own stop (SIGTERM to the restart loop, which stops the sidecar), then
+        whatever is left, by pid."""
+        script = self.path("/opt/spillway/libexec/spillway-node.sh")
+        if script.exists():
+            _run(["bash", str(script), "stop"],
+                 env=base_env(SPILLWAY_ROOT=str(self.root)))
+        for pid in self.supervisors() + self.sidecars():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def wait_gone(self, timeout_s: float = 30.0) -> list[int]:
+        deadline = time.monotonic() + timeout_s
+        while (left := self.supervisors() + self.sidecars()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return left
+
+
+def tool(name: str, hint: str) -> str:
+    """A command the tests need: this venv's bin first (pip-installed tools), then PATH."""
+    found = shutil.which(name, path=os.pathsep.join(
+        [os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    if not found:
+        pytest.skip(f"{name} not found ({hint})")
+    return found
