@@ -489,7 +489,7 @@ def test_deploy_doc_builds_and_pushes_the_image_the_daemonset_runs(base):
     assert image == f"spillway/sidecar:{version}"
     assert f"docker build -f sidecar/Dockerfile -t {image} ." in doc
     assert "docker push" in doc and "newName:" in doc  # retagged for your registry
-    for needle in ("NetworkPolicy", "per-node-certs", "spark-application.yaml",
+    for needle in ("NetworkPolicy", "kubernetes-csi-certs", "spark-application.yaml",
                    "test_kubernetes_extras.py"):
         assert needle in doc, needle
 
