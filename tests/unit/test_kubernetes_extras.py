@@ -284,6 +284,12 @@ def test_the_advertised_address_is_a_name_the_certificate_and_the_allow_list_car
     assert not home_allowed(f"evil.example.org:{_port(props['listen.address'])}", cfg)
     names = [e["name"] for e in _pod(overlay)["spec"]["containers"][0]["env"]]
     assert names.index("POD_DNS_SUFFIX") < names.index("SPILLWAY_HOME_ALLOWED_ADDRESSES")
+    # and `spillway serve` accepts both values
+    from spillway.sidecar.core import config
+
+    parsed = config.parse({**props, "advertised.address": advertised,
+                           "home.allowed.addresses": allowed})
+    assert parsed["advertised.address"] == advertised
 
 
 def test_the_mtls_port_also_admits_the_sidecar_pods(overlay):
