@@ -53,3 +53,17 @@ def test_every_module_has_a_row_and_every_row_a_module():
 
 def test_the_readme_points_to_it():
     assert "(docs/ARCHITECTURE.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_failing_record_walk_names_files_that_exist():
+    """The walk of one failing record names real files (`pkg/module.py`, under a package)."""
+    text = DOC.read_text(encoding="utf-8")
+    walk = text.split("## One failing record, end to end", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([a-z_]+/[a-z_]+\.py)`", walk))
+    assert len(named) > 20, "the walk names the files it goes through"
+    roots = {"spark": PACKAGES["spillway.spark"], "client": PACKAGES["spillway.client"]}
+    sidecar = PACKAGES["spillway.sidecar"]
+    missing = [n for n in sorted(named)
+               if not ((roots[n.split("/")[0]] / n.split("/", 1)[1]) if n.split("/")[0] in roots
+                       else (sidecar / n)).exists()]
+    assert not missing, f"docs/ARCHITECTURE.md's walk names missing files: {missing}"
