@@ -61,12 +61,16 @@ def ensure_topic(admin_conf: Mapping[str, Any], settings: DlqSettings, timeout_s
     if meta is not None and meta.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
         raise DlqError(f"the DLQ topic {topic!r} cannot be used: {meta.error.name()}: "
                        f"{meta.error.str()}")
+    brokers = len(md.brokers)
     if not settings.auto_create:
+        # the one command that makes it, with a replication factor this cluster can honour
+        create = (f"kafka-topics.sh --bootstrap-server {servers} --create --topic {topic} "
+                  f"--partitions {settings.partitions} --replication-factor "
+                  f"{max(1, min(settings.replication_factor, brokers))}")
         raise TopicGuardrailError(
             AUTO_CREATE_PROP,
-            f"the DLQ topic {topic!r} does not exist and auto-create is disabled; create it, "
-            f"or set {AUTO_CREATE_PROP}=true")
-    brokers = len(md.brokers)
+            f"the DLQ topic {topic!r} does not exist and auto-create is disabled; create it "
+            f"({create}), or set {AUTO_CREATE_PROP}=true")
     if brokers < settings.replication_factor:
         raise TopicGuardrailError(
             RF_PROP,
