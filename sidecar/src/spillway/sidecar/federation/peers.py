@@ -16,6 +16,8 @@ are built and read here. A node sidecar dials its home:
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -85,25 +87,47 @@ class Home:
     tally_supported: bool = True  # False once it answered TallyFailures UNIMPLEMENTED (older)
     # per run: its reports in flight to the home and those gathering for the next call
     _tallies: dict[tuple[str, str], GroupCall] = field(default_factory=dict)
+    # this sidecar's own certificate, as a TLS client: a renewed one (cert-manager's csi-driver
+    # rewrites it days before it expires) is dialled with from the next call on
+    tls: listeners.TlsFiles | None = None
+    _tls_stamp: tuple | None = None
+    _tls_checked: float = 0.0
+    _swap: threading.Lock = field(default_factory=threading.Lock)
+    _retired: list[grpc.Channel] = field(default_factory=list)  # closed with this Home
 
     @classmethod
     def connect(cls, address: str, me: LocalSidecar | None = None) -> Home:
         cfg = me.security if me is not None else None
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-        if cfg is not None and cfg.tls is not None:
-            try:
-                creds = listeners.client_channel_credentials(cfg.tls)
-            except SpillwayError as exc:
-                raise HomeError(grpc.StatusCode.UNAVAILABLE,
-                                f"cannot dial {address} over TLS: {exc}") from exc
-            channel = grpc.secure_channel(address, creds, options=options)
-        else:
-            channel = grpc.insecure_channel(address, options=options)
+        tls = cfg.tls if cfg is not None else None
+        stamp = listeners.tls_stamps(tls) if tls is not None else None
+        channel = _dial(address, tls)
         return cls(address, channel, pb_grpc.ErrorSidecarStub(channel),
-                   cfg.peer_token if cfg is not None else None)
+                   cfg.peer_token if cfg is not None else None, tls=tls, _tls_stamp=stamp,
+                   _tls_checked=time.monotonic())
 
-    def _call(self, what: str, fn, request, timeout_s: float, token: str | None = None):
+    def _stub(self) -> pb_grpc.ErrorSidecarStub:
+        """The stub to call with: a new channel once this sidecar's TLS files changed (looked
+        at once a second at most; calls in flight on the old channel finish on it)."""
+        if self.tls is None or time.monotonic() - self._tls_checked < _TLS_RECHECK_S:
+            return self.stub
+        with self._swap:
+            self._tls_checked = time.monotonic()
+            try:
+                stamp = listeners.tls_stamps(self.tls)
+                if stamp != self._tls_stamp:
+                    self._retired.append(self.channel)
+                    self.channel = _dial(self.address, self.tls)
+                    self.stub = pb_grpc.ErrorSidecarStub(self.channel)
+                    self._tls_stamp = stamp
+                    log.info("dialling %s with this sidecar's renewed TLS certificate",
+                             self.address)
+            except (OSError, HomeError) as exc:   # mid-rotation: the current channel stays
+                log.warning("TLS files changed but cannot be read (%s); dialling %s with the "
+                            "previous certificate", exc, self.address)
+            return self.stub
+
+    def _call(self, what: str, request, timeout_s: float, token: str | None = None):
+        fn = getattr(self._stub(), what)
         metadata = []
         if self.peer_token is not None:
             metadata.append((security.PEER_TOKEN_KEY, self.peer_token.current().reveal()))
@@ -126,7 +150,7 @@ class Home:
                                   f"({exc.code().name}): {exc.details()}{hint}") from exc
 
     def status(self, timeout_s: float) -> pb.SidecarStatus:
-        return self._call("GetStatus", self.stub.GetStatus, pb.GetStatusRequest(page_size=1),
+        return self._call("GetStatus", pb.GetStatusRequest(page_size=1),
                           timeout_s)
 
     def instance_id(self, timeout_s: float) -> str:
@@ -135,8 +159,7 @@ class Home:
     def register(self, job: str, run_id: str = "", properties: Mapping[str, str] | None = None,
                  *, token: str | None = None, peer: str = "",
                  timeout_s: float = 15.0) -> Registered:
-        return convert.registered_from_pb(self._call(
-            "RegisterJob", self.stub.RegisterJob, pb.RegisterJobRequest(
+        return convert.registered_from_pb(self._call("RegisterJob", pb.RegisterJobRequest(
                 job=job, run_id=run_id, properties=dict(properties or {}), peer=peer),
             timeout_s, token))
 
@@ -153,7 +176,7 @@ class Home:
             fwd.records.extend(map(_MESSAGE, records))
         elif records:
             fwd.records.extend(columns.as_messages(records))
-        resp = self._call("ReportFailures", self.stub.ReportFailures, fwd, timeout_s, token)
+        resp = self._call("ReportFailures", fwd, timeout_s, token)
         return [Decision(convert.verdict_from_pb(v), dead_letter=v.dead_letter)
                 for v in resp.verdicts]
 
@@ -200,7 +223,7 @@ class Home:
             return [None] * len(items)
         req = pb.TallyRequest(job=job, run_id=run_id, reports=[report for report, _ in items])
         try:
-            resp = self._call("TallyFailures", self.stub.TallyFailures, req, timeout_s,
+            resp = self._call("TallyFailures", req, timeout_s,
                               items[0][1])
         except HomeError as exc:
             if exc.code != grpc.StatusCode.UNIMPLEMENTED:
@@ -230,7 +253,7 @@ class Home:
         fwd = pb.ReportFailuresRequest(job=job, run_id=run_id, task=convert.task_pb(task),
                                        decide_only=True,
                                        undo_dead_letter_record_ids=record_ids)
-        self._call("ReportFailures", self.stub.ReportFailures, fwd, timeout_s, token)
+        self._call("ReportFailures", fwd, timeout_s, token)
 
     def progress(self, flush: Flush, timeout_s: float, *, token: str | None = None) -> None:
         stage_pb = convert.STAGE_TO_PB
@@ -239,22 +262,37 @@ class Home:
             processed=[pb.StageCount(stage=stage_pb[ref.stage], custom_stage=ref.custom,
                                      records=n) for ref, n in flush.processed.items()],
             recovered_record_ids=flush.recovered_ids, progress_only=True)
-        self._call("FlushTask", self.stub.FlushTask, fwd, timeout_s, token)
+        self._call("FlushTask", fwd, timeout_s, token)
 
     def summary(self, job: str, run_id: str, *, token: str | None,
                 timeout_s: float) -> RunSummary:
-        return convert.summary_from_pb(self._call(
-            "GetJobSummary", self.stub.GetJobSummary, pb.GetJobSummaryRequest(
+        return convert.summary_from_pb(self._call("GetJobSummary", pb.GetJobSummaryRequest(
                 job=job, run_id=run_id), timeout_s, token))
 
     def end(self, job: str, run_id: str, *, token: str | None, timeout_s: float,
             local_only: bool = False) -> Ended:
-        return convert.ended_from_pb(self._call(
-            "EndJob", self.stub.EndJob, pb.EndJobRequest(
+        return convert.ended_from_pb(self._call("EndJob", pb.EndJobRequest(
                 job=job, run_id=run_id, local_only=local_only), timeout_s, token))
 
     def close(self) -> None:
-        self.channel.close()
+        for channel in (*self._retired, self.channel):
+            channel.close()
+
+
+_TLS_RECHECK_S = 1.0
+_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+
+
+def _dial(address: str, tls: listeners.TlsFiles | None) -> grpc.Channel:
+    if tls is None:
+        return grpc.insecure_channel(address, options=_OPTIONS)
+    try:
+        creds = listeners.client_channel_credentials(tls)
+    except SpillwayError as exc:
+        raise HomeError(grpc.StatusCode.UNAVAILABLE,
+                        f"cannot dial {address} over TLS: {exc}") from exc
+    return grpc.secure_channel(address, creds, options=_OPTIONS)
 
 
 def _not_me(home: str, home_instance_id: str, me: str) -> HomeError:

@@ -58,6 +58,18 @@ def _read_bytes(prop: str, path: str) -> bytes:
     return data
 
 
+def tls_stamps(files: TlsFiles) -> tuple:
+    """What tells a rewritten TLS file (time, size, inode of each): a renewed certificate."""
+    out = []
+    for p in (files.cert, files.key, files.ca):
+        if not p:
+            out.append(None)
+            continue
+        st = os.stat(p)
+        out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+    return tuple(out)
+
+
 class TlsReloader:
     """Server certificate material, re-read when any of its files changes: gRPC asks
     `fetch()` before each new connection's handshake (rotation without restart)."""
@@ -68,14 +80,7 @@ class TlsReloader:
         self._lock = threading.Lock()
 
     def _stamps(self) -> tuple:
-        out = []
-        for p in (self.files.cert, self.files.key, self.files.ca):
-            if not p:
-                out.append(None)
-                continue
-            st = os.stat(p)
-            out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-        return tuple(out)
+        return tls_stamps(self.files)
 
     def _config(self) -> grpc.ServerCertificateConfiguration:
         cert = _read_bytes("tls.cert.file", self.files.cert)
