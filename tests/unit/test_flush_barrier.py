@@ -35,6 +35,7 @@ from spillway.spark import job as job_module
 from spillway.spark._compat import arrow_conversions
 from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
+from support.spark_files import ship_to
 
 POISON = 3  # the row every wrapper's function fails on (with "only skipped": every row fails)
 ID_SCHEMA = StructType([StructField("id", IntegerType(), True)])
@@ -145,7 +146,8 @@ class CapturedRDD(Captured):
 
 
 @pytest.fixture
-def sidecar(server, monkeypatch):
+def sidecar(server, monkeypatch, tmp_path):
+    ship_to(monkeypatch, tmp_path)  # the run's token file, as executors read it
     monkeypatch.setattr(_runtime, "_worker", None)
     monkeypatch.setattr(_tracing, "ensure_provider", lambda: None)  # not an executor
     monkeypatch.delenv("SPILLWAY_SIDECAR_ADDRESS", raising=False)

@@ -14,8 +14,10 @@ Each `Job` is one run of the job (the Spark application id, on Spark Connect the
 ``run_id=``): a run starts with fresh counts, retry state and remembered record ids, whatever
 earlier runs of the same name did.
 Everything executors need (job name, policy, sidecar address and its env variable's name, the
-run's id, job token and home sidecar) travels inside the wrapped closures; executors register
-the run with their node's sidecar themselves, once per Python worker process.
+run's id and home sidecar) travels inside the wrapped closures; the run's job token does not:
+it reaches them as a Spark file of the session that runs the wrapper, which the closures name
+(`_token`). Executors register the run with their node's sidecar themselves, once per Python
+worker process.
 
 This module is the driver's side. What runs on executors lives beside it: `_partitions` (one
 function per DataFrame / RDD wrapper, run per partition), `_udf` (the UDF's per-row function),
@@ -42,10 +44,10 @@ from typing import Any
 
 from spillway.client import SidecarClient, report
 from spillway.client.errors import ADDRESS_ENV
-from spillway.client.runs import JobRun, Registration, new_run_id
+from spillway.client.runs import JobRun, JobToken, Registration, new_run_id
 
 from . import _deserialize
-from ._compat import active_run_id, check_foreach_partition
+from ._compat import active_run_id, active_session, check_foreach_partition
 from ._engine import StageRef
 from ._partitions import (
     deserialize_partition,
@@ -59,6 +61,7 @@ from ._report import JobReport, failure_message
 from ._plan import WrapperPlan
 from ._runtime import JobSpec, WrapperSpec, batch_scope, ratio_limited
 from ._schema import value_checker
+from ._token import SessionFiles, TokenFile, TokenFileError, ship, spark_files
 from ._types import datatype, struct
 from ._udf import udf_function
 
@@ -125,6 +128,23 @@ def _next_use(job: str, run_id: str, wrapper: str) -> str:
     return str(n)
 
 
+def _session_files(data: Any) -> SessionFiles:
+    """The files of the Spark session that runs ``data`` (a DataFrame or RDD; None: the active
+    session), where the run's job token goes (`_token`)."""
+    if data is None:
+        session = active_session()
+        if session is None:
+            raise TokenFileError(
+                "no active SparkSession: the run's job token reaches executors as a file of "
+                "the session that runs the wrapper; start the session (SparkSession.builder"
+                "...getOrCreate()) before making a job.udf or job.foreach_batch")
+    elif _is_rdd(data):
+        session = data.context
+    else:
+        session = data.sparkSession
+    return spark_files(session)
+
+
 def _spark_run_id() -> str | None:
     """One run of the job per Spark application (classic), per Spark Connect session."""
     return active_run_id()
@@ -177,6 +197,7 @@ class Job:
         self.registration: Registration | None = None
         #: The final counts, once `close()` ended the run.
         self.report: JobReport | None = None
+        self._shipped: TokenFile | None = None  # the run's token file last shipped
 
     @property
     def name(self) -> str:
@@ -193,6 +214,19 @@ class Job:
 
     def __repr__(self) -> str:
         return f"Job({self.name!r}, run_id={self.run_id!r}, sidecar={self.spec.sidecar!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A `Job` pickled into a closure (``foreach_batch`` over Spark Connect runs on the
+        server) travels without the run's job token: its spec names the token's Spark file
+        instead, and its registration has no token. Such a copy runs wrappers; it cannot
+        register the run again (the sidecar refuses a caller without the token)."""
+        state = dict(self.__dict__)
+        spec, reg = self.spec, self.registration
+        if isinstance(spec.job_token, JobToken):
+            state["spec"] = dataclasses.replace(spec, job_token=self._shipped)
+        if reg is not None and reg.job_token is not None:
+            state["registration"] = dataclasses.replace(reg, job_token=None)
+        return state
 
     def __enter__(self) -> Job:
         self.register()
@@ -225,7 +259,7 @@ class Job:
         spec = self.spec
         run_id = spec.run_id or self._run_id or _spark_run_id() or new_run_id()
         key = (spec.driver_target(), self.name, run_id)
-        token = spec.job_token
+        token = spec.job_token if isinstance(spec.job_token, JobToken) else None
         if token is None:  # another Job object of this driver registered the run (a notebook
             with _driver_lock:  # cell run again): the same driver holds the same run
                 known = _driver_runs.get(key)
@@ -244,10 +278,19 @@ class Job:
         return dict(self.effective_properties)
 
     def _task_spec(self) -> JobSpec:
-        """The spec wrappers hand to executors: the registered run's (registers it first)."""
+        """The registered run's spec (registers it first), with its job token: the driver's."""
         if not self.spec.run_id or self.registration is None:
             self.register()
         return self.spec
+
+    def _shipped_spec(self, data: Any) -> JobSpec:
+        """The spec wrappers hand to executors: the registered run's, its job token replaced by
+        the Spark file that holds it in the session of ``data`` (None: the active session)."""
+        spec = self._task_spec()
+        if not isinstance(spec.job_token, JobToken):  # a copy that holds the file already
+            return spec
+        self._shipped = ship(_session_files(data), self.name, spec.run_id, spec.job_token)
+        return dataclasses.replace(spec, job_token=self._shipped)
 
     def summary(self, all_sidecars: Sequence[str] | None = None) -> JobReport:
         """This run's counts summed over ``all_sidecars`` (default: the driver's sidecar).
@@ -309,12 +352,13 @@ class Job:
         return WrapperSpec(name=wname, stage=stage_ref, function_name=report.qualified_name(fn),
                            traceparent=tp, tracestate=ts, use=self._use(wname))
 
-    def _plan(self, fn: Callable, name: str | None, stage: str | int, custom_stage: str = "",
-              **hooks: Any) -> WrapperPlan:
-        """The plan every task of this wrapper call runs with (``hooks``: `WrapperPlan`'s
-        ``record_id``, ``source``, ``refresh``), over the registered run's spec."""
+    def _plan(self, data: Any, fn: Callable, name: str | None, stage: str | int,
+              custom_stage: str = "", **hooks: Any) -> WrapperPlan:
+        """The plan every task of this wrapper call over ``data`` (None: in the active session)
+        runs with (``hooks``: `WrapperPlan`'s ``record_id``, ``source``, ``refresh``), over the
+        registered run's spec as shipped to that session."""
         wrapper = self._wrapper(fn, name, stage, custom_stage)
-        return WrapperPlan(self._task_spec(), wrapper, **hooks)
+        return WrapperPlan(self._shipped_spec(data), wrapper, **hooks)
 
     def _use(self, wrapper_name: str) -> str:
         """This call's use of the wrapper (registers the run first: uses count per run)."""
@@ -337,8 +381,8 @@ class Job:
         record.
         """
         _require("map_partitions: data", data, rdd=True)
-        plan = self._plan(fn, name, stage, custom_stage, record_id=record_id, source=source,
-                          refresh=refresh)
+        plan = self._plan(data, fn, name, stage, custom_stage, record_id=record_id,
+                          source=source, refresh=refresh)
         if _is_dataframe(data):
             in_schema = data.schema
             out_schema = struct(schema) if schema is not None else in_schema
@@ -371,7 +415,7 @@ class Job:
         if not _is_dataframe(dlq_df):
             raise TypeError("dlq_df: expected a DataFrame from spillway.spark.read_dlq")
         rows = redrive_frame(dlq_df, max_redrives, include_resolved=bool(include_resolved))
-        plan = self._plan(fn, name, stage, custom_stage, record_id=redrive_record_id,
+        plan = self._plan(rows, fn, name, stage, custom_stage, record_id=redrive_record_id,
                           refresh=refresh)
         out_schema = struct(schema) if schema is not None else rows.schema
         run = functools.partial(df_partition, plan, fn, flat, rows.schema, out_schema,
@@ -391,7 +435,7 @@ class Job:
         concatenation of the outputs of its parts), not an aggregate over the batch.
         """
         _require("map_in_pandas: df", df)
-        plan = self._plan(fn, name, stage, custom_stage, record_id=record_id, source=source,
+        plan = self._plan(df, fn, name, stage, custom_stage, record_id=record_id, source=source,
                           refresh=refresh)
         out_schema = struct(schema)
         run = functools.partial(vector_partition, plan, fn, "pandas", out_schema)
@@ -405,7 +449,7 @@ class Job:
         """``df.mapInArrow`` with ``fn(pyarrow.RecordBatch) -> RecordBatch | Table`` per batch;
         failures isolated by bisection, as in `map_in_pandas`."""
         _require("map_in_arrow: df", df)
-        plan = self._plan(fn, name, stage, custom_stage, record_id=record_id, source=source,
+        plan = self._plan(df, fn, name, stage, custom_stage, record_id=record_id, source=source,
                           refresh=refresh)
         out_schema = struct(schema)
         run = functools.partial(vector_partition, plan, fn, "arrow", out_schema)
@@ -464,14 +508,14 @@ class Job:
                                       function_name=",".join(s.function_name for s in steps))
         new_schema = StructType(fields)
         out_schema = StructType(list(df.schema.fields) + fields)
-        plan = WrapperPlan(self._task_spec(), wrapper, refresh=refresh)
+        plan = WrapperPlan(self._shipped_spec(df), wrapper, refresh=refresh)
         run = functools.partial(deserialize_partition, plan, steps, df.schema, new_schema)
         return df.mapInArrow(run, out_schema)
 
     def _native_deserialize(self, df, steps, types, name):
         from ._native import native_deserialize, report_partition
 
-        spec = self._task_spec()
+        spec = self._shipped_spec(df)
         tp, ts = report.trace_context()
         wname = _deserialize.wrapper_name(steps, name)
         wrapper = WrapperSpec(wname, StageRef.of("DESERIALIZATION"),
@@ -510,7 +554,7 @@ class Job:
             stage, custom_stage).name, exact=False)
 
         def decorate(fn: Callable) -> Any:
-            plan = self._plan(fn, name, stage, custom_stage, record_id=record_id,
+            plan = self._plan(None, fn, name, stage, custom_stage, record_id=record_id,
                               refresh=refresh)
             call = udf_function(plan, fn, error_column, check=check)
             functools.update_wrapper(call, fn)
@@ -532,7 +576,7 @@ class Job:
         so ``write_fn`` must be idempotent, as Kafka Connect asks of sink tasks.
         """
         _require("foreach_partition: data", data, rdd=True)
-        plan = self._plan(write_fn, name, stage, custom_stage, record_id=record_id,
+        plan = self._plan(data, write_fn, name, stage, custom_stage, record_id=record_id,
                           source=source, refresh=refresh)
         self._foreach(data, plan, write_fn, batch_size=batch_size, batch_id=batch_id)
 
@@ -559,7 +603,7 @@ class Job:
         the batch only then. Record ids carry the micro-batch id.
         """
         # one use for the whole query: a micro-batch replayed after a restart keeps its ids
-        plan = self._plan(write_fn, name, stage, custom_stage, record_id=record_id,
+        plan = self._plan(None, write_fn, name, stage, custom_stage, record_id=record_id,
                           source=source, refresh=refresh)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
@@ -569,7 +613,7 @@ class Job:
             # does not (Spark Connect): see `_runtime.current_batch_id`
             with batch_scope(batch_df.sparkSession, batch_id):
                 # the run's spec as of this micro-batch (a closed run is registered again)
-                now = dataclasses.replace(plan, spec=self._task_spec())
+                now = dataclasses.replace(plan, spec=self._shipped_spec(batch_df))
                 self._foreach(batch_df, now, functools.partial(with_batch_id, write_fn, batch_id),
                               batch_size=batch_size, batch_id=batch_id)
 
