@@ -3,8 +3,9 @@
 The job's name, policy and sidecar settings travel inside the wrapped closures as a `JobSpec`;
 nothing has to be set up on executors beyond the sidecar's address. So does the run the driver
 registered: its run id, its home sidecar (address and instance id) and where its job token is
-(a `_token.TokenFile`: the token itself is never in a plan, it reaches executors as a Spark
-file, read once per worker process); executors register the run with their node's sidecar with
+(a `_token.TokenFile`: the token itself is not in the plan, it reaches executors as a Spark
+file, read once per worker process; streaming over Spark Connect is the one exception, see
+`_token.InlineToken`); executors register the run with their node's sidecar with
 all of them, and every call for the run carries the token.
 
 Sidecar address on an executor: ``$SPILLWAY_SIDECAR_ADDRESS`` (the executor's environment, i.e.
@@ -66,7 +67,7 @@ from spillway.v1 import sidecar_pb2 as pb
 
 from . import _tracing
 from ._engine import StageRef
-from ._token import TokenFile
+from ._token import InlineToken, TokenFile
 
 log = logging.getLogger("spillway.spark")
 
@@ -120,10 +121,11 @@ class JobSpec:
     # The run the driver registered (`Job.register`): its id and credential, and its home
     # sidecar (address and instance id), which decides for every node (job-wide limits). The
     # credential: the `JobToken` itself in the driver's spec (which a JobToken makes
-    # unpicklable), the Spark file holding it in every spec shipped to executors (`_token`).
+    # unpicklable), the Spark file holding it in every spec shipped to executors (`_token`;
+    # an `InlineToken` for streaming over Spark Connect).
     home: str = ""
     run_id: str = ""
-    job_token: JobToken | TokenFile | None = None
+    job_token: JobToken | TokenFile | InlineToken | None = None
     home_instance_id: str = ""
 
     def __post_init__(self) -> None:
@@ -156,8 +158,8 @@ class JobSpec:
     @property
     def run(self) -> JobRun:
         token = self.job_token
-        if isinstance(token, TokenFile):
-            token = token.load()  # read once per process, then from memory
+        if isinstance(token, (TokenFile, InlineToken)):
+            token = token.load()  # a file read once per process, then from memory
         return JobRun(self.name, self.run_id, token)
 
     def executor_target(self) -> str:

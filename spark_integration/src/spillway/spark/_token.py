@@ -73,6 +73,27 @@ class TokenFile:
 _loaded: dict[tuple[str, str], JobToken] = {}
 
 
+class InlineToken:
+    """The token itself, pickled into the plan: only where no Spark file can reach the tasks,
+    i.e. streaming queries over Spark Connect, whose micro-batches run without the session's
+    artifacts (seen on Spark 4.3). `Job` warns when it ships one; SECURITY.md says what a
+    reader of the Connect server's logs can then do."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def __repr__(self) -> str:
+        return "InlineToken('**********')"
+
+    def __reduce__(self) -> object:
+        return (InlineToken, (self._value,))
+
+    def load(self) -> JobToken:
+        return JobToken(self._value)
+
+
 def _files_root() -> str:
     from pyspark import SparkFiles
 

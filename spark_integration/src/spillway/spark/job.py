@@ -47,7 +47,7 @@ from spillway.client.errors import ADDRESS_ENV
 from spillway.client.runs import JobRun, JobToken, Registration, new_run_id
 
 from . import _deserialize
-from ._compat import active_run_id, active_session, check_foreach_partition
+from ._compat import active_run_id, active_session, check_foreach_partition, is_connect
 from ._engine import StageRef
 from ._partitions import (
     deserialize_partition,
@@ -61,7 +61,7 @@ from ._report import JobReport, failure_message
 from ._plan import WrapperPlan
 from ._runtime import JobSpec, WrapperSpec, batch_scope, ratio_limited
 from ._schema import value_checker
-from ._token import SessionFiles, TokenFile, TokenFileError, ship, spark_files
+from ._token import InlineToken, SessionFiles, TokenFileError, ship, spark_files
 from ._types import datatype, struct
 from ._udf import udf_function
 
@@ -145,6 +145,13 @@ def _session_files(data: Any) -> SessionFiles:
     return spark_files(session)
 
 
+def _streaming_over_connect(data: Any, streaming: bool) -> bool:
+    session = active_session() if data is None else data
+    if session is None or not is_connect(session):
+        return False
+    return streaming or bool(data is not None and _is_dataframe(data) and data.isStreaming)
+
+
 def _spark_run_id() -> str | None:
     """One run of the job per Spark application (classic), per Spark Connect session."""
     return active_run_id()
@@ -197,7 +204,6 @@ class Job:
         self.registration: Registration | None = None
         #: The final counts, once `close()` ended the run.
         self.report: JobReport | None = None
-        self._shipped: TokenFile | None = None  # the run's token file last shipped
 
     @property
     def name(self) -> str:
@@ -217,13 +223,13 @@ class Job:
 
     def __getstate__(self) -> dict[str, Any]:
         """A `Job` pickled into a closure (``foreach_batch`` over Spark Connect runs on the
-        server) travels without the run's job token: its spec names the token's Spark file
-        instead, and its registration has no token. Such a copy runs wrappers; it cannot
-        register the run again (the sidecar refuses a caller without the token)."""
+        server) travels without the run's job token, in its spec or its registration: the
+        closure's plan carries what executors need. Such a copy cannot call the sidecar for the
+        run itself (the sidecar refuses a caller without the token)."""
         state = dict(self.__dict__)
         spec, reg = self.spec, self.registration
         if isinstance(spec.job_token, JobToken):
-            state["spec"] = dataclasses.replace(spec, job_token=self._shipped)
+            state["spec"] = dataclasses.replace(spec, job_token=None)
         if reg is not None and reg.job_token is not None:
             state["registration"] = dataclasses.replace(reg, job_token=None)
         return state
@@ -283,14 +289,27 @@ class Job:
             self.register()
         return self.spec
 
-    def _shipped_spec(self, data: Any) -> JobSpec:
+    def _shipped_spec(self, data: Any, *, streaming: bool = False) -> JobSpec:
         """The spec wrappers hand to executors: the registered run's, its job token replaced by
-        the Spark file that holds it in the session of ``data`` (None: the active session)."""
+        the Spark file that holds it in the session of ``data`` (None: the active session).
+
+        A streaming query over Spark Connect (``data.isStreaming``, or ``streaming``) gets the
+        token inline instead, with a warning: its micro-batches run without the session's
+        artifacts, so no file reaches them (`_token.InlineToken`)."""
         spec = self._task_spec()
-        if not isinstance(spec.job_token, JobToken):  # a copy that holds the file already
+        token = spec.job_token
+        if not isinstance(token, JobToken):  # a copy that holds the file already
             return spec
-        self._shipped = ship(_session_files(data), self.name, spec.run_id, spec.job_token)
-        return dataclasses.replace(spec, job_token=self._shipped)
+        if _streaming_over_connect(data, streaming):
+            _log.warning(
+                "spillway: job %r run %r: a streaming query over Spark Connect cannot read the "
+                "run's job token from a session file (its micro-batches run without the "
+                "session's artifacts), so the token travels inside the plan, where the Connect "
+                "server may log it; see SECURITY.md, \"Job tokens and Spark's logs\"",
+                self.name, spec.run_id)
+            return dataclasses.replace(spec, job_token=InlineToken(token.reveal()))
+        return dataclasses.replace(
+            spec, job_token=ship(_session_files(data), self.name, spec.run_id, token))
 
     def summary(self, all_sidecars: Sequence[str] | None = None) -> JobReport:
         """This run's counts summed over ``all_sidecars`` (default: the driver's sidecar).
@@ -603,8 +622,9 @@ class Job:
         the batch only then. Record ids carry the micro-batch id.
         """
         # one use for the whole query: a micro-batch replayed after a restart keeps its ids
-        plan = self._plan(None, write_fn, name, stage, custom_stage, record_id=record_id,
-                          source=source, refresh=refresh)
+        plan = WrapperPlan(self._shipped_spec(None, streaming=True),
+                           self._wrapper(write_fn, name, stage, custom_stage),
+                           record_id=record_id, source=source, refresh=refresh)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
 
@@ -612,8 +632,13 @@ class Job:
             # the batch id reaches the wrappers upstream too, where Spark's own local property
             # does not (Spark Connect): see `_runtime.current_batch_id`
             with batch_scope(batch_df.sparkSession, batch_id):
-                # the run's spec as of this micro-batch (a closed run is registered again)
-                now = dataclasses.replace(plan, spec=self._shipped_spec(batch_df))
+                # the run's spec as of this micro-batch (a closed run is registered again);
+                # over Spark Connect this runs on the server, in a copy of the Job without the
+                # token (`__getstate__`): the plan's spec then stands
+                now = plan
+                if isinstance(self.spec.job_token, JobToken):
+                    now = dataclasses.replace(
+                        plan, spec=self._shipped_spec(batch_df, streaming=True))
                 self._foreach(batch_df, now, functools.partial(with_batch_id, write_fn, batch_id),
                               batch_size=batch_size, batch_id=batch_id)
 
