@@ -35,9 +35,9 @@ def as_executor_files(monkeypatch, root: Path) -> None:
 def ship_to(monkeypatch, root: Path) -> LocalSparkFiles:
     """Every wrapper of `spillway.spark.job` ships the run's token to ``root``, which this
     process then reads as its task files."""
-    from spillway.spark import job as job_module
+    from spillway.spark import _ship
 
     files = LocalSparkFiles(root)
-    monkeypatch.setattr(job_module, "_session_files", lambda data: files)
+    monkeypatch.setattr(_ship, "session_files", lambda data: files)
     as_executor_files(monkeypatch, root)
     return files

@@ -46,8 +46,8 @@ from spillway.client import SidecarClient, report
 from spillway.client.errors import ADDRESS_ENV
 from spillway.client.runs import JobRun, JobToken, Registration, new_run_id
 
-from . import _deserialize
-from ._compat import active_run_id, active_session, check_foreach_partition, is_connect
+from . import _deserialize, _ship
+from ._compat import active_run_id, check_foreach_partition
 from ._engine import StageRef
 from ._partitions import (
     deserialize_partition,
@@ -61,7 +61,6 @@ from ._report import JobReport, failure_message
 from ._plan import WrapperPlan
 from ._runtime import JobSpec, WrapperSpec, batch_scope, ratio_limited
 from ._schema import value_checker
-from ._token import InlineToken, SessionFiles, TokenFileError, ship, spark_files
 from ._types import datatype, struct
 from ._udf import udf_function
 
@@ -126,30 +125,6 @@ def _next_use(job: str, run_id: str, wrapper: str) -> str:
     with _driver_lock:
         n = _uses[(job, run_id, wrapper)] = _uses.get((job, run_id, wrapper), 0) + 1
     return str(n)
-
-
-def _session_files(data: Any) -> SessionFiles:
-    """The files of the Spark session that runs ``data`` (a DataFrame or RDD; None: the active
-    session), where the run's job token goes (`_token`)."""
-    if data is None:
-        session = active_session()
-        if session is None:
-            raise TokenFileError(
-                "no active SparkSession: the run's job token reaches executors as a file of "
-                "the session that runs the wrapper; start the session (SparkSession.builder"
-                "...getOrCreate()) before making a job.udf or job.foreach_batch")
-    elif _is_rdd(data):
-        session = data.context
-    else:
-        session = data.sparkSession
-    return spark_files(session)
-
-
-def _streaming_over_connect(data: Any, streaming: bool) -> bool:
-    session = active_session() if data is None else data
-    if session is None or not is_connect(session):
-        return False
-    return streaming or bool(data is not None and _is_dataframe(data) and data.isStreaming)
 
 
 def _spark_run_id() -> str | None:
@@ -222,10 +197,9 @@ class Job:
         return f"Job({self.name!r}, run_id={self.run_id!r}, sidecar={self.spec.sidecar!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        """A `Job` pickled into a closure (``foreach_batch`` over Spark Connect runs on the
-        server) travels without the run's job token, in its spec or its registration: the
-        closure's plan carries what executors need. Such a copy cannot call the sidecar for the
-        run itself (the sidecar refuses a caller without the token)."""
+        """A `Job` pickled into a closure (``foreach_batch`` over Spark Connect) travels without
+        the run's job token: the closure's plan carries what executors need; the copy cannot
+        call the sidecar for the run itself (refused without the token)."""
         state = dict(self.__dict__)
         spec, reg = self.spec, self.registration
         if isinstance(spec.job_token, JobToken):
@@ -290,26 +264,9 @@ class Job:
         return self.spec
 
     def _shipped_spec(self, data: Any, *, streaming: bool = False) -> JobSpec:
-        """The spec wrappers hand to executors: the registered run's, its job token replaced by
-        the Spark file that holds it in the session of ``data`` (None: the active session).
-
-        A streaming query over Spark Connect (``data.isStreaming``, or ``streaming``) gets the
-        token inline instead, with a warning: its micro-batches run without the session's
-        artifacts, so no file reaches them (`_token.InlineToken`)."""
-        spec = self._task_spec()
-        token = spec.job_token
-        if not isinstance(token, JobToken):  # a copy that holds the file already
-            return spec
-        if _streaming_over_connect(data, streaming):
-            _log.warning(
-                "spillway: job %r run %r: a streaming query over Spark Connect cannot read the "
-                "run's job token from a session file (its micro-batches run without the "
-                "session's artifacts), so the token travels inside the plan, where the Connect "
-                "server may log it; see SECURITY.md, \"Job tokens and Spark's logs\"",
-                self.name, spec.run_id)
-            return dataclasses.replace(spec, job_token=InlineToken(token.reveal()))
-        return dataclasses.replace(
-            spec, job_token=ship(_session_files(data), self.name, spec.run_id, token))
+        """The registered run's spec as executors get it: no token, but the Spark file that
+        holds it in the session of ``data`` (None: the active session); see `_ship`."""
+        return _ship.shipped_spec(self._task_spec(), data, streaming=streaming)
 
     def summary(self, all_sidecars: Sequence[str] | None = None) -> JobReport:
         """This run's counts summed over ``all_sidecars`` (default: the driver's sidecar).
@@ -632,13 +589,10 @@ class Job:
             # the batch id reaches the wrappers upstream too, where Spark's own local property
             # does not (Spark Connect): see `_runtime.current_batch_id`
             with batch_scope(batch_df.sparkSession, batch_id):
-                # the run's spec as of this micro-batch (a closed run is registered again);
-                # over Spark Connect this runs on the server, in a copy of the Job without the
-                # token (`__getstate__`): the plan's spec then stands
-                now = plan
-                if isinstance(self.spec.job_token, JobToken):
-                    now = dataclasses.replace(
-                        plan, spec=self._shipped_spec(batch_df, streaming=True))
+                # the run's spec as of this micro-batch (a closed run is registered again); a
+                # copy of the Job without the token (on a Connect server) keeps the plan's
+                now = plan if not isinstance(self.spec.job_token, JobToken) else \
+                    dataclasses.replace(plan, spec=self._shipped_spec(batch_df, streaming=True))
                 self._foreach(batch_df, now, functools.partial(with_batch_id, write_fn, batch_id),
                               batch_size=batch_size, batch_id=batch_id)
 
