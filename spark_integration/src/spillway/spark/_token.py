@@ -19,7 +19,9 @@ carries a `TokenFile` (the name of a Spark file and a digest of the token), neve
   never a token sent to the sidecar.
 
 `JobToken` refuses to be pickled (`spillway.client.runs`): a plan built around this module
-fails on the driver, loudly, instead of shipping the token.
+fails on the driver, loudly, instead of shipping the token. The one exception is
+`InlineToken`, for streaming queries over Spark Connect, which no session file reaches
+(`_ship` decides, and warns).
 """
 
 from __future__ import annotations
