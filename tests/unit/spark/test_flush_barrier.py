@@ -36,6 +36,7 @@ from spillway.v1 import sidecar_pb2 as pb
 from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 from support.rpc import serve_servicer
 from support.spark import FakeTaskContext
+from support.spark_files import ship_to
 
 POISON = 3  # the row every wrapper's function fails on (with "only skipped": every row fails)
 ID_SCHEMA = StructType([StructField("id", IntegerType(), True)])
@@ -114,7 +115,8 @@ class CapturedRDD(Captured):
 
 
 @pytest.fixture
-def sidecar(server, monkeypatch):
+def sidecar(server, monkeypatch, tmp_path):
+    ship_to(monkeypatch, tmp_path)  # the run's token file, as executors read it
     monkeypatch.setattr(_runtime, "_worker", None)
     monkeypatch.setattr(_tracing, "ensure_provider", lambda: None)  # not an executor
     monkeypatch.delenv("SPILLWAY_SIDECAR_ADDRESS", raising=False)

@@ -182,14 +182,18 @@ def test_the_per_row_function_is_the_extensions_only_where_it_can_be(per_row_fun
 
 
 def test_the_udf_pickles_as_its_arguments_and_runs_after_unpickling(sidecar, per_row_function,
-                                                                    monkeypatch):
+                                                                    monkeypatch, tmp_path):
     """Spark ships a UDF to its executors with cloudpickle: the native function is rebuilt
-    from its arguments there, in C where the executor has the extension, else in Python."""
+    from its arguments there, in C where the executor has the extension, else in Python. The
+    run's job token is not among them: it is read from the Spark file the driver shipped."""
     from pyspark import cloudpickle
+    from support.spark_files import ship_to
 
+    ship_to(monkeypatch, tmp_path)
     job = _job(sidecar)
-    fn = _udf_function(WrapperPlan(job.spec, _wrapper()), _to_int, True)
+    fn = _udf_function(WrapperPlan(job._shipped_spec(None), _wrapper()), _to_int, True)
     shipped = cloudpickle.dumps(fn)
+    assert job.spec.job_token.reveal().encode() not in shipped
     again = cloudpickle.loads(shipped)
     assert type(again) is type(fn)
     assert again("5") == (5, None)

@@ -2,8 +2,10 @@
 
 The job token is the run's credential (issued by the home sidecar on the run's first
 RegisterJob). It travels in the ``spillway-job-token`` call metadata of every job-scoped call,
-never in a message, and is held in `JobToken`, whose repr hides it: a `JobRun` is pickled into
-Spark closures and may end up in logs or tracebacks.
+never in a message, and is held in `JobToken`, whose repr hides it and which refuses to be
+pickled: a pickled object can end up in logs (Spark logs plans and closures), so no code path
+may ship the token by accident. spillway.spark hands it to executors as a Spark file
+(`spillway.spark._token`), never inside a plan.
 """
 
 from __future__ import annotations
@@ -13,6 +15,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 JOB_TOKEN_METADATA = "spillway-job-token"
+
+
+_NOT_PICKLED = (
+    "a JobToken cannot be pickled: a pickled object can end up in logs (Spark logs plans and "
+    "closures), which would hand the run's token to their readers. spillway.spark ships it to "
+    "executors as a Spark file (spillway.spark._token); elsewhere pass it explicitly "
+    "(JobToken.reveal()) over a channel that keeps it secret")
 
 
 class JobToken:
@@ -39,8 +48,17 @@ class JobToken:
     def __hash__(self) -> int:
         return hash(self._value)
 
-    def __reduce__(self):  # picklable (travels to executors inside the job's closures)
-        return (JobToken, (self._value,))
+    def __reduce_ex__(self, protocol: object) -> object:
+        raise TypeError(_NOT_PICKLED)
+
+    def __reduce__(self) -> object:
+        raise TypeError(_NOT_PICKLED)
+
+    def __copy__(self) -> JobToken:  # immutable: copying (dataclasses, copy) is the object
+        return self
+
+    def __deepcopy__(self, memo: object) -> JobToken:
+        return self
 
 
 def new_run_id() -> str:

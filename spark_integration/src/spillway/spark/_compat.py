@@ -98,6 +98,11 @@ def _active_session() -> Any:
         return None
 
 
+def active_session() -> Any:
+    """The active SparkSession (classic, or Spark Connect), or None."""
+    return _active_session()
+
+
 def connect_session_id(session: Any) -> str | None:
     """A Spark Connect session's id (``session_id`` on 4.x, the client's on 3.5)."""
     sid = getattr(session, "session_id", None)

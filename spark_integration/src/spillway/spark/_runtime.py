@@ -2,9 +2,11 @@
 
 The job's name, policy and sidecar settings travel inside the wrapped closures as a `JobSpec`;
 nothing has to be set up on executors beyond the sidecar's address. So does the run the driver
-registered: its run id, its job token (a `JobToken`, whose repr hides it) and its home sidecar
-(address and instance id); executors register the run with their node's sidecar with all of
-them, and every call for the run carries the token.
+registered: its run id, its home sidecar (address and instance id) and where its job token is
+(a `_token.TokenFile`: the token itself is not in the plan, it reaches executors as a Spark
+file, read once per worker process; streaming over Spark Connect is the one exception, see
+`_token.InlineToken`); executors register the run with their node's sidecar with
+all of them, and every call for the run carries the token.
 
 Sidecar address on an executor: ``$SPILLWAY_SIDECAR_ADDRESS`` (the executor's environment, i.e.
 its node's sidecar; the variable's name travels with the job), else the job's explicit
@@ -65,6 +67,7 @@ from spillway.v1 import sidecar_pb2 as pb
 
 from . import _tracing
 from ._engine import StageRef
+from ._token import InlineToken, TokenFile
 
 log = logging.getLogger("spillway.spark")
 
@@ -116,10 +119,13 @@ class JobSpec:
     on_sidecar_unavailable: str = "fail"
     sidecar_wait_s: float = 120.0
     # The run the driver registered (`Job.register`): its id and credential, and its home
-    # sidecar (address and instance id), which decides for every node (job-wide limits).
+    # sidecar (address and instance id), which decides for every node (job-wide limits). The
+    # credential: the `JobToken` itself in the driver's spec (which a JobToken makes
+    # unpicklable), the Spark file holding it in every spec shipped to executors (`_token`;
+    # an `InlineToken` for streaming over Spark Connect).
     home: str = ""
     run_id: str = ""
-    job_token: JobToken | None = None
+    job_token: JobToken | TokenFile | InlineToken | None = None
     home_instance_id: str = ""
 
     def __post_init__(self) -> None:
@@ -151,7 +157,10 @@ class JobSpec:
 
     @property
     def run(self) -> JobRun:
-        return JobRun(self.name, self.run_id, self.job_token)
+        token = self.job_token
+        if isinstance(token, (TokenFile, InlineToken)):
+            token = token.load()  # a file read once per process, then from memory
+        return JobRun(self.name, self.run_id, token)
 
     def executor_target(self) -> str:
         """The node's sidecar: the executor's environment first, then the job's, then default."""

@@ -14,8 +14,10 @@ Each `Job` is one run of the job (the Spark application id, on Spark Connect the
 ``run_id=``): a run starts with fresh counts, retry state and remembered record ids, whatever
 earlier runs of the same name did.
 Everything executors need (job name, policy, sidecar address and its env variable's name, the
-run's id, job token and home sidecar) travels inside the wrapped closures; executors register
-the run with their node's sidecar themselves, once per Python worker process.
+run's id and home sidecar) travels inside the wrapped closures; the run's job token does not:
+it reaches them as a Spark file of the session that runs the wrapper, which the closures name
+(`_token`). Executors register the run with their node's sidecar themselves, once per Python
+worker process.
 
 This module is the driver's side. What runs on executors lives beside it: `_partitions` (one
 function per DataFrame / RDD wrapper, run per partition), `_udf` (the UDF's per-row function),
@@ -42,9 +44,9 @@ from typing import Any
 
 from spillway.client import SidecarClient, report
 from spillway.client.errors import ADDRESS_ENV
-from spillway.client.runs import JobRun, Registration, new_run_id
+from spillway.client.runs import JobRun, JobToken, Registration, new_run_id
 
-from . import _deserialize
+from . import _deserialize, _ship
 from ._compat import active_run_id, check_foreach_partition
 from ._engine import StageRef
 from ._partitions import (
@@ -194,6 +196,18 @@ class Job:
     def __repr__(self) -> str:
         return f"Job({self.name!r}, run_id={self.run_id!r}, sidecar={self.spec.sidecar!r})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A `Job` pickled into a closure (``foreach_batch`` over Spark Connect) travels without
+        the run's job token: the closure's plan carries what executors need; the copy cannot
+        call the sidecar for the run itself (refused without the token)."""
+        state = dict(self.__dict__)
+        spec, reg = self.spec, self.registration
+        if isinstance(spec.job_token, JobToken):
+            state["spec"] = dataclasses.replace(spec, job_token=None)
+        if reg is not None and reg.job_token is not None:
+            state["registration"] = dataclasses.replace(reg, job_token=None)
+        return state
+
     def __enter__(self) -> Job:
         self.register()
         return self
@@ -225,7 +239,7 @@ class Job:
         spec = self.spec
         run_id = spec.run_id or self._run_id or _spark_run_id() or new_run_id()
         key = (spec.driver_target(), self.name, run_id)
-        token = spec.job_token
+        token = spec.job_token if isinstance(spec.job_token, JobToken) else None
         if token is None:  # another Job object of this driver registered the run (a notebook
             with _driver_lock:  # cell run again): the same driver holds the same run
                 known = _driver_runs.get(key)
@@ -244,10 +258,15 @@ class Job:
         return dict(self.effective_properties)
 
     def _task_spec(self) -> JobSpec:
-        """The spec wrappers hand to executors: the registered run's (registers it first)."""
+        """The registered run's spec (registers it first), with its job token: the driver's."""
         if not self.spec.run_id or self.registration is None:
             self.register()
         return self.spec
+
+    def _shipped_spec(self, data: Any, *, streaming: bool = False) -> JobSpec:
+        """The registered run's spec as executors get it: no token, but the Spark file that
+        holds it in the session of ``data`` (None: the active session); see `_ship`."""
+        return _ship.shipped_spec(self._task_spec(), data, streaming=streaming)
 
     def summary(self, all_sidecars: Sequence[str] | None = None) -> JobReport:
         """This run's counts summed over ``all_sidecars`` (default: the driver's sidecar).
@@ -309,12 +328,13 @@ class Job:
         return WrapperSpec(name=wname, stage=stage_ref, function_name=report.qualified_name(fn),
                            traceparent=tp, tracestate=ts, use=self._use(wname))
 
-    def _plan(self, fn: Callable, name: str | None, stage: str | int, custom_stage: str = "",
-              **hooks: Any) -> WrapperPlan:
-        """The plan every task of this wrapper call runs with (``hooks``: `WrapperPlan`'s
-        ``record_id``, ``source``, ``refresh``), over the registered run's spec."""
+    def _plan(self, data: Any, fn: Callable, name: str | None, stage: str | int,
+              custom_stage: str = "", **hooks: Any) -> WrapperPlan:
+        """The plan every task of this wrapper call over ``data`` (None: in the active session)
+        runs with (``hooks``: `WrapperPlan`'s ``record_id``, ``source``, ``refresh``), over the
+        registered run's spec as shipped to that session."""
         wrapper = self._wrapper(fn, name, stage, custom_stage)
-        return WrapperPlan(self._task_spec(), wrapper, **hooks)
+        return WrapperPlan(self._shipped_spec(data), wrapper, **hooks)
 
     def _use(self, wrapper_name: str) -> str:
         """This call's use of the wrapper (registers the run first: uses count per run)."""
@@ -337,8 +357,8 @@ class Job:
         record.
         """
         _require("map_partitions: data", data, rdd=True)
-        plan = self._plan(fn, name, stage, custom_stage, record_id=record_id, source=source,
-                          refresh=refresh)
+        plan = self._plan(data, fn, name, stage, custom_stage, record_id=record_id,
+                          source=source, refresh=refresh)
         if _is_dataframe(data):
             in_schema = data.schema
             out_schema = struct(schema) if schema is not None else in_schema
@@ -371,7 +391,7 @@ class Job:
         if not _is_dataframe(dlq_df):
             raise TypeError("dlq_df: expected a DataFrame from spillway.spark.read_dlq")
         rows = redrive_frame(dlq_df, max_redrives, include_resolved=bool(include_resolved))
-        plan = self._plan(fn, name, stage, custom_stage, record_id=redrive_record_id,
+        plan = self._plan(rows, fn, name, stage, custom_stage, record_id=redrive_record_id,
                           refresh=refresh)
         out_schema = struct(schema) if schema is not None else rows.schema
         run = functools.partial(df_partition, plan, fn, flat, rows.schema, out_schema,
@@ -391,7 +411,7 @@ class Job:
         concatenation of the outputs of its parts), not an aggregate over the batch.
         """
         _require("map_in_pandas: df", df)
-        plan = self._plan(fn, name, stage, custom_stage, record_id=record_id, source=source,
+        plan = self._plan(df, fn, name, stage, custom_stage, record_id=record_id, source=source,
                           refresh=refresh)
         out_schema = struct(schema)
         run = functools.partial(vector_partition, plan, fn, "pandas", out_schema)
@@ -405,7 +425,7 @@ class Job:
         """``df.mapInArrow`` with ``fn(pyarrow.RecordBatch) -> RecordBatch | Table`` per batch;
         failures isolated by bisection, as in `map_in_pandas`."""
         _require("map_in_arrow: df", df)
-        plan = self._plan(fn, name, stage, custom_stage, record_id=record_id, source=source,
+        plan = self._plan(df, fn, name, stage, custom_stage, record_id=record_id, source=source,
                           refresh=refresh)
         out_schema = struct(schema)
         run = functools.partial(vector_partition, plan, fn, "arrow", out_schema)
@@ -464,14 +484,14 @@ class Job:
                                       function_name=",".join(s.function_name for s in steps))
         new_schema = StructType(fields)
         out_schema = StructType(list(df.schema.fields) + fields)
-        plan = WrapperPlan(self._task_spec(), wrapper, refresh=refresh)
+        plan = WrapperPlan(self._shipped_spec(df), wrapper, refresh=refresh)
         run = functools.partial(deserialize_partition, plan, steps, df.schema, new_schema)
         return df.mapInArrow(run, out_schema)
 
     def _native_deserialize(self, df, steps, types, name):
         from ._native import native_deserialize, report_partition
 
-        spec = self._task_spec()
+        spec = self._shipped_spec(df)
         tp, ts = report.trace_context()
         wname = _deserialize.wrapper_name(steps, name)
         wrapper = WrapperSpec(wname, StageRef.of("DESERIALIZATION"),
@@ -510,7 +530,7 @@ class Job:
             stage, custom_stage).name, exact=False)
 
         def decorate(fn: Callable) -> Any:
-            plan = self._plan(fn, name, stage, custom_stage, record_id=record_id,
+            plan = self._plan(None, fn, name, stage, custom_stage, record_id=record_id,
                               refresh=refresh)
             call = udf_function(plan, fn, error_column, check=check)
             functools.update_wrapper(call, fn)
@@ -532,7 +552,7 @@ class Job:
         so ``write_fn`` must be idempotent, as Kafka Connect asks of sink tasks.
         """
         _require("foreach_partition: data", data, rdd=True)
-        plan = self._plan(write_fn, name, stage, custom_stage, record_id=record_id,
+        plan = self._plan(data, write_fn, name, stage, custom_stage, record_id=record_id,
                           source=source, refresh=refresh)
         self._foreach(data, plan, write_fn, batch_size=batch_size, batch_id=batch_id)
 
@@ -559,8 +579,9 @@ class Job:
         the batch only then. Record ids carry the micro-batch id.
         """
         # one use for the whole query: a micro-batch replayed after a restart keeps its ids
-        plan = self._plan(write_fn, name, stage, custom_stage, record_id=record_id,
-                          source=source, refresh=refresh)
+        plan = WrapperPlan(self._shipped_spec(None, streaming=True),
+                           self._wrapper(write_fn, name, stage, custom_stage),
+                           record_id=record_id, source=source, refresh=refresh)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
 
@@ -568,8 +589,10 @@ class Job:
             # the batch id reaches the wrappers upstream too, where Spark's own local property
             # does not (Spark Connect): see `_runtime.current_batch_id`
             with batch_scope(batch_df.sparkSession, batch_id):
-                # the run's spec as of this micro-batch (a closed run is registered again)
-                now = dataclasses.replace(plan, spec=self._task_spec())
+                # the run's spec as of this micro-batch (a closed run is registered again); a
+                # copy of the Job without the token (on a Connect server) keeps the plan's
+                now = plan if not isinstance(self.spec.job_token, JobToken) else \
+                    dataclasses.replace(plan, spec=self._shipped_spec(batch_df, streaming=True))
                 self._foreach(batch_df, now, functools.partial(with_batch_id, write_fn, batch_id),
                               batch_size=batch_size, batch_id=batch_id)
 
