@@ -3,7 +3,8 @@ build state, then assert."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+
+from spillway.sidecar.transport import security
 
 
 class FakeClock:
@@ -34,12 +35,9 @@ class FakeRng:
         return self.value
 
 
-@dataclass(frozen=True)
-class Caller:
-    """Who calls, as the registry's access rules read it (`service.registry.Caller`): an
-    anonymous application by default."""
-
-    admin: bool = False
-    peer: bool = False
-    authenticated: bool = True
-    identity: str = "test"
+def Caller(*, admin: bool = False, peer: bool = False, authenticated: bool = True,  # noqa: N802
+           identity: str = "test") -> security.Caller:
+    """Who calls (`transport.security.Caller`, as the registry's access rules read it), with a
+    test's defaults: an authenticated application."""
+    return security.Caller(authenticated=authenticated, peer=peer, admin=admin,
+                           identity=identity)
