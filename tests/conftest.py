@@ -81,13 +81,9 @@ def topic_name():
 # --- grouping for pytest-xdist ----------------------------------------------------------------
 
 
-def _uses_spark(item) -> bool:
-    return "spark" in getattr(item, "fixturenames", ())
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist turns the marks into node ids
 def pytest_collection_modifyitems(config, items):
-    spark_modules = {getattr(item, "module", None) for item in items if _uses_spark(item)}
+    spark_modules = {getattr(item, "module", None) for item in items if xdist_plan.uses_spark(item)}
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
@@ -118,20 +114,6 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
-def _runs_spark_here(session) -> bool:
-    """Whether this process will run the tests that use ``spark``: the worker the plan gives
-    the Spark group to, or (without xdist, or with another distribution) any process that
-    collected such a test."""
-    if session.config.option.collectonly or not any(_uses_spark(i) for i in session.items):
-        return False
-    workerinput = getattr(session.config, "workerinput", None)
-    # a worker sees ``dist`` as "no" (xdist resets it there) and loadgroup as ``option.loadgroup``:
-    # reading ``dist`` made every worker start a Spark session it never used (~10 s of CPU each)
-    if workerinput is None or not getattr(session.config.option, "loadgroup", False):
-        return True
-    return workerinput.get("workerid") == xdist_plan.SPARK_WORKER
-
-
 @pytest.hookimpl(trylast=True)  # after xdist reports the collection: the others start now
 def pytest_collection_finish(session):
     """Start the session's Spark (if this process runs a test that needs it) before any test
@@ -139,7 +121,7 @@ def pytest_collection_finish(session):
     preexec_fn, so the provider's at-fork handler runs in the forked child, where its thread
     pool can crash the launcher in a process full of gRPC threads (seen as
     JAVA_GATEWAY_EXITED mid-suite). Under xdist only the Spark group's worker starts one."""
-    if _runs_spark_here(session):
+    if xdist_plan.runs_spark_here(session):
         from support.spark import local_spark
 
         local_spark()   # the `spark` fixture gets this session (getOrCreate) and stops it

@@ -124,3 +124,21 @@ class Lanes:
             shown = ", ".join(f"{g.rsplit('/', 1)[-1]} {t:.0f}s" for g, t in biggest)
             out.append(f"{worker}: {total:.0f}s in {len(groups)} groups ({shown}, ...)")
         return out
+
+
+def uses_spark(item) -> bool:
+    return "spark" in getattr(item, "fixturenames", ())
+
+
+def runs_spark_here(session) -> bool:
+    """Whether this process will run the tests that use ``spark``: the worker the plan gives
+    the Spark group to, or (without xdist, or with another distribution) any process that
+    collected such a test."""
+    if session.config.option.collectonly or not any(uses_spark(i) for i in session.items):
+        return False
+    workerinput = getattr(session.config, "workerinput", None)
+    # a worker sees ``dist`` as "no" (xdist resets it there) and loadgroup as ``option.loadgroup``:
+    # reading ``dist`` made every worker start a Spark session it never used (~10 s of CPU each)
+    if workerinput is None or not getattr(session.config.option, "loadgroup", False):
+        return True
+    return workerinput.get("workerid") == SPARK_WORKER

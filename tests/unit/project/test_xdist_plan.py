@@ -1,11 +1,10 @@
-"""The suite's own scheduling (tests/conftest.py, tests/support/xdist_plan.py): only the worker the
-plan gives the Spark group to starts a Spark session after collection."""
+"""The suite's own scheduling (tests/conftest.py, tests/support/xdist_plan.py): only the worker
+the plan gives the Spark group to starts a Spark session after collection."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-import conftest
 from support import paths, xdist_plan
 
 
@@ -21,15 +20,15 @@ def _session(*, worker: str | None, loadgroup: bool, spark_tests: bool = True):
 
 def test_only_the_spark_worker_starts_a_session_under_loadgroup():
     # xdist sets a worker's ``dist`` to "no": the decision must not read it
-    assert conftest._runs_spark_here(_session(worker=xdist_plan.SPARK_WORKER, loadgroup=True))
+    assert xdist_plan.runs_spark_here(_session(worker=xdist_plan.SPARK_WORKER, loadgroup=True))
     for other in ("gw1", "gw2", "gw3"):
-        assert not conftest._runs_spark_here(_session(worker=other, loadgroup=True))
+        assert not xdist_plan.runs_spark_here(_session(worker=other, loadgroup=True))
 
 
 def test_without_loadgroup_or_xdist_any_process_with_a_spark_test_starts_one():
-    assert conftest._runs_spark_here(_session(worker=None, loadgroup=False))
-    assert conftest._runs_spark_here(_session(worker="gw2", loadgroup=False))
-    assert not conftest._runs_spark_here(_session(worker=None, loadgroup=False,
+    assert xdist_plan.runs_spark_here(_session(worker=None, loadgroup=False))
+    assert xdist_plan.runs_spark_here(_session(worker="gw2", loadgroup=False))
+    assert not xdist_plan.runs_spark_here(_session(worker=None, loadgroup=False,
                                                   spark_tests=False))
 
 
