@@ -8,9 +8,16 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import assert_serving_once, probe_from_executor, properties
-
-from support.recipes import Node, bare_python, base_env, free_port
+from support.recipes import (
+    Node,
+    assert_second_run_changes_nothing,
+    assert_serving_once,
+    bare_python,
+    base_env,
+    free_port,
+    probe_from_executor,
+    properties,
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,16 +76,13 @@ def test_the_operator_status_command_of_deploy_md(driver):
 
 def test_second_run_is_idempotent(driver):
     node, _, run, _ = driver
-    conf = node.path("/etc/spillway/sidecar.properties")
     spark_env = node.path("/databricks/spark/conf/spark-env.sh")
-    before = (conf.read_bytes(), conf.stat().st_mtime_ns, spark_env.read_text())
-    pid = assert_serving_once(node)
-    second = run()
-    assert "already has these wheels" in second.stderr
-    assert "unchanged" in second.stderr and "already running" in second.stderr
-    assert (conf.read_bytes(), conf.stat().st_mtime_ns, spark_env.read_text()) == before
-    assert spark_env.read_text().count("SPILLWAY_SIDECAR_ADDRESS=") == 1
-    assert assert_serving_once(node) == pid  # the same sidecar, not a second one
+    before = spark_env.read_text()
+    second = assert_second_run_changes_nothing(
+        node, run, ("/etc/spillway/sidecar.properties",),
+        once=(("/databricks/spark/conf/spark-env.sh", "SPILLWAY_SIDECAR_ADDRESS="),))
+    assert "unchanged" in second.stderr
+    assert spark_env.read_text() == before
 
 
 def test_the_restart_loop_stops_with_its_sidecar(driver):

@@ -6,10 +6,17 @@ the operator's --metadata would). It starts a real sidecar; a second run changes
 from __future__ import annotations
 
 import pytest
-from conftest import (assert_serving_once, executor_env_from_spark_defaults, probe_from_executor,
-                      properties)
-
-from support.recipes import Node, bare_python, base_env, free_port
+from support.recipes import (
+    Node,
+    assert_second_run_changes_nothing,
+    assert_serving_once,
+    bare_python,
+    base_env,
+    executor_env_from_spark_defaults,
+    free_port,
+    probe_from_executor,
+    properties,
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +77,11 @@ def test_executors_reach_the_sidecar_through_spark_defaults(worker):
 
 def test_second_run_is_idempotent(worker):
     node, _, run, _ = worker
-    files = [node.path(p) for p in ("/etc/spillway/sidecar.properties",
-                                    "/etc/spark/conf/spark-defaults.conf",
-                                    "/etc/spark/conf/spark-env.sh")]
-    before = [(f.read_bytes(), f.stat().st_mtime_ns) for f in files]
-    pid = assert_serving_once(node)
-    second = run()
-    assert "already has these wheels" in second.stderr and "already running" in second.stderr
-    assert [(f.read_bytes(), f.stat().st_mtime_ns) for f in files] == before
-    assert files[1].read_text().count("spark.executorEnv.SPILLWAY_SIDECAR_ADDRESS") == 1
-    assert assert_serving_once(node) == pid
+    assert_second_run_changes_nothing(
+        node, run, ("/etc/spillway/sidecar.properties", "/etc/spark/conf/spark-defaults.conf",
+                    "/etc/spark/conf/spark-env.sh"),
+        once=(("/etc/spark/conf/spark-defaults.conf",
+               "spark.executorEnv.SPILLWAY_SIDECAR_ADDRESS"),))
 
 
 def test_the_restart_loop_stops_with_its_sidecar(worker):

@@ -9,10 +9,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import (assert_serving_once, executor_env_from_spark_defaults, probe_from_executor,
-                      properties)
-
-from support.recipes import DEPLOY, Node, bare_python, base_env, free_port
+from support.recipes import (
+    DEPLOY,
+    Node,
+    assert_second_run_changes_nothing,
+    assert_serving_once,
+    bare_python,
+    base_env,
+    executor_env_from_spark_defaults,
+    free_port,
+    probe_from_executor,
+    properties,
+)
 
 
 @pytest.fixture(scope="module")
@@ -78,17 +86,12 @@ def test_after_spark_is_installed_executors_reach_the_sidecar(core_node):
 
 def test_another_run_is_idempotent(core_node):
     node, _, run, _ = core_node
-    files = [node.path(p) for p in ("/etc/spillway/sidecar.properties",
-                                    "/etc/spark/conf/spark-defaults.conf",
-                                    "/etc/spark/conf/spark-env.sh")]
-    before = [(f.read_bytes(), f.stat().st_mtime_ns) for f in files]
-    pid = assert_serving_once(node)
-    again = run()
-    assert "already has these wheels" in again.stderr and "already running" in again.stderr
-    assert [(f.read_bytes(), f.stat().st_mtime_ns) for f in files] == before
-    assert files[1].read_text().count("spark.executorEnv.SPILLWAY_SIDECAR_ADDRESS") == 1
-    assert files[2].read_text().count("SPILLWAY_SIDECAR_ADDRESS=") == 1
-    assert assert_serving_once(node) == pid
+    assert_second_run_changes_nothing(
+        node, run, ("/etc/spillway/sidecar.properties", "/etc/spark/conf/spark-defaults.conf",
+                    "/etc/spark/conf/spark-env.sh"),
+        once=(("/etc/spark/conf/spark-defaults.conf",
+               "spark.executorEnv.SPILLWAY_SIDECAR_ADDRESS"),
+              ("/etc/spark/conf/spark-env.sh", "SPILLWAY_SIDECAR_ADDRESS=")))
 
 
 def test_the_restart_loop_stops_with_its_sidecar(core_node):

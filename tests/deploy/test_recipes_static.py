@@ -9,7 +9,6 @@ import re
 import subprocess
 
 import pytest
-
 from support.recipes import DEPLOY, tool
 
 SCRIPTS = ["platform/spillway-node.sh", "platform/make-bundle.sh", "databricks/init.sh",

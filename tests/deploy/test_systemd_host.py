@@ -13,9 +13,16 @@ import sys
 import zipfile
 
 import pytest
-from conftest import assert_serving_once, properties
-
-from support.recipes import DEPLOY, Node, base_env, free_port, tool
+from support.recipes import (
+    DEPLOY,
+    Node,
+    assert_second_run_changes_nothing,
+    assert_serving_once,
+    base_env,
+    free_port,
+    properties,
+    tool,
+)
 from support.tls import Ca, write_token
 
 
@@ -73,13 +80,7 @@ def test_the_unit_the_installer_writes_verifies(host, bundle):
 
 def test_second_install_is_idempotent(host):
     node, run, _ = host
-    conf = node.path("/etc/spillway/sidecar.properties")
-    before = (conf.read_bytes(), conf.stat().st_mtime_ns)
-    pid = assert_serving_once(node)
-    second = run()
-    assert "already has these wheels" in second.stderr and "already running" in second.stderr
-    assert (conf.read_bytes(), conf.stat().st_mtime_ns) == before
-    assert assert_serving_once(node) == pid
+    assert_second_run_changes_nothing(node, run, ("/etc/spillway/sidecar.properties",))
 
 
 def test_a_changed_setting_restarts_the_sidecar_once(host, tmp_path):

@@ -26,14 +26,12 @@ from pathlib import Path
 
 import pytest
 
+from support.ci import in_ci
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 MAKE_BUNDLE = DEPLOY / "platform" / "make-bundle.sh"
 RECIPE_TIMEOUT_S = 240
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def wheel_cache() -> Path:
@@ -164,3 +162,74 @@ def tool(name: str, hint: str) -> str:
     if not found:
         pytest.skip(f"{name} not found ({hint})")
     return found
+
+
+# what an executor does first: reach its node's sidecar with the environment its platform gave it
+EXECUTOR_PROBE = """
+from spillway.client import SidecarClient
+client = SidecarClient(timeout_s=10)
+print(client.target, client.health(), client.status().sidecar_id)
+"""
+
+
+def probe_from_executor(python, env: dict[str, str], *, source: str | None = None) -> list[str]:
+    """Run EXECUTOR_PROBE with the executors' Python: with ``env`` (a YARN container's
+    environment) or after sourcing ``source`` (a spark-env.sh, as a Spark worker does)."""
+    base = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}
+    if source:
+        argv = ["bash", "-c", f'. "{source}" && exec "{python}" -c "$0"', EXECUTOR_PROBE]
+    else:
+        argv = [str(python), "-c", EXECUTOR_PROBE]
+    proc = subprocess.run(argv, env={**base, **env}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+def assert_serving_once(node: Node) -> int:
+    """One restart loop and one sidecar in this root, SERVING on its socket; the sidecar's pid."""
+    from spillway.client import SidecarClient
+
+    assert len(node.supervisors()) == 1, node.supervisors()
+    sidecars = node.sidecars()
+    assert len(sidecars) == 1, sidecars
+    client = SidecarClient(node.socket_address, timeout_s=10)
+    try:
+        assert client.health() == "SERVING"
+    finally:
+        client.close()
+    return sidecars[0]
+
+
+def assert_second_run_changes_nothing(node: Node, run, files: tuple[str, ...],
+                                      once: tuple[tuple[str, str], ...] = ()):
+    """A recipe run again: it reinstalls nothing, rewrites none of ``files`` (bytes and mtime),
+    leaves each (file, line) of ``once`` there once, and keeps the same sidecar; its result."""
+    paths = [node.path(p) for p in files]
+    before = [(f.read_bytes(), f.stat().st_mtime_ns) for f in paths]
+    pid = assert_serving_once(node)
+    again = run()
+    assert "already has these wheels" in again.stderr and "already running" in again.stderr
+    assert [(f.read_bytes(), f.stat().st_mtime_ns) for f in paths] == before
+    for path, line in once:
+        assert node.path(path).read_text().count(line) == 1, (path, line)
+    assert assert_serving_once(node) == pid  # the same sidecar, not a second one
+    return again
+
+
+def properties(path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key] = value
+    return out
+
+
+def executor_env_from_spark_defaults(path) -> dict[str, str]:
+    """What YARN gives an executor's container: the spark.executorEnv.* of spark-defaults.conf."""
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("spark.executorEnv."):
+            key, value = line.split(None, 1)
+            out[key.removeprefix("spark.executorEnv.")] = value
+    return out
