@@ -353,16 +353,51 @@ spillway_loop_running() {
   [ -f "$SW_RUN/supervisor.lock" ] && ! flock -n "$SW_RUN/supervisor.lock" true
 }
 
+# SIGTERM to the sidecar (a graceful stop within shutdown.grace.ms), and, as systemd's
+# TimeoutStopSec does, SIGKILL if it is still there SW_STOP_TIMEOUT s later (its spool keeps
+# whatever Kafka had not acknowledged): first SIGUSR1, which makes it write every thread's stack
+# to its log, so that a stop that hung can be diagnosed. The process is recognised by its start
+# time, so a pid the kernel gave to another process meanwhile is never signalled.
+spillway_term() {
+  local pid="$1" born
+  [ -n "$pid" ] || return 0
+  born="$(spillway_started "$pid")" || return 0
+  kill -TERM "$pid" 2>/dev/null || return 0
+  (
+    sleep "${SW_STOP_TIMEOUT:-30}"
+    [ "$(spillway_started "$pid")" = "$born" ] || exit 0
+    spillway_log "the sidecar (pid $pid) did not stop within ${SW_STOP_TIMEOUT:-30} s of SIGTERM: its threads' stacks go to its log, then SIGKILL"
+    kill -USR1 "$pid" 2>/dev/null
+    sleep 1
+    [ "$(spillway_started "$pid")" = "$born" ] && kill -KILL "$pid" 2>/dev/null
+  ) </dev/null 9>&- &
+}
+
+# A process's start time (field 22 of /proc/PID/stat, after the command name): fails once it is gone.
+spillway_started() {
+  local stat
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  stat="${stat##*) }"
+  # shellcheck disable=SC2086  # split on purpose: the fields after the command name
+  set -- $stat
+  [ "$1" != Z ] || return 1
+  echo "${20}"
+}
+
 # The restart loop: `spillway serve` again after it exits (1 s, doubling to 30 s while it keeps
-# failing; back to 1 s after a minute up), SIGHUP restarts it now, SIGTERM stops both.
+# failing; back to 1 s after a minute up); SIGTERM stops both. A restart asked for (new wheels
+# or settings) is a file, $SW_RUN/restart, and SIGTERM to the sidecar: the loop then starts the
+# next one at once. Not SIGHUP to the loop: a shell cannot trap a signal its parent ignored, and
+# init scripts are often run under nohup (SIGHUP ignored), where it would do nothing. SIGHUP
+# still restarts it where it can be trapped.
 spillway_supervise() {
   local child="" rc started delay=1 stopping=0 now_restart=0
   mkdir -p "$SW_RUN" "$SW_LOG"
   exec 9>"$SW_RUN/supervisor.lock"
   if ! flock -n 9; then spillway_log "a supervisor already runs"; return 0; fi
   echo "$$" >"$SW_RUN/supervisor.pid"
-  trap 'stopping=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
-  trap 'now_restart=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' HUP
+  trap 'stopping=1; spillway_term "$child"' TERM INT
+  trap 'now_restart=1; spillway_term "$child"' HUP
   while [ "$stopping" = 0 ]; do
     started=$SECONDS
     # a clean environment: the sidecar's own file, nothing of the platform's or the recipe's
@@ -379,6 +414,7 @@ spillway_supervise() {
     while kill -0 "$child" 2>/dev/null; do wait "$child" || rc=$?; done  # woken by a trap
     child=""
     [ "$stopping" = 1 ] && break
+    if [ -f "$SW_RUN/restart" ]; then rm -f "$SW_RUN/restart"; now_restart=1; fi
     if [ "$now_restart" = 1 ]; then now_restart=0; delay=1; continue; fi
     [ $((SECONDS - started)) -ge 60 ] && delay=1
     spillway_log "sidecar exited (status $rc); starting it again in ${delay} s"
@@ -389,16 +425,24 @@ spillway_supervise() {
 }
 
 spillway_start_loop() {
-  local restart="$1" self="$SW_OPT/libexec/spillway-node.sh" old deadline=$((SECONDS + 60))
+  local restart="$1" self="$SW_OPT/libexec/spillway-node.sh" old born="" \
+    deadline=$((SECONDS + 60)) killed_at=$((SECONDS + ${SW_STOP_TIMEOUT:-30}))
   mkdir -p "$SW_OPT/libexec"
   spillway_write "$self" 0755 <"${BASH_SOURCE[0]}" >/dev/null
   if spillway_loop_running; then
     if [ -n "$restart" ]; then
       spillway_log "restart loop: restarting the sidecar (new wheels or configuration)"
       old="$(cat "$SW_RUN/sidecar.pid" 2>/dev/null || true)"
-      kill -HUP "$(cat "$SW_RUN/supervisor.pid")"
-      # SERVING must come from the new sidecar: wait for the old one to be gone
-      while [ -n "$old" ] && kill -0 "$old" 2>/dev/null; do
+      : >"$SW_RUN/restart"
+      born="$(spillway_started "$old")" && kill -TERM "$old" 2>/dev/null
+      # SERVING must come from the new sidecar: wait for the old one to be gone (SIGKILL after
+      # SW_STOP_TIMEOUT s, as the loop's own stop does)
+      while [ -n "$born" ] && [ "$(spillway_started "$old")" = "$born" ]; do
+        if [ "$SECONDS" -ge "$killed_at" ]; then
+          spillway_log "the sidecar (pid $old) did not stop within ${SW_STOP_TIMEOUT:-30} s of SIGTERM: its threads' stacks go to its log, then SIGKILL"
+          kill -USR1 "$old" 2>/dev/null; sleep 1; kill -KILL "$old" 2>/dev/null
+          killed_at=$deadline
+        fi
         [ "$SECONDS" -ge "$deadline" ] && spillway_die "the sidecar (pid $old) did not stop"
         sleep 0.2
       done

@@ -51,6 +51,10 @@ def _locked(directory: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _ignore_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=RECIPE_TIMEOUT_S, **kw)
 
@@ -133,7 +137,10 @@ class Node:
         return self.processes("supervise")
 
     def run(self, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-        proc = _run(argv, env={**env, "SPILLWAY_ROOT": str(self.root)})
+        """The recipe as a platform runs it, SIGHUP ignored as under nohup (init and bootstrap
+        scripts often are): everything it starts inherits that, and must work all the same."""
+        proc = _run(argv, env={**env, "SPILLWAY_ROOT": str(self.root)},
+                    preexec_fn=_ignore_sighup)
         assert proc.returncode == 0, f"{argv[0]} failed ({proc.returncode}):\n{proc.stderr}"
         return proc
 

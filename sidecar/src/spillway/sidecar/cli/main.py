@@ -15,6 +15,7 @@ then the --config file (Java properties, KIP property names), then defaults.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
@@ -186,6 +187,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # before the line below: whoever reads it may stop us at once
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    # SIGUSR1: every thread's stack to stderr (a supervisor asks before it kills a stop that hung)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Tell whoever started us where we listen (port 0 picks a free one): one parseable line.
     print(f"spillway sidecar listening on {running.address}", flush=True)
     # a timed wait: a signal taken by another thread than this one (the only one that runs
