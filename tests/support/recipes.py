@@ -51,10 +51,6 @@ def _locked(directory: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _ignore_sighup() -> None:
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-
-
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=RECIPE_TIMEOUT_S, **kw)
 
@@ -139,8 +135,10 @@ class Node:
     def run(self, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
         """The recipe as a platform runs it, SIGHUP ignored as under nohup (init and bootstrap
         scripts often are): everything it starts inherits that, and must work all the same."""
-        proc = _run(argv, env={**env, "SPILLWAY_ROOT": str(self.root)},
-                    preexec_fn=_ignore_sighup)
+        # a shell that ignores SIGHUP, then execs the recipe (no preexec_fn: Python code
+        # between fork and exec runs gRPC's fork handlers in a process full of its threads)
+        proc = _run(["bash", "-c", 'trap "" HUP; exec "$@"', "bash", *argv],
+                    env={**env, "SPILLWAY_ROOT": str(self.root)})
         assert proc.returncode == 0, f"{argv[0]} failed ({proc.returncode}):\n{proc.stderr}"
         return proc
 
