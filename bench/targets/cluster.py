@@ -21,10 +21,12 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from spillway.client import extensions
+
 from .. import cpu
 from ..clients import Aggregate, ClientPool
 from ..infra import BenchError, SidecarProcess
-from ..model import Figure, TargetResult, absolute_check, fmt
+from ..model import Figure, TargetResult, absolute_check, fmt, ratio_check
 from ..profiling import Recording, section
 from ..runner import Context
 from .common import alternate_runs, dlq_props, profiled
@@ -41,6 +43,8 @@ COALESCED = 8   # (b2): reports per call, as a node serving several executors co
 HOME_US_TARGET = 2.0
 HOME_RATE_TARGET = 500_000.0
 NODE_US_TARGET = 15.0
+# (g): a home's CPU per record with the id tables' extension at most this share of without it
+ID_EXTENSION_RATIO = 0.85
 
 SIDECAR_PROPS = {
     # several sidecars on one host: by default a sidecar dials no home but itself
@@ -229,13 +233,14 @@ def _token_files(workdir: str) -> tuple[str, str]:
 class _Saturated:
     """A home loaded by stand-in nodes: tallies straight from client processes."""
 
-    def __init__(self, ctx: Context, per_client: int) -> None:
+    def __init__(self, ctx: Context, per_client: int, *,
+                 env: dict[str, str] | None = None) -> None:
         self.ctx = ctx
         self.per_client = per_client
         self.node_token, self.peer_token = _token_files(ctx.infra.workdir)
         self.home = ctx.infra.sidecar({**SIDECAR_PROPS, "auth.token.file": self.node_token,
                                        "auth.peer.token.file": self.peer_token},
-                                      name="cluster-saturated-home")
+                                      name="cluster-saturated-home", env=env)
         self.pool = ClientPool(CLIENTS, env={"SPILLWAY_TOKEN_FILE": self.node_token})
         ctx.infra.on_close(self.pool.close)
 
@@ -333,7 +338,10 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
         "Report formats: one node sidecar, the same clients and records reported as columns "
         "(RecordColumns, what spillway.spark sends a sidecar that takes them; also what (a) "
         "and (d) send) or as one FailedRecord message per record (older clients), alternated; "
-        "CPU of the node and of the clients per dead-lettered record.")
+        "CPU of the node and of the clients per dead-lettered record. (g) The id tables' C "
+        "extension: (b2)'s saturating tallies to its home and to a second home started with "
+        "`SPILLWAY_NO_EXTENSIONS=idindex` (the same loops in Python), alternated; the home's "
+        "CPU per decided record with and without.")
     cluster = _Cluster(ctx, per_client)
     figs = {n: _figures(result, n) for n in NODE_COUNTS}
     top = max(NODE_COUNTS)
@@ -401,6 +409,9 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
                    warmup=True, label="(b2) ")
     _judge(result, figs, sat_rate, sat_busy)
     result.notes.append(_per_call_reading(call_us, sat_us, big_us))
+    # (g) the id tables' C extension against their Python loops, in two saturated homes
+    run_id_extension(ctx, result, sat, _Saturated(
+        ctx, per_client * 2, env={extensions.ENV: "idindex"}))
     # (d) one node of 2 processes against one process (processes.py)
     run_node_processes(ctx, result, NodeProcesses(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
                                                   BATCH, per_client))
@@ -412,6 +423,42 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
                                                   BATCH, per_client))
     if ctx.sizes.profile and result.met is False:
         _profile(ctx, result, cluster)
+
+
+def run_id_extension(ctx: Context, result: TargetResult, native: _Saturated,
+                     python: _Saturated) -> None:
+    """(g): what `core/_idindex.c` saves a home: the same saturating tallies to a home with
+    the extension and to one started with ``SPILLWAY_NO_EXTENSIONS=idindex``, alternated."""
+    who = f"home saturated by {CLIENTS} stand-in nodes, {COALESCED * BATCH:,} records a call"
+    figs = {
+        "c": (result.figure(f"{who}, id tables in C: records/s decided", "records/s"),
+              result.figure(f"{who}, id tables in C: home CPU per decided record", "µs")),
+        "py": (result.figure(f"{who}, id tables in Python: records/s decided", "records/s"),
+               result.figure(f"{who}, id tables in Python: home CPU per decided record",
+                             "µs")),
+    }
+
+    def variant(home: _Saturated, key: str):
+        def go(run_no: int):
+            # coalesced calls: the records' own work, not the call's, is most of the home's
+            rate, us, _ = home.run(run_no, batch=COALESCED * BATCH)
+            return rate, {figs[key][1]: us}
+        return go
+
+    alternate_runs(ctx, result, {figs["c"][0].name: variant(native, "c"),
+                                 figs["py"][0].name: variant(python, "py")},
+                   {figs["c"][0].name: figs["c"][0], figs["py"][0].name: figs["py"][0]},
+                   warmup=True, label="(g) ")
+    c_us, py_us = figs["c"][1], figs["py"][1]
+    result.checks.append(ratio_check("home CPU per decided record, id tables' C extension vs "
+                                     "their Python loops", c_us, py_us, "<=",
+                                     ID_EXTENSION_RATIO))
+    if c_us.median and py_us.median:
+        result.notes.append(
+            f"(g) The id tables' C extension (`core/_idindex.c`) saves a saturated home "
+            f"{fmt(py_us.median - c_us.median)} µs of CPU per decided record: "
+            f"{fmt(c_us.median)} µs with it, {fmt(py_us.median)} µs with their Python loops "
+            f"({c_us.median / py_us.median:.2f}x; medians, same run, alternated).")
 
 
 def _judge(result: TargetResult, figs: dict[int, _Figs], sat_rate: Figure,

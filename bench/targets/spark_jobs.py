@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import statistics
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .. import cpu, peers, workloads
@@ -28,6 +30,9 @@ class Wrapper:
     requires: str
     bare: Callable[[object, int], None]
     wrapped: Callable[[object, object, int], None]
+    # the wrapper's C extension (spillway.client.extensions), run side by side with its Python
+    # fallback: it stays only where this shows what it saves
+    extension: str | None = None
 
 
 def _pandas_bare(spark, rows):
@@ -73,6 +78,23 @@ def _udf_wrapped(spark, job, rows):
     workloads.noop_write(df.select(amount("value").alias("a")))
 
 
+@contextlib.contextmanager
+def _without(extension: str) -> Iterator[None]:
+    """The driver makes the wrapper's per-row function without ``extension`` (the Python
+    fallback, pickled to the workers as it is)."""
+    from spillway.client import extensions
+
+    before = os.environ.get(extensions.ENV)
+    os.environ[extensions.ENV] = extension
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[extensions.ENV]
+        else:
+            os.environ[extensions.ENV] = before
+
+
 WRAPPERS = (
     Wrapper("mapInPandas", 1.03, "spillway.spark:Job.map_in_pandas", _pandas_bare,
             _pandas_wrapped),
@@ -80,8 +102,11 @@ WRAPPERS = (
             _arrow_wrapped),
     Wrapper("mapPartitions (per row)", 1.05, "spillway.spark:Job.map_partitions", _rows_bare,
             _rows_wrapped),
-    Wrapper("UDF decorator", 1.05, "spillway.spark:Job.udf", _udf_bare, _udf_wrapped),
+    Wrapper("UDF decorator", 1.05, "spillway.spark:Job.udf", _udf_bare, _udf_wrapped,
+            extension="udfcall"),
 )
+# the C per-row function's CPU per row at most this share of the Python one's
+EXTENSION_CPU_RATIO = 0.99
 
 
 def _job(ctx: Context, address: str, props: dict[str, str]):
@@ -124,6 +149,16 @@ def _happy_cpu_reading(name: str, bare, wrapped) -> str:
             f"bare {fmt(b)} ns, wrapped {fmt(w)} ns ({w - b:+,.0f} ns, {w / b:.3f}x).")
 
 
+def _extension_reading(w: Wrapper, bare, native, python) -> str:
+    b, n, p = bare.median, native.median, python.median
+    if not (b and n and p):
+        return f"{w.name}: the C extension's saving was not measured."
+    return (f"{w.name}, what its C extension (`{w.extension}`) saves, Spark Python workers' "
+            f"CPU per row (medians, same run, alternated): {fmt(n)} ns with it, {fmt(p)} ns "
+            f"with the Python fallback ({p - n:+,.0f} ns a row saved, {n / p:.3f}x); the "
+            f"wrapper's overhead above bare {fmt(n - b)} ns against {fmt(p - b)} ns.")
+
+
 def run_happy(ctx: Context, result: TargetResult) -> None:
     rows = ctx.sizes.happy_rows
     result.setup = (
@@ -134,7 +169,9 @@ def run_happy(ctx: Context, result: TargetResult) -> None:
         "(id, amount, 200-byte JSON value); bare is `df.mapInPandas` / `df.mapInArrow` over the "
         "same function. Per row: `parse_order` (json.loads of a ~150-byte order, two fields "
         "out) over an RDD of values; bare is `rdd.mapPartitions` calling it in a loop. UDF: "
-        "`amount_of` (json.loads, one field) as `pyspark.sql.functions.udf` vs `@job.udf`. The "
+        "`amount_of` (json.loads, one field) as `pyspark.sql.functions.udf` vs `@job.udf`, "
+        "and `@job.udf` made with `SPILLWAY_NO_EXTENSIONS=udfcall` (its per-row function in "
+        "Python instead of C: what the extension saves, side by side). The "
         "job (`errors.tolerance=all`) is registered with a sidecar process before the clock "
         "starts.")
     ship_workloads()
@@ -152,15 +189,33 @@ def run_happy(ctx: Context, result: TargetResult) -> None:
         # the wrappers do
         c_bare = result.figure(f"{w.name}: bare, Spark workers' CPU per row", "ns")
         c_wrapped = result.figure(f"{w.name}: wrapper, Spark workers' CPU per row", "ns")
-        alternate_runs(ctx, result, {
+        variants = {
             f_bare.name: lambda _r, w=w: _timed_cpu(lambda: w.bare(spark, rows), c_bare, rows),
             f_wrapped.name: lambda _r, w=w, job=job: _timed_cpu(
                 lambda: w.wrapped(spark, job, rows), c_wrapped, rows),
-        }, {f_bare.name: f_bare, f_wrapped.name: f_wrapped}, warmup=True)
+        }
+        walls = {f_bare.name: f_bare, f_wrapped.name: f_wrapped}
+        if w.extension:
+            f_py = result.figure(f"{w.name}: wrapper without its C extension", "s")
+            c_py = result.figure(f"{w.name}: wrapper without its C extension, Spark workers' "
+                                 "CPU per row", "ns")
+
+            def python(_r, w=w, job=job, c_py=c_py):
+                with _without(w.extension):
+                    return _timed_cpu(lambda: w.wrapped(spark, job, rows), c_py, rows)
+
+            variants[f_py.name] = python
+            walls[f_py.name] = f_py
+        alternate_runs(ctx, result, variants, walls, warmup=True)
         check = ratio_check(f"{w.name} wrapped vs bare (wall time)", f_wrapped, f_bare, "<=",
                             w.threshold)
         result.checks.append(check)
         result.notes.append(_happy_cpu_reading(w.name, c_bare, c_wrapped))
+        if w.extension:
+            result.checks.append(ratio_check(
+                f"{w.name}: workers' CPU per row with its C extension vs without", c_wrapped,
+                c_py, "<=", EXTENSION_CPU_RATIO))
+            result.notes.append(_extension_reading(w, c_bare, c_wrapped, c_py))
         if ctx.sizes.profile and check.met is False:
             _profile_workers(ctx, result, f"{w.name} wrapped, {rows:,} rows",
                              lambda w=w, job=job: w.wrapped(spark, job, rows),

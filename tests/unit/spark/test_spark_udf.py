@@ -181,6 +181,18 @@ def test_the_per_row_function_is_the_extensions_only_where_it_can_be(per_row_fun
     assert (type(fn).__name__ == "Call") == (per_row_function == "native")
 
 
+def test_the_environment_turns_the_extension_off_where_the_udf_is_made(per_row_function,
+                                                                        monkeypatch):
+    """SPILLWAY_NO_EXTENSIONS=udfcall: the Python per-row function even where the extension
+    was built (bench target 3 runs both side by side); an unknown name is refused by name."""
+    monkeypatch.setenv("SPILLWAY_NO_EXTENSIONS", "udfcall")
+    fn = _udf_function(WrapperPlan(object(), _wrapper()), _to_int, False)
+    assert type(fn).__name__ == "function"
+    monkeypatch.setenv("SPILLWAY_NO_EXTENSIONS", "all, udfcal")
+    with pytest.raises(ValueError, match="udfcal"):
+        _udf_function(WrapperPlan(object(), _wrapper()), _to_int, False)
+
+
 def test_the_udf_pickles_as_its_arguments_and_runs_after_unpickling(sidecar, per_row_function,
                                                                     monkeypatch, tmp_path):
     """Spark ships a UDF to its executors with cloudpickle: the native function is rebuilt

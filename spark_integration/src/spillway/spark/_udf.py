@@ -12,6 +12,7 @@ from typing import Any
 
 from pyspark import TaskContext
 
+from spillway.client import extensions
 from spillway.client.columns import Failure
 from spillway.v1 import sidecar_pb2 as pb
 
@@ -111,7 +112,8 @@ def udf_function(plan: WrapperPlan, fn: Callable, error_column: bool,
 
     Where the extension is built and pyspark's TaskContext has its usual layout, the function
     is `_udfcall.Call`: the same steps in C, pickled as these arguments (an executor without
-    the extension rebuilds it in Python)."""
+    the extension, or with ``SPILLWAY_NO_EXTENSIONS=udfcall``, rebuilds it in Python; the same
+    variable where the UDF is made makes it Python there)."""
     spec, wrapper = plan.spec, plan.wrapper
     holder: list[_UdfState | None] = [None]  # unpickled afresh with the UDF on the executor
     tc_class = TaskContext
@@ -156,7 +158,7 @@ def udf_function(plan: WrapperPlan, fn: Callable, error_column: bool,
     bounded = bounds is not None
     lo, hi = bounds or (0, 0)
     verify = check if check is not None else _accept
-    if direct and _NativeCall is not None:
+    if extensions.enabled("udfcall") and direct and _NativeCall is not None:
         def enter_native():
             st = enter()
             return st, st.tc, st.counter

@@ -146,12 +146,43 @@ def test_a_sidecar_without_the_extension_says_so_at_start(built, monkeypatch, ca
 
     from spillway.sidecar.server import start_server
 
-    monkeypatch.setattr(idt, "NATIVE", built)
+    monkeypatch.setattr(idt, "BUILT", built)
+    monkeypatch.setattr(idt, "_built", idt._built if built else None)
     with caplog.at_level(logging.WARNING, logger="spillway.sidecar.runtime.bootstrap"):
         running = start_server({"listen.address": "127.0.0.1:0", "spool.enable": "false"})
         running.stop(0)
     said = [r.getMessage() for r in caplog.records if "C extension" in r.getMessage()]
     assert bool(said) is not built
+    assert idt.NATIVE is (built and idt._built is not None)
+
+
+@native
+def test_the_extension_turned_off_by_the_environment_runs_the_python_loops(monkeypatch, caplog):
+    """SPILLWAY_NO_EXTENSIONS=idindex: the benchmarks' side-by-side switch (target 11 (g))."""
+    import logging
+
+    from spillway.sidecar.server import start_server
+
+    monkeypatch.setenv("SPILLWAY_NO_EXTENSIONS", "idindex")
+    try:
+        with caplog.at_level(logging.WARNING, logger="spillway.sidecar.runtime.bootstrap"):
+            running = start_server({"listen.address": "127.0.0.1:0", "spool.enable": "false"})
+            running.stop(0)
+        assert not idt.NATIVE
+        assert any("turned off" in r.getMessage() for r in caplog.records)
+        assert idt.payload_tags_in_c(b"k", [b"x"]) is None
+    finally:
+        idt.use_extension(True)
+    assert idt.NATIVE
+
+
+def test_an_unknown_extension_name_stops_the_start_with_its_name(monkeypatch):
+    from spillway.sidecar.errors import ConfigError
+    from spillway.sidecar.server import start_server
+
+    monkeypatch.setenv("SPILLWAY_NO_EXTENSIONS", "idindx")
+    with pytest.raises(ConfigError, match="SPILLWAY_NO_EXTENSIONS.*idindx"):
+        start_server({"listen.address": "127.0.0.1:0", "spool.enable": "false"})
 
 
 @native

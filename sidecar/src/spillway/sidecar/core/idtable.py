@@ -28,7 +28,8 @@ The loops that run once per id of a stretch (`add_new`'s probing and indexing, t
 again as the table grows, and record ids' digests: `digests`) run in C when the sidecar was
 installed with its extension (`_idindex.c`, built where a C compiler is: ~20 ns an id instead
 of ~0.5 µs; a home's tally spends about half its time here otherwise), and in Python with the
-same results when it was not (`NATIVE` says which).
+same results when it was not, or when the sidecar's start turned it off (`use_extension`:
+``SPILLWAY_NO_EXTENSIONS=idindex``); `NATIVE` says which.
 """
 
 from __future__ import annotations
@@ -45,7 +46,18 @@ except ImportError:   # installed without a C compiler: the same loops in Python
 
 V = TypeVar("V")
 
-NATIVE = _native is not None
+BUILT = _native is not None
+NATIVE = BUILT
+_built = _native
+
+
+def use_extension(on: bool) -> None:
+    """Whether the per-id loops run in C (where the extension was built) or in Python. Decided
+    once by the sidecar's start, before any table exists: the benchmarks compare the two side
+    by side, and an operator can rule the extension out (docs/CONFIGURATION.md)."""
+    global _native, NATIVE
+    _native = _built if on else None
+    NATIVE = _native is not None
 
 _DEAD = (1 << 64) - 1          # a dead entry's key (digests have 60 bits)
 _MIN_SLOTS = 16

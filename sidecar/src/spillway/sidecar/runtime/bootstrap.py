@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from spillway.client import extensions
 from spillway.sidecar.core import config, idtable
 from spillway.sidecar.core.guardrails import check_topic_name
 from spillway.sidecar.core.handlers import HandlerRules
@@ -151,6 +152,10 @@ class Parts:
 def configure(raw: Mapping[str, str]) -> Parts:
     """Parse sidecar properties (already layered) and construct the engine and pipeline."""
     props = config.parse(raw)
+    try:
+        idtable.use_extension(extensions.enabled("idindex"))
+    except ValueError as e:
+        raise ConfigError(extensions.ENV, str(e)) from None
     job_defaults = {k: v for k, v in raw.items() if k in config.JOB_PROPERTIES}
     # A sidecar-level job default must itself be valid: check it once, at start-up.
     defaults = job_settings("sidecar-defaults", {}, job_defaults)
@@ -185,9 +190,10 @@ def configure(raw: Mapping[str, str]) -> Parts:
             spool_group=props["spool.group"],
         )
     store = None
-    if pipeline is not None and runstate.wanted(props):
-        store = runstate.RunStore(props["spool.dir"] or default_spool_dir(raw),
-                                  max_idle_s=props["job.idle.timeout.ms"] / 1000)
+    state_dir = runstate.directory(props, raw)
+    if state_dir is not None:   # with or without Kafka: a log-only sidecar's limits hold too
+        store = runstate.RunStore(state_dir, max_idle_s=props["job.idle.timeout.ms"] / 1000,
+                                  lock=pipeline is None)  # else the spool holds the lock
     sec = security.load_config(props)
     if localcred.applies(sec, _local_only(props)):
         sec = localcred.apply(sec, props["auth.local.token.file"] or localcred.default_path())
@@ -349,10 +355,14 @@ def start_server(
              security.describe(sec, local_only=local_only))
     for weakness in security.weaknesses(sec, local_only=local_only):
         log.warning("security: %s", weakness)
-    if not idtable.NATIVE:
+    if not idtable.BUILT:
         log.warning("the sidecar was installed without its C extension (no C compiler then): "
                     "its id tables' per-id loops run in Python, which about doubles what a "
                     "run's home spends per record (docs/DEPLOY.md)")
+    elif not idtable.NATIVE:
+        log.warning("the id tables' C extension is turned off (%s): their per-id loops run in "
+                    "Python, which about doubles what a run's home spends per record",
+                    extensions.ENV)
     if props["producer.native"] is not None:
         log.warning("producer.native is deprecated and has no effect: DLQ records are always "
                     "produced through confluent-kafka's produce(); spillway's own C producer "
