@@ -338,8 +338,9 @@ _PROPS: list[Prop] = [
     Prop("spool.enable", p_bool, "true", "spool DLQ records to disk before acknowledging",
          job=False),
     Prop("run.state.durable", p_bool, "true",
-         "keep each run's job-wide state (counted errors and ids, progress, failure) beside "
-         "the spool, so that a restarted sidecar resumes its runs (needs the spool)", job=False),
+         "keep each run's job-wide state (counted errors and ids, progress, failure) in "
+         "spool.dir, with or without Kafka, so that a restarted sidecar resumes its runs "
+         "(not with spool.enable=false)", job=False),
     Prop("home.confirm.async", p_bool, "true",
          "a node answers a report of a run homed at another sidecar at once when nothing but "
          "the records' identity decides its verdicts (data errors, the built-in CONTINUE "

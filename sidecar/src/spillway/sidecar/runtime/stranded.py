@@ -16,6 +16,7 @@ Read-only: the SQLite files are opened ``mode=ro``, and the spool's lock file is
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -136,9 +137,11 @@ def _setting(root: str, directory: str) -> str:
     return "sidecar.processes=1"
 
 
-def stranded(root: str, processes: int, spool: bool, max_idle_s: float) -> list[Holdings]:
+def stranded(root: str, processes: int, spool: bool, max_idle_s: float, *,
+             runs_kept: bool = False) -> list[Holdings]:
     """The directories under `root` (and `root` itself) this start would not open that still
-    hold something."""
+    hold something. ``runs_kept``: a start without a spool that keeps run states in `root`
+    (log-only) opens it for those, not for DLQ records."""
     try:
         entries = os.listdir(root)
     except OSError:   # absent, or not ours to read: opening the spool says so if it matters
@@ -151,6 +154,8 @@ def stranded(root: str, processes: int, spool: bool, max_idle_s: float) -> list[
     for d in candidates:
         if d not in mine and os.path.isdir(d):
             h = holdings(d, max_idle_s)
+            if runs_kept and d == root:
+                h = dataclasses.replace(h, runs=0)
             if h:
                 out.append(h)
     return out
@@ -161,7 +166,11 @@ def check(root: str, props: Mapping[str, object]) -> None:
     then `warn_elsewhere`."""
     processes = int(props["sidecar.processes"])
     spool = bool(props["bootstrap.servers"]) and bool(props["spool.enable"])
-    found = stranded(root, processes, spool, int(props["job.idle.timeout.ms"]) / 1000)
+    # a log-only start keeps its runs' states in spool.dir too (runstate.directory)
+    runs_kept = not props["bootstrap.servers"] and processes == 1 and \
+        bool(props["spool.enable"]) and bool(props["run.state.durable"])
+    found = stranded(root, processes, spool, int(props["job.idle.timeout.ms"]) / 1000,
+                     runs_kept=runs_kept)
     if not found:
         warn_elsewhere(root, props)
         return

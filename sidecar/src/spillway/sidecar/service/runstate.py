@@ -29,9 +29,11 @@ import shlex
 import sqlite3
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from spillway.sidecar.dlq.schema import default_spool_dir, take_lock
 from spillway.sidecar.errors import RunStateError
 
 log = logging.getLogger("spillway.sidecar.service.runstate")
@@ -102,9 +104,13 @@ def forget(directory: str | os.PathLike, key: str) -> bool:
 class RunStore:
     """One sidecar's durable run states. Thread-safe (one connection, one lock)."""
 
-    def __init__(self, directory: str | os.PathLike, max_idle_s: float | None = None) -> None:
+    def __init__(self, directory: str | os.PathLike, max_idle_s: float | None = None, *,
+                 lock: bool = False) -> None:
+        """``lock``: take the directory's one-process lock (`dlq.schema.take_lock`), for a
+        sidecar without a spool (log-only), where no spool holds it."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock_fd = take_lock(str(d)) if lock else None
         self.path = d / FILE_NAME
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # never readable by others
         os.close(fd)
@@ -158,6 +164,9 @@ class RunStore:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
     def load(self, key: str, job: str = "", run_id: str = "") -> tuple[bytes, list[bytes]] | None:
         """The run's token digest and its slices, oldest first; None when not kept here
@@ -298,10 +307,25 @@ def keep(store: RunStore | None, engine, key: str, slices: list | None) -> None:
         store.persist(engine, key, slices)
 
 
-def wanted(props: dict) -> bool:
-    """Whether a sidecar with these (parsed) properties keeps run states: it has a spool."""
-    return bool(props["bootstrap.servers"]) and props["spool.enable"] \
-        and props["run.state.durable"]
+def directory(props: Mapping, raw: Mapping[str, str]) -> str | None:
+    """Where a sidecar with these (parsed) properties keeps run states, or None where it keeps
+    none: ``run.state.durable`` and ``spool.enable`` off, or a sidecar without Kafka on an
+    ephemeral port (``:0``) with no ``spool.dir`` (a restart cannot come back at its address, and
+    its default directory would be shared with every other such sidecar). A log-only sidecar
+    otherwise keeps them like a Kafka-backed one, in the spool's directory (docs/POLICY.md)."""
+    if not (props["run.state.durable"] and props["spool.enable"]):
+        return None
+    if props["spool.dir"]:
+        return props["spool.dir"]
+    if not props["bootstrap.servers"] and not props["listen.unix.socket"] \
+            and str(props["listen.address"]).endswith(":0"):
+        return None
+    return default_spool_dir(raw)
+
+
+def wanted(props: Mapping, raw: Mapping[str, str]) -> bool:
+    """Whether a sidecar with these (parsed) properties keeps run states (`directory`)."""
+    return directory(props, raw) is not None
 
 
 def pin_hash_seed(directory: str | os.PathLike) -> None:
