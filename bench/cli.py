@@ -10,7 +10,7 @@ import sys
 import time
 import warnings
 
-from . import machine, report
+from . import load, machine, report
 from .infra import Infra
 from .runner import Context, Sizes, run_target, select
 
@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                          "targets' results of the same mode from the existing report)")
     ap.add_argument("--keep-workdir", action="store_true",
                     help="keep logs, spools and raw profiles in the work directory")
+    ap.add_argument("--allow-busy", action="store_true",
+                    help="run a full run even where other processes keep the machine busy; "
+                         "the report then says it is not comparable")
     args = ap.parse_args(argv)
     # pyspark 4.3 warns about pandas 3 on every vectorized plan; the harness's output is its log.
     warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
@@ -82,6 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     info = machine.describe()
+    busy = load.sample()
+    info["other processes at start"] = busy.text()
+    if busy.cores > load.IDLE_CORES:
+        if not args.short and not args.allow_busy:
+            _log(f"bench: the machine is busy ({busy.text()}; a full run needs at most "
+                 f"{load.IDLE_CORES} cores used by others): its ratios would not be comparable. "
+                 "Stop what runs beside it, or pass --allow-busy (the report then says so).")
+            return 2
+        info["comparable"] = ("NO: the machine was busy at start (--allow-busy or a short "
+                              "run); ratios are not comparable with a run on an idle machine")
     infra = Infra(keep_workdir=args.keep_workdir)
     ctx = Context(infra=infra, sizes=sizes, short=args.short, log=_log,
                   profile_dir=os.path.join(infra.workdir, "profiles"))

@@ -152,6 +152,8 @@ class TargetResult:
     profiles: list[ProfileSection] = field(default_factory=list)
     seconds: float = 0.0
     measured: str = ""  # when and how: "2026-11-21 05:45 UTC, full run"
+    machine: str = ""   # what other processes did meanwhile (bench.load)
+    disturbed: bool = False   # they took enough to make it not comparable with an idle run
 
     @property
     def met(self) -> bool | None:

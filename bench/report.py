@@ -115,6 +115,10 @@ def render(results: Sequence[TargetResult], machine: Mapping[str, str], *, date:
         lines += [f"## {r.number}. {r.title} — {verdict_text(r)}", ""]
         if r.measured:
             lines += [f"_Measured {r.measured}._", ""]
+        if r.machine:
+            flag = (" **Disturbed: not comparable with a run on an idle machine.**"
+                    if r.disturbed else "")
+            lines += [f"_While it ran: {r.machine}._{flag}", ""]
         if r.setup:
             lines += [r.setup, ""]
         if r.status != STATUS_MEASURED:

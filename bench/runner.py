@@ -9,6 +9,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from . import load
 from .infra import Infra
 from .model import STATUS_ERROR, STATUS_NOT_RUN, TargetResult
 
@@ -112,6 +113,7 @@ def run_target(spec: TargetSpec, ctx: Context) -> TargetResult:
         return result
     ctx.log(f"[{spec.number}] {spec.key}: running")
     t0 = time.monotonic()
+    watch = load.Watch()
     try:
         spec.run(ctx, result)
     except Exception as exc:  # noqa: BLE001 - one target's failure must not stop the others
@@ -122,4 +124,9 @@ def run_target(spec: TargetSpec, ctx: Context) -> TargetResult:
             line.strip() for line in tb.strip().splitlines()[-6:]))
         ctx.log(f"[{spec.number}] {spec.key}: ERROR\n{tb}")
     result.seconds = time.monotonic() - t0
+    busy = watch.stop()
+    result.machine = busy.text()
+    result.disturbed = busy.cores > load.DISTURBED_CORES
+    if result.disturbed:
+        ctx.log(f"[{spec.number}] {spec.key}: disturbed: {busy.text()}")
     return result

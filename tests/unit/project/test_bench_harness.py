@@ -659,3 +659,43 @@ def test_the_executor_side_is_the_median_of_the_rounds_own_differences():
     text = _executor_reading(10.0, bare, peer, cand, side)
     assert "costs 5.0 µs above catch-and-drop" in text      # diffs 2, 5, 15 (medians: 15)
     assert "dead-lettering (a) 1.0 µs" in text and "spends 41.0 µs" in text
+
+
+def test_the_process_tree_counts_a_childs_cpu_and_its_reaped_children():
+    """bench.load: a child's CPU is the harness's own, not "other" (nothing timed: only that
+    the tree's ticks grow by at least what the child reports for itself)."""
+    import subprocess
+
+    from bench import load
+
+    before = load.tree_ticks()
+    child = subprocess.run([sys.executable, "-c", "import os,time\nt=time.process_time()\n"
+                            "while time.process_time()-t<0.3: pass\nprint(sum(os.times()[:2]))"],
+                           capture_output=True, text=True, check=True)
+    assert load.tree_ticks() - before >= float(child.stdout) * os.sysconf("SC_CLK_TCK") - 2
+
+
+def test_a_stat_line_with_parentheses_in_the_command_name_is_read(tmp_path, monkeypatch):
+    from bench import load
+
+    fields = " ".join(["S", "77"] + ["0"] * 9 + ["5", "6", "7", "8"] + ["0"] * 30)
+    real_open = open
+
+    def fake_open(path, *a, **k):
+        if path == "/proc/4242/stat":
+            f = tmp_path / "stat"
+            f.write_text(f"4242 (a) (b) {fields}\n")
+            return real_open(f, *a, **k)
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert load._stat(4242) == (77, 26)
+
+
+def test_a_full_run_on_a_busy_machine_is_refused_unless_allowed(monkeypatch, capsys):
+    from bench import cli, load
+
+    monkeypatch.setattr(load, "sample", lambda *a: load.Busy(5.0, 5.0, 1.5, 1.6))
+    assert cli.main(["--only", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "busy" in err and "--allow-busy" in err and "1.00 cores" in err
