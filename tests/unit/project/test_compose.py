@@ -46,6 +46,7 @@ SPARK_DOCKERFILE = Path("deploy/spark.Dockerfile")
 COLLECTOR_CONFIG = Path("deploy/otel-collector.yaml")
 LOCK_FILES = {  # runtime pin file -> the distributions (and extras) whose dependencies it must hold
     Path("requirements/sidecar.txt"): [("sidecar", None), ("client", None)],
+    Path("requirements/sidecar-msk-iam.txt"): [("sidecar", "msk-iam"), ("client", None)],
     Path("deploy/spark-requirements.txt"): [("client", None), ("spark_integration", "pandas")],
 }
 # Values of OTEL_TRACES_SAMPLER defined by the OpenTelemetry SDK environment-variable spec.
@@ -856,6 +857,14 @@ def pin_errors(data: dict, root: Path = ROOT) -> Errors:
         for pkg in sorted(needed - set(pins)):
             out.append(f"{lock}: lacks {pkg}, a dependency of "
                        f"{', '.join(d for d, _ in dists)}")
+    # the image with an extra installs its pin file instead of sidecar.txt: the same pins
+    base, extra = root / "requirements/sidecar.txt", root / "requirements/sidecar-msk-iam.txt"
+    if base.is_file() and extra.is_file():
+        with_extra = _pins(extra)
+        for pkg, version in sorted(_pins(base).items()):
+            if with_extra.get(pkg) != version:
+                out.append(f"requirements/sidecar-msk-iam.txt: {pkg}=={with_extra.get(pkg)} "
+                           f"but requirements/sidecar.txt pins {pkg}=={version}")
     spark = root / SPARK_DOCKERFILE
     if spark.is_file():
         images = [r.split()[0] for w, r in dockerfile_instructions(spark) if w == "FROM"]
@@ -1234,6 +1243,8 @@ def test_pin_drift_is_reported(tmp_path):
         "pandas==3.1.1\n")
     (tmp_path / "requirements" / "sidecar.txt").write_text(
         "# comment\ngrpcio==1.85.0\nprotobuf==7.36.2\nconfluent-kafka\n")
+    (tmp_path / "requirements" / "sidecar-msk-iam.txt").write_text(
+        "grpcio==1.85.0\nprotobuf==7.36.1\nconfluent-kafka==2.16.1\n")
     (tmp_path / "deploy" / "spark-requirements.txt").write_text(
         "grpcio==1.85.1\nprotobuf==7.36.2\n")
     (tmp_path / "deploy" / "spark.Dockerfile").write_text(
@@ -1241,7 +1252,15 @@ def test_pin_drift_is_reported(tmp_path):
     assert _messages(pin_errors, {}, tmp_path).splitlines() == [
         "requirements/sidecar.txt: confluent-kafka is not pinned with ==",
         "requirements/sidecar.txt: grpcio==1.85.0 but requirements/dev.txt pins grpcio==1.85.1",
+        ("requirements/sidecar-msk-iam.txt: grpcio==1.85.0 but requirements/dev.txt pins "
+         "grpcio==1.85.1"),
+        ("requirements/sidecar-msk-iam.txt: protobuf==7.36.1 but requirements/dev.txt pins "
+         "protobuf==7.36.2"),
         "deploy/spark-requirements.txt: lacks pandas, a dependency of client, spark_integration",
+        ("requirements/sidecar-msk-iam.txt: confluent-kafka==2.16.1 but "
+         "requirements/sidecar.txt pins confluent-kafka=="),
+        ("requirements/sidecar-msk-iam.txt: protobuf==7.36.1 but requirements/sidecar.txt "
+         "pins protobuf==7.36.2"),
         ("deploy/spark.Dockerfile: Spark 4.2.0 in the image but requirements/dev.txt pins "
         "pyspark==4.3.0: driver, executors and tests must run one Spark version"),
     ]
