@@ -32,6 +32,10 @@ $(STAMP): requirements/dev.txt client/pyproject.toml sidecar/pyproject.toml spar
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		  apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd >/dev/null; } || \
 		echo "note: no systemd-analyze (package systemd): tests/deploy's unit checks skip (fail under CI=true)"
+	@# tests/deploy checks the alert rules and the dashboard's queries with promtool (Debian
+	@# package prometheus): its one binary, unpacked into the venv, no server installed
+	@[ -x $(BIN)/promtool ] || command -v promtool >/dev/null || scripts/install-promtool.sh $(BIN) || \
+		echo "note: no promtool (package prometheus): tests/deploy's rule checks skip (fail under CI=true)"
 	@touch $@
 
 venv: $(STAMP)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+import urllib.request
 
 import pytest
 
@@ -17,13 +18,16 @@ pytestmark = pytest.mark.integration
 
 def test_wrong_bootstrap_address_is_reported_as_kafka_within_the_deadline(tmp_path, caplog,
                                                                          unreachable):
+    from spillway.sidecar.runtime.embedded import free_port
     from spillway.sidecar.server import start_server
 
     wrong = unreachable
     caplog.set_level(logging.INFO, logger="spillway")
+    metrics = free_port()
     running = start_server({"listen.address": "127.0.0.1:0", "bootstrap.servers": wrong,
                             "spool.dir": str(tmp_path / "spool"),
-                            "kafka.check.interval.ms": "1000"})
+                            "kafka.check.interval.ms": "1000",
+                            "metrics.prometheus.port": str(metrics)})
     client = SidecarClient(running.address, timeout_s=4.0)
     try:
         started = time.monotonic()
@@ -43,6 +47,9 @@ def test_wrong_bootstrap_address_is_reported_as_kafka_within_the_deadline(tmp_pa
             time.sleep(0.2)
         assert client.health() == "SERVING"
         assert client.status().counters["kafka-reachable"] == 0
+        # and on the metric deploy/monitoring's SpillwayKafkaUnreachable alert reads
+        scrape = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10)
+        assert "\nspillway_kafka_reachable 0.0\n" in scrape.read().decode()
         lines = [r.getMessage() for r in caplog.records
                  if r.name.startswith("spillway") and wrong in r.getMessage()]
         assert any("unreachable" in ln for ln in lines), lines

@@ -32,7 +32,7 @@ def observed(broker, tmp_path_factory):
     running = start_server({
         "listen.address": "127.0.0.1:0", "bootstrap.servers": broker.bootstrap_servers,
         "spool.dir": str(tmp_path_factory.mktemp("spool")), "producer.linger.ms": "5",
-        "metrics.prometheus.port": str(port),
+        "metrics.prometheus.port": str(port), "spool.max.records": "100000",
     })
     spans = InMemorySpanExporter()
     running.sidecar.telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
@@ -197,6 +197,17 @@ def test_prometheus_endpoint_shows_kip_counters_per_job_and_stage(observed, topi
         r'^spillway_verdict_duration_seconds_bucket\{le="([^"]+)"\} (\S+)', body, re.M)}
     assert list(buckets)[:3] == ["0.0001", "0.00025", "0.0005"] and list(buckets)[-1] == "+Inf"
     assert buckets["1.0"] > 0 and buckets["10.0"] <= buckets["+Inf"]
+
+
+def test_the_spool_limits_and_kafkas_reachability_are_served_for_alerts(observed):
+    """What deploy/monitoring's alerts compare with: the spool's high-water marks as
+    configured, and the Kafka check's answer."""
+    _, _, port = observed
+    body = _scrape(port)
+    served = dict(re.findall(r"^(spillway_\w+) (\S+)$", body, re.M))
+    assert float(served["spillway_spool_records_limit"]) == 100_000
+    assert float(served["spillway_spool_size_limit_bytes"]) == 512 * 1024 * 1024  # the default
+    assert float(served["spillway_kafka_reachable"]) == 1
 
 
 def _doc_table() -> dict[str, tuple[str, set[str]]]:

@@ -60,6 +60,13 @@ METRICS: dict[str, tuple[str, str, str, str]] = {
     "spool-depth": ("spillway.spool.records", "gauge", "{record}",
                     "DLQ records durable in the spool, not yet acknowledged by Kafka"),
     "spool-bytes": ("spillway.spool.size", "gauge", "By", "bytes held by the spool"),
+    # the high-water marks, so that an alert can compare the spool's fill with them
+    "spool-max-records": ("spillway.spool.records.limit", "gauge", "{record}",
+                          "spool.max.records: the spool's high-water mark in records "
+                          "(backpressure past it)"),
+    "spool-max-bytes": ("spillway.spool.size.limit", "gauge", "By",
+                        "spool.max.bytes: the spool's high-water mark in bytes "
+                        "(backpressure past it)"),
     "write-retries": ("spillway.dlq.write.retries", "counter", "{retry}",
                       "status-store KIP: DLQ write retries"),
     "write-successes": ("spillway.dlq.write.successes", "counter", "{record}",
@@ -73,6 +80,9 @@ METRICS: dict[str, tuple[str, str, str, str]] = {
                         "not decided, not counted as failures; the executor keeps them"),
     "backpressure": ("spillway.backpressure", "gauge", "1",
                      "1 while reports are refused for backpressure (health NOT_SERVING)"),
+    "kafka-reachable": ("spillway.kafka.reachable", "gauge", "1",
+                        "1 while the sidecar's Kafka answers its check (health service "
+                        "spillway.kafka), 0 once a check failed"),
     "retry-budget-exhausted": ("spillway.retry_budget.exhausted", "counter", "{retry}",
                                "retries a job's retry budget deferred (the record still "
                                "retries, later) or refused past the record's retry timeout"),

@@ -322,6 +322,10 @@ def start_server(
         tel.add_source(lambda: sidecar.engine.metric_rows(task_label=task_label))
         tel.add_source(lambda: [(k, {}, float(v)) for k, v in sidecar.sidewide_counters().items()
                                 if k in telemetry.SIDECAR_WIDE])
+        if pipeline is not None:  # the spool's high-water marks, beside its fill
+            limits = [("spool-max-records", {}, float(props["spool.max.records"])),
+                      ("spool-max-bytes", {}, float(props["spool.max.bytes"]))]
+            tel.add_source(lambda: limits)
     # raw bytes in, parsed and bounded inside: undecodable requests answer INVALID_ARGUMENT;
     # every method of both services authenticated first: nothing (tracing included) sees a
     # call before it is, then the call's server span (a handler wrapper, not an interceptor)
