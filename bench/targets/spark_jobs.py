@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import statistics
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
+from unittest import mock
+
+from spillway.client import extensions
 
 from .. import cpu, peers, workloads
 from ..infra import BenchError
@@ -76,23 +78,6 @@ def _udf_wrapped(spark, job, rows):
     df = workloads.orders_frame(spark, rows, PARTITIONS)
     amount = job.udf("double")(workloads.amount_of)
     workloads.noop_write(df.select(amount("value").alias("a")))
-
-
-@contextlib.contextmanager
-def _without(extension: str) -> Iterator[None]:
-    """The driver makes the wrapper's per-row function without ``extension`` (the Python
-    fallback, pickled to the workers as it is)."""
-    from spillway.client import extensions
-
-    before = os.environ.get(extensions.ENV)
-    os.environ[extensions.ENV] = extension
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[extensions.ENV]
-        else:
-            os.environ[extensions.ENV] = before
 
 
 WRAPPERS = (
@@ -201,7 +186,9 @@ def run_happy(ctx: Context, result: TargetResult) -> None:
                                  "CPU per row", "ns")
 
             def python(_r, w=w, job=job, c_py=c_py):
-                with _without(w.extension):
+                # the driver makes the per-row function without the extension (the Python
+                # fallback, pickled to the workers as it is)
+                with mock.patch.dict(os.environ, {extensions.ENV: w.extension}):
                     return _timed_cpu(lambda: w.wrapped(spark, job, rows), c_py, rows)
 
             variants[f_py.name] = python

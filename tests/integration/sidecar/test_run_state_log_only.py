@@ -72,4 +72,4 @@ def test_where_a_log_only_sidecar_keeps_its_runs(props, kept):
     from spillway.sidecar.service import runstate
 
     raw = config.resolve(explicit=props)
-    assert runstate.wanted(config.parse(raw), raw) is kept
+    assert runstate.wanted(config.parse(raw)) is kept

@@ -163,7 +163,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from spillway.sidecar.runtime import stranded
 
         stranded.check(spool_dir, props)
-    if getattr(args, "own_command_line", False) and wanted(props, raw):
+    if getattr(args, "own_command_line", False) and wanted(props):
         # run states are kept as hash() digests: the same seed after a restart (runstate.py)
         pin_hash_seed(spool_dir)
     if props.get("listen.address") and role is None:  # the supervisor holds a shared one

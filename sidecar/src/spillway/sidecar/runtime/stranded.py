@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from spillway.sidecar.dlq import schema
 from spillway.sidecar.errors import ConfigError
+from spillway.sidecar.service import runstate
 from spillway.sidecar.service.runstate import FILE_NAME as RUNS_FILE
 
 log = logging.getLogger("spillway.sidecar")
@@ -166,9 +167,8 @@ def check(root: str, props: Mapping[str, object]) -> None:
     then `warn_elsewhere`."""
     processes = int(props["sidecar.processes"])
     spool = bool(props["bootstrap.servers"]) and bool(props["spool.enable"])
-    # a log-only start keeps its runs' states in spool.dir too (runstate.directory)
-    runs_kept = not props["bootstrap.servers"] and processes == 1 and \
-        bool(props["spool.enable"]) and bool(props["run.state.durable"])
+    # a log-only start keeps its runs' states in spool.dir too
+    runs_kept = not props["bootstrap.servers"] and processes == 1 and runstate.wanted(props)
     found = stranded(root, processes, spool, int(props["job.idle.timeout.ms"]) / 1000,
                      runs_kept=runs_kept)
     if not found:

@@ -307,25 +307,21 @@ def keep(store: RunStore | None, engine, key: str, slices: list | None) -> None:
         store.persist(engine, key, slices)
 
 
-def directory(props: Mapping, raw: Mapping[str, str]) -> str | None:
-    """Where a sidecar with these (parsed) properties keeps run states, or None where it keeps
-    none: ``run.state.durable`` and ``spool.enable`` off, or a sidecar without Kafka on an
-    ephemeral port (``:0``) with no ``spool.dir`` (a restart cannot come back at its address, and
-    its default directory would be shared with every other such sidecar). A log-only sidecar
-    otherwise keeps them like a Kafka-backed one, in the spool's directory (docs/POLICY.md)."""
+def wanted(props: Mapping) -> bool:
+    """Whether a sidecar with these (parsed) properties keeps run states: not with
+    ``run.state.durable`` or ``spool.enable`` off, nor without Kafka on an ephemeral port
+    (``:0``) with no ``spool.dir`` (a restart cannot come back at its address, and its default
+    directory would be shared with every other such sidecar). A log-only sidecar otherwise keeps
+    them like a Kafka-backed one, in the spool's directory (docs/POLICY.md)."""
     if not (props["run.state.durable"] and props["spool.enable"]):
-        return None
-    if props["spool.dir"]:
-        return props["spool.dir"]
-    if not props["bootstrap.servers"] and not props["listen.unix.socket"] \
-            and str(props["listen.address"]).endswith(":0"):
-        return None
-    return default_spool_dir(raw)
+        return False
+    return bool(props["spool.dir"] or props["bootstrap.servers"] or props["listen.unix.socket"]
+                or not str(props["listen.address"]).endswith(":0"))
 
 
-def wanted(props: Mapping, raw: Mapping[str, str]) -> bool:
-    """Whether a sidecar with these (parsed) properties keeps run states (`directory`)."""
-    return directory(props, raw) is not None
+def directory(props: Mapping, raw: Mapping[str, str]) -> str | None:
+    """Where a sidecar with these (parsed) properties keeps run states (`wanted`), or None."""
+    return (props["spool.dir"] or default_spool_dir(raw)) if wanted(props) else None
 
 
 def pin_hash_seed(directory: str | os.PathLike) -> None:
