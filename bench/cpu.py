@@ -8,7 +8,7 @@ tests/unit/project/test_bench_harness.py); `cpu_seconds` and `snapshot` read /pr
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -30,36 +30,6 @@ def parse_stat_cpu(text: str, ticks_per_s: int = TICKS_PER_S) -> float:
     except ValueError as exc:
         raise ValueError(f"/proc/<pid>/stat: utime/stime are not integers: "
                          f"{fields[11]!r}, {fields[12]!r}") from exc
-
-
-def parse_stat_reaped(text: str, ticks_per_s: int = TICKS_PER_S) -> float:
-    """cutime + cstime in seconds (fields 16, 17): the CPU of the children this process has
-    waited for, e.g. the forked PySpark workers a daemon reaped."""
-    parse_stat_cpu(text, ticks_per_s)   # the same checks of the line
-    fields = text.rpartition(")")[2].split()
-    try:
-        return (int(fields[13]) + int(fields[14])) / ticks_per_s
-    except (IndexError, ValueError) as exc:
-        raise ValueError(f"/proc/<pid>/stat: no cutime/cstime: {text[:80]!r}") from exc
-
-
-def tree_cpu_seconds(root: int, below: Callable[[int], list[int]]) -> float:
-    """CPU seconds `root` and every process under it have used so far, live or exited: each
-    live process's own counters plus what it reaped (a worker that ran and exited is in its
-    parent's cutime). ``below(pid)``: the live processes under pid (`infra.descendants`).
-    Between two readings the difference counts a process that started or ended in between,
-    as long as its parent is in the tree."""
-    total = 0.0
-    for pid in [root, *below(root)]:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
-                text = fh.read()
-        except OSError:
-            if pid == root:
-                raise
-            continue            # exited since listed: its parent's cutime has it once reaped
-        total += parse_stat_cpu(text) + parse_stat_reaped(text)
-    return total
 
 
 def cpu_seconds(pid: int) -> float:

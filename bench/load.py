@@ -3,15 +3,17 @@ each target the load and the CPU other processes took while it ran.
 
 Everything of a run (broker, sidecars, Spark's JVM and workers, client processes) descends from
 the harness, so "other" CPU is the machine's busy time (/proc/stat) less the harness's process
-tree's (/proc/<pid>/stat utime + stime, and cutime + cstime for the children it and its
-descendants have reaped). On 2 cores a job beside the harness takes from the processes measured
-and halves a ratio; a figure measured so is reported as not comparable with an idle run."""
+tree's, exited processes included (`proctree.TreeCpu`). On 2 cores a job beside the harness
+takes from the processes measured and halves a ratio; a figure measured so is reported as not
+comparable with an idle run."""
 
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass
+
+from . import proctree
 
 _TICK = os.sysconf("SC_CLK_TCK")
 # a full run starts only where others used at most this much CPU (cores) over the sample
@@ -27,37 +29,6 @@ def _busy_ticks() -> int:
         fields = [int(x) for x in f.readline().split()[1:]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
     return user + nice + system + irq + softirq + steal
-
-
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, CPU ticks incl. reaped children) of a process, None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    rest = raw[raw.rindex(")") + 2:].split()   # after "pid (comm) "
-    return int(rest[1]), sum(int(x) for x in rest[11:15])
-
-
-def tree_ticks(root: int | None = None) -> int:
-    """CPU ticks of ``root`` (default: this process) and every live descendant."""
-    root = os.getpid() if root is None else root
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _stat(int(name))
-            if st is not None:
-                parents[int(name)], ticks[int(name)] = st
-    total = 0
-    for pid, t in ticks.items():
-        p, seen = pid, 0
-        while p and p != root and seen < 64:   # walk up to the root (or the top)
-            p, seen = parents.get(p, 0), seen + 1
-        if p == root:
-            total += t
-    return total
 
 
 def _load1() -> float:
@@ -92,12 +63,13 @@ class Watch:
     def __init__(self) -> None:
         self._t = time.monotonic()
         self._busy = _busy_ticks()
-        self._own = tree_ticks()
+        self._own = proctree.TreeCpu(lambda: (os.getpid(),), interval_s=0.5).start()
         self._load = _load1()
 
     def stop(self) -> Busy:
-        busy, own = _busy_ticks(), tree_ticks()
-        other = max(0, (busy - self._busy) - (own - self._own)) / _TICK
+        own_s = self._own.stop()
+        busy = _busy_ticks()
+        other = max(0.0, (busy - self._busy) / _TICK - own_s)
         return Busy(other, time.monotonic() - self._t, self._load, _load1())
 
 

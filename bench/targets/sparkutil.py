@@ -8,8 +8,8 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from .. import cpu
-from ..infra import BenchError, child_pids, cmdline, descendants
+from .. import proctree
+from ..infra import child_pids, cmdline, descendants
 
 _registered = False
 
@@ -56,21 +56,15 @@ def python_daemons() -> list[int]:
 
 
 class WorkerCpu:
-    """CPU seconds this driver's PySpark workers use from now on: every daemon's tree (its
-    forked workers, live or exited; `cpu.tree_cpu_seconds`). A daemon started meanwhile counts
-    from zero; one that exits loses its tree's counts, so that is an error, not a low figure."""
+    """CPU seconds this driver's PySpark workers use from now on: every daemon's tree, its
+    forked workers live or exited (`proctree.TreeCpu`: a daemon ignores SIGCHLD, so an exited
+    worker's CPU is in no counter that a reading at the end would find)."""
 
     def __init__(self) -> None:
-        self._before = {d: cpu.tree_cpu_seconds(d, descendants) for d in python_daemons()}
+        self._tree = proctree.TreeCpu(python_daemons).start()
 
     def used(self) -> float:
-        now = python_daemons()
-        gone = set(self._before) - set(now)
-        if gone:
-            raise BenchError(f"PySpark daemon(s) {sorted(gone)} exited during the action: "
-                             f"their workers' CPU cannot be counted")
-        return sum(cpu.tree_cpu_seconds(d, descendants) - self._before.get(d, 0.0)
-                   for d in now)
+        return self._tree.stop()
 
 
 def timed_workers(action: Callable[[], object]) -> tuple[float, float]:

@@ -499,42 +499,6 @@ def test_parse_stat_cpu_refuses_what_is_not_a_stat_line(text):
         parse_stat_cpu(text, 100)
 
 
-def test_parse_stat_reaped_reads_the_waited_for_children_fields():
-    from bench.cpu import parse_stat_reaped
-
-    reaped = STAT.replace(" 250 75 0 0 ", " 250 75 40 10 ")
-    assert parse_stat_reaped(reaped, 100) == pytest.approx(0.5)  # (40 + 10) ticks / 100
-    assert parse_stat_reaped(STAT, 100) == 0.0
-    with pytest.raises(ValueError, match="stat"):
-        parse_stat_reaped("4242 (x) S 1 2 3", 100)
-
-
-def test_tree_cpu_counts_a_worker_that_ran_and_exited():
-    """A daemon whose forked worker burned CPU and was reaped: the worker is gone from /proc,
-    its CPU is in the daemon's tree (as a PySpark daemon's workers are, bench target 4)."""
-    import subprocess
-    import sys
-
-    from bench.cpu import tree_cpu_seconds
-    from bench.infra import descendants
-
-    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
-    daemon = subprocess.Popen([sys.executable, "-c", (
-        "import subprocess, sys, time\n"
-        f"subprocess.run([sys.executable, '-c', {burn!r}], check=True)\n"
-        "print('reaped', flush=True)\n"
-        "time.sleep(30)")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert daemon.stdout.readline().strip() == "reaped"
-        assert descendants(daemon.pid) == []          # the worker is gone
-        assert tree_cpu_seconds(daemon.pid, descendants) >= 0.3
-        with pytest.raises(OSError):
-            tree_cpu_seconds(2 ** 22 + 7, descendants)  # no such root: never a silent zero
-    finally:
-        daemon.kill()
-        daemon.wait()
-
-
 def test_cpu_seconds_reads_this_process_own_counters():
     from bench.cpu import cpu_seconds, snapshot
 
@@ -662,34 +626,78 @@ def test_the_executor_side_is_the_median_of_the_rounds_own_differences():
 
 
 def test_the_process_tree_counts_a_childs_cpu_and_its_reaped_children():
-    """bench.load: a child's CPU is the harness's own, not "other" (nothing timed: only that
-    the tree's ticks grow by at least what the child reports for itself)."""
+    """bench.proctree: a child's CPU is the harness's own, not "other" (nothing timed: only that
+    the tree's CPU grows by at least what the child reports for itself)."""
     import subprocess
 
-    from bench import load
+    from bench import proctree
 
-    before = load.tree_ticks()
+    tree = proctree.TreeCpu(lambda: (os.getpid(),), interval_s=0.05).start()
     child = subprocess.run([sys.executable, "-c", "import os,time\nt=time.process_time()\n"
                             "while time.process_time()-t<0.3: pass\nprint(sum(os.times()[:2]))"],
                            capture_output=True, text=True, check=True)
-    assert load.tree_ticks() - before >= float(child.stdout) * os.sysconf("SC_CLK_TCK") - 2
+    assert tree.stop() >= float(child.stdout) - 0.02
 
 
-def test_a_stat_line_with_parentheses_in_the_command_name_is_read(tmp_path, monkeypatch):
-    from bench import load
+def test_a_worker_its_parent_does_not_wait_for_keeps_its_cpu_in_the_tree():
+    """As a PySpark daemon's: SIGCHLD ignored, the kernel reaps the worker and its CPU reaches
+    no counter; the tree read on a thread keeps it (the end-only reading lost it: a negative
+    "CPU per row" in bench target 3)."""
+    import subprocess
 
-    fields = " ".join(["S", "77"] + ["0"] * 9 + ["5", "6", "7", "8"] + ["0"] * 30)
-    real_open = open
+    from bench import proctree
 
-    def fake_open(path, *a, **k):
-        if path == "/proc/4242/stat":
-            f = tmp_path / "stat"
-            f.write_text(f"4242 (a) (b) {fields}\n")
-            return real_open(f, *a, **k)
-        return real_open(path, *a, **k)
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    daemon = subprocess.Popen([sys.executable, "-c", (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {burn!r}])\n"
+        "time.sleep(1.5)\nprint('gone', flush=True)\ntime.sleep(30)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        tree = proctree.TreeCpu(lambda: (daemon.pid,), interval_s=0.05).start()
+        assert daemon.stdout.readline().strip() == "gone"
+        assert proctree.ignores_sigchld(daemon.pid)
+        assert 0.3 <= tree.stop() < 1.0
+    finally:
+        daemon.kill()
+        daemon.wait()
 
-    monkeypatch.setattr("builtins.open", fake_open)
-    assert load._stat(4242) == (77, 26)
+
+def _st(ppid, start, own, reaped=0):
+    from bench.proctree import Stat
+    return Stat(ppid, start, own, reaped)
+
+
+def test_the_tally_of_a_tree_counts_each_process_once():
+    """Made-up readings: a waited-for child that exits is counted once (its last reading is
+    already in the parent's reaped CPU); one the kernel reaped keeps its last reading; one that
+    existed at the baseline counts from there; a pid reused by another process is another."""
+    from bench.proctree import Tally
+
+    t = Tally()
+    never = lambda pid: False     # noqa: E731 - no parent ignores SIGCHLD
+    t.scan([1], {1: _st(0, 10, 100), 2: _st(1, 20, 50), 9: _st(0, 5, 999)}, never,
+           baseline=True)
+    t.scan([1], {1: _st(0, 10, 110), 2: _st(1, 20, 70), 3: _st(1, 30, 5)}, never)
+    assert t.ticks() == 10 + 20 + 5
+    # 2 exits, waited for: parent's reaped CPU gets its whole 75 (50 before the baseline)
+    t.scan([1], {1: _st(0, 10, 120, 75), 3: _st(1, 30, 8)}, never)
+    assert t.ticks() == 20 + 25 + 8                  # 1: +20, 2: 70-50 then 75-70, 3: 8
+    # pid 3 reused by a new process of the tree, after the old one was kernel-reaped
+    t.scan([1], {1: _st(0, 10, 120, 75), 3: _st(1, 40, 4)}, lambda pid: True)
+    assert t.ticks() == 20 + 25 + 8 + 4
+
+
+def test_a_stat_line_with_parentheses_in_the_command_name_is_read():
+    from bench.proctree import parse_stat
+
+    fields = " ".join(["S", "77"] + ["0"] * 9 + ["5", "6", "7", "8"] + ["0"] * 4 + ["123"]
+                      + ["0"] * 20)
+    st = parse_stat(f"4242 (a) (b) {fields}\n")
+    assert (st.ppid, st.own, st.reaped, st.start) == (77, 11, 15, 123)
+    with pytest.raises(ValueError, match="stat"):
+        parse_stat("4242 (x) S 1 2 3")
 
 
 def test_a_full_run_on_a_busy_machine_is_refused_unless_allowed(monkeypatch, capsys):
