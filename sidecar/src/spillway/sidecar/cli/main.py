@@ -234,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="spillway", description=__doc__.split("\n")[0])
     p.add_argument("--version", action="version", version=f"spillway {__version__}")
-    p.add_argument("--log-level", default=os.environ.get("SPILLWAY_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-level", default=os.environ.get("SPILLWAY_LOG_LEVEL", "INFO"),
+                   help="DEBUG, INFO, WARNING or ERROR (default $SPILLWAY_LOG_LEVEL or INFO)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the sidecar")
