@@ -131,7 +131,8 @@ class SidecarClient:
 
     def register_job(self, job: str | JobRun, properties: Mapping[str, str] | None = None, *,
                      run_id: str = "", home: str = "", home_instance_id: str = "",
-                     job_token: str | JobToken | None = None) -> Registration:
+                     job_token: str | JobToken | None = None, token_escrow: bool = False,
+                     claim_token: bool = False) -> Registration:
         """Declare one run of ``job`` with its policy; idempotent for the same run.
 
         ``run_id``: the run (default: a new one); the first registration of a run issues its
@@ -140,6 +141,11 @@ class SidecarClient:
         driver's registration answered, when this may be another node's sidecar; it then makes
         the run's decisions so job-wide limits hold. The returned `Registration` reads as the
         mapping of effective properties too.
+
+        ``token_escrow``: the run's home keeps its token for executors that no Spark file
+        reaches (a streaming query over Spark Connect); ``claim_token``: such an executor, with
+        no token, asks for it (this client must present the node token or, for a sidecar on
+        this host, the local credential). The token comes back in the `Registration`.
         """
         run = as_run(job, run_id, job_token)
         if not run.run_id:
@@ -147,7 +153,8 @@ class SidecarClient:
         props = {str(k): str(v) for k, v in (properties or {}).items()}
         resp = self._call("RegisterJob", pb.RegisterJobRequest(
             job=run.job, properties=props, run_id=run.run_id, home=home,
-            home_instance_id=home_instance_id), job=run.job, run=run)
+            home_instance_id=home_instance_id, token_escrow=token_escrow,
+            claim_token=claim_token), job=run.job, run=run)
         token = JobToken(resp.job_token) if resp.job_token else run.job_token
         _pins.pin(self.target, resp.job or run.job, resp.run_id or run.run_id, resp.process_port)
         columns.note(self.target, resp.job or run.job, resp.run_id or run.run_id,

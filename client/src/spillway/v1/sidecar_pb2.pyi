@@ -65,7 +65,7 @@ ACTION_SKIP: Action
 ACTION_FAIL: Action
 
 class RegisterJobRequest(_message.Message):
-    __slots__ = ["job", "properties", "home", "run_id", "home_instance_id", "peer"]
+    __slots__ = ["job", "properties", "home", "run_id", "home_instance_id", "peer", "token_escrow", "claim_token"]
     class PropertiesEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -79,13 +79,17 @@ class RegisterJobRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     HOME_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ESCROW_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_TOKEN_FIELD_NUMBER: _ClassVar[int]
     job: str
     properties: _containers.ScalarMap[str, str]
     home: str
     run_id: str
     home_instance_id: str
     peer: str
-    def __init__(self, job: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., home: _Optional[str] = ..., run_id: _Optional[str] = ..., home_instance_id: _Optional[str] = ..., peer: _Optional[str] = ...) -> None: ...
+    token_escrow: bool
+    claim_token: bool
+    def __init__(self, job: _Optional[str] = ..., properties: _Optional[_Mapping[str, str]] = ..., home: _Optional[str] = ..., run_id: _Optional[str] = ..., home_instance_id: _Optional[str] = ..., peer: _Optional[str] = ..., token_escrow: bool = ..., claim_token: bool = ...) -> None: ...
 
 class RegisterJobResponse(_message.Message):
     __slots__ = ["job", "effective_properties", "run_id", "job_token", "home", "home_instance_id", "process_port", "report_columns"]

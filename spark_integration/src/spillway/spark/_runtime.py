@@ -5,7 +5,7 @@ nothing has to be set up on executors beyond the sidecar's address. So does the 
 registered: its run id, its home sidecar (address and instance id) and where its job token is
 (a `_token.TokenFile`: the token itself is not in the plan, it reaches executors as a Spark
 file, read once per worker process; streaming over Spark Connect is the one exception, see
-`_token.InlineToken`); executors register the run with their node's sidecar with
+`_token.EscrowedToken`); executors register the run with their node's sidecar with
 all of them, and every call for the run carries the token.
 
 Sidecar address on an executor: ``$SPILLWAY_SIDECAR_ADDRESS`` (the executor's environment, i.e.
@@ -67,7 +67,7 @@ from spillway.v1 import sidecar_pb2 as pb
 
 from . import _tracing
 from ._engine import StageRef
-from ._token import InlineToken, TokenFile
+from ._token import EscrowedToken, TokenFile, TokenFileError, claim_client
 
 log = logging.getLogger("spillway.spark")
 
@@ -122,10 +122,10 @@ class JobSpec:
     # sidecar (address and instance id), which decides for every node (job-wide limits). The
     # credential: the `JobToken` itself in the driver's spec (which a JobToken makes
     # unpicklable), the Spark file holding it in every spec shipped to executors (`_token`;
-    # an `InlineToken` for streaming over Spark Connect).
+    # an `EscrowedToken` for streaming over Spark Connect).
     home: str = ""
     run_id: str = ""
-    job_token: JobToken | TokenFile | InlineToken | None = None
+    job_token: JobToken | TokenFile | EscrowedToken | None = None
     home_instance_id: str = ""
 
     def __post_init__(self) -> None:
@@ -158,8 +158,8 @@ class JobSpec:
     @property
     def run(self) -> JobRun:
         token = self.job_token
-        if isinstance(token, (TokenFile, InlineToken)):
-            token = token.load()  # a file read once per process, then from memory
+        if isinstance(token, (TokenFile, EscrowedToken)):
+            token = token.load()  # a file read (or a claim) once per process, then from memory
         return JobRun(self.name, self.run_id, token)
 
     def executor_target(self) -> str:
@@ -461,6 +461,18 @@ class TaskSession:
 
     def _register_call(self) -> Registration:
         spec = self.spec
+        escrowed = spec.job_token
+        if isinstance(escrowed, EscrowedToken):   # claimed once per process, then as any token
+            try:
+                run = spec.run
+            except TokenFileError:
+                reg = claim_client(self.client).register_job(
+                    JobRun(spec.name, spec.run_id, None), spec.props, home=spec.home,
+                    home_instance_id=spec.home_instance_id, claim_token=True)
+                escrowed.accept(reg.job_token)
+                return reg
+            return self.client.register_job(run, spec.props, home=spec.home,
+                                            home_instance_id=spec.home_instance_id)
         return self.client.register_job(spec.run, spec.props, home=spec.home,
                                         home_instance_id=spec.home_instance_id)
 

@@ -1,21 +1,18 @@
 """Driver side of the run's job token: the spec a wrapper hands to executors, its `JobToken`
 replaced by where executors find it (`_token`): the Spark file of the session that runs the
-wrapper, or, for a streaming query over Spark Connect, the token inline (with a warning)."""
+wrapper, or, for a streaming query over Spark Connect, the token's digest: its executors claim
+the token from their sidecar, where the driver escrowed it (`_token.EscrowedToken`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any
 
 from spillway.client.runs import JobToken
 
 from ._compat import active_session, is_connect
 from ._runtime import JobSpec
-from ._token import InlineToken, SessionFiles, TokenFileError, ship, spark_files
-
-_log = logging.getLogger("spillway.spark")
-
+from ._token import EscrowedToken, SessionFiles, TokenFileError, ship, spark_files, token_digest
 
 def session_files(data: Any) -> SessionFiles:
     """The files of the Spark session that runs ``data`` (a DataFrame or RDD; None: the active
@@ -45,18 +42,14 @@ def streaming_over_connect(data: Any, streaming: bool) -> bool:
 def shipped_spec(spec: JobSpec, data: Any, *, streaming: bool = False) -> JobSpec:
     """``spec`` as executors get it: its token replaced by the Spark file that holds it in the
     session of ``data`` (None: the active session), added there once per session and token; a
-    streaming query over Spark Connect (``data.isStreaming``, or ``streaming``) gets it inline
-    (`_token.InlineToken`), with a warning. A spec without a `JobToken` is returned as it is
-    (a copy of a `Job` unpickled on a Connect server holds no token)."""
+    streaming query over Spark Connect (``data.isStreaming``, or ``streaming``) gets an
+    `_token.EscrowedToken` (the caller escrowed the token with the run's home first: `Job`).
+    A spec without a `JobToken` is returned as it is (a copy of a `Job` unpickled on a Connect
+    server holds no token)."""
     token = spec.job_token
     if not isinstance(token, JobToken):
         return spec
     if streaming_over_connect(data, streaming):
-        _log.warning(
-            "spillway: job %r run %r: a streaming query over Spark Connect cannot read the run's "
-            "job token from a session file (its micro-batches run without the session's "
-            "artifacts), so the token travels inside the plan, where the Connect server may log "
-            "it; see SECURITY.md, \"Job tokens and Spark's logs\"", spec.name, spec.run_id)
-        return dataclasses.replace(spec, job_token=InlineToken(token.reveal()))
+        return dataclasses.replace(spec, job_token=EscrowedToken(token_digest(token)))
     return dataclasses.replace(
         spec, job_token=ship(session_files(data), spec.name, spec.run_id, token))

@@ -19,9 +19,9 @@ carries a `TokenFile` (the name of a Spark file and a digest of the token), neve
   never a token sent to the sidecar.
 
 `JobToken` refuses to be pickled (`spillway.client.runs`): a plan built around this module
-fails on the driver, loudly, instead of shipping the token. The one exception is
-`InlineToken`, for streaming queries over Spark Connect, which no session file reaches
-(`_ship` decides, and warns).
+fails on the driver, loudly, instead of shipping the token. Streaming queries over Spark
+Connect, which no session file reaches, carry an `EscrowedToken` instead: the executors claim
+the token from their sidecar, where the driver escrowed it (`_ship` decides).
 """
 
 from __future__ import annotations
@@ -75,25 +75,56 @@ class TokenFile:
 _loaded: dict[tuple[str, str], JobToken] = {}
 
 
-class InlineToken:
-    """The token itself, pickled into the plan: only where no Spark file can reach the tasks,
-    i.e. streaming queries over Spark Connect, whose micro-batches run without the session's
-    artifacts (seen on Spark 4.3). `Job` warns when it ships one; SECURITY.md says what a
-    reader of the Connect server's logs can then do."""
+@dataclass(frozen=True)
+class EscrowedToken:
+    """Where an executor of a streaming query over Spark Connect gets the run's token: its
+    micro-batches run without the session's files, so the driver escrows the token with the
+    run's home (RegisterJob.token_escrow) and each executor process claims it once from its
+    node's sidecar (`claim`), which asks the home. The plan carries only the token's digest,
+    to check what the sidecar answered."""
 
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
+    digest: str
 
     def __repr__(self) -> str:
-        return "InlineToken('**********')"
-
-    def __reduce__(self) -> object:
-        return (InlineToken, (self._value,))
+        return "EscrowedToken()"
 
     def load(self) -> JobToken:
-        return JobToken(self._value)
+        """The token this process claimed (`claim` runs first, when the task registers)."""
+        token = _claimed.get(self.digest)
+        if token is None:
+            raise TokenFileError(
+                "the run's escrowed job token was not claimed in this process: a task claims "
+                "it from its sidecar when it registers the run")
+        return token
+
+    def accept(self, token: JobToken | None) -> JobToken:
+        """``token`` as the sidecar answered a claim, checked against the plan's digest."""
+        if token is None or not hmac.compare_digest(token_digest(token), self.digest):
+            raise TokenFileError("the job token the sidecar answered a claim with is not this "
+                                 "run's (its digest differs)")
+        _claimed[self.digest] = token
+        return token
+
+
+_claimed: dict[str, JobToken] = {}
+
+
+def claim_client(client: Any) -> Any:
+    """The client to claim an escrowed token with: one that presents the node token (the
+    executor's, when it has one), else, for a sidecar on this host, this user's local
+    credential as the admin token. Without either the sidecar refuses the claim, naming both."""
+    import dataclasses
+
+    from spillway.client import ADMIN_TOKEN_KEY, SidecarClient, localcred
+
+    if client.security.token_file:
+        return client
+    file = localcred.for_target(client.target)
+    if not file:
+        return client
+    return SidecarClient(client.target, timeout_s=client.timeout_s,
+                         security=dataclasses.replace(client.security, token_file=file,
+                                                      token_key=ADMIN_TOKEN_KEY))
 
 
 def _files_root() -> str:

@@ -265,8 +265,14 @@ class Job:
 
     def _shipped_spec(self, data: Any, *, streaming: bool = False) -> JobSpec:
         """The registered run's spec as executors get it: no token, but the Spark file that
-        holds it in the session of ``data`` (None: the active session); see `_ship`."""
-        return _ship.shipped_spec(self._task_spec(), data, streaming=streaming)
+        holds it in the session of ``data`` (None: the active session), or, for a streaming
+        query over Spark Connect, its digest, the token escrowed with the run's home; see
+        `_ship`."""
+        spec = self._task_spec()
+        if _ship.streaming_over_connect(data, streaming) and isinstance(spec.job_token, JobToken):
+            # idempotent at the home: once per shipped plan costs one call on the driver
+            self._client().register_job(spec.run, self.properties, token_escrow=True)
+        return _ship.shipped_spec(spec, data, streaming=streaming)
 
     def summary(self, all_sidecars: Sequence[str] | None = None) -> JobReport:
         """This run's counts summed over ``all_sidecars`` (default: the driver's sidecar).

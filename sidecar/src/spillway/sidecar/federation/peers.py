@@ -157,10 +157,11 @@ class Home:
         return self.status(timeout_s).instance_id
 
     def register(self, job: str, run_id: str = "", properties: Mapping[str, str] | None = None,
-                 *, token: str | None = None, peer: str = "",
-                 timeout_s: float = 15.0) -> Registered:
+                 *, token: str | None = None, peer: str = "", timeout_s: float = 15.0,
+                 token_escrow: bool = False, claim_token: bool = False) -> Registered:
         return convert.registered_from_pb(self._call("RegisterJob", pb.RegisterJobRequest(
-                job=job, run_id=run_id, properties=dict(properties or {}), peer=peer),
+                job=job, run_id=run_id, properties=dict(properties or {}), peer=peer,
+                token_escrow=token_escrow, claim_token=claim_token),
             timeout_s, token))
 
     def report(self, report: Report, timeout_s: float, *,

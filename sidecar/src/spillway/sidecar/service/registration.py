@@ -81,12 +81,16 @@ class Registrar:
         if request.peer and not caller.peer:
             raise JobAccessError(
                 "RegisterJob.peer is for sidecar-to-sidecar calls only (an authenticated peer)")
+        if request.claim_token and not token:
+            check_claimant(job, run_id, caller)   # before any forwarding
         me = self._me
         home_addr = request.home.strip()
         existing = self._registry.get(job, run_id)
         owner = "" if existing or home_addr else me.owner_elsewhere(job, run_id)
         if owner:  # one home per run, whichever process this reached (siblings.py)
             return siblings.register_at_owner(me.local, owner, request, token, timeout_s)
+        if request.claim_token and not token:
+            token = self._claim(existing, request, timeout_s)
         if existing is not None:
             if not may_use(existing.digest, token):
                 raise access_error(job, run_id, token)
@@ -99,6 +103,8 @@ class Registrar:
         if reg.run.home is None and request.peer:
             self._registry.add_node(reg.run, request.peer)
         run = reg.run
+        if request.token_escrow:
+            self._escrow(run, reg.token, properties, timeout_s)
         if run.home is not None and self._confirmations is not None:
             self._confirmations.adopt(run, reg.token)   # rows held before a restart
         return Registered(
@@ -130,6 +136,43 @@ class Registrar:
                               peer=self._me.advertised_address, timeout_s=timeout_s)
         self._registry.touch(run)
         return _Registered(settings, run, token)
+
+    def _claim(self, run: Run | None, request: Registration, timeout_s: float) -> str:
+        """The run's escrowed token for an executor that has none (`check_claimant` passed):
+        this sidecar's when it is the run's home, else the home's (asked as a peer)."""
+        job, run_id, me = request.job, request.run_id, self._me
+        if run is not None and run.home is not None:
+            answer = run.home.register(job, run_id, request.properties, claim_token=True,
+                                       peer=me.advertised_address, timeout_s=timeout_s)
+            return answer.job_token
+        if run is None and request.home.strip():
+            remote = resolve_home(me.local, request.home.strip(), request.home_instance_id,
+                                  timeout_s)
+            if remote is not None:
+                try:
+                    return remote.register(job, run_id, request.properties, claim_token=True,
+                                           peer=me.advertised_address,
+                                           timeout_s=timeout_s).job_token
+                finally:
+                    remote.close()
+        if run is None or run.escrow is None:
+            raise JobAccessError(
+                f"job {job!r} run {run_id!r} has no escrowed job token at its home: a driver "
+                f"escrows it (RegisterJob.token_escrow) only for a streaming query over Spark "
+                f"Connect; other executors read it from a Spark file")
+        return run.escrow
+
+    def _escrow(self, run: Run, token: str, properties, timeout_s: float) -> None:
+        """Keep the run's token for its executors to claim: here at its home, or at the home
+        it is registered with (asked as a peer)."""
+        if run.home is None:
+            if run.escrow is None:
+                log.info("job %r run %r: its job token is escrowed for its executors",
+                         run.job, run.run_id)
+            run.escrow = token
+            return
+        run.home.register(run.job, run.run_id, properties, token=token, token_escrow=True,
+                          peer=self._me.advertised_address, timeout_s=timeout_s)
 
     def _names_me(self, home_addr: str, request: Registration) -> bool:
         if request.home_instance_id:
@@ -217,4 +260,15 @@ class Registrar:
         return _Registered(settings, run, token)
 
 
-__all__ = ["Registrar", "TopicRules"]
+def check_claimant(job: str, run_id: str, caller: Caller) -> None:
+    """Only an authenticated caller may claim a run's escrowed token: one of the node's
+    executors (node token, or on this host the local credential) or a peer sidecar; anyone
+    else is refused before any state is read or forwarded."""
+    if not (caller.authenticated or caller.peer or caller.admin):
+        raise JobAccessError(
+            f"claiming the job token of job {job!r} run {run_id!r} needs an authenticated "
+            f"caller: the node token (auth.token.file) or, on this host, the sidecar's local "
+            f"credential (auth.local.token.file); this call presented neither")
+
+
+__all__ = ["Registrar", "TopicRules", "check_claimant"]

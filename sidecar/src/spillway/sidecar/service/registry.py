@@ -165,6 +165,9 @@ class Run:
     nodes: set[str] = field(default_factory=set)   # at the home: node sidecars of the run
     created: float = 0.0
     last_active: float = 0.0
+    # at the home, when the driver escrowed it (RegisterJob.token_escrow): the run's token,
+    # handed to its executors that claim it; in memory only, gone with the run
+    escrow: str | None = field(default=None, repr=False)
 
     @property
     def home_address(self) -> str:

@@ -25,6 +25,10 @@ class Registration:
     home: str = ""
     home_instance_id: str = ""
     peer: str = ""
+    # token escrow (streaming over Spark Connect): the driver asks the home to keep the run's
+    # token; an executor without it claims it (`service.registration`)
+    token_escrow: bool = False
+    claim_token: bool = False
 
 
 @dataclass(frozen=True, slots=True)

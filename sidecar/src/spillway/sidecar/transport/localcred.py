@@ -24,20 +24,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
-import stat
 
+from spillway.client.localcred import FILE_NAME, default_path, for_target, private_problem
 from spillway.sidecar.errors import ConfigError
 from spillway.sidecar.transport.security import SecurityConfig, TokenFile
 
 PROP = "auth.local.token.file"
-FILE_NAME = "local.token"
-
-
-def default_path() -> str:
-    """``$XDG_STATE_HOME/spillway/local.token`` (``~/.local/state`` when unset)."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
-                                                            "state")
-    return os.path.join(base, "spillway", FILE_NAME)
 
 
 def applies(cfg: SecurityConfig, local_only: bool) -> bool:
@@ -87,18 +79,9 @@ def _create(path: str, directory: str) -> None:
 
 
 def _check_private(path: str) -> None:
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise ConfigError(PROP, f"cannot read {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(PROP, f"{path} is not a regular file")
-    if st.st_uid != os.geteuid():
-        raise ConfigError(PROP, f"{path} belongs to uid {st.st_uid}, not to this user "
-                                f"(uid {os.geteuid()}): another user could know it")
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        raise ConfigError(PROP, f"{path} is readable or writable by other users (mode "
-                                f"{stat.S_IMODE(st.st_mode):o}); chmod 600 it")
+    problem = private_problem(path)
+    if problem:
+        raise ConfigError(PROP, problem)
 
 
 def apply(cfg: SecurityConfig, path: str) -> SecurityConfig:
@@ -110,19 +93,8 @@ def apply(cfg: SecurityConfig, path: str) -> SecurityConfig:
 def for_client(target: str) -> str:
     """The credential file an operator command of this user sends to a sidecar on loopback
     or a Unix socket ('' when there is none, or the target is not local: never sent off the
-    host)."""
-    from spillway.sidecar.transport.listeners import is_loopback_host, split_host_port
+    host); `spillway.client.localcred` finds it."""
+    return for_target(target)
 
-    if not target.startswith("unix:"):
-        try:
-            host = split_host_port(target)[0]
-        except ValueError:
-            return ""
-        if not is_loopback_host(host):
-            return ""
-    path = os.environ.get("SPILLWAY_LOCAL_TOKEN_FILE") or default_path()
-    try:
-        _check_private(path)
-    except ConfigError:
-        return ""
-    return path if os.access(path, os.R_OK) else ""
+
+__all__ = ["FILE_NAME", "PROP", "applies", "apply", "default_path", "ensure", "for_client"]

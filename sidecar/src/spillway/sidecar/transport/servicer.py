@@ -82,7 +82,8 @@ class ErrorSidecarServicer(pb_grpc.ErrorSidecarServicer):
     def RegisterJob(self, request, context):
         registration = Registration(
             job=request.job, run_id=request.run_id, properties=dict(request.properties),
-            home=request.home, home_instance_id=request.home_instance_id, peer=request.peer)
+            home=request.home, home_instance_id=request.home_instance_id, peer=request.peer,
+            token_escrow=request.token_escrow, claim_token=request.claim_token)
         with _answering(context, dlq_what="DLQ topic check failed: "):
             answer = self._s.register_job(registration, token=_job_token(context),
                                           caller=_caller(), timeout_s=_timeout(context))

@@ -220,6 +220,9 @@ def register_job(req: pb.RegisterJobRequest) -> None:
     _len("home", req.home, MAX_ADDRESS_CHARS)
     _len("peer", req.peer, MAX_ADDRESS_CHARS)
     _len("home_instance_id", req.home_instance_id, MAX_INSTANCE_ID_CHARS)
+    if req.token_escrow and req.claim_token:
+        raise ValueError("token_escrow and claim_token: a driver escrows the run's token, an "
+                         "executor claims it; one request does one or the other")
 
 
 def report_failures(req: pb.ReportFailuresRequest) -> None:
