@@ -1,6 +1,7 @@
 """A short client program with one spillway job that fails on some records, run in its own
 process by tests/integration/spark/test_token_not_in_logs.py: on classic Spark (under spark-submit,
-so Spark logs as it does for an application: INFO) or as a Spark Connect client.
+so Spark logs as it does for an application: INFO) or as a Spark Connect client, which also
+runs a streaming query (its executors claim the run's escrowed token).
 
     python token_job.py classic|connect SPARK_CONNECT_URL|- SIDECAR TOPIC OUT_DIR
 
@@ -25,6 +26,37 @@ def parse(row):
 
 def parse_tuple(t):
     return (t[0], int(t[1]))
+
+
+def flaky_enrich(pdf):
+    bad = pdf["value"] % 10 == 3
+    if bad.any():
+        raise ValueError(f"cannot enrich {sorted(int(v) for v in pdf['value'][bad])}")
+    return pdf.assign(twice=pdf["value"] * 2)[["value", "twice"]]
+
+
+def stream(spark, job, seconds: float = 120.0) -> tuple[int, bytes]:
+    """A rate stream through job.map_in_pandas into a memory sink over Spark Connect, run until
+    it reported failures: its micro-batches read no session file, so its executors claim the
+    run's escrowed token. Returns the failures it reported and its serialized plan."""
+    import time
+
+    before = job.summary().total_record_failures
+    source = (spark.readStream.format("rate").option("rowsPerSecond", 20)
+              .option("numPartitions", 2).load())
+    enriched = job.map_in_pandas(source, flaky_enrich, "value long, twice long")
+    plan = enriched._plan.to_proto(spark.client).SerializeToString()
+    query = (enriched.writeStream.format("memory").queryName(f"q{uuid.uuid4().hex[:8]}")
+             .trigger(processingTime="1 second").start())
+    try:
+        deadline = time.monotonic() + seconds
+        while job.summary().total_record_failures - before < 4 and time.monotonic() < deadline:
+            if query.exception() is not None:
+                raise RuntimeError(f"the stream failed: {query.exception()}")
+            time.sleep(0.5)
+    finally:
+        query.stop()
+    return job.summary().total_record_failures - before, plan
 
 
 def main(mode: str, url: str, sidecar: str, topic: str, out: Path) -> None:
@@ -66,6 +98,11 @@ def main(mode: str, url: str, sidecar: str, topic: str, out: Path) -> None:
     summary = job.summary()
     result.update(failures=summary.total_record_failures, skipped=summary.total_records_skipped,
                   dlq=summary.dlq_records_written, processed=summary.records_processed)
+    if mode == "connect":
+        result["stream_failures"], plan = stream(spark, job)
+        shipped.append(plan)
+        result["shipped"] = len(shipped)
+        result["token_in_shipped"] = sum(b.count(token.encode()) for b in shipped)
     job.close()
     if mode == "connect":
         rows_left = parsed.toLocalIterator()   # an execution the client never releases

@@ -67,7 +67,7 @@ from spillway.v1 import sidecar_pb2 as pb
 
 from . import _tracing
 from ._engine import StageRef
-from ._token import EscrowedToken, TokenFile, TokenFileError, claim_client
+from ._token import EscrowedToken, TokenFile, claim_client
 
 log = logging.getLogger("spillway.spark")
 
@@ -462,17 +462,13 @@ class TaskSession:
     def _register_call(self) -> Registration:
         spec = self.spec
         escrowed = spec.job_token
-        if isinstance(escrowed, EscrowedToken):   # claimed once per process, then as any token
-            try:
-                run = spec.run
-            except TokenFileError:
-                reg = claim_client(self.client).register_job(
-                    JobRun(spec.name, spec.run_id, None), spec.props, home=spec.home,
-                    home_instance_id=spec.home_instance_id, claim_token=True)
-                escrowed.accept(reg.job_token)
-                return reg
-            return self.client.register_job(run, spec.props, home=spec.home,
-                                            home_instance_id=spec.home_instance_id)
+        if isinstance(escrowed, EscrowedToken) and escrowed.load() is None:
+            # claimed once per process, then used as any token
+            reg = claim_client(self.client).register_job(
+                JobRun(spec.name, spec.run_id, None), spec.props, home=spec.home,
+                home_instance_id=spec.home_instance_id, claim_token=True)
+            escrowed.accept(reg.job_token)
+            return reg
         return self.client.register_job(spec.run, spec.props, home=spec.home,
                                         home_instance_id=spec.home_instance_id)
 

@@ -88,14 +88,10 @@ class EscrowedToken:
     def __repr__(self) -> str:
         return "EscrowedToken()"
 
-    def load(self) -> JobToken:
-        """The token this process claimed (`claim` runs first, when the task registers)."""
-        token = _claimed.get(self.digest)
-        if token is None:
-            raise TokenFileError(
-                "the run's escrowed job token was not claimed in this process: a task claims "
-                "it from its sidecar when it registers the run")
-        return token
+    def load(self) -> JobToken | None:
+        """The token this process claimed; None before its first task registered the run
+        (`_runtime.TaskRun` then claims it)."""
+        return _claimed.get(self.digest)
 
     def accept(self, token: JobToken | None) -> JobToken:
         """``token`` as the sidecar answered a claim, checked against the plan's digest."""
