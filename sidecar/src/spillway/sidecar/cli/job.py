@@ -20,19 +20,6 @@ from collections.abc import Callable
 from spillway.v1 import sidecar_pb2 as pb
 
 
-def all_pages(client, job: str = "") -> pb.SidecarStatus:
-    """GetStatus's first page with the runs of every later page appended (counters and the
-    sidecar's identity come from the first)."""
-    status = client.status(job)
-    token = status.next_page_token
-    while token:
-        page = client.status(job, page_token=token)
-        status.jobs.extend(page.jobs)
-        token = page.next_page_token
-    status.next_page_token = ""
-    return status
-
-
 def _row(s: pb.JobSummary) -> str:
     state = "FAILED" if s.failed else "running"
     return (f"{s.job}\t{s.run_id}\t{state}\tprocessed={s.records_processed}\t"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import logging
 import os
 import signal
@@ -24,7 +23,8 @@ import sys
 import threading
 
 from spillway.sidecar.cli.dlq import add_dlq_commands
-from spillway.sidecar.cli.job import add_job_commands, all_pages
+from spillway.sidecar.cli.job import add_job_commands
+from spillway.sidecar.cli.status import add_status_command
 from spillway.sidecar.core import config
 from spillway.sidecar.errors import ConfigError, SpillwayError
 from spillway.sidecar.runtime import kafka_auth
@@ -201,34 +201,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    client = operator_client(args)
-    status = all_pages(client)  # every run, a page at a time
-    if args.json:
-        from google.protobuf.json_format import MessageToDict
-
-        print(json.dumps(MessageToDict(status), indent=2, sort_keys=True))
-        return 0
-    print(f"sidecar {status.sidecar_id} (spillway {status.version}) at {client.target}")
-    width = max((len(k) for k in status.counters), default=10)
-    for name in sorted(status.counters):
-        value = status.counters[name]
-        shown = int(value) if float(value).is_integer() else round(value, 3)
-        print(f"  {name:<{width}}  {shown:>14}")
-    failed = [j for j in status.jobs if j.failed]
-    if status.jobs:
-        print(f"jobs: {len(status.jobs)} shown, {len(failed)} failed"
-              + (f" ({', '.join(j.job for j in failed[:10])}"
-                 f"{', ...' if len(failed) > 10 else ''})" if failed else ""))
-    for job in failed + [j for j in status.jobs if not j.failed]:  # failed ones first
-        state = f"FAILED: {job.failure_reason}" if job.failed else "running"
-        print(f"job {job.job}: {state} (run {job.run_id})")
-        print(f"  processed={job.records_processed} failures={job.total_record_failures} "
-              f"errors={job.total_record_errors} skipped={job.total_records_skipped} "
-              f"retries={job.total_retries} dlq-written={job.dlq_records_written}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     from spillway.sidecar import __version__
 
@@ -258,13 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--process-role", help=argparse.SUPPRESS)  # set by sidecar.processes
     s.set_defaults(func=cmd_serve)
 
-    st = sub.add_parser("status", help="live counters of a running sidecar")
-    st.add_argument("--sidecar", help="address (default $SPILLWAY_SIDECAR_ADDRESS or "
-                                      "127.0.0.1:50051)")
-    st.add_argument("--timeout", type=float, default=5.0)
-    st.add_argument("--json", action="store_true")
-    add_client_security_args(st)
-    st.set_defaults(func=cmd_status)
+    add_status_command(sub, add_client_security_args, operator_client)
 
     add_dlq_commands(sub)
     add_job_commands(sub, add_client_security_args, operator_client)

@@ -438,6 +438,10 @@ _PROPS: list[Prop] = [
     Prop("job.idle.timeout.ms", p_int(1000, 30 * 24 * 3600 * 1000), "3600000",
          "a job run with no call for this long ends on its own (driver gone without "
          "Job.close()); counted as jobs-expired", job=False),
+    Prop("status.ended.runs.max", p_int(0, 10_000), "100",
+         "ended job runs whose final summaries spillway status keeps (the oldest dropped "
+         "first; about 1.5 KB each, 0: none). The totals of every ended run are kept "
+         "whatever this is", job=False),
 ]
 
 PROPERTIES: dict[str, Prop] = {p.name: p for p in _PROPS}
