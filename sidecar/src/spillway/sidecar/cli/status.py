@@ -40,7 +40,8 @@ def _show(value: float) -> int | float:
 def render(status: pb.SidecarStatus, target: str) -> list[str]:
     """The text output, line by line."""
     out = [f"sidecar {status.sidecar_id} (spillway {status.version}) at {target}",
-           "counters (per-run counts: live runs only; the totals below add the ended runs):"]
+           "counters (the runs' KIP-298 counts: live runs only; the totals below add the "
+           "ended runs):"]
     width = max((len(k) for k in status.counters), default=10)
     for name in sorted(status.counters):
         out.append(f"  {name:<{width}}  {_show(status.counters[name]):>14}")
