@@ -24,6 +24,7 @@ import threading
 
 from spillway.sidecar.cli.dlq import add_dlq_commands
 from spillway.sidecar.cli.job import add_job_commands
+from spillway.sidecar.cli.operator import add_client_security_args, operator_client
 from spillway.sidecar.cli.status import add_status_command
 from spillway.sidecar.core import config
 from spillway.sidecar.errors import ConfigError, SpillwayError
@@ -49,48 +50,6 @@ _PROPERTY_FLAGS = (("--listen", "listen.address"), ("--unix-socket", "listen.uni
                    ("--peer-token-file", "auth.peer.token.file"),
                    ("--admin-token-file", "auth.admin.token.file"),
                    ("--advertised-address", "advertised.address"))
-
-
-def add_client_security_args(p: argparse.ArgumentParser) -> None:
-    """TLS and token flags of the operator commands (status, job, ...)."""
-    p.add_argument("--tls-ca", help="CA bundle to verify the sidecar (default "
-                                    "$SPILLWAY_TLS_CA_FILE; TLS when set)")
-    p.add_argument("--tls-cert", help="client certificate for mutual TLS "
-                                      "(default $SPILLWAY_TLS_CERT_FILE)")
-    p.add_argument("--tls-key", help="its private key (default $SPILLWAY_TLS_KEY_FILE)")
-    p.add_argument("--token-file", help="node token file, sent as spillway-node-token "
-                                        "(default $SPILLWAY_TOKEN_FILE)")
-    p.add_argument("--admin-token-file", help="operator token file, sent as "
-                                              "spillway-admin-token instead (default "
-                                              "$SPILLWAY_ADMIN_TOKEN_FILE)")
-
-
-def operator_client(args: argparse.Namespace):
-    """A SidecarClient for the operator commands, with their TLS and token flags."""
-    from spillway.client import (
-        ADMIN_TOKEN_FILE_ENV,
-        ADMIN_TOKEN_KEY,
-        NODE_TOKEN_KEY,
-        TOKEN_FILE_ENV,
-        ChannelSecurity,
-        SidecarClient,
-    )
-
-    admin = args.admin_token_file or os.environ.get(ADMIN_TOKEN_FILE_ENV, "")
-    if not admin and not (args.token_file or os.environ.get(TOKEN_FILE_ENV)):
-        # the default configuration's local credential, for a sidecar on this host only
-        from spillway.client.client import resolve_target
-        from spillway.sidecar.transport.localcred import for_client
-
-        try:
-            admin = for_client(resolve_target(args.sidecar))
-        except ValueError:
-            admin = ""   # a malformed address: SidecarClient names it below
-    security = ChannelSecurity.resolve(
-        ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
-        token_file=admin or args.token_file,
-        token_key=ADMIN_TOKEN_KEY if admin else NODE_TOKEN_KEY)
-    return SidecarClient(args.sidecar, timeout_s=args.timeout, security=security)
 
 
 def serve_properties(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
 
+from spillway.sidecar.cli.operator import cannot_see
 from spillway.v1 import sidecar_pb2 as pb
 
 
@@ -93,6 +95,14 @@ def all_pages(client, job: str = "") -> pb.SidecarStatus:
     return status
 
 
+def hidden_runs(status: pb.SidecarStatus, job: str) -> int:
+    """Live runs (of ``job``) the sidecar did not show this caller; from the counters when the
+    sidecar predates ``jobs_hidden`` (all jobs only)."""
+    if status.jobs_hidden or job:
+        return status.jobs_hidden
+    return max(0, int(status.counters.get("jobs", 0)) - status.jobs_total)
+
+
 def cmd_status(args: argparse.Namespace, make_client: Callable) -> int:
     client = make_client(args)
     status = all_pages(client)  # every run, a page at a time
@@ -100,6 +110,10 @@ def cmd_status(args: argparse.Namespace, make_client: Callable) -> int:
         print(json.dumps(to_dict(status), indent=2, sort_keys=True))
     else:
         print("\n".join(render(status, client.target)))
+    hidden = hidden_runs(status, "")
+    if hidden:   # the counters and totals are whole: a note, not a failure
+        print(f"spillway: {hidden} live run(s) not shown: " + cannot_see(args),
+              file=sys.stderr)
     return 0
 
 

@@ -107,20 +107,31 @@ def apply(cfg: SecurityConfig, path: str) -> SecurityConfig:
     return dataclasses.replace(cfg, admin_token=token, peer_token=token, local_token=token)
 
 
+def is_local(target: str) -> bool:
+    """Whether ``target`` is a sidecar on this host: loopback or a Unix socket."""
+    from spillway.sidecar.transport.listeners import is_loopback_host, split_host_port
+
+    if target.startswith("unix:"):
+        return True
+    try:
+        return is_loopback_host(split_host_port(target)[0])
+    except ValueError:
+        return False
+
+
+def client_path() -> str:
+    """Where an operator command looks for the local credential: ``$SPILLWAY_LOCAL_TOKEN_FILE``,
+    else `default_path`."""
+    return os.environ.get("SPILLWAY_LOCAL_TOKEN_FILE") or default_path()
+
+
 def for_client(target: str) -> str:
     """The credential file an operator command of this user sends to a sidecar on loopback
     or a Unix socket ('' when there is none, or the target is not local: never sent off the
     host)."""
-    from spillway.sidecar.transport.listeners import is_loopback_host, split_host_port
-
-    if not target.startswith("unix:"):
-        try:
-            host = split_host_port(target)[0]
-        except ValueError:
-            return ""
-        if not is_loopback_host(host):
-            return ""
-    path = os.environ.get("SPILLWAY_LOCAL_TOKEN_FILE") or default_path()
+    if not is_local(target):
+        return ""
+    path = client_path()
     try:
         _check_private(path)
     except ConfigError:
