@@ -195,3 +195,27 @@ def test_the_cli_of_another_caller_says_it_may_not_see_the_runs_and_what_would(
     # and a job that truly has no run still says so (exit 1, as documented)
     none = cli("job", "end", "nobody", env=owner_env)
     assert none.returncode == 1 and "has no live run" in none.stdout
+
+
+def test_the_cli_finds_a_moved_local_credential_by_the_sidecars_own_variable(tmp_path):
+    """`auth.local.token.file` set through the sidecar's environment
+    (SPILLWAY_AUTH_LOCAL_TOKEN_FILE): the operator's CLI run in that same environment
+    (`kubectl exec`, a unit's environment file) finds it without SPILLWAY_LOCAL_TOKEN_FILE."""
+    cred = tmp_path / "creds" / "sidecar.token"
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "elsewhere"),
+           "SPILLWAY_AUTH_LOCAL_TOKEN_FILE": str(cred), "GRPC_VERBOSITY": "NONE"}
+    env.pop("SPILLWAY_LOCAL_TOKEN_FILE", None)
+    env.pop("SPILLWAY_ADMIN_TOKEN_FILE", None)
+    proc, address = serve.spawn(["--listen", "127.0.0.1:0", "--set", "telemetry.enable=false"],
+                                env=env)
+    try:
+        assert cred.exists() and not (tmp_path / "elsewhere" / "spillway").exists()
+        SidecarClient(address).register_job("moved", {"errors.tolerance": "all"},
+                                            run_id="run-1")
+        listed = subprocess.run([sys.executable, "-m", "spillway.sidecar.cli", "job", "list",
+                                 "--sidecar", address], capture_output=True, text=True,
+                                env=env, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.startswith("1 live run(s)") and "moved\trun-1" in listed.stdout
+    finally:
+        serve.stop(proc)

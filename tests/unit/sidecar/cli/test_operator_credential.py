@@ -65,3 +65,19 @@ def test_for_another_host_only_the_admin_token_is_named():
 def test_a_node_token_is_said_to_list_no_other_run():
     text = cannot_see(_args(sidecar="10.1.2.3:50051", token_file="/n"))
     assert "node token" in text and "--admin-token-file" in text
+
+
+def test_the_cli_reads_the_sidecars_own_variable_for_the_local_credential(tmp_path,
+                                                                          monkeypatch):
+    from spillway.sidecar.core.config import unknown_environment
+    from spillway.sidecar.transport import localcred
+
+    default = str(tmp_path / "state" / "spillway" / "local.token")
+    assert localcred.client_path() == default
+    monkeypatch.setenv("SPILLWAY_AUTH_LOCAL_TOKEN_FILE", "/srv/sidecar/local.token")
+    assert localcred.client_path() == "/srv/sidecar/local.token"   # as the sidecar reads it
+    monkeypatch.setenv("SPILLWAY_LOCAL_TOKEN_FILE", "/home/op/local.token")
+    assert localcred.client_path() == "/home/op/local.token"       # the CLI's own wins
+    # both are known to `spillway serve`: no "unknown environment variable" warning
+    assert unknown_environment({"SPILLWAY_LOCAL_TOKEN_FILE": "x",
+                                "SPILLWAY_AUTH_LOCAL_TOKEN_FILE": "y"}) == []

@@ -101,7 +101,8 @@ def cannot_see(args: argparse.Namespace) -> str:
                 "credential instead (its auth.local.token.file, default "
                 "$XDG_STATE_HOME/spillway/local.token of the OS user it runs as), which this "
                 "command reads without flags when run as that user, or from "
-                "$SPILLWAY_LOCAL_TOKEN_FILE when that file is readable")
+                "$SPILLWAY_LOCAL_TOKEN_FILE (or $SPILLWAY_AUTH_LOCAL_TOKEN_FILE, the "
+                "sidecar's name for it) when that file is readable")
     return f"this caller sees and ends only runs whose job token it holds ({why}). {how}."
 
 

@@ -7,7 +7,9 @@ random token in a file only its OS user can read (``$XDG_STATE_HOME/spillway/loc
 server token. It is then that sidecar's admin and peer token:
 
 - the operator CLI (`spillway status`, `spillway job list|end`) of the same OS user reads it
-  without flags, when it talks to a sidecar on loopback or a Unix socket;
+  without flags, when it talks to a sidecar on loopback or a Unix socket (from
+  ``$SPILLWAY_LOCAL_TOKEN_FILE``, else ``$SPILLWAY_AUTH_LOCAL_TOKEN_FILE`` as the sidecar
+  reads it, else the default path);
 - sidecars of the same user on one host (a node sidecar and the job's home) present it to each
   other as peers;
 - every other local process - another user's on a shared node (YARN, standalone, Kubernetes
@@ -119,10 +121,19 @@ def is_local(target: str) -> bool:
         return False
 
 
+#: Where an operator command is told the file is, first that is set: its own variable, then
+#: the sidecar's (`auth.local.token.file` from the environment), so that a command run in the
+#: sidecar's environment (`kubectl exec`, a systemd unit's environment file) finds it.
+CLIENT_ENV = ("SPILLWAY_LOCAL_TOKEN_FILE", "SPILLWAY_AUTH_LOCAL_TOKEN_FILE")
+
+
 def client_path() -> str:
-    """Where an operator command looks for the local credential: ``$SPILLWAY_LOCAL_TOKEN_FILE``,
-    else `default_path`."""
-    return os.environ.get("SPILLWAY_LOCAL_TOKEN_FILE") or default_path()
+    """Where an operator command looks for the local credential: the first of `CLIENT_ENV`
+    that is set, else `default_path`."""
+    for name in CLIENT_ENV:
+        if os.environ.get(name):
+            return os.environ[name]
+    return default_path()
 
 
 def for_client(target: str) -> str:
