@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -155,6 +156,53 @@ def test_status_piped_into_a_closed_reader_ends_quietly(tmp_path):
         err = status.stderr.read().decode()
         assert status.wait(timeout=30) == 0, err
         assert "Traceback" not in err and "BrokenPipe" not in err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_job_list_json_carries_every_field_its_text_shows(tmp_path):
+    """`job list` and `job list --json` of the same runs: each text row's values are in the
+    JSON entry (zeros and false too: a run that never retried has totalRetries 0, a live run
+    failed false), and the options say what they do."""
+    from spillway.client import SidecarClient
+    from spillway.v1 import sidecar_pb2 as pb
+
+    env = {"XDG_STATE_HOME": str(tmp_path)}   # the sidecar's own user: its local credential
+    proc, address = _spawn(["--listen", "127.0.0.1:0", "--set", "telemetry.enable=false"],
+                           env=env)
+    try:
+        client = SidecarClient(address)
+        for job, n in (("quiet", 0), ("noisy", 3)):
+            run = client.register_job(job, {"errors.tolerance": "all"}, run_id="run-1")
+            if n:
+                client.report_failures(run, pb.TaskIdentity(task_attempt_id=1), [
+                    pb.FailedRecord(record_id=f"r{i}", stage=pb.STAGE_TRANSFORMATION,
+                                    exception=pb.ExceptionInfo(class_name="builtins.KeyError"))
+                    for i in range(n)])
+        text = _run("job", "list", "--sidecar", address, env=env)
+        as_json = _run("job", "list", "--sidecar", address, "--json", env=env)
+        assert text.returncode == 0 and as_json.returncode == 0, text.stderr + as_json.stderr
+        entries = {(e["job"], e["runId"]): e for e in json.loads(as_json.stdout)}
+        rows = text.stdout.splitlines()[1:]
+        assert len(rows) == len(entries) == 2
+        key = {"processed": "recordsProcessed", "failures": "totalRecordFailures",
+               "errors": "totalRecordErrors", "skipped": "totalRecordsSkipped",
+               "dlq-written": "dlqRecordsWritten"}
+        for row in rows:
+            job, run_id, state, *counts = row.split("\t")
+            entry = entries[(job, run_id)]
+            assert entry["failed"] is (state == "FAILED")
+            for name, value in (c.split("=") for c in counts):
+                assert int(entry[key[name]]) == int(value), (row, entry)
+        assert int(entries[("noisy", "run-1")]["totalRecordErrors"]) == 3
+        assert int(entries[("quiet", "run-1")]["totalRetries"]) == 0
+        for command in (["status"], ["job", "list"]):
+            helped = _run(*command, "--help")
+            assert "--json" in helped.stdout
+            for option in ("--json", "--timeout"):
+                block = helped.stdout.split(option, 1)[1].split("\n  -", 1)[0]
+                assert len(block.split()) > 2, (command, option, block)   # says something
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)

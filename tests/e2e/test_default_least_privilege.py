@@ -132,3 +132,90 @@ def test_a_second_local_process_cannot_read_end_take_over_or_redirect_a_run(defa
     listed = subprocess.run([*cli, "list", "--sidecar", address], capture_output=True,
                             text=True, env=attacker_env, timeout=60)
     assert "victim" not in listed.stdout
+
+
+def test_the_cli_of_another_caller_says_it_may_not_see_the_runs_and_what_would(
+        default_sidecar, tmp_path):
+    """`spillway job list|end` and `status` without the local credential (another OS user,
+    `sudo`, `kubectl exec` as someone else) do not answer "0 live run(s)" / "has no live run"
+    while runs are live: they say the caller may not see them, name the credential that would,
+    and the job commands exit 2. Nothing is ended."""
+    address, state, owner_env = default_sidecar
+    owner = SidecarClient(address)
+    run = owner.register_job("victim", {"errors.tolerance": "all"}, run_id="run-1")
+    owner.register_job("other", {"errors.tolerance": "all"}, run_id="run-2")
+    stranger = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "stranger-state"),
+                "GRPC_VERBOSITY": "NONE"}
+    for name in ("SPILLWAY_ADMIN_TOKEN_FILE", "SPILLWAY_TOKEN_FILE",
+                 "SPILLWAY_LOCAL_TOKEN_FILE", "SPILLWAY_AUTH_LOCAL_TOKEN_FILE"):
+        stranger.pop(name, None)
+    looked_at = str(tmp_path / "stranger-state" / "spillway" / "local.token")
+
+    def cli(*args, env=stranger):
+        return subprocess.run([sys.executable, "-m", "spillway.sidecar.cli", *args,
+                               "--sidecar", address], capture_output=True, text=True,
+                              env=env, timeout=60)
+
+    def names_the_credentials(err: str) -> None:
+        assert "sees and ends only runs whose job token it holds" in err, err
+        assert "--admin-token-file" in err and "$SPILLWAY_ADMIN_TOKEN_FILE" in err
+        assert "local.token" in err and "$SPILLWAY_LOCAL_TOKEN_FILE" in err
+        assert looked_at in err                      # where it looked for the local one
+        assert "Traceback" not in err
+
+    listed = cli("job", "list")
+    assert listed.returncode == 2
+    assert listed.stdout.startswith("0 live run(s)")
+    assert "2 live run(s) on" in listed.stderr and "not shown" in listed.stderr
+    names_the_credentials(listed.stderr)
+    as_json = cli("job", "list", "--json")
+    assert as_json.returncode == 2 and json.loads(as_json.stdout) == []
+    names_the_credentials(as_json.stderr)
+
+    ended = cli("job", "end", "victim")
+    assert ended.returncode == 2
+    assert "has no live run" not in ended.stdout + ended.stderr
+    assert "1 live run(s) of job 'victim'" in ended.stderr and "not ended" in ended.stderr
+    names_the_credentials(ended.stderr)
+    by_id = cli("job", "end", "victim", "--run", "run-1")
+    assert by_id.returncode == 2
+    assert "PERMISSION_DENIED" in by_id.stderr or "refused" in by_id.stderr
+    names_the_credentials(by_id.stderr)
+
+    status = cli("status")
+    assert status.returncode == 0 and "counters" in status.stdout
+    assert "2 live run(s) not shown" in status.stderr
+    names_the_credentials(status.stderr)
+
+    # nothing was ended; the owner's CLI (same OS user, its local credential) sees both runs
+    assert not owner.job_summary(run).failed
+    mine = cli("job", "list", env=owner_env)
+    assert mine.returncode == 0, mine.stderr
+    assert mine.stdout.startswith("2 live run(s)") and mine.stderr == ""
+    # and a job that truly has no run still says so (exit 1, as documented)
+    none = cli("job", "end", "nobody", env=owner_env)
+    assert none.returncode == 1 and "has no live run" in none.stdout
+
+
+def test_the_cli_finds_a_moved_local_credential_by_the_sidecars_own_variable(tmp_path):
+    """`auth.local.token.file` set through the sidecar's environment
+    (SPILLWAY_AUTH_LOCAL_TOKEN_FILE): the operator's CLI run in that same environment
+    (`kubectl exec`, a unit's environment file) finds it without SPILLWAY_LOCAL_TOKEN_FILE."""
+    cred = tmp_path / "creds" / "sidecar.token"
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "elsewhere"),
+           "SPILLWAY_AUTH_LOCAL_TOKEN_FILE": str(cred), "GRPC_VERBOSITY": "NONE"}
+    env.pop("SPILLWAY_LOCAL_TOKEN_FILE", None)
+    env.pop("SPILLWAY_ADMIN_TOKEN_FILE", None)
+    proc, address = serve.spawn(["--listen", "127.0.0.1:0", "--set", "telemetry.enable=false"],
+                                env=env)
+    try:
+        assert cred.exists() and not (tmp_path / "elsewhere" / "spillway").exists()
+        SidecarClient(address).register_job("moved", {"errors.tolerance": "all"},
+                                            run_id="run-1")
+        listed = subprocess.run([sys.executable, "-m", "spillway.sidecar.cli", "job", "list",
+                                 "--sidecar", address], capture_output=True, text=True,
+                                env=env, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.startswith("1 live run(s)") and "moved\trun-1" in listed.stdout
+    finally:
+        serve.stop(proc)

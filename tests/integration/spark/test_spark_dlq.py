@@ -118,9 +118,16 @@ def test_reprocess_sends_fixed_records_on_and_dead_letters_the_rest_again(spark,
     first = read().collect()
     assert len(first) == 6
 
+    before = job.summary()
     out = job.reprocess(read(), parse_fixed, schema="id int, amount double").collect()
     # the KeyError records now succeed; the undecodable ones are dead-lettered again
     assert sorted((r.id, r.amount) for r in out) == [(7, 0.0), (17, 0.0), (27, 0.0)]
+    # counted in the run that reprocessed them (docs/DLQ.md): its records processed grow by
+    # the 6 rows reprocessed, its errors and dead letters by the 3 that failed again
+    after = job.summary()
+    assert after.records_processed == before.records_processed + 6
+    assert after.total_record_errors == before.total_record_errors + 3
+    assert after.dlq_records_written == before.dlq_records_written + 3
     rows = read().collect()
     again = [r for r in rows if r.redrive_count == 1]
     assert len(rows) == 9 and len(again) == 3

@@ -48,6 +48,7 @@ from .errors import (
     SidecarUnavailableError,
     SpillwayClientError,
     ToleranceExceededError,
+    TopicGuardrailError,
     error_for_verdict,
 )
 from .markers import (
@@ -99,6 +100,7 @@ __all__ = [
     "SpillwayMarker",
     "TOKEN_FILE_ENV",
     "ToleranceExceededError",
+    "TopicGuardrailError",
     "check_job_name",
     "error_for_verdict",
     "report",

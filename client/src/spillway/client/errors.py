@@ -14,6 +14,8 @@ code on ``.code``.
     │                                   it, never retry it (FAILED_PRECONDITION)
     ├── JobNotRegisteredError           the job is unknown to this sidecar (NOT_FOUND)
     ├── InvalidPolicyError              RegisterJob refused a property (INVALID_ARGUMENT)
+    │   └── TopicGuardrailError         ... the operator's DLQ topic rules (KIP-1191): a
+    │                                   topic name, prefix or auto-create refused; ``.property``
     ├── JobConflictError                a live job re-registered with other properties
     │                                   (FAILED_PRECONDITION)
     ├── SidecarKafkaError               the sidecar answered, but its Kafka did not
@@ -41,6 +43,13 @@ if TYPE_CHECKING:
     from spillway.v1 import sidecar_pb2 as pb
 
 ADDRESS_ENV = "SPILLWAY_SIDECAR_ADDRESS"
+
+#: Trailing metadata of a refusal that says which kind it is, where the status code alone does
+#: not (the sidecar's transport sets them; `map_rpc_error` reads them).
+ERROR_REASON_KEY = "spillway-error-reason"
+ERROR_PROPERTY_KEY = "spillway-error-property"
+#: ERROR_REASON_KEY's value for a DLQ topic refused by the operator's guardrails.
+TOPIC_GUARDRAIL_REASON = "topic-guardrail"
 
 
 class SpillwayClientError(Exception):
@@ -110,6 +119,18 @@ class JobNotRegisteredError(SpillwayClientError, LookupError):
 
 class InvalidPolicyError(SpillwayClientError, ValueError):
     pass
+
+
+class TopicGuardrailError(InvalidPolicyError):
+    """RegisterJob refused the job's DLQ topic under the operator's guardrails (KIP-1191,
+    docs/DLQ.md): a name outside the required prefix, an internal or invalid name, a job prefix
+    that would loosen the operator's, auto-create where the operator does not allow it.
+    ``property``: the property the refusal names, e.g. ``errors.deadletterqueue.topic.name``."""
+
+    def __init__(self, message: str, *, property: str = "",  # noqa: A002 - the sidecar's word
+                 code: grpc.StatusCode | None = None) -> None:
+        self.property = property
+        super().__init__(message, code=code)
 
 
 class JobConflictError(SpillwayClientError):
@@ -256,6 +277,11 @@ def map_rpc_error(exc: grpc.RpcError, *, method: str, target: str, job: str = ""
             f"{details}", code=code)
     if code is grpc.StatusCode.FAILED_PRECONDITION and _TOO_LARGE.search(details or ""):
         return ReportTooLargeError(f"{method} on {target}: {details}", code=code)
+    reason = _trailing(exc)
+    if reason.get(ERROR_REASON_KEY) == TOPIC_GUARDRAIL_REASON:
+        name = code.name if code is not None else "UNKNOWN"
+        return TopicGuardrailError(f"{method} on {target} failed with {name}: {details}",
+                                   property=reason.get(ERROR_PROPERTY_KEY, ""), code=code)
     cls = _BY_CODE.get(code) if code is not None else None
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED and method == "RegisterJob":
         cls = JobLimitError  # the live-run bound, not backpressure: waiting does not help
@@ -266,6 +292,17 @@ def map_rpc_error(exc: grpc.RpcError, *, method: str, target: str, job: str = ""
     if cls is None:
         return SidecarProtocolError(message, code=code)
     return cls(message, code=code)
+
+
+def _trailing(exc: grpc.RpcError) -> dict[str, str]:
+    """The call's trailing metadata (spillway's keys only), {} when there is none."""
+    read = getattr(exc, "trailing_metadata", None)
+    try:
+        items = read() if callable(read) else None
+    except Exception:  # noqa: BLE001 - an error without metadata is still an error
+        items = None
+    return {k: v for k, v in (items or ()) if k in (ERROR_REASON_KEY, ERROR_PROPERTY_KEY)
+            and isinstance(v, str)}
 
 
 #: KIP-298's names where they differ from spillway.v1's (the sidecar uses them in its reasons).

@@ -13,9 +13,10 @@ import ipaddress
 import os
 import stat
 
-#: the sidecar's own name for the file (auth.local.token.file as an environment variable),
-#: then the name the CLI has always read
-PATH_ENVS = ("SPILLWAY_AUTH_LOCAL_TOKEN_FILE", "SPILLWAY_LOCAL_TOKEN_FILE")
+#: where a client is told the file is, first that is set: the CLI's own variable, then the
+#: sidecar's (`auth.local.token.file` from the environment), so that a command run in the
+#: sidecar's environment (`kubectl exec`, a systemd unit's environment file) finds it
+PATH_ENVS = ("SPILLWAY_LOCAL_TOKEN_FILE", "SPILLWAY_AUTH_LOCAL_TOKEN_FILE")
 FILE_NAME = "local.token"
 
 

@@ -513,7 +513,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class SidecarStatus(_message.Message):
-    __slots__ = ["sidecar_id", "version", "counters", "jobs", "instance_id", "next_page_token", "jobs_total", "advertised_address"]
+    __slots__ = ["sidecar_id", "version", "counters", "jobs", "instance_id", "next_page_token", "jobs_total", "advertised_address", "totals", "ended_runs", "jobs_hidden"]
     class CountersEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -529,6 +529,9 @@ class SidecarStatus(_message.Message):
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     JOBS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ADVERTISED_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TOTALS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_RUNS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     sidecar_id: str
     version: str
     counters: _containers.ScalarMap[str, float]
@@ -537,7 +540,55 @@ class SidecarStatus(_message.Message):
     next_page_token: str
     jobs_total: int
     advertised_address: str
-    def __init__(self, sidecar_id: _Optional[str] = ..., version: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ..., instance_id: _Optional[str] = ..., next_page_token: _Optional[str] = ..., jobs_total: _Optional[int] = ..., advertised_address: _Optional[str] = ...) -> None: ...
+    totals: SidecarTotals
+    ended_runs: _containers.RepeatedCompositeFieldContainer[EndedRun]
+    jobs_hidden: int
+    def __init__(self, sidecar_id: _Optional[str] = ..., version: _Optional[str] = ..., counters: _Optional[_Mapping[str, float]] = ..., jobs: _Optional[_Iterable[_Union[JobSummary, _Mapping]]] = ..., instance_id: _Optional[str] = ..., next_page_token: _Optional[str] = ..., jobs_total: _Optional[int] = ..., advertised_address: _Optional[str] = ..., totals: _Optional[_Union[SidecarTotals, _Mapping]] = ..., ended_runs: _Optional[_Iterable[_Union[EndedRun, _Mapping]]] = ..., jobs_hidden: _Optional[int] = ...) -> None: ...
+
+class SidecarTotals(_message.Message):
+    __slots__ = ["records_processed", "total_record_failures", "total_record_errors", "total_records_skipped", "total_retries", "total_errors_logged", "dropped_records", "dlq_records_written", "runs_ended", "since_ms"]
+    class RunsEndedEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    RECORDS_PROCESSED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_RECORD_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_RECORD_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_RECORDS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ERRORS_LOGGED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    DLQ_RECORDS_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    RUNS_ENDED_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    records_processed: int
+    total_record_failures: int
+    total_record_errors: int
+    total_records_skipped: int
+    total_retries: int
+    total_errors_logged: int
+    dropped_records: int
+    dlq_records_written: int
+    runs_ended: _containers.ScalarMap[str, int]
+    since_ms: int
+    def __init__(self, records_processed: _Optional[int] = ..., total_record_failures: _Optional[int] = ..., total_record_errors: _Optional[int] = ..., total_records_skipped: _Optional[int] = ..., total_retries: _Optional[int] = ..., total_errors_logged: _Optional[int] = ..., dropped_records: _Optional[int] = ..., dlq_records_written: _Optional[int] = ..., runs_ended: _Optional[_Mapping[str, int]] = ..., since_ms: _Optional[int] = ...) -> None: ...
+
+class EndedRun(_message.Message):
+    __slots__ = ["summary", "outcome", "started_ms", "ended_ms", "home"]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    STARTED_MS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_MS_FIELD_NUMBER: _ClassVar[int]
+    HOME_FIELD_NUMBER: _ClassVar[int]
+    summary: JobSummary
+    outcome: str
+    started_ms: int
+    ended_ms: int
+    home: str
+    def __init__(self, summary: _Optional[_Union[JobSummary, _Mapping]] = ..., outcome: _Optional[str] = ..., started_ms: _Optional[int] = ..., ended_ms: _Optional[int] = ..., home: _Optional[str] = ...) -> None: ...
 
 class EndJobRequest(_message.Message):
     __slots__ = ["job", "run_id", "local_only"]

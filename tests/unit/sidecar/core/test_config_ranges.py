@@ -62,6 +62,7 @@ RANGES: dict[str, tuple[float, float, tuple[float, ...], bool, bool]] = {
     "shutdown.grace.ms": (0, 3_600_000, (), True, False),
     "jobs.max.live": (1, MILLION, (), True, False),
     "job.idle.timeout.ms": (1000, 30 * DAY_MS, (), True, False),
+    "status.ended.runs.max": (0, 10_000, (), True, False),
 }
 
 

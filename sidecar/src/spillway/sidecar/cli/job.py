@@ -5,9 +5,11 @@
     spillway job forget NAME --run RUN_ID [--spool-dir DIR]
 
 `list` and `end` page through GetStatus (every run, whatever their number) and need an operator's
-credentials when the sidecar has authentication configured (``--admin-token-file`` or
-``$SPILLWAY_ADMIN_TOKEN_FILE``): an operator sees and may end every run; any other caller sees
-only the runs whose job token it holds.
+credential (``--admin-token-file`` or ``$SPILLWAY_ADMIN_TOKEN_FILE``; the local credential of
+the sidecar's OS user for a sidecar on this host with none configured, cli/operator.py): an
+operator sees and may end every run; any other caller sees only the runs whose job token it
+holds, so where the sidecar has live runs this caller may not see, both say so, name the
+credential that would, and exit 2.
 `forget` works on the sidecar's spool directory itself (the state file is its owner's only).
 """
 
@@ -15,22 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 
+import grpc
+
+from spillway.sidecar.cli.operator import cannot_see
+from spillway.sidecar.cli.status import all_pages, hidden_runs, to_dict
 from spillway.v1 import sidecar_pb2 as pb
-
-
-def all_pages(client, job: str = "") -> pb.SidecarStatus:
-    """GetStatus's first page with the runs of every later page appended (counters and the
-    sidecar's identity come from the first)."""
-    status = client.status(job)
-    token = status.next_page_token
-    while token:
-        page = client.status(job, page_token=token)
-        status.jobs.extend(page.jobs)
-        token = page.next_page_token
-    status.next_page_token = ""
-    return status
 
 
 def _row(s: pb.JobSummary) -> str:
@@ -42,34 +36,55 @@ def _row(s: pb.JobSummary) -> str:
 
 def cmd_job_list(args: argparse.Namespace, make_client: Callable) -> int:
     client = make_client(args)
-    runs = list(client.runs(args.job or ""))
+    status = all_pages(client, args.job or "")
+    runs = list(status.jobs)
     if args.json:
-        from google.protobuf.json_format import MessageToDict
-
-        print(json.dumps([MessageToDict(s) for s in runs], indent=2, sort_keys=True))
-        return 0
-    print(f"{len(runs)} live run(s) on {client.target}")
-    for s in runs:
-        print(_row(s))
+        print(json.dumps([to_dict(s) for s in runs], indent=2, sort_keys=True))
+    else:
+        print(f"{len(runs)} live run(s) on {client.target}")
+        for s in runs:
+            print(_row(s))
+    hidden = hidden_runs(status, args.job or "")
+    if hidden:
+        print(f"spillway: {hidden} live run(s) on {client.target} not shown: "
+              + cannot_see(args), file=sys.stderr)
+        return 2
     return 0
 
 
 def cmd_job_end(args: argparse.Namespace, make_client: Callable) -> int:
+    from spillway.client import SidecarAuthError
     from spillway.client.runs import JobRun
 
     client = make_client(args)
-    run_ids = [args.run] if args.run else [s.run_id for s in client.runs(args.name)
-                                           if s.job == args.name]
-    if not run_ids:
+    hidden = 0
+    if args.run:
+        run_ids = [args.run]
+    else:
+        status = all_pages(client, args.name)
+        run_ids = [s.run_id for s in status.jobs if s.job == args.name]
+        hidden = hidden_runs(status, args.name)
+    if not run_ids and not hidden:
         print(f"spillway: job {args.name!r} has no live run on {client.target}")
         return 1
     for run_id in run_ids:
-        answer = client.end_job(JobRun(args.name, run_id), timeout_s=args.end_timeout)
+        try:
+            answer = client.end_job(JobRun(args.name, run_id), timeout_s=args.end_timeout)
+        except SidecarAuthError as exc:
+            if exc.code is not grpc.StatusCode.PERMISSION_DENIED:
+                raise
+            print(f"spillway: {exc}\nspillway: job {args.name!r} run {run_id!r} not ended: "
+                  + cannot_see(args), file=sys.stderr)
+            return 2
         print(f"ended job {args.name} run {run_id}")
         for s in answer.summaries:
             print("  " + _row(s) + f"\tsidecar={s.sidecar_id}")
         for node in answer.unreachable:
             print(f"  node sidecar {node} unreachable: it ends the run on its idle timeout")
+    if hidden:
+        print(f"spillway: {hidden} live run(s) of job {args.name!r} on {client.target} not "
+              "shown and not ended: " + cannot_see(args), file=sys.stderr)
+        return 2
     return 0
 
 
@@ -102,7 +117,9 @@ def add_job_commands(sub, add_security_args: Callable, make_client: Callable) ->
 
     ls = jsub.add_parser("list", help="the live runs, every page")
     ls.add_argument("--job", help="only this job's runs")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true",
+                    help="print the runs as JSON: a list of JobSummary, every field "
+                         "included (zeros and false too)")
     common(ls)
     ls.set_defaults(func=lambda a: cmd_job_list(a, make_client))
 

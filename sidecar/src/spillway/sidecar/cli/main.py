@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import logging
 import os
 import signal
@@ -24,7 +23,9 @@ import sys
 import threading
 
 from spillway.sidecar.cli.dlq import add_dlq_commands
-from spillway.sidecar.cli.job import add_job_commands, all_pages
+from spillway.sidecar.cli.job import add_job_commands
+from spillway.sidecar.cli.operator import add_client_security_args, operator_client
+from spillway.sidecar.cli.status import add_status_command
 from spillway.sidecar.core import config
 from spillway.sidecar.errors import ConfigError, SpillwayError
 from spillway.sidecar.runtime import kafka_auth
@@ -49,48 +50,6 @@ _PROPERTY_FLAGS = (("--listen", "listen.address"), ("--unix-socket", "listen.uni
                    ("--peer-token-file", "auth.peer.token.file"),
                    ("--admin-token-file", "auth.admin.token.file"),
                    ("--advertised-address", "advertised.address"))
-
-
-def add_client_security_args(p: argparse.ArgumentParser) -> None:
-    """TLS and token flags of the operator commands (status, job, ...)."""
-    p.add_argument("--tls-ca", help="CA bundle to verify the sidecar (default "
-                                    "$SPILLWAY_TLS_CA_FILE; TLS when set)")
-    p.add_argument("--tls-cert", help="client certificate for mutual TLS "
-                                      "(default $SPILLWAY_TLS_CERT_FILE)")
-    p.add_argument("--tls-key", help="its private key (default $SPILLWAY_TLS_KEY_FILE)")
-    p.add_argument("--token-file", help="node token file, sent as spillway-node-token "
-                                        "(default $SPILLWAY_TOKEN_FILE)")
-    p.add_argument("--admin-token-file", help="operator token file, sent as "
-                                              "spillway-admin-token instead (default "
-                                              "$SPILLWAY_ADMIN_TOKEN_FILE)")
-
-
-def operator_client(args: argparse.Namespace):
-    """A SidecarClient for the operator commands, with their TLS and token flags."""
-    from spillway.client import (
-        ADMIN_TOKEN_FILE_ENV,
-        ADMIN_TOKEN_KEY,
-        NODE_TOKEN_KEY,
-        TOKEN_FILE_ENV,
-        ChannelSecurity,
-        SidecarClient,
-    )
-
-    admin = args.admin_token_file or os.environ.get(ADMIN_TOKEN_FILE_ENV, "")
-    if not admin and not (args.token_file or os.environ.get(TOKEN_FILE_ENV)):
-        # the default configuration's local credential, for a sidecar on this host only
-        from spillway.client.client import resolve_target
-        from spillway.sidecar.transport.localcred import for_client
-
-        try:
-            admin = for_client(resolve_target(args.sidecar))
-        except ValueError:
-            admin = ""   # a malformed address: SidecarClient names it below
-    security = ChannelSecurity.resolve(
-        ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
-        token_file=admin or args.token_file,
-        token_key=ADMIN_TOKEN_KEY if admin else NODE_TOKEN_KEY)
-    return SidecarClient(args.sidecar, timeout_s=args.timeout, security=security)
 
 
 def serve_properties(args: argparse.Namespace, env: dict[str, str]) -> dict[str, str]:
@@ -201,34 +160,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    client = operator_client(args)
-    status = all_pages(client)  # every run, a page at a time
-    if args.json:
-        from google.protobuf.json_format import MessageToDict
-
-        print(json.dumps(MessageToDict(status), indent=2, sort_keys=True))
-        return 0
-    print(f"sidecar {status.sidecar_id} (spillway {status.version}) at {client.target}")
-    width = max((len(k) for k in status.counters), default=10)
-    for name in sorted(status.counters):
-        value = status.counters[name]
-        shown = int(value) if float(value).is_integer() else round(value, 3)
-        print(f"  {name:<{width}}  {shown:>14}")
-    failed = [j for j in status.jobs if j.failed]
-    if status.jobs:
-        print(f"jobs: {len(status.jobs)} shown, {len(failed)} failed"
-              + (f" ({', '.join(j.job for j in failed[:10])}"
-                 f"{', ...' if len(failed) > 10 else ''})" if failed else ""))
-    for job in failed + [j for j in status.jobs if not j.failed]:  # failed ones first
-        state = f"FAILED: {job.failure_reason}" if job.failed else "running"
-        print(f"job {job.job}: {state} (run {job.run_id})")
-        print(f"  processed={job.records_processed} failures={job.total_record_failures} "
-              f"errors={job.total_record_errors} skipped={job.total_records_skipped} "
-              f"retries={job.total_retries} dlq-written={job.dlq_records_written}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     from spillway.sidecar import __version__
 
@@ -258,13 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--process-role", help=argparse.SUPPRESS)  # set by sidecar.processes
     s.set_defaults(func=cmd_serve)
 
-    st = sub.add_parser("status", help="live counters of a running sidecar")
-    st.add_argument("--sidecar", help="address (default $SPILLWAY_SIDECAR_ADDRESS or "
-                                      "127.0.0.1:50051)")
-    st.add_argument("--timeout", type=float, default=5.0)
-    st.add_argument("--json", action="store_true")
-    add_client_security_args(st)
-    st.set_defaults(func=cmd_status)
+    add_status_command(sub, add_client_security_args, operator_client)
 
     add_dlq_commands(sub)
     add_job_commands(sub, add_client_security_args, operator_client)

@@ -438,6 +438,10 @@ _PROPS: list[Prop] = [
     Prop("job.idle.timeout.ms", p_int(1000, 30 * 24 * 3600 * 1000), "3600000",
          "a job run with no call for this long ends on its own (driver gone without "
          "Job.close()); counted as jobs-expired", job=False),
+    Prop("status.ended.runs.max", p_int(0, 10_000), "100",
+         "ended job runs whose final summaries spillway status keeps (the oldest dropped "
+         "first; about 1.5 KB each, 0: none). The totals of every ended run are kept "
+         "whatever this is", job=False),
 ]
 
 PROPERTIES: dict[str, Prop] = {p.name: p for p in _PROPS}
@@ -488,7 +492,8 @@ def canonical(layer: Mapping[str, str]) -> dict[str, str]:
 OTHER_ENV = frozenset({
     "SPILLWAY_CONFIG", "SPILLWAY_LOG_LEVEL", "SPILLWAY_SIDECAR_ADDRESS", "SPILLWAY_TOKEN_FILE",
     "SPILLWAY_ADMIN_TOKEN_FILE", "SPILLWAY_PEER_TOKEN_FILE", "SPILLWAY_TLS_CA_FILE",
-    "SPILLWAY_TLS_CERT_FILE", "SPILLWAY_TLS_KEY_FILE", "SPILLWAY_TLS_SERVER_NAME"})
+    "SPILLWAY_TLS_CERT_FILE", "SPILLWAY_TLS_KEY_FILE", "SPILLWAY_TLS_SERVER_NAME",
+    "SPILLWAY_LOCAL_TOKEN_FILE"})
 
 
 def unknown_environment(env: Mapping[str, str]) -> list[str]:

@@ -111,6 +111,7 @@ class JobState:
         self.by_class: dict[str, int] = {}
         self.failure_reason = ""
         self.dlq_acked = 0
+        self.ended = False      # its final summary was taken (`PolicyEngine.end_job`)
         self.refused = 0        # records of reports refused for backpressure (never decided)
         self.recovered = 0
         self.handler_failures = 0

@@ -130,6 +130,7 @@ class PolicyEngine:
         if j is None:
             return None
         with j.lock:
+            j.ended = True   # an acknowledgement after this goes to the ended run's totals
             return self._summary(j)
 
     @staticmethod
@@ -379,13 +380,18 @@ class PolicyEngine:
             gen, entries = j.snapshot()
             return gen, pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def note_dead_letter_acked(self, key: str, n: int) -> None:
+    def note_dead_letter_acked(self, key: str, n: int) -> bool:
+        """Count ``n`` DLQ records of a live run acknowledged by Kafka; False when the run is
+        not live here (it ended, or the sidecar restarted, while its records drained)."""
         with self._lock:
             j = self._jobs.get(key)
-        if j is None:  # the run ended (or the sidecar restarted) while its records drained
-            return
+        if j is None:
+            return False
         with j.lock:
+            if j.ended:   # its final summary was taken meanwhile
+                return False
             j.dlq_acked += int(n)
+            return True
 
     # --- reporting --------------------------------------------------------------------------
 

@@ -109,6 +109,26 @@ METRICS: dict[str, tuple[str, str, str, str]] = {
                    "job runs ended by EndJob (Job.close(), spillway job end)"),
     "jobs-expired": ("spillway.jobs.expired", "counter", "{job}",
                      "job runs ended by job.idle.timeout.ms (no call for that long)"),
+    # totals that outlive the runs (service/ended.py): the live runs' counts plus the ended
+    # runs', so a run shorter than a scrape interval still counts
+    "runs-ended": ("spillway.runs.ended", "counter", "{run}",
+                   "job runs homed here that ended, by outcome: completed (EndJob), failed "
+                   "(past errors.tolerance), expired (job.idle.timeout.ms)"),
+    "sidecar-record-failures": ("spillway.sidecar.record.failures", "counter", "{failure}",
+                                "total-record-failures of every run, live and ended"),
+    "sidecar-record-errors": ("spillway.sidecar.record.errors", "counter", "{error}",
+                              "total-record-errors of every run, live and ended"),
+    "sidecar-records-skipped": ("spillway.sidecar.records.skipped", "counter", "{record}",
+                                "total-records-skipped of every run, live and ended"),
+    "sidecar-retries": ("spillway.sidecar.retries", "counter", "{retry}",
+                        "total-retries of every run, live and ended"),
+    "sidecar-errors-logged": ("spillway.sidecar.errors.logged", "counter", "{error}",
+                              "total-errors-logged of every run, live and ended"),
+    "sidecar-records-dropped": ("spillway.sidecar.records.dropped", "counter", "{record}",
+                                "dropped-records of every run, live and ended"),
+    "sidecar-dlq-records": ("spillway.sidecar.dlq.records", "counter", "{record}",
+                            "dlq-records-written of every run, live and ended (records "
+                            "acknowledged by Kafka after their run ended too)"),
 }
 # Labelled by job (and stage); every other metric is one sidecar-wide series.
 PER_JOB = frozenset({"total-record-failures", "total-record-errors", "total-records-skipped",

@@ -40,6 +40,7 @@ from spillway.sidecar.observability.health import KAFKA_HEALTH_SERVICE, KafkaWat
 from spillway.sidecar.runtime import kafka_auth, memtune
 from spillway.sidecar.service import runstate
 from spillway.sidecar.service.admission import Admission
+from spillway.sidecar.service.ended import EndedRuns, totals_rows
 from spillway.sidecar.service.ending import Ending
 from spillway.sidecar.service.identity import Identity
 from spillway.sidecar.service.registration import Registrar, TopicRules
@@ -138,7 +139,7 @@ def _local_only(props: Mapping[str, object]) -> bool:
 class Parts:
     """What a sidecar's properties make before anything listens: the policy engine, the DLQ
     pipeline (with bootstrap.servers; not started), the runs' durable state, the security
-    settings and the live-run registry."""
+    settings, the live-run registry and the ended runs."""
 
     props: dict
     engine: PolicyEngine
@@ -147,6 +148,7 @@ class Parts:
     security: security.SecurityConfig
     registry: Registry
     sidecar_id: str
+    ended: EndedRuns
 
 
 def configure(raw: Mapping[str, str]) -> Parts:
@@ -172,6 +174,13 @@ def configure(raw: Mapping[str, str]) -> Parts:
         props["errors.handler.pool.size"], also=[job_defaults.get("errors.handler.class", "")])
     engine = PolicyEngine(clock=SystemClock(), rng=_Random(), job_defaults=job_defaults,
                           handler_rules=rules)
+    ended = EndedRuns(max_runs=props["status.ended.runs.max"])
+
+    def on_ack(key: str, n: int) -> None:
+        # a run's records may be acknowledged after it ended (an expired run does not wait)
+        if not engine.note_dead_letter_acked(key, n):
+            ended.note_acked(key, n)
+
     pipeline = None
     if props["bootstrap.servers"]:
         from spillway.sidecar.dlq import DlqPipeline, default_spool_dir
@@ -186,7 +195,7 @@ def configure(raw: Mapping[str, str]) -> Parts:
             batch_size=props["producer.batch.size"],
             max_inflight_bytes=props["producer.max.inflight.bytes"],
             producer_overrides=kafka_overrides,
-            on_ack=engine.note_dead_letter_acked,
+            on_ack=on_ack,
             spool_group=props["spool.group"],
         )
     store = None
@@ -201,7 +210,7 @@ def configure(raw: Mapping[str, str]) -> Parts:
         props=props, engine=engine, pipeline=pipeline, runstate=store, security=sec,
         registry=Registry(max_live=props["jobs.max.live"],
                           idle_timeout_s=props["job.idle.timeout.ms"] / 1000),
-        sidecar_id=props["sidecar.id"] or socket.gethostname(),
+        sidecar_id=props["sidecar.id"] or socket.gethostname(), ended=ended,
     )
 
 
@@ -242,10 +251,12 @@ def build_sidecar(parts: Parts, *, identity: Identity,
                             node_tally=NodeTally(engine=engine, confirmations=confirmations),
                             sidecar_id=identity.sidecar_id),
         home_tally=HomeTally(engine=engine, registry=registry, runstate=store, telemetry=tel),
-        ending=Ending(identity=identity, registry=registry, engine=engine, runstate=store,
+        ending=Ending(identity=identity, registry=registry, engine=engine,
+                      ended=parts.ended, runstate=store,
                       pipeline=pipeline, confirmations=confirmations, trimmer=trimmer),
-        status=Status(identity=identity, engine=engine, registry=registry, pipeline=pipeline,
-                      confirmations=confirmations, kafka=kafka, admission=admission),
+        status=Status(identity=identity, engine=engine, registry=registry,
+                      ended=parts.ended, pipeline=pipeline, confirmations=confirmations,
+                      kafka=kafka, admission=admission),
         flush_timeout_s=props["flush.timeout.ms"] / 1000,
     )
 
@@ -320,8 +331,7 @@ def start_server(
     if tel is not None:
         task_label = props["metrics.task.label.enable"]
         tel.add_source(lambda: sidecar.engine.metric_rows(task_label=task_label))
-        tel.add_source(lambda: [(k, {}, float(v)) for k, v in sidecar.sidewide_counters().items()
-                                if k in telemetry.SIDECAR_WIDE])
+        tel.add_source(lambda: _sidecar_wide_rows(sidecar.status))
         if pipeline is not None:  # the spool's high-water marks, beside its fill
             limits = [("spool-max-records", {}, float(props["spool.max.records"])),
                       ("spool-max-bytes", {}, float(props["spool.max.bytes"]))]
@@ -372,6 +382,15 @@ def start_server(
                     "produced through confluent-kafka's produce(); spillway's own C producer "
                     "saved no measurable CPU per record and was removed (docs/BENCHMARKS.md)")
     return running
+
+
+def _sidecar_wide_rows(status: Status) -> list[telemetry.Row]:
+    """The sidecar-wide series: its counters, and the totals that outlive the runs."""
+    counters, totals = status.snapshot()
+    rows: list[telemetry.Row] = [(k, {}, float(v)) for k, v in counters.items()
+                                 if k in telemetry.SIDECAR_WIDE]
+    rows.extend(totals_rows(totals))
+    return rows
 
 
 def _bind(server: grpc.Server, props: Mapping, sec: security.SecurityConfig,

@@ -17,6 +17,7 @@ from spillway.sidecar.federation import siblings
 from spillway.sidecar.federation.confirm import Confirmations
 from spillway.sidecar.federation.peers import HomeError, end_on_node
 from spillway.sidecar.runtime.memtune import Trimmer
+from spillway.sidecar.service.ended import EndedRuns
 from spillway.sidecar.service.identity import Identity
 from spillway.sidecar.service.registry import (
     Caller,
@@ -36,17 +37,19 @@ log = logging.getLogger("spillway.sidecar")
 
 
 class Ending:
-    """EndJob and the reaper's expiry, over the live runs, the engine, the runs' durable
-    state, the DLQ pipeline (its records drained first), a node's confirmations (its held
-    reports confirmed first) and the heap trimmer (ended runs' memory handed back)."""
+    """EndJob and the reaper's expiry, over the live runs, the engine, the ended runs (a run's
+    final summary kept, its counts added to the totals), the runs' durable state, the DLQ
+    pipeline (its records drained first), a node's confirmations (its held reports confirmed
+    first) and the heap trimmer (ended runs' memory handed back)."""
 
     def __init__(self, *, identity: Identity, registry: Registry, engine: PolicyEngine,
-                 runstate: RunStore | None,
+                 ended: EndedRuns, runstate: RunStore | None,
                  pipeline: DlqPipeline | None, confirmations: Confirmations | None,
                  trimmer: Trimmer) -> None:
         self._me = identity
         self._registry = registry
         self._engine = engine
+        self._ended = ended
         self._runstate = runstate
         self._pipeline = pipeline
         self._confirmations = confirmations
@@ -116,7 +119,10 @@ class Ending:
         with registry.create_lock:  # never half released: registry and engine together
             if not registry.remove(run, expired=expired):
                 return None  # released meanwhile by another EndJob or the reaper
-            final = self._engine.end_job(run.key)
+            # out of the engine and into the ended runs as one step for the totals' readers
+            final = self._ended.record(lambda: self._engine.end_job(run.key), key=run.key,
+                                       expired=expired, started=run.started,
+                                       home=run.home_address, digest=run.digest)
             if self._runstate is not None and run.home is None:
                 self._runstate.drop(run.key)
         if pipeline is not None:  # the run is gone: no FlushTask can ask for its counts

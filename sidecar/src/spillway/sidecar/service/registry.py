@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from spillway.sidecar.core import names
 from spillway.sidecar.errors import (
@@ -165,6 +165,7 @@ class Run:
     nodes: set[str] = field(default_factory=set)   # at the home: node sidecars of the run
     created: float = 0.0
     last_active: float = 0.0
+    started: float = 0.0     # wall clock, seconds since the Unix epoch (what status shows)
     # at the home, when the driver escrowed it (RegisterJob.token_escrow): the run's token,
     # handed to its executors that claim it; in memory only, gone with the run
     escrow: str | None = field(default=None, repr=False)
@@ -224,6 +225,7 @@ class Registry:
         """Call under `create_lock`, after checking `check_room`."""
         now = self._clock()
         run.created = run.last_active = now
+        run.started = time.time()
         with self._lock:
             self._runs[(run.job, run.run_id)] = run
         return run
@@ -287,7 +289,17 @@ class Registry:
             self._reaper.join(timeout=5)
 
 
-def visible(runs: Iterable[Run], caller: Caller, presented: str | None) -> list[Run]:
+class Owned(Protocol):
+    """A run, live or ended: the digest of its job token."""
+
+    @property
+    def digest(self) -> bytes: ...
+
+
+OwnedT = TypeVar("OwnedT", bound=Owned)
+
+
+def visible(runs: Iterable[OwnedT], caller: Caller, presented: str | None) -> list[OwnedT]:
     """The runs `caller` may list (`may_see`), the presented token digested once."""
     if caller.admin or caller.peer:
         return list(runs)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spillway.sidecar.core.model import JobSummary, StageRef, TaskIdentity, Verdict
+from spillway.sidecar.service.ended import EndedRun, Totals
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +104,12 @@ class StatusQuery:
 
 @dataclass(frozen=True, slots=True)
 class StatusPage:
-    """GetStatus's answer before it is cut to a page: the sidecar-wide counters, and the runs
-    the caller may see after the page token, lazily with their summaries (a run that ended
-    meanwhile is left out). The transport fills a page of at most ``size`` runs that fits a
-    message (`convert.status_to_pb`)."""
+    """GetStatus's answer before it is cut to a page: the sidecar-wide counters and totals,
+    and the runs the caller may see after the page token, lazily with their summaries (a run
+    that ended meanwhile is left out); ``jobs_hidden``: live runs (of the job asked) the caller
+    may not see. On the first page, the ended runs the caller may see, newest first. The
+    transport fills a page of at most ``size`` runs that fits a message
+    (`convert.status_to_pb`)."""
 
     sidecar_id: str
     version: str
@@ -117,6 +120,9 @@ class StatusPage:
     size: int
     last: tuple[str, str] | None    # (job, run id) of the last run the caller may see
     summaries: Iterator[tuple[tuple[str, str], JobSummary]]
+    totals: Totals | None = None
+    ended: Sequence[EndedRun] = ()
+    jobs_hidden: int = 0
 
 
 # a report's answers in order: (verdict, dead_letter) and how many consecutive records it is

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from spillway.sidecar.core import model as m
+from spillway.sidecar.service.ended import EndedRun, Totals
 from spillway.sidecar.service.registry import encode_page_token
 from spillway.sidecar.service.values import Ended, Registered, RunSummary, StatusPage
 from spillway.v1 import sidecar_pb2 as pb
@@ -392,6 +393,8 @@ _STATUS_BREAKDOWN_KEYS = 20       # per breakdown in GetStatus, the rest summed 
 _STATUS_KEY_CHARS = 256
 # GetStatus pages stop short of this many bytes, so any page fits a default 4 MiB client limit
 _STATUS_PAGE_BYTES = 3 * 1024 * 1024
+# of which the ended runs take at most this many (the newest first)
+_STATUS_ENDED_BYTES = 1024 * 1024
 
 
 def _status_summary(s: pb.JobSummary) -> pb.JobSummary:
@@ -413,14 +416,48 @@ def _status_summary(s: pb.JobSummary) -> pb.JobSummary:
     return s
 
 
+def totals_to_pb(t: Totals) -> pb.SidecarTotals:
+    c = t.counts
+    return pb.SidecarTotals(
+        records_processed=_u64(t.records_processed),
+        total_record_failures=_u64(c.total_record_failures),
+        total_record_errors=_u64(c.total_record_errors),
+        total_records_skipped=_u64(c.total_records_skipped),
+        total_retries=_u64(c.total_retries), total_errors_logged=_u64(c.total_errors_logged),
+        dropped_records=_u64(c.dropped_records),
+        dlq_records_written=_u64(t.dlq_records_written),
+        runs_ended={k: _u64(v) for k, v in t.runs_ended.items()},
+        since_ms=_ms(t.since))
+
+
+def _ms(seconds: float) -> int:
+    return min(max(int(seconds * 1000), -_I64_MAX), _I64_MAX)
+
+
+def ended_run_pb(r: EndedRun, sidecar_id: str) -> pb.EndedRun:
+    return pb.EndedRun(summary=_status_summary(summary_to_pb(r.summary, sidecar_id)),
+                       outcome=r.outcome, started_ms=_ms(r.started), ended_ms=_ms(r.ended),
+                       home=r.home)
+
+
 def status_to_pb(page: StatusPage) -> pb.SidecarStatus:
-    """GetStatus's answer: the counters and one page of runs, bounded twice: by the page size
-    and by bytes (it stays under a default 4 MiB client limit); each run's summary cut for
-    listing (reason and breakdowns; the full summary is GetJobSummary's)."""
+    """GetStatus's answer: the counters and totals, the ended runs (the newest that fit
+    `_STATUS_ENDED_BYTES`) and one page of live runs, bounded twice: by the page size and by
+    bytes (it stays under a default 4 MiB client limit); each run's summary cut for listing
+    (reason and breakdowns; the full summary is GetJobSummary's)."""
     out = pb.SidecarStatus(
         sidecar_id=page.sidecar_id, version=page.version, counters=page.counters,
         instance_id=page.instance_id, advertised_address=page.advertised_address,
-        jobs_total=page.jobs_total)
+        jobs_total=page.jobs_total, jobs_hidden=page.jobs_hidden)
+    if page.totals is not None:
+        out.totals.CopyFrom(totals_to_pb(page.totals))
+    room = _STATUS_ENDED_BYTES
+    for run in page.ended:
+        cut = ended_run_pb(run, page.sidecar_id)
+        room -= cut.ByteSize() + 8
+        if room < 0:
+            break
+        out.ended_runs.append(cut)
     budget = _STATUS_PAGE_BYTES - out.ByteSize()
     last = None
     for run, summary in page.summaries:

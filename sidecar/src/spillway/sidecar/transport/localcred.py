@@ -25,7 +25,15 @@ import dataclasses
 import os
 import secrets
 
-from spillway.client.localcred import FILE_NAME, default_path, for_target, private_problem
+from spillway.client.localcred import (
+    FILE_NAME,
+    PATH_ENVS as CLIENT_ENV,
+    default_path,
+    for_target,
+    is_local,
+    private_problem,
+)
+from spillway.client.localcred import path as client_path
 from spillway.sidecar.errors import ConfigError
 from spillway.sidecar.transport.security import SecurityConfig, TokenFile
 
@@ -97,4 +105,5 @@ def for_client(target: str) -> str:
     return for_target(target)
 
 
-__all__ = ["FILE_NAME", "PROP", "applies", "apply", "default_path", "ensure", "for_client"]
+__all__ = ["CLIENT_ENV", "FILE_NAME", "PROP", "applies", "apply", "client_path", "default_path",
+           "ensure", "for_client", "is_local"]

@@ -3,8 +3,10 @@
 Each RPC turns protobuf into core and service values (`convert`, `service.values`), calls the
 application service (`service.Sidecar`) with the caller `security`'s interceptor authenticated,
 and turns its plain answer into protobuf; a typed sidecar error becomes a status code through
-one table (`_STATUS_OF`) and `context.abort(code, details)`. Decisions belong to `core.policy`,
-durability to `dlq.pipeline`, the run bookkeeping to `service`.
+one table (`_STATUS_OF`) and `context.abort(code, details)`; a DLQ topic guardrail refusal
+also says so in its trailing metadata (the client raises TopicGuardrailError for it).
+Decisions belong to `core.policy`, durability to `dlq.pipeline`, the run bookkeeping to
+`service`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import grpc
+from spillway.client.errors import ERROR_PROPERTY_KEY, ERROR_REASON_KEY, TOPIC_GUARDRAIL_REASON
 from spillway.sidecar.errors import (
     BackpressureError,
     ConfigError,
@@ -23,6 +26,7 @@ from spillway.sidecar.errors import (
     LiveRunsExhaustedError,
     RunStateError,
     SpillwayError,
+    TopicGuardrailError,
     UnknownJobError,
 )
 from spillway.sidecar.federation.node_slices import SliceGrant
@@ -68,6 +72,9 @@ def _answering(context, *, dlq_what: str = ""):
     except HomeError as exc:
         context.abort(exc.code, str(exc))
     except SpillwayError as exc:
+        if isinstance(exc, TopicGuardrailError):   # INVALID_ARGUMENT alone does not say it
+            context.set_trailing_metadata(((ERROR_REASON_KEY, TOPIC_GUARDRAIL_REASON),
+                                           (ERROR_PROPERTY_KEY, exc.property)))
         for kind, code in _STATUS_OF:
             if isinstance(exc, kind):
                 prefix = dlq_what if kind is DlqError else ""
