@@ -6,7 +6,8 @@
   (schema.py); `MemoryQueue` (memqueue.py) for ``spool.enable=false``; the interface both
   offer the drain (store.py).
 - `KafkaDlqProducer`, `classify` (producer.py): the Kafka adapter and its error table.
-- `ensure_topic` (admin.py): guardrails, existence check, auto-create.
+- `ensure_topic`, `TopicAdmin` (admin.py): guardrails, existence check, KIP-1191 opt-in,
+  auto-create; topic creation for the tools.
 - tools.py: ``spillway dlq tail`` and ``spillway dlq redrive``.
 """
 
