@@ -49,9 +49,9 @@ def test_a_missing_topic_is_not_created_by_default(broker, topic_name):
     assert info.value.property == "errors.deadletterqueue.auto.create.topics.enable"
     assert str(info.value) == (
         f"errors.deadletterqueue.auto.create.topics.enable: the DLQ topic {topic_name!r} does "
-        f"not exist and auto-create is disabled; create it (kafka-topics.sh --bootstrap-server "
-        f"{broker.bootstrap_servers} --create --topic {topic_name} --partitions 1 "
-        f"--replication-factor 1, adding --config errors.deadletterqueue.group.enable=true "
+        f"not exist and auto-create is disabled; create it (spillway dlq create-topic "
+        f"--bootstrap-servers {broker.bootstrap_servers} --topic {topic_name} --partitions 1 "
+        f"--replication-factor 1, which also sets errors.deadletterqueue.group.enable=true "
         f"where the brokers know KIP-1191), or set "
         f"errors.deadletterqueue.auto.create.topics.enable=true")
     assert topic_name not in topics(broker.bootstrap_servers)
@@ -62,7 +62,7 @@ def test_the_refusal_names_a_command_this_cluster_can_carry_out(broker, topic_na
     conf = {"bootstrap.servers": broker.bootstrap_servers}
     with pytest.raises(TopicGuardrailError) as info:
         ensure_topic(conf, dlq(topic_name, rf=3, partitions=4), 10)
-    assert (f"(kafka-topics.sh --bootstrap-server {broker.bootstrap_servers} --create --topic "
+    assert (f"(spillway dlq create-topic --bootstrap-servers {broker.bootstrap_servers} --topic "
             f"{topic_name} --partitions 4 --replication-factor 1, ") in str(info.value)
     assert topic_name not in topics(broker.bootstrap_servers)
 

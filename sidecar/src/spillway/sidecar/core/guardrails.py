@@ -73,6 +73,20 @@ def effective_prefix(settings: DlqSettings, required: str) -> str:
     return settings.prefix or required
 
 
+def check_created_name(name: str, required_prefix: str, what: str) -> None:
+    """The operator's tools create topics (``spillway dlq create-topic``, ``redrive
+    --create-target``) under the rules a DLQ topic name obeys: a valid name, not internal, and
+    starting with the operator's prefix. TopicGuardrailError naming `what` (the option)."""
+    if not valid_topic_name(name):
+        raise TopicGuardrailError(what, invalid_topic_message(name))
+    if name.startswith("__"):
+        raise TopicGuardrailError(what, internal_name_message(name))
+    if required_prefix and not name.startswith(required_prefix):
+        raise TopicGuardrailError(what, (
+            f"{name!r} does not start with {required_prefix!r}, the operator's prefix for the "
+            f"topics spillway creates ({REQUIRED_PREFIX_PROP}); name one that does"))
+
+
 def check_topic_name(settings: DlqSettings, required_prefix: str = DEFAULT_REQUIRED_PREFIX,
                      auto_create_allowed: bool = True) -> None:
     """Raise TopicGuardrailError when the job's DLQ settings break the operator's rules or

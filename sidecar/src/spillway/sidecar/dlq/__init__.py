@@ -8,7 +8,8 @@
 - `KafkaDlqProducer`, `classify` (producer.py): the Kafka adapter and its error table.
 - `ensure_topic`, `TopicAdmin` (admin.py): guardrails, existence check, KIP-1191 opt-in,
   auto-create; topic creation for the tools.
-- tools.py: ``spillway dlq tail`` and ``spillway dlq redrive``.
+- tools.py: reading a DLQ topic, ``spillway dlq tail``; redrive.py (rules in redrive_rules.py):
+  ``spillway dlq redrive``.
 """
 
 from .admin import ensure_topic

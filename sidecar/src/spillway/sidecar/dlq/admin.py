@@ -31,6 +31,7 @@ from ..core.guardrails import (
     DEFAULT_REQUIRED_PREFIX,
     GROUP_ENABLE_PROP,
     TOPIC_PROP,
+    check_created_name,
     check_topic_name,
     decided_by_prefix,
     opt_in_refused_message,
@@ -41,6 +42,11 @@ from ..errors import DlqError, TopicGuardrailError
 RF_PROP = "errors.deadletterqueue.topic.replication.factor"
 
 log = logging.getLogger("spillway.sidecar.kafka")
+
+# What `TopicAdmin.create` did.
+CREATED = "created"
+CREATED_WITHOUT_OPT_IN = "created without the opt-in"   # the broker refused the configuration
+EXISTED = "existed"                                       # someone else created it meanwhile
 
 
 def kafka_error_text(exc: KafkaException) -> str:
@@ -104,16 +110,17 @@ class TopicAdmin:
         return value.strip().lower() == "true", f"{GROUP_ENABLE_PROP}={value}"
 
     def create(self, topic: str, partitions: int, replication_factor: int, timeout_s: float, *,
-               dlq: bool) -> bool:
+               dlq: bool) -> str:
         """Create `topic`; a DLQ topic (``dlq``) with ``errors.deadletterqueue.group.enable=true``,
-        or without it where the broker refuses that configuration. False when the topic was
-        created meanwhile by someone else. DlqError when the broker refuses otherwise."""
+        or without it where the broker refuses that configuration (CREATED_WITHOUT_OPT_IN).
+        EXISTED when it was created meanwhile by someone else. DlqError when the broker refuses
+        otherwise."""
         config = {GROUP_ENABLE_PROP: "true"} if dlq else {}
         try:
             self._create(topic, partitions, replication_factor, timeout_s, config)
         except KafkaException as exc:
             if _code(exc) == KafkaError.TOPIC_ALREADY_EXISTS:
-                return False
+                return EXISTED
             if not (config and _code(exc) == KafkaError.INVALID_CONFIG):
                 raise self._creation_failed(topic, partitions, replication_factor, exc) from exc
             log.warning("the Kafka cluster at %s refused the topic configuration %s=true "
@@ -124,15 +131,15 @@ class TopicAdmin:
                 self._create(topic, partitions, replication_factor, timeout_s, {})
             except KafkaException as again:
                 if _code(again) == KafkaError.TOPIC_ALREADY_EXISTS:
-                    return False
+                    return EXISTED
                 raise self._creation_failed(topic, partitions, replication_factor,
                                             again) from again
-            return True
+            return CREATED_WITHOUT_OPT_IN
         if config:
             log.info("created the DLQ topic %r on %s (%d partition(s), replication factor %d) "
                      "with %s=true", topic, self.servers, partitions, replication_factor,
                      GROUP_ENABLE_PROP)
-        return True
+        return CREATED
 
     def _create(self, topic: str, partitions: int, replication_factor: int, timeout_s: float,
                 config: dict[str, str]) -> None:
@@ -188,9 +195,9 @@ class TopicAdmin:
             return False
         if not settings.auto_create:
             # the one command that makes it, with a replication factor this cluster can honour
-            create = (f"kafka-topics.sh --bootstrap-server {self.servers} --create --topic "
+            create = (f"spillway dlq create-topic --bootstrap-servers {self.servers} --topic "
                       f"{topic} --partitions {settings.partitions} --replication-factor "
-                      f"{max(1, min(settings.replication_factor, brokers))}, adding --config "
+                      f"{max(1, min(settings.replication_factor, brokers))}, which also sets "
                       f"{GROUP_ENABLE_PROP}=true where the brokers know KIP-1191")
             raise TopicGuardrailError(
                 AUTO_CREATE_PROP,
@@ -199,7 +206,7 @@ class TopicAdmin:
         check_replication(settings.replication_factor, brokers, servers=self.servers,
                           topic=topic, setting=RF_PROP, what="DLQ topic")
         if self.create(topic, settings.partitions, settings.replication_factor, timeout_s,
-                       dlq=True):
+                       dlq=True) != EXISTED:
             return True
         self.check_usable(settings, required_prefix, timeout_s)  # someone else's topic
         return False
@@ -227,3 +234,40 @@ def ensure_topic(admin_conf: Mapping[str, Any], settings: DlqSettings, timeout_s
     return TopicAdmin.connect(admin_conf).ensure_dlq_topic(
         settings, timeout_s, required_prefix=required_prefix,
         auto_create_allowed=auto_create_allowed)
+
+
+def create_dlq_topic(admin: TopicAdmin, topic: str, *, partitions: int, replication_factor: int,
+                     required_prefix: str, if_not_exists: bool = False,
+                     timeout_s: float = 10.0) -> str:
+    """``spillway dlq create-topic``: create a DLQ topic under the operator's rules (the name
+    rules and prefix, a replication factor the cluster can honour), with KIP-1191's opt-in.
+    Returns what was done, as a sentence. TopicGuardrailError (a ValueError) for a refused
+    request, DlqError when the topic exists (unless `if_not_exists` and it may be used as a
+    DLQ) or Kafka fails."""
+    check_created_name(topic, required_prefix, "--topic")
+    if partitions < 1:
+        raise ValueError(f"--partitions must be >= 1, got {partitions}")
+    if replication_factor < 1:
+        raise ValueError(f"--replication-factor must be >= 1, got {replication_factor}")
+    meta, brokers = admin.lookup(topic, timeout_s)
+    if meta is None:
+        check_replication(replication_factor, brokers, servers=admin.servers, topic=topic,
+                          setting="--replication-factor")
+        done = admin.create(topic, partitions, replication_factor, timeout_s, dlq=True)
+        what = (f"the DLQ topic {topic!r} ({partitions} partition(s), replication factor "
+                f"{replication_factor})")
+        if done == CREATED:
+            return f"created {what} with {GROUP_ENABLE_PROP}=true"
+        if done == CREATED_WITHOUT_OPT_IN:
+            return (f"created {what} without {GROUP_ENABLE_PROP}: the brokers at "
+                    f"{admin.servers} refused it (they predate KIP-1191), so the prefix rule "
+                    f"decides its use")
+    enabled, why = admin.opt_in(topic, timeout_s)   # it exists: may it be used?
+    if enabled is False:
+        raise TopicGuardrailError("--topic", opt_in_refused_message(topic, admin.servers))
+    state = f"its {GROUP_ENABLE_PROP} is true" if enabled else \
+        f"{why}, so the prefix rule decides its use"
+    exists = f"the topic {topic!r} exists already; {state}"
+    if not if_not_exists:
+        raise DlqError(f"{exists} (--if-not-exists accepts it)")
+    return exists
