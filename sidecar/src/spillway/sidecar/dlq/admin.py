@@ -20,6 +20,7 @@ confluent_kafka errors are mapped here, at the boundary, to DlqError (``raise ..
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -183,15 +184,20 @@ class TopicAdmin:
         Returns True when this call created the topic. Raises TopicGuardrailError for a refused
         name, a topic whose opt-in is false, a missing topic with auto-create disabled, or a
         replication factor above the broker count; DlqError when the cluster cannot be reached
-        or refuses the creation.
+        or refuses the creation. `timeout_s` bounds the calls together (the caller's deadline).
         """
         if not settings.enabled:
             return False
         check_topic_name(settings, required_prefix, auto_create_allowed)
+        deadline = time.monotonic() + timeout_s
+
+        def left() -> float:
+            return max(0.1, deadline - time.monotonic())
+
         topic = settings.topic
-        meta, brokers = self.lookup(topic, timeout_s)
+        meta, brokers = self.lookup(topic, left())
         if meta is not None:
-            self.check_usable(settings, required_prefix, timeout_s)
+            self.check_usable(settings, required_prefix, left())
             return False
         if not settings.auto_create:
             # the one command that makes it, with a replication factor this cluster can honour
@@ -205,10 +211,10 @@ class TopicAdmin:
                 f"({create}), or set {AUTO_CREATE_PROP}=true")
         check_replication(settings.replication_factor, brokers, servers=self.servers,
                           topic=topic, setting=RF_PROP, what="DLQ topic")
-        if self.create(topic, settings.partitions, settings.replication_factor, timeout_s,
+        if self.create(topic, settings.partitions, settings.replication_factor, left(),
                        dlq=True) != EXISTED:
             return True
-        self.check_usable(settings, required_prefix, timeout_s)  # someone else's topic
+        self.check_usable(settings, required_prefix, left())  # someone else's topic
         return False
 
 
