@@ -182,6 +182,12 @@ def test_a_missing_target_names_create_target_which_creates_it_under_the_rules(
     assert outside.returncode == 2
     assert "--target: 'orders-retry' does not start with 'dlq.'" in outside.stderr
     assert partitions(bs, target) is None and partitions(bs, "orders-retry") is None
+    # the prefix bounds what spillway creates, not where it may send: an existing target is used
+    existing = f"orders-{uuid.uuid4().hex[:8]}"
+    create_topic(bs, existing)
+    used = spillway(*base[:7], existing, *base[8:], "--create-target", "--dry-run")
+    assert used.returncode == 0, used.stderr
+    assert "would create" not in used.stdout and "would redrive=30 " in used.stdout
 
     dry = spillway(*base, "--create-target", "--replication-factor", "1", "--dry-run")
     assert dry.returncode == 0, dry.stderr
