@@ -16,6 +16,7 @@ default).
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -34,8 +35,6 @@ TASK = pb.TaskIdentity(stage_id=3, partition_id=0, attempt_number=0, task_attemp
 
 
 def spillway(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    import os
-
     return subprocess.run([sys.executable, "-m", "spillway.sidecar.cli", *argv],
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})
