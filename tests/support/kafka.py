@@ -9,11 +9,22 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
-def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
+def create_topic(bootstrap: str, name: str, partitions: int = 1,
+                 config: dict[str, str] | None = None) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for fut in admin.create_topics([NewTopic(name, num_partitions=partitions,
-                                             replication_factor=1)]).values():
+                                             replication_factor=1,
+                                             config=config or {})]).values():
         fut.result(10)
+
+
+def topic_config(bootstrap: str, name: str) -> dict[str, str]:
+    """The topic's configuration as the broker describes it (Tansu: only what was set)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    (fut,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, name)]).values()
+    return {k: e.value for k, e in fut.result(10).items()}
 
 
 def read_all(bootstrap: str, topic: str, idle_s: float = 2.0, timeout_s: float = 60.0,

@@ -651,11 +651,15 @@ def test_a_worker_its_parent_does_not_wait_for_keeps_its_cpu_in_the_tree():
     daemon = subprocess.Popen([sys.executable, "-c", (
         "import signal, subprocess, sys, time\n"
         "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+        "sys.stdin.readline()\n"     # the worker starts after the tree's first reading
         f"p = subprocess.Popen([sys.executable, '-c', {burn!r}])\n"
-        "time.sleep(1.5)\nprint('gone', flush=True)\ntime.sleep(30)")],
-        stdout=subprocess.PIPE, text=True)
+        # with SIGCHLD ignored, wait() returns once the kernel reaped the worker (ECHILD)
+        "p.wait()\nprint('gone', flush=True)\ntime.sleep(30)")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         tree = proctree.TreeCpu(lambda: (daemon.pid,), interval_s=0.05).start()
+        daemon.stdin.write("go\n")
+        daemon.stdin.flush()
         assert daemon.stdout.readline().strip() == "gone"
         assert proctree.ignores_sigchld(daemon.pid)
         assert 0.3 <= tree.stop() < 1.0

@@ -1,8 +1,16 @@
 """ensure_topic against a real Tansu broker: existence, no auto-create by default, replication
-factor checked against the broker count, guardrails before any network call."""
+factor checked against the broker count, guardrails before any network call, KIP-1191's topic
+opt-in (``errors.deadletterqueue.group.enable``).
+
+What Tansu answers (checked here, so a Tansu that changes shows up): it keeps any configuration
+a topic is created with, unknown names included, and describes only what was set; a topic
+created without the opt-in therefore reports nothing, as a broker before KIP-1191 does, and the
+prefix rule decides. Answers Tansu cannot give (a broker refusing the unknown configuration,
+the KIP's default described) are in tests/unit/sidecar/dlq/test_dlq_topic_opt_in.py."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -10,9 +18,11 @@ from confluent_kafka.admin import AdminClient
 from spillway.sidecar.core.settings import DlqSettings
 from spillway.sidecar.dlq import ensure_topic
 from spillway.sidecar.errors import DlqError, TopicGuardrailError
-from support.kafka import create_topic
+from support.kafka import create_topic, topic_config
 
 pytestmark = pytest.mark.integration
+
+OPT_IN = "errors.deadletterqueue.group.enable"
 
 
 def dlq(topic: str, *, auto_create: bool = False, rf: int = 1, partitions: int = 1,
@@ -39,9 +49,11 @@ def test_a_missing_topic_is_not_created_by_default(broker, topic_name):
     assert info.value.property == "errors.deadletterqueue.auto.create.topics.enable"
     assert str(info.value) == (
         f"errors.deadletterqueue.auto.create.topics.enable: the DLQ topic {topic_name!r} does "
-        f"not exist and auto-create is disabled; create it (kafka-topics.sh --bootstrap-server "
-        f"{broker.bootstrap_servers} --create --topic {topic_name} --partitions 1 "
-        f"--replication-factor 1), or set errors.deadletterqueue.auto.create.topics.enable=true")
+        f"not exist and auto-create is disabled; create it (spillway dlq create-topic "
+        f"--bootstrap-servers {broker.bootstrap_servers} --topic {topic_name} --partitions 1 "
+        f"--replication-factor 1, which also sets errors.deadletterqueue.group.enable=true "
+        f"where the brokers know KIP-1191), or set "
+        f"errors.deadletterqueue.auto.create.topics.enable=true")
     assert topic_name not in topics(broker.bootstrap_servers)
 
 
@@ -50,8 +62,8 @@ def test_the_refusal_names_a_command_this_cluster_can_carry_out(broker, topic_na
     conf = {"bootstrap.servers": broker.bootstrap_servers}
     with pytest.raises(TopicGuardrailError) as info:
         ensure_topic(conf, dlq(topic_name, rf=3, partitions=4), 10)
-    assert (f"(kafka-topics.sh --bootstrap-server {broker.bootstrap_servers} --create --topic "
-            f"{topic_name} --partitions 4 --replication-factor 1)") in str(info.value)
+    assert (f"(spillway dlq create-topic --bootstrap-servers {broker.bootstrap_servers} --topic "
+            f"{topic_name} --partitions 4 --replication-factor 1, ") in str(info.value)
     assert topic_name not in topics(broker.bootstrap_servers)
 
 
@@ -74,7 +86,47 @@ def test_auto_create_uses_the_partition_count(broker, topic_name):
     while topic_name not in topics(broker.bootstrap_servers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(topics(broker.bootstrap_servers)[topic_name].partitions) == 3
+    assert topic_config(broker.bootstrap_servers, topic_name) == {OPT_IN: "true"}
     assert ensure_topic(conf, dlq(topic_name, auto_create=True, partitions=3), 10) is False
+
+
+def test_a_topic_its_administrator_did_not_opt_in_is_refused(broker, topic_name):
+    create_topic(broker.bootstrap_servers, topic_name, config={OPT_IN: "false"})
+    conf = {"bootstrap.servers": broker.bootstrap_servers}
+    with pytest.raises(TopicGuardrailError) as info:
+        ensure_topic(conf, dlq(topic_name, auto_create=True), 10)
+    assert info.value.property == "errors.deadletterqueue.topic.name"
+    assert str(info.value) == (
+        f"errors.deadletterqueue.topic.name: the topic {topic_name!r} is not enabled as a DLQ "
+        f"topic: its configuration {OPT_IN} is false (KIP-1191: a topic is usable as a DLQ "
+        f"only when its administrator sets it to true, e.g. kafka-configs.sh "
+        f"--bootstrap-server {broker.bootstrap_servers} --alter --entity-type topics "
+        f"--entity-name {topic_name} --add-config {OPT_IN}=true); or name another DLQ topic")
+    assert topic_config(broker.bootstrap_servers, topic_name) == {OPT_IN: "false"}
+
+
+def test_an_opted_in_topic_is_accepted_and_the_log_says_by_which_rule(broker, topic_name,
+                                                                      caplog):
+    caplog.set_level(logging.INFO, logger="spillway.sidecar.kafka")
+    create_topic(broker.bootstrap_servers, topic_name, config={OPT_IN: "true"})
+    conf = {"bootstrap.servers": broker.bootstrap_servers}
+    assert ensure_topic(conf, dlq(topic_name), 10) is False
+    assert [r.getMessage() for r in caplog.records if topic_name in r.getMessage()] == [
+        f"DLQ topic {topic_name!r} may be used: its {OPT_IN} is true (KIP-1191 opt-in)"]
+
+
+def test_a_topic_without_the_config_is_left_to_the_prefix_rule(broker, topic_name, caplog):
+    """Tansu describes only what was set: like a broker before KIP-1191, it reports no opt-in
+    for a topic created without one."""
+    caplog.set_level(logging.INFO, logger="spillway.sidecar.kafka")
+    create_topic(broker.bootstrap_servers, topic_name)
+    assert OPT_IN not in topic_config(broker.bootstrap_servers, topic_name)
+    conf = {"bootstrap.servers": broker.bootstrap_servers}
+    assert ensure_topic(conf, dlq(topic_name), 10) is False
+    assert [r.getMessage() for r in caplog.records if topic_name in r.getMessage()] == [
+        f"DLQ topic {topic_name!r} may be used by the prefix rule: the name starts with "
+        f"'dlq.' (errors.deadletterqueue.topic.name.prefix); the broker at "
+        f"{broker.bootstrap_servers} does not report {OPT_IN} (it predates KIP-1191)"]
 
 
 def test_guardrails_refuse_a_name_before_any_network_call(unreachable):

@@ -16,7 +16,7 @@ import confluent_kafka
 import pytest
 from spillway.sidecar.core.model import DlqRecord
 from spillway.sidecar.dlq import DlqPipeline
-from spillway.sidecar.dlq.tools import redrive
+from spillway.sidecar.dlq.redrive import redrive
 from support.kafka import read_all
 
 pytestmark = pytest.mark.integration

@@ -167,11 +167,17 @@ def test_redrive_republishes_originals_and_protects_against_loops(broker, dlq_to
                          key=m.key(), value=m.value(), headers=tuple(m.headers()))
     dead_letter(broker.bootstrap_servers, dlq_topic, tmp_path / "2",
                 [("orders", again, T0 + 40_000, {})])
+    # it sent nothing it was asked to send: exit 1, and one line says why
     assert cli("dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
                dlq_topic, "--target", target, "--since", "2023-11-14T22:14:00",
-               "--max-redrives", "1", "--idle-ms", "400") == 0
-    out = capsys.readouterr().out
+               "--max-redrives", "1", "--idle-ms", "400") == 1
+    captured = capsys.readouterr()
+    out = captured.out
     assert "record o1-again: redriven 1 times already (--max-redrives 1)" in out
+    why = ("sent nothing: refused 1 of 1 matching record(s): 1 at the loop protection's "
+           "limit (redriven 1 or more times already; --max-redrives raises it)")
+    assert out.strip().splitlines()[-2] == why
+    assert f"spillway dlq redrive: {why}\n" in captured.err
     assert out.strip().splitlines()[-1] == (
         "scanned=9 matched=1 redriven=0 skipped (loop protection)=1 "
         "skipped (context-only)=0 skipped (stage input)=0 skipped (already redriven)=0 "
@@ -205,13 +211,21 @@ def test_redrive_sends_only_source_payloads_to_their_source_topic_and_each_id_on
             topic_name, "--target", source, "--idle-ms", "400"]
     assert cli(*base) == 0
     captured = capsys.readouterr()
-    assert "record row: its key/value are the stage-input payload of a stage" in captured.out
+    assert (f"record row: its key/value are a stage's input (spillway.payload=stage-input, "
+            f"e.g. a transformed row), not a record as read, and {source!r} is its source "
+            f"topic (--allow-stage-input sends it)\n") in captured.out
     assert "record raw: already redriven in this run" in captured.out
-    assert captured.out.strip().splitlines()[-1] == (
+    lines = captured.out.strip().splitlines()
+    assert lines[-2] == (
+        f"refused 1 of 3 matching record(s): 1 stage input whose source topic is "
+        f"{source!r}: their key/value are a stage's input (e.g. a transformed row), not "
+        f"records as read; --allow-stage-input sends them")
+    assert lines[-1] == (
         "scanned=3 matched=3 redriven=1 skipped (loop protection)=0 skipped (context-only)=0 "
         "skipped (stage input)=1 skipped (already redriven)=1 skipped (resolved)=0 "
         "failed=0")
-    assert "redrive done: scanned=3" in captured.err          # progress on stderr
+    assert "redrive done in " in captured.err          # progress on stderr
+    assert "s: scanned=3 matched=3 redriven=1 " in captured.err
     assert [m.key() for m in read_all(broker.bootstrap_servers, source, idle_s=0.5)] == [b"raw"]
     # told to, it sends the transformed row to the source topic too
     assert cli(*base, "--allow-stage-input", "--job", "orders", "--stage", "TASK_PUT") == 0
@@ -306,7 +320,7 @@ def test_a_redriven_record_starts_a_new_trace_linked_to_the_dead_letter(broker, 
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    from spillway.sidecar.dlq.tools import redrive
+    from spillway.sidecar.dlq.redrive import redrive
 
     create_topic(broker.bootstrap_servers, topic_name)
     target = topic_name + ".target"

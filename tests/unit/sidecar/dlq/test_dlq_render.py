@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from spillway.sidecar.dlq.tools import (
-    DlqMessage,
+from spillway.sidecar.dlq.redrive_rules import (
     RedriveFilter,
-    format_message,
     is_context_only,
     original_headers,
     parse_rate,
     parse_time_ms,
     redrive_count,
-    render_bytes,
 )
+from spillway.sidecar.dlq.tools import DlqMessage, format_message, render_bytes
 
 
 def msg(headers, *, ts=1_000, key=b"k", value=b"v") -> DlqMessage:

@@ -13,6 +13,12 @@ when it is not a valid Kafka topic name, when it starts with ``__`` (Kafka's int
 allowed, whatever the prefix), or when it does not start with the effective prefix (unless the
 operator set it to ''). The checks run in that order, so the message is about the most basic
 problem. An empty name means "no DLQ" and passes.
+
+KIP-1191's topic opt-in: a topic is usable as a DLQ only when its own configuration
+``errors.deadletterqueue.group.enable`` is true, which the topic's administrator sets. Where the
+broker reports that configuration, it decides (`dlq.admin` reads it); where it does not (a broker
+before KIP-1191, Tansu among them), the prefix rule above decides, and the sidecar logs which
+(`decided_by_prefix`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ REQUIRED_PREFIX_PROP = "dlq.topic.required.prefix"
 AUTO_CREATE_PROP = "errors.deadletterqueue.auto.create.topics.enable"
 AUTO_CREATE_ALLOW_PROP = "dlq.topic.auto.create.allow"
 DEFAULT_REQUIRED_PREFIX = "dlq."
+GROUP_ENABLE_PROP = "errors.deadletterqueue.group.enable"
 
 
 def internal_name_message(name: str) -> str:
@@ -39,10 +46,45 @@ def prefix_message(name: str, prefix: str) -> str:
             f"the operator's {REQUIRED_PREFIX_PROP}); rename the topic")
 
 
+def opt_in_refused_message(name: str, servers: str) -> str:
+    """Why a topic whose own ``errors.deadletterqueue.group.enable`` is false is refused, and
+    who can change that: the topic's administrator (or the job, by naming another topic)."""
+    return (f"the topic {name!r} is not enabled as a DLQ topic: its configuration "
+            f"{GROUP_ENABLE_PROP} is false (KIP-1191: a topic is usable as a DLQ only when its "
+            f"administrator sets it to true, e.g. kafka-configs.sh --bootstrap-server {servers} "
+            f"--alter --entity-type topics --entity-name {name} --add-config "
+            f"{GROUP_ENABLE_PROP}=true); or name another DLQ topic")
+
+
+def decided_by_prefix(settings: DlqSettings, required: str) -> str:
+    """Which prefix rule let `settings.topic` be used, for the log line of a broker that does not
+    report the topic opt-in."""
+    prefix = effective_prefix(settings, required)
+    if not prefix:
+        return (f"the operator's {REQUIRED_PREFIX_PROP} is '' (any name but Kafka's internal "
+                f"ones)")
+    which = PREFIX_PROP if settings.prefix else REQUIRED_PREFIX_PROP
+    return f"the name starts with {prefix!r} ({which})"
+
+
 def effective_prefix(settings: DlqSettings, required: str) -> str:
     """The prefix a job's DLQ topic must start with: the job's own (narrower), else the
     operator's."""
     return settings.prefix or required
+
+
+def check_created_name(name: str, required_prefix: str, what: str) -> None:
+    """The operator's tools create topics (``spillway dlq create-topic``, ``redrive
+    --create-target``) under the rules a DLQ topic name obeys: a valid name, not internal, and
+    starting with the operator's prefix. TopicGuardrailError naming `what` (the option)."""
+    if not valid_topic_name(name):
+        raise TopicGuardrailError(what, invalid_topic_message(name))
+    if name.startswith("__"):
+        raise TopicGuardrailError(what, internal_name_message(name))
+    if required_prefix and not name.startswith(required_prefix):
+        raise TopicGuardrailError(what, (
+            f"{name!r} does not start with {required_prefix!r}, the operator's prefix for the "
+            f"topics spillway creates ({REQUIRED_PREFIX_PROP}); name one that does"))
 
 
 def check_topic_name(settings: DlqSettings, required_prefix: str = DEFAULT_REQUIRED_PREFIX,

@@ -6,8 +6,10 @@
   (schema.py); `MemoryQueue` (memqueue.py) for ``spool.enable=false``; the interface both
   offer the drain (store.py).
 - `KafkaDlqProducer`, `classify` (producer.py): the Kafka adapter and its error table.
-- `ensure_topic` (admin.py): guardrails, existence check, auto-create.
-- tools.py: ``spillway dlq tail`` and ``spillway dlq redrive``.
+- `ensure_topic`, `TopicAdmin` (admin.py): guardrails, existence check, KIP-1191 opt-in,
+  auto-create; topic creation for the tools.
+- tools.py: reading a DLQ topic, ``spillway dlq tail``; redrive.py (rules in redrive_rules.py):
+  ``spillway dlq redrive``.
 """
 
 from .admin import ensure_topic
