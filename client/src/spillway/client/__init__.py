@@ -55,9 +55,11 @@ from .markers import (
     ApplicationRecoverableError,
     DataError,
     InvalidConfigurationError,
+    RecordTimeoutError,
     RefreshRetriableError,
     RetriableError,
     SpillwayMarker,
+    WorkerCrashError,
 )
 
 __all__ = [
@@ -84,6 +86,7 @@ __all__ = [
     "RecordFailedError",
     "Registration",
     "ReportTooLargeError",
+    "RecordTimeoutError",
     "RefreshRetriableError",
     "RetriableError",
     "RunStateLostError",
@@ -99,6 +102,7 @@ __all__ = [
     "SpillwayMarker",
     "TOKEN_FILE_ENV",
     "ToleranceExceededError",
+    "WorkerCrashError",
     "check_job_name",
     "error_for_verdict",
     "report",
