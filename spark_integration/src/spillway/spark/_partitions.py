@@ -24,7 +24,8 @@ from ._compat import arrow_conversions
 from ._engine import Engine, StageRef, Unit
 from ._records import positional_ids
 from ._plan import WrapperPlan
-from ._runtime import JobSpec, TaskSession, WrapperSpec, current_batch_id, worker
+from ._runtime import JobSpec, TaskSession, WrapperSpec, worker
+from ._taskinfo import current_batch_id
 from ._schema import arrow_conformer, pandas_checker, row_checker
 
 _log = logging.getLogger("spillway.spark")

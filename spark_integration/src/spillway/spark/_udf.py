@@ -19,7 +19,8 @@ from spillway.v1 import sidecar_pb2 as pb
 from ._engine import Unit, follow, reported, trim_traceback
 from ._plan import WrapperPlan
 from ._records import context_of, positional_record_id
-from ._runtime import JobSpec, TaskSession, WrapperSpec, current_batch_id, current_task
+from ._runtime import JobSpec, TaskSession, WrapperSpec
+from ._taskinfo import current_batch_id, current_task
 from ._task_end import at_task_end
 
 try:

@@ -59,7 +59,8 @@ from ._partitions import (
 )
 from ._report import JobReport, failure_message
 from ._plan import WrapperPlan
-from ._runtime import JobSpec, WrapperSpec, batch_scope, ratio_limited
+from ._runtime import JobSpec, WrapperSpec, ratio_limited
+from ._taskinfo import batch_scope
 from ._schema import value_checker
 from ._types import datatype, struct
 from ._udf import udf_function
@@ -587,7 +588,7 @@ class Job:
 
         def for_each_batch(batch_df: Any, batch_id: int) -> None:
             # the batch id reaches the wrappers upstream too, where Spark's own local property
-            # does not (Spark Connect): see `_runtime.current_batch_id`
+            # does not (Spark Connect): see `_taskinfo.current_batch_id`
             with batch_scope(batch_df.sparkSession, batch_id):
                 # the run's spec as of this micro-batch (a closed run is registered again); a
                 # copy of the Job without the token (on a Connect server) keeps the plan's
