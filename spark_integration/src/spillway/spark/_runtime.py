@@ -120,6 +120,8 @@ class JobSpec:
     run_id: str = ""
     job_token: JobToken | TokenFile | InlineToken | None = None
     home_instance_id: str = ""
+    # the run's effective errors.record.timeout.ms (0: none), set by `Job.register`
+    record_timeout_ms: int = 0
 
     def __post_init__(self) -> None:
         check_job_name(self.name)  # the sidecar's rule, refused here on the driver
@@ -250,6 +252,14 @@ def worker() -> _Worker:
         if _worker is None or _worker.pid != os.getpid():
             _worker = _Worker()
         return _worker
+
+
+def record_timeout_ms(effective: Mapping[str, str]) -> int:
+    """A run's effective ``errors.record.timeout.ms`` (the sidecar validated it)."""
+    try:
+        return max(0, int(effective.get("errors.record.timeout.ms", "0") or 0))
+    except ValueError:
+        return 0
 
 
 def ratio_limited(effective: Mapping[str, str]) -> bool:
