@@ -239,7 +239,7 @@ class _Helper:
     def _stack_text(self) -> str:
         try:
             self.stack.seek(0)
-            return self.stack.read().decode("utf-8", "replace")
+            return own_frames(self.stack.read().decode("utf-8", "replace"))
         except OSError:
             return ""
 
@@ -260,6 +260,26 @@ class _Helper:
                 break
             time.sleep(0.005)
         self.stack.close()
+
+
+def own_frames(dump: str) -> str:
+    """faulthandler's dump without the frames the helper inherited from its parent (every
+    frame from the helper's loop down, most recent call first) or its list of extensions."""
+    out, skipping = [], False
+    for line in dump.splitlines():
+        if not line.strip():
+            skipping = False
+        elif skipping or line.startswith("Extension modules:"):
+            continue
+        elif line.lstrip().startswith("File ") and line.endswith(f" in {_serve.__name__}") \
+                and _THIS_FILE in line:
+            skipping = True
+            continue
+        out.append(line)
+    return "\n".join(out).strip()
+
+
+_THIS_FILE = os.path.basename(__file__)
 
 
 # --- the helper's side -------------------------------------------------------------------------
