@@ -191,8 +191,8 @@ class Deserializer:
         self.part, self.fn, self.stage, self.function_name = part, fn, stage, function_name
         self.check = check
 
-    def guarded(self, fn: Callable[[Any], Any]) -> Deserializer:
-        """This step running ``fn`` (its function, guarded) instead."""
+    def with_fn(self, fn: Callable[[Any], Any]) -> Deserializer:
+        """This step running ``fn`` (its function, isolated) instead."""
         return Deserializer(self.part, fn, self.stage, self.function_name, self.check)
 
 

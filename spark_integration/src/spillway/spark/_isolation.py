@@ -39,13 +39,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._guard import Guard
+from ._watchdog import watchdog
 
 log = logging.getLogger("spillway.spark")
 
 CRUMB_DIR_ENV = "SPILLWAY_CRUMB_DIR"
 #: Crumbs older than this are removed (a task's attempts are minutes apart, not days).
 STALE_S = 24 * 3600
-_RUNNING, _ENDED = "running", "ended"
+_RUNNING, _ENDED, _TIMED_OUT = "running", "ended", "timeout"
 
 
 def crumb_dir() -> str:
@@ -91,6 +92,7 @@ class Earlier:
 
     died: tuple[int, ...] = ()
     unknown: tuple[int, ...] = ()
+    timed_out: tuple[int, ...] = ()   # those of ``died`` the watchdog stopped
 
     @property
     def at_risk(self) -> bool:
@@ -98,8 +100,12 @@ class Earlier:
 
     def describe(self) -> str:
         parts = []
-        if self.died:
-            parts.append(f"attempt(s) {', '.join(map(str, self.died))} died on this node")
+        crashed = [n for n in self.died if n not in self.timed_out]
+        if crashed:
+            parts.append(f"attempt(s) {', '.join(map(str, crashed))} died on this node")
+        if self.timed_out:
+            parts.append(f"attempt(s) {', '.join(map(str, self.timed_out))} stopped past "
+                         f"errors.record.timeout.ms")
         if self.unknown:
             parts.append(f"attempt(s) {', '.join(map(str, self.unknown))} left no crumb here")
         return "; ".join(parts)
@@ -132,7 +138,7 @@ class Crumbs:
 
     def earlier(self, key: str, attempt: int) -> Earlier:
         """What attempts 0 .. ``attempt - 1`` of task ``key`` left here."""
-        died, unknown = [], []
+        died, unknown, timed_out = [], [], []
         for n in range(attempt):
             try:
                 with open(self._path(key, n)) as f:
@@ -140,10 +146,12 @@ class Crumbs:
             except OSError:
                 unknown.append(n)
                 continue
-            if state == _RUNNING and pid.isdigit() and int(pid) != os.getpid() \
+            if state in (_RUNNING, _TIMED_OUT) and pid.isdigit() and int(pid) != os.getpid() \
                     and not alive(int(pid), start):
                 died.append(n)
-        return Earlier(tuple(died), tuple(unknown))
+                if state == _TIMED_OUT:
+                    timed_out.append(n)
+        return Earlier(tuple(died), tuple(unknown), tuple(timed_out))
 
     def begin(self, key: str, attempt: int) -> Crumb | None:
         """Leave this attempt's crumb; None (and a log line) where the directory is unusable:
@@ -167,9 +175,12 @@ class Crumb:
         self.path = crumbs._path(key, attempt)  # noqa: SLF001 - its own directory's layout
         self.pid = os.getpid()
 
+    def line(self, state: str) -> str:
+        return f"{state} {self.pid} {process_start(self.pid)}\n"
+
     def write(self, state: str) -> None:
         with open(self.path, "w") as f:
-            f.write(f"{state} {self.pid} {process_start(self.pid)}\n")
+            f.write(self.line(state))
 
     def end(self, ok: bool) -> None:
         """The attempt is over and its process lives: a success takes the task's crumbs away
@@ -197,7 +208,8 @@ def crumbs() -> Crumbs:
 
 
 class TaskIsolation:
-    """One task attempt's isolation: its crumb, and its guards when it runs guarded."""
+    """One task attempt's isolation: its crumb; its guards when it runs guarded; else, with a
+    record timeout, the worker's watchdog armed for it (`_watchdog`)."""
 
     def __init__(self, crumb: Crumb | None, earlier: Earlier, timeout_ms: int = 0,
                  label: str = "") -> None:
@@ -205,25 +217,45 @@ class TaskIsolation:
         self.earlier = earlier
         self.guarded = earlier.at_risk
         self.timeout_ms = timeout_ms
+        # records timed by the watchdog: a record timeout, not guarded, and a crumb to mark
+        self.timed = bool(timeout_ms) and not self.guarded and crumb is not None
         self._guards: list[Guard] = []
+        self._armed = False
         if self.guarded:
             log.warning("spillway: %s runs its records guarded, each in a helper process (%s)",
                         label or "this task attempt", earlier.describe())
 
+    @property
+    def wraps(self) -> bool:
+        """Whether `wrap` changes a function (whose outputs must then be materialized where it
+        runs: `_adapters.listed`, `batch_outputs`, `unvalued`)."""
+        return self.guarded or self.timed
+
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn``, guarded when this attempt runs guarded (its result must be picklable: what
-        `_adapters.sendable` makes of a function)."""
-        if not self.guarded:
-            return fn
-        guard = Guard(fn, timeout_ms=self.timeout_ms)
-        self._guards.append(guard)
-        return guard
+        """``fn`` guarded when this attempt runs guarded (its result must be picklable), timed
+        by the watchdog when it has a record timeout, else ``fn`` itself."""
+        if self.guarded:
+            guard = Guard(fn, timeout_ms=self.timeout_ms)
+            self._guards.append(guard)
+            return guard
+        if self.timed:
+            dog = watchdog()
+            if not self._armed:
+                assert self.crumb is not None
+                dog.arm(self.crumb.path, self.crumb.line(_TIMED_OUT), self.timeout_ms)
+                self._armed = True
+            return dog.timed(fn)
+        return fn
 
     def end(self, ok: bool) -> None:
-        """The attempt is over (its process lives): stop the helpers, leave the crumb's word."""
+        """The attempt is over (its process lives): stop the helpers, disarm the watchdog,
+        leave the crumb's word."""
         guards, self._guards = self._guards, []
         for guard in guards:
             guard.close()
+        if self._armed:
+            self._armed = False
+            watchdog().disarm()
         if self.crumb is not None:
             self.crumb.end(ok)
 

@@ -101,7 +101,7 @@ def rdd_partition(plan: WrapperPlan, fn, flat, iterator):
     session = TaskSession(plan.spec, plan.wrapper)
     iso = isolation(plan, session.task)
     ids = record_ids(plan.spec, plan.wrapper, session.task)
-    fn = iso.wrap(listed(fn)) if iso.guarded and flat else iso.wrap(fn)
+    fn = iso.wrap(listed(fn)) if iso.wraps and flat else iso.wrap(fn)
     adapter = RowAdapter(fn, ids=ids, flat=flat, record_id=plan.record_id, source=plan.source)
     engine = make_engine(plan, session, adapter)
     return drive(session, engine, engine.run_rows(iterator), iso)
@@ -173,7 +173,7 @@ def vector_partition(plan: WrapperPlan, fn, kind, out_schema, batches):
     spec, wrapper = plan.spec, plan.wrapper
     session = TaskSession(spec, wrapper)
     iso = isolation(plan, session.task)
-    if iso.guarded:
+    if iso.wraps:
         fn = iso.wrap(batch_outputs(fn, kind))
     conform = (arrow_conformer if kind == "arrow" else pandas_checker)(out_schema,
                                                                        wrapper.stage.name)
@@ -221,8 +221,8 @@ def deserialize_partition(plan: WrapperPlan, steps, in_schema, new_schema, batch
 
     session = TaskSession(plan.spec, plan.wrapper)
     iso = isolation(plan, session.task)
-    if iso.guarded:
-        steps = [s.guarded(iso.wrap(s.fn)) for s in steps]
+    if iso.wraps:
+        steps = [s.with_fn(iso.wrap(s.fn)) for s in steps]
     adapter = DeserializeAdapter(steps, ids=record_ids(plan.spec, plan.wrapper, session.task),
                                  to_row=to_row)
     engine = make_engine(plan, session, adapter, count_stages=[s.stage for s in steps])
@@ -243,7 +243,7 @@ def deserialize_partition(plan: WrapperPlan, steps, in_schema, new_schema, batch
 def sink_partition(plan: WrapperPlan, write_fn, chunk, batch_id, rows):
     session = TaskSession(plan.spec, plan.wrapper)
     iso = isolation(plan, session.task, batch_id)
-    if iso.guarded:
+    if iso.wraps:
         write_fn = iso.wrap(unvalued(write_fn))
     adapter = SinkAdapter(write_fn, ids=record_ids(plan.spec, plan.wrapper, session.task,
                                                    batch_id),

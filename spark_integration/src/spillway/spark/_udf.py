@@ -47,7 +47,7 @@ class _UdfState:
     the rows it was called on (row index and processed count) and, once needed, a session."""
 
     __slots__ = ("pid", "tid", "tc", "task", "counter", "_session", "spec", "wrapper",
-                 "isolation", "guarded", "run")
+                 "isolation", "isolated", "run")
 
     def __init__(self, spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None,
                  fn: Callable | None = None) -> None:
@@ -62,10 +62,11 @@ class _UdfState:
             (spec.run_id, spec.name, wrapper.name, wrapper.use, current_batch_id(), t.stage_id,
              t.partition_id), t.attempt_number, spec.record_timeout_ms,
             f"UDF {wrapper.name} in partition {t.partition_id} (attempt {t.attempt_number})")
-        # the user's function through a helper process, in an attempt that runs guarded
-        self.guarded: Callable | None = (self.isolation.wrap(fn) if fn is not None
-                                         and self.isolation.guarded else None)
-        self.run = self.guarded or fn  # what each row of the attempt calls
+        # the user's function through a helper process (an attempt that runs guarded) or timed
+        # by the watchdog (a record timeout): what a retry in place calls too
+        self.isolated: Callable | None = (self.isolation.wrap(fn) if fn is not None
+                                         and self.isolation.wraps else None)
+        self.run = self.isolated or fn  # what each row of the attempt calls
 
     @property
     def rows(self) -> int:
@@ -298,7 +299,7 @@ class _RowFailure:
                         and self.plan.refresh is not None:
                     self.plan.refresh()
                 try:
-                    value = (st.guarded or self.fn)(*args)
+                    value = (st.isolated or self.fn)(*args)
                     if self.check is not None:
                         self.check(value)
                 except Exception as again:  # noqa: BLE001 - user code
