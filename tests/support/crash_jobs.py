@@ -54,8 +54,9 @@ FLAKY_DIR = tempfile.mkdtemp(prefix="spillway-flaky-")
 
 def step(plan: dict[int, str]):
     """``fn(x) -> x * 10``, except for the records ``plan`` names: a killer, ``bad`` (a
-    ValueError: a data error) or ``flaky`` (a ConnectionError the first time it runs anywhere,
-    then fine: a retriable failure)."""
+    ValueError: a data error) or ``flaky`` (a ConnectionError the first two times it runs,
+    in any process, then fine: a retriable failure, retried even in a guarded attempt, where
+    a failure in the helper runs again in the worker)."""
     def fn(x):
         what = plan.get(int(x))
         if what in KILLERS:
@@ -63,10 +64,11 @@ def step(plan: dict[int, str]):
         elif what == "bad":
             raise ValueError(f"bad record {x}")
         elif what == "flaky":
-            mark = os.path.join(FLAKY_DIR, str(x))
-            if not os.path.exists(mark):
-                open(mark, "w").close()
-                raise ConnectionError(f"lookup for {x} refused")
+            with open(os.path.join(FLAKY_DIR, str(x)), "a+") as f:
+                f.write(".")
+                f.seek(0)
+                if len(f.read()) <= 2:
+                    raise ConnectionError(f"lookup for {x} refused")
         return int(x) * 10
     return fn
 
@@ -108,6 +110,54 @@ def udf(plan, n=40):
     return run
 
 
+def arrow(plan, n=40):
+    """map_in_arrow: a batch with a killer kills its helper; bisection finds the record."""
+    def run(spark, job):
+        fn = step(plan)
+
+        def batch(b):
+            import pyarrow as pa
+
+            return pa.RecordBatch.from_pydict({"v": [fn(x) for x in b.column("id").to_pylist()]})
+        out = job.map_in_arrow(spark.range(n).repartition(2), batch, "v long")
+        return sorted(r.v for r in out.collect())
+    return run
+
+
+def sink(plan, n=40):
+    """foreach_partition: each chunk written to a file; what was written, once per record."""
+    written = tempfile.mkdtemp(prefix="spillway-written-")
+
+    def run(spark, job):
+        fn = step(plan)
+
+        def write(rows):
+            values = [fn(r.id) for r in rows]
+            with open(os.path.join(written, uuid.uuid4().hex), "w") as f:
+                f.write(json.dumps(values))
+        job.foreach_partition(spark.range(n).repartition(2), write, batch_size=8)
+        seen = set()
+        for name in os.listdir(written):
+            with open(os.path.join(written, name)) as f:
+                seen.update(json.load(f))
+        return sorted(seen)
+    return run
+
+
+def deserialize(plan, n=40):
+    """deserialize(value=fn) over Kafka-shaped rows: the killer's original bytes are kept."""
+    def run(spark, job):
+        from spillway.spark import KAFKA_SOURCE_SCHEMA
+
+        fn = step(plan)
+        rows = [(f"k{i}".encode(), str(i).encode(), "orders", 0, i, None, 0, [])
+                for i in range(n)]
+        df = spark.createDataFrame(rows, KAFKA_SOURCE_SCHEMA).repartition(2)
+        out = job.deserialize(df, value=lambda v: fn(int(v)), value_type="long")
+        return sorted(r.parsed_value for r in out.collect())
+    return run
+
+
 SCENARIOS = {
     # name: (the run, its policy beyond errors.tolerance=all, with a DLQ topic)
     "rows-segfault": (rows_rdd({7: "segfault"}), {}, True),
@@ -119,6 +169,9 @@ SCENARIOS = {
     "two-killers": (rows_rdd({3: "segfault", 8: "exit"}, partitions=1, n=20), {}, True),
     "mixed": (rows_rdd({4: "bad", 6: "flaky", 9: "segfault", 11: "bad", 15: "flaky"},
                        partitions=1, n=20), {"errors.retry.max.retries": "3"}, True),
+    "arrow-segfault": (arrow({7: "segfault"}), {}, True),
+    "sink-exit": (sink({13: "exit"}), {}, True),
+    "deserialize-segfault": (deserialize({21: "segfault"}), {}, True),
     "none-segfault": (rows_rdd({7: "segfault"}), {"errors.tolerance": "none"}, False),
     "limit-crashes": (rows_rdd({3: "segfault", 23: "segfault"}),
                       {"errors.tolerance.max.errors": "1"}, False),

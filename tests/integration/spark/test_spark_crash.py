@@ -31,7 +31,8 @@ pytestmark = pytest.mark.integration
 
 DRIVER = os.path.join(os.path.dirname(__file__), "..", "..", "support", "crash_jobs.py")
 SCENARIOS = ("rows-segfault", "frame-exit", "udf-segfault", "rows-hang", "udf-backtrack",
-             "two-killers", "mixed", "none-segfault", "limit-crashes")
+             "two-killers", "mixed", "arrow-segfault", "sink-exit", "deserialize-segfault",
+             "none-segfault", "limit-crashes")
 CATEGORY = "spillway.error.category"
 CLASS = "__connect.errors.exception.class.name"
 MESSAGE = "__connect.errors.exception.message"
@@ -146,6 +147,23 @@ def test_a_killer_beside_bad_and_flaky_records(results, broker):
     assert sorted((dl.value(), header_map(dl)[CATEGORY]) for dl in letters) == [
         (b"11", b"data"), (b"4", b"data"), (b"9", b"crash")]
     assert r["report"]["total_record_errors"] == 3 == r["report"]["dlq_records_written"]
+
+
+@pytest.mark.parametrize(("name", "killer", "stage", "how"), [
+    ("arrow-segfault", 7, b"TRANSFORMATION", b"killed by signal 11 (SIGSEGV)"),
+    ("sink-exit", 13, b"TASK_PUT", b"exited with status 3"),
+    ("deserialize-segfault", 21, b"VALUE_CONVERTER", b"killed by signal 11 (SIGSEGV)"),
+])
+def test_vectorized_sink_and_deserialize_wrappers_isolate_the_killer(results, broker, name,
+                                                                     killer, stage, how):
+    r = results[name]
+    assert r["error"] is None and r["out"] == expected(40, killer)
+    [dl] = dead_letters(broker, r)
+    h = header_map(dl)
+    assert h[CATEGORY] == b"crash" and how in h[MESSAGE]
+    assert h["__connect.errors.stage"] == stage
+    if name == "deserialize-segfault":   # the source record's own bytes, as read
+        assert (dl.key(), dl.value()) == (b"k21", b"21")
 
 
 def test_with_tolerance_none_the_job_fails_naming_the_record_and_how_it_died(results):
