@@ -158,6 +158,16 @@ def deserialize(plan, n=40):
     return run
 
 
+def example(name: str):
+    """examples/<name>.py's ``run(spark, job)``, as its users run it."""
+    def run(spark, job):
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from support.spark import load_example
+
+        return sorted(tuple(r) for r in load_example(name).run(spark, job).collect())
+    return run
+
+
 SCENARIOS = {
     # name: (the run, its policy beyond errors.tolerance=all, with a DLQ topic)
     "rows-segfault": (rows_rdd({7: "segfault"}), {}, True),
@@ -172,6 +182,8 @@ SCENARIOS = {
     "arrow-segfault": (arrow({7: "segfault"}), {}, True),
     "sink-exit": (sink({13: "exit"}), {}, True),
     "deserialize-segfault": (deserialize({21: "segfault"}), {}, True),
+    "example": (example("crash_isolation"), {"errors.record.timeout.ms": str(TIMEOUT_MS)},
+                True),
     "none-segfault": (rows_rdd({7: "segfault"}), {"errors.tolerance": "none"}, False),
     "limit-crashes": (rows_rdd({3: "segfault", 23: "segfault"}),
                       {"errors.tolerance.max.errors": "1"}, False),

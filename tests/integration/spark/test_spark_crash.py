@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 DRIVER = os.path.join(os.path.dirname(__file__), "..", "..", "support", "crash_jobs.py")
 SCENARIOS = ("rows-segfault", "frame-exit", "udf-segfault", "rows-hang", "udf-backtrack",
              "two-killers", "mixed", "arrow-segfault", "sink-exit", "deserialize-segfault",
-             "none-segfault", "limit-crashes")
+             "example", "none-segfault", "limit-crashes")
 CATEGORY = "spillway.error.category"
 CLASS = "__connect.errors.exception.class.name"
 MESSAGE = "__connect.errors.exception.message"
@@ -164,6 +164,16 @@ def test_vectorized_sink_and_deserialize_wrappers_isolate_the_killer(results, br
     assert h["__connect.errors.stage"] == stage
     if name == "deserialize-segfault":   # the source record's own bytes, as read
         assert (dl.key(), dl.value()) == (b"k21", b"21")
+
+
+def test_the_copyable_example_dead_letters_its_crash_and_its_hang(results, broker):
+    r = results["example"]           # examples/crash_isolation.py
+    assert r["error"] is None
+    assert r["out"] == [[i, len(f"order-{i}")] for i in range(20) if i not in (5, 11)]
+    assert r["report"]["by_category"] == {"crash": 1, "timeout": 1}
+    letters = {header_map(dl)[CATEGORY]: dl for dl in dead_letters(broker, r)}
+    assert letters[b"crash"].value() == b"\x00corrupt" and letters[b"crash"].key() == b"k5"
+    assert letters[b"timeout"].value() == b"a" * 48 + b"b"
 
 
 def test_with_tolerance_none_the_job_fails_naming_the_record_and_how_it_died(results):

@@ -261,3 +261,13 @@ def test_the_watchdog_counts_only_records_own_time(tmp_path):
     status, _ = in_worker(body)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert not crumb.exists()
+
+
+def test_where_no_helper_can_start_records_run_unguarded(monkeypatch, caplog):
+    def no_fork():
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(_guard.os, "fork", no_fork)
+    g = Guard(record)
+    assert g("pid") == os.getpid()
+    assert "records run in the worker, unguarded" in caplog.text

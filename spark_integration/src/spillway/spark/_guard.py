@@ -94,7 +94,11 @@ class Guard:
         for _ in range(2):  # a helper found dead before the call started gets one replacement
             helper = self._helper
             if helper is None or helper.pid != _helper_pid(helper):
-                helper = self._helper = _Helper(self.fn)
+                try:
+                    helper = self._helper = _Helper(self.fn)
+                except (OSError, AttributeError) as exc:  # no fork here, or no resources
+                    _cannot_fork(exc)
+                    break
             try:
                 status, body = helper.call(data, self.timeout_ms / 1000.0)
             except _HelperGone:
@@ -138,6 +142,17 @@ class Guard:
         self._drop()
 
 
+def _cannot_fork(exc: BaseException) -> None:
+    global _fork_failures
+    _fork_failures += 1
+    if _fork_failures == 1 or _fork_failures % 1000 == 0:
+        log.warning("spillway: cannot start a helper process to guard a record (%s): records "
+                     "run in the worker, unguarded (%d time(s))", exc, _fork_failures)
+
+
+_fork_failures = 0
+
+
 def _helper_pid(helper: _Helper) -> int:
     """The helper's pid while it belongs to this process (a forked copy of a Guard starts its
     own helper)."""
@@ -176,9 +191,15 @@ class _Helper:
         self.stack = tempfile.TemporaryFile()  # faulthandler's output in the child
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
-        with warnings.catch_warnings():  # 3.12+: "use of fork() may lead to deadlocks": the
-            warnings.simplefilter("ignore", DeprecationWarning)  # child runs no other thread's
-            pid = os.fork()                                       # work, see _serve
+        try:
+            with warnings.catch_warnings():  # 3.12+: "use of fork() may lead to deadlocks":
+                warnings.simplefilter("ignore", DeprecationWarning)  # the child runs no other
+                pid = os.fork()                                      # thread's work (_serve)
+        except BaseException:
+            for fd in (req_r, req_w, res_r, res_w):
+                os.close(fd)
+            self.stack.close()
+            raise
         if pid == 0:
             code = 0
             try:

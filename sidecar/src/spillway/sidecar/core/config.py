@@ -249,9 +249,10 @@ _PROPS: list[Prop] = [
     Prop("errors.record.timeout.ms", p_int(0, DAY_MS), "0",
          "time limit of one record's processing on an executor, ms (0: none). A record past it "
          "is a failure of category timeout: its Python worker is stopped (C code cannot be "
-         "interrupted), Spark runs the task again, and that attempt runs the record alone in a "
-         "child process under the same limit; decided like a data error. Read by the "
-         "executors from the run's effective policy"),
+         "interrupted), Spark runs the task again, and that attempt runs its records in a "
+         "helper process under the same limit; decided like a data error (docs/POLICY.md, "
+         "When a record kills or hangs its worker). Read by the executors from the run's "
+         "effective policy"),
     Prop("errors.log.enable", p_bool, "false",
          "KIP-298: log one structured line with the context of each error"),
     Prop("errors.log.include.messages", p_bool, "false",
