@@ -66,13 +66,21 @@ def task_key(*parts: object) -> str:
 def process_start(pid: int) -> str:
     """The process's start time (Linux: clock ticks since boot), to tell a reused pid apart;
     "" where it cannot be read."""
+    if pid == _own_start[0]:
+        return _own_start[1]
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return ""
     fields = stat[stat.rfind(b")") + 2:].split()
-    return fields[19].decode() if len(fields) > 19 else ""
+    start = fields[19].decode() if len(fields) > 19 else ""
+    if pid == os.getpid():
+        _own_start[:] = [pid, start]   # read once per process (a crumb per task has it)
+    return start
+
+
+_own_start: list = [0, ""]
 
 
 def alive(pid: int, start: str) -> bool:

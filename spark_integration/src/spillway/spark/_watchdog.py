@@ -57,10 +57,19 @@ class Watchdog:
                 os._exit(0)
         self.pid = pid
 
+    def _running(self) -> bool:
+        """Whether the watchdog still runs (it dies with the thread that forked it, and that
+        thread may have ended); reaps it when it does not."""
+        try:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return pid == 0
+
     def arm(self, crumb_path: str, timed_out: str, timeout_ms: int) -> None:
         """Watch this worker's records against ``timeout_ms``; past it, write ``timed_out`` to
         the file ``crumb_path`` (the attempt's crumb), then kill the worker."""
-        if self.pid == 0:
+        if self.pid == 0 or not self._running():
             self._start()
         path = os.fsencode(crumb_path)[:_PATH_MAX]
         line = timed_out.encode()[:_LINE_MAX]
