@@ -78,6 +78,13 @@ def test_a_record_past_the_timeout_is_stopped_with_its_stack(guard):
     assert guard("ok") == "OK"
 
 
+def test_a_helper_killed_between_records_is_replaced_without_blaming_the_next(guard):
+    guard("ok")
+    os.kill(guard._helper.pid, signal.SIGKILL)  # noqa: SLF001 - e.g. the OOM killer, idle
+    time.sleep(0.2)
+    assert guard("ok") == "OK" and guard.deaths == 0
+
+
 def test_a_record_that_raised_in_the_helper_raises_its_own_error_here(guard):
     with pytest.raises(ValueError, match="bad bad") as e:
         guard("bad")

@@ -91,7 +91,7 @@ class Guard:
         except Exception:  # noqa: BLE001 - arguments only this process can hold: run them here
             return self.fn(*args)
         self.calls += 1
-        for _ in range(2):  # a helper found dead before the call started gets one replacement
+        for tries in (1, 2):  # a helper found dead before the call reached it: once more
             helper = self._helper
             if helper is None or helper.pid != _helper_pid(helper):
                 try:
@@ -101,9 +101,12 @@ class Guard:
                     break
             try:
                 status, body = helper.call(data, self.timeout_ms / 1000.0)
-            except _HelperGone:
+            except _HelperGone as gone:
                 self._drop()
-                continue
+                if tries == 1:
+                    continue
+                self.deaths += 1  # two helpers died taking this record in: it kills them
+                raise self._crash(gone.died) from None
             except _Died as died:
                 self._drop()
                 self.deaths += 1
@@ -168,7 +171,11 @@ def _note_stack(exc: BaseException, stack: str, when: str) -> None:
 
 
 class _HelperGone(Exception):
-    """The helper was gone before the call reached it."""
+    """The helper died before the call reached it whole."""
+
+    def __init__(self, died: _Died) -> None:
+        super().__init__(died.how)
+        self.died = died
 
 
 class _Died(Exception):
@@ -213,6 +220,7 @@ class _Helper:
         os.close(req_r)
         os.close(res_w)
         self.pid, self.req, self.res = pid, req_w, res_r
+        self.reader = _Reader(res_r)
         _parent_fds.update((req_w, res_r))
         self.closed = False
 
@@ -221,16 +229,15 @@ class _Helper:
         try:
             _write_all(self.req, _HEADER.pack(_CALL, len(data)) + data)
         except BrokenPipeError:
-            raise _HelperGone() from None
+            raise _HelperGone(self._died()) from None
         if timeout_s > 0:
             left = timeout_s - (time.monotonic() - started)
             if not _readable(self.res, left):
                 raise _TimedOut(time.monotonic() - started, self._stop_for_stack())
-        head = _read_exact(self.res, _HEADER.size)
-        body = None if head is None else _read_exact(self.res, _HEADER.unpack(head)[1])
-        if head is None or body is None:
+        answer = self.reader.message()
+        if answer is None:
             raise self._died()
-        return _HEADER.unpack(head)[0], body
+        return answer
 
     def _died(self) -> _Died:
         status = self._reap(block=True)
@@ -313,15 +320,13 @@ def _serve(fn: Callable[..., Any], req: int, res: int, stack_fd: int, parent: in
     faulthandler.enable(file=stack_fd, all_threads=False)
     if hasattr(faulthandler, "register"):
         faulthandler.register(signal.SIGUSR2, file=stack_fd, all_threads=True)
+    calls = _Reader(req)
     while True:
-        head = _read_exact(req, _HEADER.size)
-        if head is None:
-            return 0
-        body = _read_exact(req, _HEADER.unpack(head)[1])
-        if body is None:
+        call = calls.message()
+        if call is None:
             return 0
         try:
-            args = pickle.loads(body)  # noqa: S301 - our own parent's call
+            args = pickle.loads(call[1])  # noqa: S301 - our own parent's call
             out = fn(*args)
         except SystemExit as exc:   # sys.exit() in the record: the process ends, as it would
             code = exc.code if isinstance(exc.code, int) else 1
@@ -362,18 +367,34 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _read_exact(fd: int, n: int) -> bytes | None:
-    """``n`` bytes, or None at end of file (the other side is gone)."""
-    if n == 0:
-        return b""
-    chunks, left = [], n
-    while left:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
+class _Reader:
+    """One end of a pipe, read a message at a time: a header and a small body usually arrive
+    in one read (one system call per message, not two)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = bytearray()
+
+    def take(self, n: int) -> bytes | None:
+        """``n`` bytes, or None at end of file (the other side is gone)."""
+        buf = self.buf
+        while len(buf) < n:
+            chunk = os.read(self.fd, max(1 << 16, n - len(buf)))
+            if not chunk:
+                return None
+            buf += chunk
+        out = bytes(buf[:n])
+        del buf[:n]
+        return out
+
+    def message(self) -> tuple[bytes, bytes] | None:
+        """(status, body) of the next message, or None at end of file."""
+        head = self.take(_HEADER.size)
+        if head is None:
             return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        status, n = _HEADER.unpack(head)
+        body = self.take(n)
+        return None if body is None else (status, body)
 
 
 def _readable(fd: int, timeout_s: float) -> bool:
