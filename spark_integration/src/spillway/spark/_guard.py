@@ -198,6 +198,7 @@ class _Helper:
         self.stack = tempfile.TemporaryFile()  # faulthandler's output in the child
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
+        _flush_std()  # what this process buffered is written once, by this process
         try:
             with warnings.catch_warnings():  # 3.12+: "use of fork() may lead to deadlocks":
                 warnings.simplefilter("ignore", DeprecationWarning)  # the child runs no other
@@ -339,7 +340,14 @@ def _serve(fn: Callable[..., Any], req: int, res: int, stack_fd: int, parent: in
         except Exception:  # noqa: BLE001 - a result that cannot travel: the parent runs it
             _write_all(res, _HEADER.pack(_UNSENDABLE, 0))
             continue
+        _flush_std()  # the record's prints, before its process may be stopped unflushed
         _write_all(res, _HEADER.pack(_OK, len(data)) + data)
+
+
+def _flush_std() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 def _die_with_parent(parent: int) -> None:
