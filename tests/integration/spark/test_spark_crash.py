@@ -11,7 +11,8 @@ and in the sidecar's metrics.
 
 Spark retries a task only where ``spark.task.maxFailures`` > 1: the jobs run in a driver of
 their own on ``local[2,4]`` (tests/support/crash_jobs.py), against ``spillway serve`` as its
-own process and the Tansu broker.
+own process and the Tansu broker; over Spark Connect, against a Connect server on
+``local[2,4]``.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import sys
 import uuid
 
 import pytest
+from pyspark import cloudpickle
 from support import serve
 from support.kafka import header_map, read_all
 from support.recipes import free_port
 
 pytestmark = pytest.mark.integration
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
 
 DRIVER = os.path.join(os.path.dirname(__file__), "..", "..", "support", "crash_jobs.py")
 SCENARIOS = ("rows-segfault", "frame-exit", "udf-segfault", "rows-hang", "udf-backtrack",
@@ -40,22 +43,27 @@ STACK = "__connect.errors.exception.stacktrace"
 
 
 @pytest.fixture(scope="module")
-def results(broker, tmp_path_factory):
-    """Every scenario run once, in one driver (one JVM): name -> its JSON line."""
+def served(broker, tmp_path_factory):
+    """`spillway serve` as its own process: (its address, its Prometheus port)."""
     port = free_port()
     proc, address = serve.spawn(
         ["--listen", "127.0.0.1:0", "--bootstrap-servers", broker.bootstrap_servers,
          "--set", f"spool.dir={tmp_path_factory.mktemp('crash-spool')}",
          "--set", "producer.linger.ms=5", "--set", f"metrics.prometheus.port={port}"],
         stderr=subprocess.DEVNULL)
+    yield address, port
+    serve.stop(proc, 30)
+
+
+@pytest.fixture(scope="module")
+def results(served):
+    """Every scenario run once, in one driver (one JVM): name -> its JSON line."""
+    address, port = served
     prefix = f"dlq.crash-{uuid.uuid4().hex[:8]}"
-    try:
-        run = subprocess.run(
-            [sys.executable, DRIVER, address, f"http://127.0.0.1:{port}/metrics", prefix,
-             *SCENARIOS], capture_output=True, text=True, timeout=600,
-            env={**os.environ, "PYSPARK_PYTHON": sys.executable})
-    finally:
-        serve.stop(proc, 30)
+    run = subprocess.run(
+        [sys.executable, DRIVER, address, f"http://127.0.0.1:{port}/metrics", prefix,
+         *SCENARIOS], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable})
     lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
     assert run.returncode == 0 and len(lines) == len(SCENARIOS), run.stderr[-4000:]
     return {x["name"]: x for x in lines}
@@ -191,3 +199,45 @@ def test_crashes_count_against_the_tolerance_limits(results):
     assert r["out"] is None and r["report"]["failed"]
     assert "ToleranceExceededError" in r["error"] and "max.errors" in r["error"]
     assert r["report"]["by_category"].get("crash", 0) >= 2
+
+
+# --- Spark Connect ---------------------------------------------------------------------------------
+
+
+def connect_step(x):
+    if x == 7:
+        import ctypes
+
+        ctypes.string_at(0)
+    if x == 13:
+        os._exit(3)
+    return x * 10
+
+
+@pytest.mark.slow
+def test_over_spark_connect_killers_are_dead_lettered_per_row_and_through_a_udf(
+        served, broker, tmp_path_factory):
+    from spillway.spark import Job
+    from support.connect import connect_session, running_connect_server
+
+    address, _ = served
+    topic = f"dlq.crash-connect-{uuid.uuid4().hex[:8]}"
+    with running_connect_server(tmp_path_factory.mktemp("connect"), task_attempts=4,
+                                env={"SPILLWAY_SIDECAR_ADDRESS": address}) as server, \
+            connect_session(server) as spark:
+        with Job(f"crash-connect-{uuid.uuid4().hex[:6]}", {
+                "errors.tolerance": "all", "errors.deadletterqueue.topic.name": topic,
+                "errors.deadletterqueue.context.headers.enable": "true",
+                "errors.deadletterqueue.auto.create.topics.enable": "true",
+                "errors.deadletterqueue.topic.replication.factor": "1"},
+                sidecar=address) as job:
+            df = spark.range(20).repartition(2)
+            rows = job.map_partitions(df, lambda r: (connect_step(r.id),), schema="v long")
+            assert sorted(r.v for r in rows.collect()) == expected(20, 7, 13)
+            f = job.udf("long")(connect_step)
+            out = [r.o for r in df.select(f("id").alias("o")).collect()]
+            assert sorted(v for v in out if v is not None) == expected(20, 7, 13)
+    assert job.report.by_category == {"crash": 4}
+    letters = read_all(broker.bootstrap_servers, topic)
+    assert sorted(m.value() for m in letters) == [b"13", b"7", b'{"id":13}', b'{"id":7}']
+    assert {header_map(m)[CATEGORY] for m in letters} == {b"crash"}
