@@ -201,7 +201,7 @@ def test_crashes_count_against_the_tolerance_limits(results):
     assert r["report"]["by_category"].get("crash", 0) >= 2
 
 
-# --- Spark Connect ---------------------------------------------------------------------------------
+# --- Spark Connect --------------------------------------------------------------------------
 
 
 def connect_step(x):
