@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import uuid
 
 import pytest
@@ -42,6 +43,9 @@ from support.ci import in_ci  # noqa: E402
 from support.spark import pin_loopback, quick_jvms  # noqa: E402
 
 pin_loopback()  # before any Spark, here or in a subprocess: the driver binds to 127.0.0.1
+# task attempts' crumbs (spillway.spark._isolation) of this test process and the Spark workers
+# it starts, away from the machine's own directory
+os.environ.setdefault("SPILLWAY_CRUMB_DIR", tempfile.mkdtemp(prefix="spillway-crumbs-"))
 quick_jvms()    # short-lived test JVMs: client JIT, serial GC (support/spark.py)
 
 # Hypothesis: no per-example deadline and no "too slow" health check. Both time the example on

@@ -75,10 +75,12 @@ class ConnectServer:
     """One Spark Connect server process: `start` waits until its gRPC port answers."""
 
     def __init__(self, workdir: Path, *, env: Mapping[str, str] | None = None, cores: int = 2,
-                 conf: Mapping[str, str] | None = None, start_timeout_s: float = 180.0) -> None:
+                 conf: Mapping[str, str] | None = None, start_timeout_s: float = 180.0,
+                 task_attempts: int = 1) -> None:
         self.workdir = Path(workdir)
         self.port = _free_port()
         self.cores = cores
+        self.task_attempts = task_attempts   # local[N] tries a task once; local[N,F] F times
         self.extra_env = dict(env or {})
         self.conf = dict(conf or {})
         self.start_timeout_s = start_timeout_s
@@ -102,8 +104,10 @@ class ConnectServer:
             "spark.python.worker.reuse": "true",
             **self.conf,
         }
+        master = (f"local[{self.cores},{self.task_attempts}]" if self.task_attempts > 1
+                  else f"local[{self.cores}]")
         cmd = [str(spark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS,
-               "--name", "spillway-tests-connect", "--master", f"local[{self.cores}]"]
+               "--name", "spillway-tests-connect", "--master", master]
         for k, v in conf.items():
             cmd += ["--conf", f"{k}={v}"]
         return cmd

@@ -29,7 +29,7 @@ from pyspark.sql.types import (
 )
 
 from spillway.client import _channel
-from spillway.spark import FlushTimeoutError, Job, _runtime, _tracing, _udf
+from spillway.spark import FlushTimeoutError, Job, _runtime, _taskinfo, _tracing, _udf
 from spillway.spark import job as job_module
 from spillway.spark._compat import arrow_conversions
 from spillway.v1 import sidecar_pb2 as pb
@@ -125,7 +125,7 @@ def sidecar(server, monkeypatch, tmp_path):
     monkeypatch.setattr(job_module, "_is_rdd", lambda o: isinstance(o, CapturedRDD))
     monkeypatch.setattr(_udf, "_udf_states", {})
     monkeypatch.setattr(_udf, "TaskContext", FakeTaskContext)
-    monkeypatch.setattr(_runtime, "_task_context", FakeTaskContext.get)
+    monkeypatch.setattr(_taskinfo, "_task_context", FakeTaskContext.get)
     monkeypatch.setattr(FakeTaskContext, "_taskContext",
                         FakeTaskContext(tid=int(uuid.uuid4().int % 10**6)))
     server.flush_fails = True

@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from spillway.spark import _compat, _runtime, _task_end
+from spillway.spark import _compat, _task_end, _taskinfo
 
 
 class Props:
@@ -38,13 +38,13 @@ class Props:
     ({"spark.job.tags": "myspillway-batch-4,spillway-batch-x,spillway-batch-5-b"}, None),
 ])
 def test_the_micro_batch_id_comes_from_spark_or_from_the_batch_tag(monkeypatch, props, expected):
-    monkeypatch.setattr(_runtime, "_task_context", lambda: Props(**props))
-    assert _runtime.current_batch_id() == expected
+    monkeypatch.setattr(_taskinfo, "_task_context", lambda: Props(**props))
+    assert _taskinfo.current_batch_id() == expected
 
 
 def test_no_task_no_batch(monkeypatch):
-    monkeypatch.setattr(_runtime, "_task_context", lambda: None)
-    assert _runtime.current_batch_id() is None
+    monkeypatch.setattr(_taskinfo, "_task_context", lambda: None)
+    assert _taskinfo.current_batch_id() is None
 
 
 class TaggedSession:
@@ -62,17 +62,17 @@ class TaggedSession:
 
 def test_batch_scope_tags_the_block_only_even_when_it_fails():
     session = TaggedSession()
-    with _runtime.batch_scope(session, 4):
+    with _taskinfo.batch_scope(session, 4):
         assert session.tags == ["spillway-batch-4"]
     assert session.tags == []
-    with pytest.raises(RuntimeError), _runtime.batch_scope(session, 5):
+    with pytest.raises(RuntimeError), _taskinfo.batch_scope(session, 5):
         raise RuntimeError("write failed")
     assert session.tags == []
 
 
 def test_batch_scope_without_tags_runs_the_block_as_it_is():
     ran = []
-    with _runtime.batch_scope(object(), 4):  # classic 3.5: no addTag
+    with _taskinfo.batch_scope(object(), 4):  # classic 3.5: no addTag
         ran.append(1)
     assert ran == [1]
 

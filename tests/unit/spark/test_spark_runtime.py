@@ -14,7 +14,7 @@ from spillway.client import (
     SidecarUnavailableError,
     _channel,
 )
-from spillway.spark import _runtime, _tracing
+from spillway.spark import _runtime, _taskinfo, _tracing
 from spillway.spark._engine import StageRef
 from spillway.spark._runtime import JobSpec, TaskSession, WrapperSpec
 from spillway.v1 import sidecar_pb2 as pb
@@ -249,7 +249,7 @@ def test_bad_job_settings_are_refused_naming_the_setting(kwargs, field):
 
 
 def test_task_identity_off_spark():
-    task = _runtime.current_task(partition_fallback=3)
+    task = _taskinfo.current_task(partition_fallback=3)
     assert (task.partition_id, task.executor_id) == (3, "driver") and task.host
 
 

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from spillway.client import RetriableError
-from spillway.spark import _runtime, _tracing, _udf as udf_module
+from spillway.spark import _runtime, _taskinfo, _tracing, _udf as udf_module
 from spillway.spark._engine import StageRef
 from spillway.spark._plan import WrapperPlan
 from spillway.spark._runtime import WrapperSpec
@@ -46,7 +46,7 @@ def executor_like(monkeypatch):
     monkeypatch.setattr(_tracing, "ensure_provider", lambda: None)
     monkeypatch.setattr(udf_module, "_udf_states", {})
     monkeypatch.setattr(udf_module, "TaskContext", FakeTaskContext)
-    monkeypatch.setattr(_runtime, "_task_context", FakeTaskContext.get)
+    monkeypatch.setattr(_taskinfo, "_task_context", FakeTaskContext.get)
     monkeypatch.setattr(FakeTaskContext, "_taskContext", FakeTaskContext(tid=1))
 
 

@@ -56,9 +56,11 @@ from .markers import (
     ApplicationRecoverableError,
     DataError,
     InvalidConfigurationError,
+    RecordTimeoutError,
     RefreshRetriableError,
     RetriableError,
     SpillwayMarker,
+    WorkerCrashError,
 )
 
 __all__ = [
@@ -85,6 +87,7 @@ __all__ = [
     "RecordFailedError",
     "Registration",
     "ReportTooLargeError",
+    "RecordTimeoutError",
     "RefreshRetriableError",
     "RetriableError",
     "RunStateLostError",
@@ -101,6 +104,7 @@ __all__ = [
     "TOKEN_FILE_ENV",
     "ToleranceExceededError",
     "TopicGuardrailError",
+    "WorkerCrashError",
     "check_job_name",
     "error_for_verdict",
     "report",

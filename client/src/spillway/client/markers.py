@@ -10,7 +10,14 @@ wrap the real error: ``raise RetriableError("db busy", cause=exc)`` (or ``raise 
     ├── AbortableError                  abortable: abort the partition attempt (Spark re-runs it)
     ├── ApplicationRecoverableError     application-recoverable
     ├── InvalidConfigurationError       invalid-configuration: fails the job at once
-    └── DataError                       data: a poison record, never retried; tolerance decides
+    ├── DataError                       data: a poison record, never retried; tolerance decides
+    ├── WorkerCrashError                crash: the process running the record died on it
+    └── RecordTimeoutError              timeout: the record outlasted errors.record.timeout.ms
+
+The last two are what spillway reports for a record that killed its Python worker (a signal,
+an exit, the OOM killer) or ran past ``errors.record.timeout.ms`` (docs/POLICY.md, "When a record
+kills or hangs its worker"); decided like data errors unless a classification rule on their
+class says otherwise.
 """
 
 from __future__ import annotations
@@ -51,6 +58,29 @@ class InvalidConfigurationError(SpillwayMarker):
 
 class DataError(SpillwayMarker):
     category = "data"
+
+
+class WorkerCrashError(SpillwayMarker):
+    """The process running the record died while it ran (``signal``: the signal that killed it,
+    ``exit_status``: its exit status otherwise; the message says which)."""
+
+    category = "crash"
+
+    def __init__(self, message: str = "", *, signal: int | None = None,
+                 exit_status: int | None = None, cause: BaseException | None = None) -> None:
+        super().__init__(message, cause=cause)
+        self.signal, self.exit_status = signal, exit_status
+
+
+class RecordTimeoutError(SpillwayMarker):
+    """The record ran past ``errors.record.timeout.ms`` (``timeout_ms``) and was stopped."""
+
+    category = "timeout"
+
+    def __init__(self, message: str = "", *, timeout_ms: int = 0,
+                 cause: BaseException | None = None) -> None:
+        super().__init__(message, cause=cause)
+        self.timeout_ms = timeout_ms
 
 
 def marker_category_name(exc: BaseException) -> str | None:

@@ -48,6 +48,8 @@ CATEGORY_BY_NAME: Mapping[str, int] = {
     "application-recoverable": pb.CATEGORY_APPLICATION_RECOVERABLE,
     "invalid-configuration": pb.CATEGORY_INVALID_CONFIGURATION,
     "data": pb.CATEGORY_DATA,
+    "crash": pb.CATEGORY_CRASH,
+    "timeout": pb.CATEGORY_TIMEOUT,
 }
 
 

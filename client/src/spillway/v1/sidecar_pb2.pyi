@@ -27,6 +27,8 @@ class Category(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CATEGORY_APPLICATION_RECOVERABLE: _ClassVar[Category]
     CATEGORY_INVALID_CONFIGURATION: _ClassVar[Category]
     CATEGORY_DATA: _ClassVar[Category]
+    CATEGORY_CRASH: _ClassVar[Category]
+    CATEGORY_TIMEOUT: _ClassVar[Category]
 
 class Payload(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
@@ -56,6 +58,8 @@ CATEGORY_ABORTABLE: Category
 CATEGORY_APPLICATION_RECOVERABLE: Category
 CATEGORY_INVALID_CONFIGURATION: Category
 CATEGORY_DATA: Category
+CATEGORY_CRASH: Category
+CATEGORY_TIMEOUT: Category
 PAYLOAD_UNSPECIFIED: Payload
 PAYLOAD_SOURCE: Payload
 PAYLOAD_STAGE_INPUT: Payload

@@ -27,8 +27,10 @@ from spillway.client.markers import (
     ApplicationRecoverableError,
     DataError,
     InvalidConfigurationError,
+    RecordTimeoutError,
     RefreshRetriableError,
     RetriableError,
+    WorkerCrashError,
 )
 
 # The driver's API is imported when first used: a Spark Python worker imports this package to
@@ -89,11 +91,13 @@ __all__ = [
     "JobFailedError",
     "JobReport",
     "RecordFailedError",
+    "RecordTimeoutError",
     "RefreshRetriableError",
     "RetriableError",
     "SidecarUnavailableError",
     "SpillwayClientError",
     "ToleranceExceededError",
     "UnsupportedOnThisSparkError",
+    "WorkerCrashError",
     "read_dlq",
 ]

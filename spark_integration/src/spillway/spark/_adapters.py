@@ -6,10 +6,15 @@
 - `SinkAdapter`: ``write_fn(rows)`` on chunks of rows (foreach_partition / foreach_batch),
   bisected the same way;
 - `DeserializeAdapter`: key / value / whole-record deserializers on the Kafka source columns.
+
+A guarded task attempt (`_isolation`) runs the user function in a helper process, whose result
+must travel back pickled: `listed`, `batch_outputs` and `unvalued` make each kind's function
+return what the adapter would make of its result anyway (a list of outputs; None for a write).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -186,6 +191,10 @@ class Deserializer:
         self.part, self.fn, self.stage, self.function_name = part, fn, stage, function_name
         self.check = check
 
+    def with_fn(self, fn: Callable[[Any], Any]) -> Deserializer:
+        """This step running ``fn`` (its function, isolated) instead."""
+        return Deserializer(self.part, fn, self.stage, self.function_name, self.check)
+
 
 class DeserializeAdapter:
     """Units are rows of a Kafka-source Arrow batch: payload (batch, row index, row dict)."""
@@ -217,3 +226,34 @@ class DeserializeAdapter:
     def context(self, unit: Unit) -> RecordContext:
         batch, i, _ = unit.payload
         return context_of(batch.slice(i, 1).to_pylist()[0], lambda: self.ids(unit.offset))
+
+
+# --- results that can leave a helper process (`_guard`) ------------------------------------------
+
+
+def listed(fn: Callable[..., Any]) -> Callable[..., list]:
+    """``fn`` returning its iterable of outputs as a list (a flat map's outputs)."""
+    return functools.partial(_listed, fn)
+
+
+def _listed(fn: Callable[..., Any], *args: Any) -> list:
+    return list(fn(*args))
+
+
+def batch_outputs(fn: Callable[[Any], Any], kind: str) -> Callable[[Any], list]:
+    """``fn(batch)`` returning its output batches (or frames) as a list."""
+    return functools.partial(_batch_outputs, fn, kind)
+
+
+def _batch_outputs(fn: Callable[[Any], Any], kind: str, batch: Any) -> list:
+    out = fn(batch)
+    return _arrow_outputs(out) if kind == "arrow" else _pandas_outputs(out)
+
+
+def unvalued(fn: Callable[..., Any]) -> Callable[..., None]:
+    """``fn`` whose result is dropped (a sink's write: only its effect counts)."""
+    return functools.partial(_unvalued, fn)
+
+
+def _unvalued(fn: Callable[..., Any], *args: Any) -> None:
+    fn(*args)

@@ -35,6 +35,7 @@ has no loop and retries a row in place.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import logging
@@ -49,6 +50,7 @@ from opentelemetry.context import Context
 from spillway.client import columns, report
 from spillway.client.columns import Failure
 from spillway.client.errors import SidecarProtocolError, error_for_verdict
+from spillway.client.markers import RecordTimeoutError, WorkerCrashError
 from spillway.v1 import sidecar_pb2 as pb
 
 from ._records import RecordContext, payload_for
@@ -435,6 +437,8 @@ def reported(session: Session, ctx: RecordContext, exc: BaseException, stage: St
              function_name: str, attempt: int) -> Failure:
     """A record that failed (its context ``ctx``, the exception ``exc``, in ``stage`` and
     ``function_name``) as its report carries it; the session is told (logs, metrics, span)."""
+    if isinstance(exc, _DEATHS):
+        name_payload(exc, ctx)
     record = columns.failure(
         ctx.record_id, stage.stage, exc, custom_stage=stage.custom,
         function_name=function_name, source=ctx.source, key=ctx.key, value=ctx.value,
@@ -442,6 +446,21 @@ def reported(session: Session, ctx: RecordContext, exc: BaseException, stage: St
         context=session.trace_context, payload=payload_for(stage.stage, ctx))
     session.failed(exc, record)
     return record
+
+
+_DEATHS = (WorkerCrashError, RecordTimeoutError)
+_PAYLOAD = "record payload sha256:"
+
+
+def name_payload(exc: BaseException, ctx: RecordContext) -> None:
+    """A record that killed or hung its process has no error of its own to tell it by: its
+    message names its payload's digest (of the value, else the key, as dead-lettered), which
+    the job's error names too when the policy fails it."""
+    message = str(exc)
+    if _PAYLOAD in message:
+        return
+    payload = ctx.value if ctx.value is not None else ctx.key or b""
+    exc.args = (f"{message} ({_PAYLOAD}{hashlib.sha256(payload).hexdigest()[:16]})",)
 
 
 def follow(session: Session, batch: Sequence[Unit], verdicts: Sequence[pb.Verdict]

@@ -2,7 +2,10 @@
 once per partition (module-level, so pickled by reference), each driving the verdict loop
 (`_engine.Engine`) over its rows or batches inside a `TaskSession` (reports, counts, the flush
 barrier at the partition's end). `job.Job` builds them with `functools.partial` over one
-`WrapperPlan` (the job, the wrapper, the user's hooks) and what is particular to the kind."""
+`WrapperPlan` (the job, the wrapper, the user's hooks) and what is particular to the kind.
+
+Each partition is also a task attempt that may follow one whose worker a record killed: its
+`_isolation.TaskIsolation` says so, and then its user functions run guarded (`_guard`)."""
 
 from __future__ import annotations
 
@@ -17,14 +20,19 @@ from ._adapters import (
     DeserializeAdapter,
     RowAdapter,
     SinkAdapter,
+    batch_outputs,
     batch_units,
     chunk_units,
+    listed,
+    unvalued,
 )
 from ._compat import arrow_conversions
 from ._engine import Engine, StageRef, Unit
+from ._isolation import TaskIsolation, begin_task
 from ._records import positional_ids
 from ._plan import WrapperPlan
-from ._runtime import JobSpec, TaskSession, WrapperSpec, current_batch_id, worker
+from ._runtime import JobSpec, TaskSession, WrapperSpec, worker
+from ._taskinfo import current_batch_id, current_task
 from ._schema import arrow_conformer, pandas_checker, row_checker
 
 _log = logging.getLogger("spillway.spark")
@@ -40,6 +48,16 @@ def record_ids(spec: JobSpec, wrapper: WrapperSpec, task: pb.TaskIdentity, batch
                           batch_id=batch, use=wrapper.use)
 
 
+def isolation(plan: WrapperPlan, task: pb.TaskIdentity, batch_id: Any = None) -> TaskIsolation:
+    """This task attempt's isolation (its crumb; guarded when an earlier attempt died)."""
+    spec, wrapper = plan.spec, plan.wrapper
+    batch = batch_id if batch_id is not None else current_batch_id()
+    return begin_task((spec.run_id, spec.name, wrapper.name, wrapper.use, batch, task.stage_id,
+                       task.partition_id), task.attempt_number, spec.record_timeout_ms,
+                      f"partition {task.partition_id} of {wrapper.name} (attempt "
+                      f"{task.attempt_number})")
+
+
 def make_engine(plan: WrapperPlan, session: TaskSession, adapter: Any,
                 count_stages: Sequence[StageRef] | None = None) -> Engine:
     spec, wrapper = plan.spec, plan.wrapper
@@ -49,9 +67,11 @@ def make_engine(plan: WrapperPlan, session: TaskSession, adapter: Any,
                   max_inflight=spec.report_max_inflight)
 
 
-def drive(session: TaskSession, engine: Engine, outputs: Iterator[Any]) -> Iterator[Any]:
+def drive(session: TaskSession, engine: Engine, outputs: Iterator[Any],
+          iso: TaskIsolation | None = None) -> Iterator[Any]:
     """Run the loop over a partition (``outputs``: engine.run or engine.run_rows); close the
-    session (flush barrier) when it ends."""
+    session (flush barrier) when it ends, then the attempt's isolation (none where no user
+    code runs)."""
     ok, error = False, None
     try:
         yield from outputs
@@ -67,15 +87,24 @@ def drive(session: TaskSession, engine: Engine, outputs: Iterator[Any]) -> Itera
         error = exc
         raise
     finally:
-        session.close(ok, error)
+        try:
+            session.close(ok, error)
+        except BaseException:
+            ok = False
+            raise
+        finally:
+            if iso is not None:
+                iso.end(ok)
 
 
 def rdd_partition(plan: WrapperPlan, fn, flat, iterator):
     session = TaskSession(plan.spec, plan.wrapper)
+    iso = isolation(plan, session.task)
     ids = record_ids(plan.spec, plan.wrapper, session.task)
+    fn = iso.wrap(listed(fn)) if iso.wraps and flat else iso.wrap(fn)
     adapter = RowAdapter(fn, ids=ids, flat=flat, record_id=plan.record_id, source=plan.source)
     engine = make_engine(plan, session, adapter)
-    return drive(session, engine, engine.run_rows(iterator))
+    return drive(session, engine, engine.run_rows(iterator), iso)
 
 
 def _large_types(batch: Any) -> bool:
@@ -115,7 +144,8 @@ def df_partition(plan: WrapperPlan, fn, flat, in_schema, out_schema, batches, *,
             yield from ArrowTableToRowsConversion.convert(pa.Table.from_batches([b]), in_schema)
 
     spec, wrapper = plan.spec, plan.wrapper
-    checked = _checked(fn, out_schema, flat, wrapper.stage.name)
+    iso = isolation(plan, current_task())
+    checked = iso.wrap(_checked(fn, out_schema, flat, wrapper.stage.name))
     if ledger is not None:  # Job.reprocess: a session that records what it resolved
         session, checked = ledger.bind(spec, wrapper, checked)
     else:
@@ -123,7 +153,7 @@ def df_partition(plan: WrapperPlan, fn, flat, in_schema, out_schema, batches, *,
     adapter = RowAdapter(checked, ids=record_ids(spec, wrapper, session.task), flat=flat,
                          record_id=plan.record_id, source=plan.source)
     engine = make_engine(plan, session, adapter)
-    outputs = drive(session, engine, engine.run_rows(rows()))
+    outputs = drive(session, engine, engine.run_rows(rows()), iso)
     return _rows_to_batches(outputs, out_schema, lambda: seen["large"])
 
 
@@ -142,12 +172,15 @@ def _checked(fn, schema, flat, stage):
 def vector_partition(plan: WrapperPlan, fn, kind, out_schema, batches):
     spec, wrapper = plan.spec, plan.wrapper
     session = TaskSession(spec, wrapper)
+    iso = isolation(plan, session.task)
+    if iso.wraps:
+        fn = iso.wrap(batch_outputs(fn, kind))
     conform = (arrow_conformer if kind == "arrow" else pandas_checker)(out_schema,
                                                                        wrapper.stage.name)
     adapter = BatchAdapter(fn, kind, ids=record_ids(spec, wrapper, session.task),
                            record_id=plan.record_id, source=plan.source, conform=conform)
     engine = make_engine(plan, session, adapter)
-    return drive(session, engine, engine.run(batch_units(batches)))
+    return drive(session, engine, engine.run(batch_units(batches)), iso)
 
 
 def deserialize_partition(plan: WrapperPlan, steps, in_schema, new_schema, batches):
@@ -187,10 +220,13 @@ def deserialize_partition(plan: WrapperPlan, steps, in_schema, new_schema, batch
             yield pa.RecordBatch.from_arrays(arrays, names=taken.schema.names + new.schema.names)
 
     session = TaskSession(plan.spec, plan.wrapper)
+    iso = isolation(plan, session.task)
+    if iso.wraps:
+        steps = [s.with_fn(iso.wrap(s.fn)) for s in steps]
     adapter = DeserializeAdapter(steps, ids=record_ids(plan.spec, plan.wrapper, session.task),
                                  to_row=to_row)
     engine = make_engine(plan, session, adapter, count_stages=[s.stage for s in steps])
-    outputs = drive(session, engine, engine.run(units()))
+    outputs = drive(session, engine, engine.run(units()), iso)
     buf: list = []
     try:
         for out in outputs:
@@ -206,11 +242,14 @@ def deserialize_partition(plan: WrapperPlan, steps, in_schema, new_schema, batch
 
 def sink_partition(plan: WrapperPlan, write_fn, chunk, batch_id, rows):
     session = TaskSession(plan.spec, plan.wrapper)
+    iso = isolation(plan, session.task, batch_id)
+    if iso.wraps:
+        write_fn = iso.wrap(unvalued(write_fn))
     adapter = SinkAdapter(write_fn, ids=record_ids(plan.spec, plan.wrapper, session.task,
                                                    batch_id),
                           record_id=plan.record_id, source=plan.source)
     engine = make_engine(plan, session, adapter)
-    for _ in drive(session, engine, engine.run(chunk_units(rows, chunk))):
+    for _ in drive(session, engine, engine.run(chunk_units(rows, chunk)), iso):
         pass
 
 

@@ -36,16 +36,13 @@ the strict side).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import re
-import socket
 import threading
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -67,6 +64,7 @@ from spillway.v1 import sidecar_pb2 as pb
 
 from . import _tracing
 from ._engine import StageRef
+from ._taskinfo import current_task
 from ._token import EscrowedToken, TokenFile, claim_client
 
 log = logging.getLogger("spillway.spark")
@@ -76,11 +74,6 @@ T = TypeVar("T")
 ON_UNAVAILABLE = ("fail", "wait")
 #: Counts are re-sent before a report when they grew by more than this since last sent.
 COUNTS_GROWTH = 1.10
-BATCH_ID_PROPERTY = "streaming.sql.batchId"
-JOB_TAGS_PROPERTY = "spark.job.tags"
-#: The job tag `batch_scope` adds: ``spillway-batch-<micro-batch id>``.
-BATCH_TAG_PREFIX = "spillway-batch-"
-_BATCH_TAG = re.compile(r"(?:^|[_-])" + re.escape(BATCH_TAG_PREFIX) + r"(\d+)$")
 #: Threads per worker process that send reports in the background (one Spark task runs at a
 #: time in a Python worker; wrappers pipelined in it have up to ``report_max_inflight`` reports
 #: in flight each; more than the threads wait in the pool's queue, still counted in flight).
@@ -127,6 +120,8 @@ class JobSpec:
     run_id: str = ""
     job_token: JobToken | TokenFile | EscrowedToken | None = None
     home_instance_id: str = ""
+    # the run's effective errors.record.timeout.ms (0: none), set by `Job.register`
+    record_timeout_ms: int = 0
 
     def __post_init__(self) -> None:
         check_job_name(self.name)  # the sidecar's rule, refused here on the driver
@@ -259,69 +254,12 @@ def worker() -> _Worker:
         return _worker
 
 
-# --- Spark's task identity ------------------------------------------------------------------
-
-
-def _task_context():
+def record_timeout_ms(effective: Mapping[str, str]) -> int:
+    """A run's effective ``errors.record.timeout.ms`` (the sidecar validated it)."""
     try:
-        from pyspark import TaskContext
-    except ImportError:  # pragma: no cover - spillway.spark requires pyspark
-        return None
-    return TaskContext.get()
-
-
-def current_task(partition_fallback: int = 0) -> pb.TaskIdentity:
-    """Spark's TaskContext plus the executor id and host (fallbacks off Spark: driver, p0)."""
-    tc = _task_context()
-    host = socket.gethostname()
-    if tc is None:
-        return pb.TaskIdentity(partition_id=partition_fallback,
-                               executor_id=os.environ.get("SPARK_EXECUTOR_ID") or "driver",
-                               host=host)
-    executor = (tc.getLocalProperty("spark.executor.id") or os.environ.get("SPARK_EXECUTOR_ID")
-                or "driver")
-    return pb.TaskIdentity(stage_id=tc.stageId(), partition_id=tc.partitionId(),
-                           attempt_number=tc.attemptNumber(), task_attempt_id=tc.taskAttemptId(),
-                           executor_id=executor, host=host)
-
-
-def current_batch_id() -> str | None:
-    """The Structured Streaming micro-batch id of the running task, if any.
-
-    Spark's own ``streaming.sql.batchId`` local property where the micro-batch's thread runs
-    the job (classic Spark; a Connect server's sinks other than foreachBatch); else the job tag
-    `batch_scope` put on the action (``job.foreach_batch`` does, on every Spark mode): over
-    Spark Connect a foreachBatch function runs its actions through another Connect session on
-    the server's request threads, whose tasks carry no ``streaming.sql.batchId``."""
-    tc = _task_context()
-    if tc is None:
-        return None
-    found = tc.getLocalProperty(BATCH_ID_PROPERTY)
-    if found is not None:
-        return found
-    for tag in (tc.getLocalProperty(JOB_TAGS_PROPERTY) or "").split(","):
-        m = _BATCH_TAG.search(tag.strip())
-        if m:
-            return m.group(1)
-    return None
-
-
-@contextlib.contextmanager
-def batch_scope(session: Any, batch_id: int) -> Iterator[None]:
-    """Tag the actions run in this block (this thread) as micro-batch ``batch_id``: their tasks
-    see it in ``spark.job.tags`` (Spark Connect prefixes session tags with its own names, hence
-    the suffix match in `current_batch_id`). A session without tags (classic 3.5, whose
-    micro-batch thread has ``streaming.sql.batchId``) runs the block as it is."""
-    add = getattr(session, "addTag", None)
-    if add is None or isinstance(batch_id, bool) or not isinstance(batch_id, int):
-        yield
-        return
-    tag = f"{BATCH_TAG_PREFIX}{batch_id}"
-    add(tag)
-    try:
-        yield
-    finally:
-        session.removeTag(tag)
+        return max(0, int(effective.get("errors.record.timeout.ms", "0") or 0))
+    except ValueError:
+        return 0
 
 
 def ratio_limited(effective: Mapping[str, str]) -> bool:

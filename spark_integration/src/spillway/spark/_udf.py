@@ -1,6 +1,10 @@
 """Executor side of `Job.udf`: the per-row function Spark calls, its per-task-attempt state
 (a UDF sees no partition end: its row count and session live per attempt of each worker
-process), and the failure path of one row (report, verdict, retry in place, flush barrier)."""
+process), and the failure path of one row (report, verdict, retry in place, flush barrier).
+
+A task attempt that follows one whose worker died (`_isolation`) calls the user's function
+through a `_guard.Guard` for every row: the per-row function's ``fn`` is swapped when the
+attempt is entered, so the happy path runs exactly as before."""
 
 from __future__ import annotations
 
@@ -17,9 +21,11 @@ from spillway.client.columns import Failure
 from spillway.v1 import sidecar_pb2 as pb
 
 from ._engine import Unit, follow, reported, trim_traceback
+from ._isolation import TaskIsolation, begin_task
 from ._plan import WrapperPlan
 from ._records import context_of, positional_record_id
-from ._runtime import JobSpec, TaskSession, WrapperSpec, current_batch_id, current_task
+from ._runtime import JobSpec, TaskSession, WrapperSpec
+from ._taskinfo import current_batch_id, current_task
 from ._task_end import at_task_end
 
 try:
@@ -40,16 +46,27 @@ class _UdfState:
     """A UDF's state in the current task attempt of this worker (UDFs see no partition end):
     the rows it was called on (row index and processed count) and, once needed, a session."""
 
-    __slots__ = ("pid", "tid", "tc", "task", "counter", "_session", "spec", "wrapper")
+    __slots__ = ("pid", "tid", "tc", "task", "counter", "_session", "spec", "wrapper",
+                 "isolation", "isolated", "run")
 
-    def __init__(self, spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None) -> None:
+    def __init__(self, spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None,
+                 fn: Callable | None = None) -> None:
         self.pid = os.getpid()
         self.tid = tid
         self.tc = tc  # Spark's TaskContext object of the attempt (held: its id is not reused)
-        self.task = current_task()  # once per task attempt: later it names another task
+        self.task = t = current_task()  # once per task attempt: later it names another task
         self.counter = RowCounter()  # the rows it was called on (the per-row function counts)
         self._session: TaskSession | None = None
         self.spec, self.wrapper = spec, wrapper
+        self.isolation: TaskIsolation = begin_task(
+            (spec.run_id, spec.name, wrapper.name, wrapper.use, current_batch_id(), t.stage_id,
+             t.partition_id), t.attempt_number, spec.record_timeout_ms,
+            f"UDF {wrapper.name} in partition {t.partition_id} (attempt {t.attempt_number})")
+        # the user's function through a helper process (an attempt that runs guarded) or timed
+        # by the watchdog (a record timeout): what a retry in place calls too
+        self.isolated: Callable | None = (self.isolation.wrap(fn) if fn is not None
+                                         and self.isolation.wraps else None)
+        self.run = self.isolated or fn  # what each row of the attempt calls
 
     @property
     def rows(self) -> int:
@@ -66,8 +83,13 @@ class _UdfState:
     def retire(self, final: bool = False) -> None:
         """The task attempt is over: send its unsent counts when ``final`` (the task's end) or
         once due, else park them for a later call."""
-        if self.pid == os.getpid() and self.rows:
-            self.session.park_counts(final=final)
+        if self.pid != os.getpid():
+            return
+        try:
+            if self.rows:
+                self.session.park_counts(final=final)
+        finally:
+            self.isolation.end(True)
 
 
 _udf_states: dict[tuple[str, str], _UdfState] = {}
@@ -81,7 +103,8 @@ def _udf_task_end() -> None:
             st.retire(final=True)
 
 
-def _udf_state(spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None) -> _UdfState:
+def _udf_state(spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None,
+               fn: Callable | None = None) -> _UdfState:
     """The UDF's state for task attempt ``tid`` in this process; a state of an earlier attempt
     is retired (one inherited through a fork is dropped as it is)."""
     key = (spec.name, wrapper.name)
@@ -91,7 +114,7 @@ def _udf_state(spec: JobSpec, wrapper: WrapperSpec, tid: int, tc: Any = None) ->
         return old  # the same UDF applied twice in one task: one row count, distinct ids
     if old is not None:
         old.retire()
-    st = _udf_states[key] = _UdfState(spec, wrapper, tid, tc)
+    st = _udf_states[key] = _UdfState(spec, wrapper, tid, tc, fn)
     return st
 
 
@@ -117,15 +140,6 @@ def udf_function(plan: WrapperPlan, fn: Callable, error_column: bool,
     spec, wrapper = plan.spec, plan.wrapper
     holder: list[_UdfState | None] = [None]  # unpickled afresh with the UDF on the executor
     tc_class = TaskContext
-    if check is not None:
-        user_fn = fn
-
-        def checked(*args):
-            out = user_fn(*args)
-            check(out)
-            return out
-    else:
-        checked = fn
 
     def enter() -> _UdfState:
         tc = tc_class.get()
@@ -138,12 +152,12 @@ def udf_function(plan: WrapperPlan, fn: Callable, error_column: bool,
         at_task_end(_udf_task_end)  # once per process: counts sent as each task ends
         st = holder[0]
         if st is None or st.tid != tid or st.pid != os.getpid():
-            st = _udf_state(spec, wrapper, tid, tc)
+            st = _udf_state(spec, wrapper, tid, tc, fn)
         st.tc = tc
         holder[0] = st
         return st
 
-    failed = _RowFailure(plan, checked, error_column)
+    failed = _RowFailure(plan, fn, error_column, check)
 
     # The per-row cost is what the happy path pays: read the class attribute that
     # TaskContext.get() returns (a method call costs more than the rest of the check), and
@@ -161,6 +175,8 @@ def udf_function(plan: WrapperPlan, fn: Callable, error_column: bool,
     if extensions.enabled("udfcall") and direct and _NativeCall is not None:
         def enter_native():
             st = enter()
+            if native_call.fn is not st.run:  # the attempt's: ``fn``, or ``fn`` guarded
+                native_call.fn = st.run
             return st, st.tc, st.counter
 
         mode = 0 if check is None else 2 if fast else 1
@@ -180,7 +196,7 @@ def udf_function(plan: WrapperPlan, fn: Callable, error_column: bool,
             index = c.value
             c.value = index + 1
             try:
-                out = fn(arg)
+                out = st.run(arg)
                 if type(out) is not kind or bounded and not lo <= out <= hi:
                     verify(out)
             except Exception as exc:  # noqa: BLE001 - user code
@@ -195,7 +211,7 @@ def udf_function(plan: WrapperPlan, fn: Callable, error_column: bool,
             index = c.value
             c.value = index + 1
             try:
-                out = fn(*args)
+                out = st.run(*args)
                 if check is not None:
                     check(out)
             except Exception as exc:  # noqa: BLE001 - user code
@@ -232,11 +248,13 @@ def single_argument(fn: Callable) -> bool:
 @dataclass(frozen=True)
 class _RowFailure:
     """What a UDF does with a row whose ``fn`` raised (the per-row function's ``failed``):
-    report it, follow the verdict (`_engine.follow`, as every wrapper does), retry in place."""
+    report it, follow the verdict (`_engine.follow`, as every wrapper does), retry in place
+    (through the attempt's guard when it has one; ``check`` the result as the row did)."""
 
     plan: WrapperPlan
     fn: Callable
     error_column: bool
+    check: Callable[[Any], None] | None = None
 
     def __call__(self, st: _UdfState, args: tuple, index: int, exc: Exception) -> Any:
         """The row's result: its value once a retry succeeds, else null (with the error
@@ -281,7 +299,9 @@ class _RowFailure:
                         and self.plan.refresh is not None:
                     self.plan.refresh()
                 try:
-                    value = self.fn(*args)
+                    value = (st.isolated or self.fn)(*args)
+                    if self.check is not None:
+                        self.check(value)
                 except Exception as again:  # noqa: BLE001 - user code
                     exc = trim_traceback(again)
                     continue
@@ -290,6 +310,7 @@ class _RowFailure:
                 return value
         except BaseException as e:
             error = e
+            st.isolation.end(False)  # the task fails here, its process lives: not a death
             raise
         finally:
             session.end_span(error)

@@ -10,7 +10,8 @@
  *
  * - RowCounter: a task attempt's row count (`_udf._UdfState.counter`), shared by every use of
  *   the UDF in the task, so that positional record ids stay distinct;
- * - Call(fn, mode, kind, lo, hi, verify, tc_class, enter, failed, error_column, reduce).
+ * - Call(fn, mode, kind, lo, hi, verify, tc_class, enter, failed, error_column, reduce); its
+ *   `fn` may be replaced (by `enter`, for a task attempt that runs its rows guarded).
  *
  * Built against the stable ABI of Python 3.10 (Py_LIMITED_API), the oldest Python spillway-spark
  * supports, so one wheel serves every later Python.
@@ -272,7 +273,10 @@ call_call(Call *self, PyObject *args, PyObject *kwargs)
             return NULL;
     }
     long long index = self->counter->n++;
-    PyObject *out = PyObject_Call(self->fn, args, NULL);
+    PyObject *fn = self->fn;
+    Py_INCREF(fn);   /* held for the call: Python code it runs may replace `fn` */
+    PyObject *out = PyObject_Call(fn, args, NULL);
+    Py_DECREF(fn);
     if (out != NULL && self->mode != CHECK_NONE
             && (self->mode == CHECK_ALWAYS || !passes(self, out))) {
         PyObject *ok = PyObject_CallFunctionObjArgs(self->verify, out, NULL);
@@ -341,8 +345,29 @@ static PyMemberDef call_members[] = {
     {NULL},
 };
 
+static PyObject *
+call_get_fn(Call *self, void *closure)
+{
+    PyObject *fn = self->fn != NULL ? self->fn : Py_None;
+    Py_INCREF(fn);
+    return fn;
+}
+
+static int
+call_set_fn(Call *self, PyObject *value, void *closure)
+{
+    if (value == NULL || !PyCallable_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "Call.fn must be a callable");
+        return -1;
+    }
+    Py_INCREF(value);
+    SET_REF(self->fn, value);
+    return 0;
+}
+
 static PyGetSetDef call_getset[] = {
     {"__dict__", (getter)call_get_dict, NULL, "attributes (functools.update_wrapper's)", NULL},
+    {"fn", (getter)call_get_fn, (setter)call_set_fn, "the function each row calls", NULL},
     {NULL},
 };
 

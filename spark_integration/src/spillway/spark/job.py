@@ -11,25 +11,23 @@
     print(job.report)       # the final counts; the run's state is released on every sidecar
 
 Each `Job` is one run of the job (the Spark application id, on Spark Connect the session's, or
-``run_id=``): a run starts with fresh counts, retry state and remembered record ids, whatever
-earlier runs of the same name did.
+``run_id=``): it starts with fresh counts, retry state and remembered record ids.
 Everything executors need (job name, policy, sidecar address and its env variable's name, the
 run's id and home sidecar) travels inside the wrapped closures; the run's job token does not:
 it reaches them as a Spark file of the session that runs the wrapper, which the closures name
 (`_token`). Executors register the run with their node's sidecar themselves, once per Python
 worker process.
 
-This module is the driver's side. What runs on executors lives beside it: `_partitions` (one
-function per DataFrame / RDD wrapper, run per partition), `_udf` (the UDF's per-row function),
-`_native` (Spark-parsed deserialization); `_deserialize` plans `deserialize` and `_report`
-holds `JobReport` and `failure_message`.
+This module is the driver's side. Executors run `_partitions` (one function per DataFrame / RDD
+wrapper, per partition), `_udf` (the UDF's per-row function), `_native` (Spark-parsed
+deserialization); `_deserialize` plans `deserialize`, `_report` has `JobReport`.
 
 Every wrapper runs the user function inside the verdict loop (`_engine`): RETRY waits and runs
 the record again (records after it keep flowing), SKIP drops it (the sidecar dead-letters it),
 FAIL fails the Spark task with an exception naming the stage, the exception and the sidecar's
-reason (`RecordFailedError`, `JobFailedError`, `ToleranceExceededError`). Good records come out
-exactly once; their order is not preserved. Each action re-runs the wrappers (cache the result
-to avoid reporting the same failures again).
+reason (`RecordFailedError`, `JobFailedError`, `ToleranceExceededError`). A record that kills
+or hangs its Python worker is found by Spark's retry of the task (`_isolation`). Good records
+come out exactly once, in no set order. Each action re-runs the wrappers (cache the result).
 """
 
 from __future__ import annotations
@@ -59,7 +57,8 @@ from ._partitions import (
 )
 from ._report import JobReport, failure_message
 from ._plan import WrapperPlan
-from ._runtime import JobSpec, WrapperSpec, batch_scope, ratio_limited
+from ._runtime import JobSpec, WrapperSpec, ratio_limited, record_timeout_ms
+from ._taskinfo import batch_scope
 from ._schema import value_checker
 from ._types import datatype, struct
 from ._udf import udf_function
@@ -251,7 +250,8 @@ class Job:
         # they register with their own sidecar, which then forwards decisions to it.
         self.spec = dataclasses.replace(
             spec, run_id=reg.run_id, job_token=reg.job_token,
-            home=reg.home or spec.driver_target(), home_instance_id=reg.home_instance_id)
+            home=reg.home or spec.driver_target(), home_instance_id=reg.home_instance_id,
+            record_timeout_ms=record_timeout_ms(reg.effective_properties))
         self.registration = reg
         self.effective_properties = dict(reg.effective_properties)
         self.report = None
@@ -593,7 +593,7 @@ class Job:
 
         def for_each_batch(batch_df: Any, batch_id: int) -> None:
             # the batch id reaches the wrappers upstream too, where Spark's own local property
-            # does not (Spark Connect): see `_runtime.current_batch_id`
+            # does not (Spark Connect): see `_taskinfo.current_batch_id`
             with batch_scope(batch_df.sparkSession, batch_id):
                 # the run's spec as of this micro-batch (a closed run is registered again); a
                 # copy of the Job without the token (on a Connect server) keeps the plan's

@@ -27,6 +27,7 @@ RANGES: dict[str, tuple[float, float, tuple[float, ...], bool, bool]] = {
     "errors.tolerance.min.records": (0, COUNT, (), True, False),
     "errors.tolerance.window.ms": (0, WEEK_MS, (), True, False),
     "errors.retry.timeout": (-1, WEEK_MS, (), True, False),
+    "errors.record.timeout.ms": (0, DAY_MS, (), True, False),
     "errors.retry.delay.max.ms": (1, DAY_MS, (), True, False),
     "errors.retry.max.retries": (0, MILLION, (), True, True),
     "errors.retry.initial.backoff.ms": (0, DAY_MS, (), True, True),

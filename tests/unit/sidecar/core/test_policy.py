@@ -120,6 +120,51 @@ def test_data_error_is_attempted_exactly_once(engine, clock):
     assert "never retried" in verdict.reason
 
 
+CRASH = ExceptionInfo("spillway.client.markers.WorkerCrashError",
+                      ("spillway.client.markers.WorkerCrashError",
+                       "spillway.client.markers.SpillwayMarker", "builtins.Exception"),
+                      "the Python worker died on this record: killed by signal 11 (SIGSEGV)",
+                      marker_category=Category.CRASH)
+HANG = ExceptionInfo("spillway.client.markers.RecordTimeoutError",
+                     ("spillway.client.markers.RecordTimeoutError",
+                      "spillway.client.markers.SpillwayMarker", "builtins.Exception"),
+                     "past errors.record.timeout.ms=500", marker_category=Category.TIMEOUT)
+
+
+@pytest.mark.parametrize(("exc", "category", "words"), [
+    (CRASH, Category.CRASH, "the worker died on this record: never retried"),
+    (HANG, Category.TIMEOUT, "past errors.record.timeout.ms: never retried"),
+])
+def test_a_crash_or_a_timeout_is_never_retried_and_counts_against_the_limits(
+        engine, clock, exc, category, words):
+    engine.register_job("j", {"errors.retry.max.retries": "10", "errors.tolerance": "all",
+                              "errors.tolerance.max.errors": "1"})
+    runs, verdict = run(engine, clock, "j", "r", lambda k: exc)
+    assert runs == 1
+    assert (verdict.action, verdict.category) == (Action.SKIP, category)
+    assert words in verdict.reason
+    c = engine.summary("j").counts
+    assert (c.total_record_errors, c.total_records_skipped, c.total_retries) == (1, 1, 0)
+    # the second one is past errors.tolerance.max.errors=1: the job fails
+    v = decisions(engine, "j", task(), [rec("r2", exc)])[0].verdict
+    assert (v.action, v.category, v.job_failed) == (Action.FAIL, category, True)
+
+
+def test_a_classification_rule_on_the_crash_class_makes_it_retriable(engine, clock):
+    engine.register_job("j", {"errors.retry.max.retries": "2", "errors.tolerance": "all",
+                              "errors.classification.rules":
+                                  "spillway.client.markers.WorkerCrashError=retriable"})
+    runs, verdict = run(engine, clock, "j", "r", lambda k: CRASH if k == 1 else None)
+    assert (runs, verdict) == (2, None)
+
+
+def test_a_crash_under_tolerance_none_fails_the_job_naming_the_record_and_how(engine):
+    engine.register_job("j", {})
+    v = decisions(engine, "j", task(), [rec("p0:r7", CRASH)])[0].verdict
+    assert v.action is Action.FAIL and v.job_failed and v.category is Category.CRASH
+    assert "'p0:r7'" in v.reason and "signal 11 (SIGSEGV)" in v.reason
+
+
 def test_kip298_retry_timeout_bounds_the_schedule(engine, clock):
     engine.register_job("j", {"errors.retry.timeout": "2000", "errors.tolerance": "all"})
     delays = []

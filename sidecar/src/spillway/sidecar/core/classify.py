@@ -7,7 +7,10 @@ Precedence (first match wins; the verdict's reason names the rule that matched):
    matched against the reported class and every ancestor in ``class_chain``, most specific
    class first;
 2. ``ExceptionInfo.marker_category``: the executor saw one of spillway's marker classes
-   (``RetriableError`` …), which the user raised on purpose;
+   (``RetriableError`` …), which the user raised on purpose, or spillway's own
+   ``WorkerCrashError`` / ``RecordTimeoutError`` for a record that killed its Python worker or
+   outlasted ``errors.record.timeout.ms`` (categories crash / timeout: a user rule on those
+   classes says otherwise);
 3. confluent-kafka errors (``KAFKA_ERROR_CODES``, KIP-1050 for librdkafka's codes), in this
    order: a code the table calls invalid-configuration; then the error's flags ``fatal`` →
    application-recoverable (the client instance is unusable whatever the code) and

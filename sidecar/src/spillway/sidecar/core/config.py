@@ -181,6 +181,8 @@ CATEGORY_NAMES = (
     "application-recoverable",
     "invalid-configuration",
     "data",
+    "crash",
+    "timeout",
 )
 
 _PROPS: list[Prop] = [
@@ -244,6 +246,13 @@ _PROPS: list[Prop] = [
     Prop("errors.circuit.max.holds", p_int(0, MAX_RETRIES), "10",
          "waits an open circuit may impose on one record without charging its retries; "
          "later ones count against errors.retry.max.retries and the retry budget"),
+    Prop("errors.record.timeout.ms", p_int(0, DAY_MS), "0",
+         "time limit of one record's processing on an executor, ms (0: none). A record past it "
+         "is a failure of category timeout: its Python worker is stopped (C code cannot be "
+         "interrupted), Spark runs the task again, and that attempt runs its records in a "
+         "helper process under the same limit; decided like a data error (docs/POLICY.md, "
+         "When a record kills or hangs its worker). Read by the executors from the run's "
+         "effective policy"),
     Prop("errors.log.enable", p_bool, "false",
          "KIP-298: log one structured line with the context of each error"),
     Prop("errors.log.include.messages", p_bool, "false",
@@ -493,7 +502,7 @@ OTHER_ENV = frozenset({
     "SPILLWAY_CONFIG", "SPILLWAY_LOG_LEVEL", "SPILLWAY_SIDECAR_ADDRESS", "SPILLWAY_TOKEN_FILE",
     "SPILLWAY_ADMIN_TOKEN_FILE", "SPILLWAY_PEER_TOKEN_FILE", "SPILLWAY_TLS_CA_FILE",
     "SPILLWAY_TLS_CERT_FILE", "SPILLWAY_TLS_KEY_FILE", "SPILLWAY_TLS_SERVER_NAME",
-    "SPILLWAY_LOCAL_TOKEN_FILE"})
+    "SPILLWAY_LOCAL_TOKEN_FILE", "SPILLWAY_NO_EXTENSIONS", "SPILLWAY_CRUMB_DIR"})
 
 
 def unknown_environment(env: Mapping[str, str]) -> list[str]:

@@ -20,7 +20,9 @@ For each reported record, in order (docs/POLICY.md has the user-facing version):
      if need be by the job's retry budget (`budget.py`, a bound on the retry rate) and, if its
      circuit is open, with the circuit's shared wait (`breaker.py`); otherwise the record's
      retries are exhausted;
-   - data → never retried.
+   - data → never retried;
+   - crash / timeout (the record killed its Python worker, or outlasted
+     ``errors.record.timeout.ms``) → never retried, as data.
 4. An exhausted or data record goes to the KIP-1033 handler (`handlers.py`): FAIL fails the
    job; CONTINUE is subject to the tolerance limits (`tolerance.py`): within them → SKIP
    (dead-lettered when the job has a DLQ topic), past them → the job fails.
@@ -62,6 +64,9 @@ Streak = tuple[Outcome, int]
 _RETRIABLE = frozenset(c for c in Category if c.retriable)
 _DATA = Category.DATA
 DATA_WHY = "data error: never retried"   # why a data error is not retried (its reason's end)
+# why the other categories that are never retried are not: the rest are data errors here
+_NOT_RETRIED = {Category.CRASH: "the worker died on this record: never retried",
+                Category.TIMEOUT: "past errors.record.timeout.ms: never retried"}
 _CONTINUE = HandlerResponse.CONTINUE
 
 
@@ -249,7 +254,7 @@ class Decider:
                 return out
             why = f"retries exhausted: {retry}"
         else:
-            why = DATA_WHY
+            why = _NOT_RETRIED.get(category, DATA_WHY)
         return self.handle(j, b, record, ident, state, why)
 
     def try_retry(self, j: JobState, b: Batch, record: FailedRecord, state: RecordState,

@@ -34,7 +34,9 @@ class Stage(enum.Enum):
 
 
 class Category(enum.Enum):
-    """KIP-1050 categories, plus DATA for poison records (never retried; tolerance decides)."""
+    """KIP-1050 categories, plus DATA for poison records (never retried; tolerance decides),
+    and CRASH / TIMEOUT for a record whose processing killed its Python worker or outlasted
+    ``errors.record.timeout.ms`` (decided as DATA is: never retried unless a rule says so)."""
 
     RETRIABLE = "retriable"
     REFRESH_RETRIABLE = "refresh-retriable"
@@ -42,6 +44,8 @@ class Category(enum.Enum):
     APPLICATION_RECOVERABLE = "application-recoverable"
     INVALID_CONFIGURATION = "invalid-configuration"
     DATA = "data"
+    CRASH = "crash"
+    TIMEOUT = "timeout"
 
     __hash__ = object.__hash__   # see _identity_hash below
 
