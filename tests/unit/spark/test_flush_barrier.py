@@ -29,7 +29,7 @@ from pyspark.sql.types import (
 )
 
 from spillway.client import _channel
-from spillway.spark import FlushTimeoutError, Job, _runtime, _taskinfo, _tracing, _udf
+from spillway.spark import FlushTimeoutError, Job, _inputs, _runtime, _taskinfo, _tracing, _udf
 from spillway.spark import job as job_module
 from spillway.spark._compat import arrow_conversions
 from spillway.v1 import sidecar_pb2 as pb
@@ -120,9 +120,12 @@ def sidecar(server, monkeypatch, tmp_path):
     monkeypatch.setattr(_runtime, "_worker", None)
     monkeypatch.setattr(_tracing, "ensure_provider", lambda: None)  # not an executor
     monkeypatch.delenv("SPILLWAY_SIDECAR_ADDRESS", raising=False)
-    monkeypatch.setattr(job_module, "_is_dataframe",
-                        lambda o: isinstance(o, Captured) and not isinstance(o, CapturedRDD))
-    monkeypatch.setattr(job_module, "_is_rdd", lambda o: isinstance(o, CapturedRDD))
+    def is_dataframe(o):
+        return isinstance(o, Captured) and not isinstance(o, CapturedRDD)
+
+    monkeypatch.setattr(job_module, "is_dataframe", is_dataframe)
+    monkeypatch.setattr(_inputs, "is_dataframe", is_dataframe)
+    monkeypatch.setattr(_inputs, "is_rdd", lambda o: isinstance(o, CapturedRDD))
     monkeypatch.setattr(_udf, "_udf_states", {})
     monkeypatch.setattr(_udf, "TaskContext", FakeTaskContext)
     monkeypatch.setattr(_taskinfo, "_task_context", FakeTaskContext.get)

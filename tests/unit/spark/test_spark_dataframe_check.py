@@ -8,7 +8,7 @@ import subprocess
 import sys
 import types
 
-from spillway.spark import job as job_module
+from spillway.spark._inputs import is_dataframe
 
 MISUSE = """
 from spillway.spark import Job
@@ -36,7 +36,7 @@ def test_a_connect_dataframe_is_recognised_once_its_module_is_loaded(monkeypatch
     module = types.ModuleType("pyspark.sql.connect.dataframe")
     module.DataFrame = ConnectDataFrame
     monkeypatch.setitem(sys.modules, "pyspark.sql.connect.dataframe", module)
-    assert job_module._is_dataframe(ConnectDataFrame())
-    assert not job_module._is_dataframe([1])
+    assert is_dataframe(ConnectDataFrame())
+    assert not is_dataframe([1])
     monkeypatch.delitem(sys.modules, "pyspark.sql.connect.dataframe")
-    assert not job_module._is_dataframe(ConnectDataFrame())
+    assert not is_dataframe(ConnectDataFrame())

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -59,6 +58,7 @@ from ._report import JobReport, failure_message
 from ._plan import WrapperPlan
 from ._runtime import JobSpec, WrapperSpec, ratio_limited, record_timeout_ms
 from ._taskinfo import batch_scope
+from ._inputs import is_dataframe, require
 from ._schema import value_checker
 from ._types import datatype, struct
 from ._udf import udf_function
@@ -76,35 +76,6 @@ def _wrapper_name(fn: Callable, name: str | None) -> str:
     if code is not None and "<lambda>" in qual:  # two lambdas of a module must not share ids
         qual = f"{qual}@L{code.co_firstlineno}"
     return qual
-
-
-def _is_dataframe(obj: Any) -> bool:
-    from pyspark.sql import DataFrame
-
-    if isinstance(obj, DataFrame):
-        return True
-    # A Spark Connect DataFrame is another class, from a module that is loaded once such a
-    # DataFrame exists. Not imported here: without the connect extras, importing it calls
-    # sys.exit(0) when __main__ has no __file__ (python -c, pytest-xdist workers), which ended
-    # the program with success on any RDD passed to map_partitions.
-    connect = sys.modules.get("pyspark.sql.connect.dataframe")
-    return connect is not None and isinstance(obj, connect.DataFrame)
-
-
-def _is_rdd(obj: Any) -> bool:
-    from pyspark import RDD
-
-    return isinstance(obj, RDD)
-
-
-def _require(what: str, data: Any, *, rdd: bool = False) -> None:
-    """Misuse gets a clear error on the driver, never an AttributeError deep in a wrapper."""
-    if _is_dataframe(data) or (rdd and _is_rdd(data)):
-        return
-    kinds = "a pyspark DataFrame or RDD" if rdd else "a pyspark DataFrame"
-    raise TypeError(f"{what}: expected {kinds}, got {type(data).__module__}."
-                    f"{type(data).__qualname__}; spillway wraps Spark work (build one with "
-                    f"spark.createDataFrame(...) or sc.parallelize(...))")
 
 
 # --- the driver-side handle -------------------------------------------------------------------
@@ -362,10 +333,10 @@ class Job:
         function's qualified name). ``refresh``: called before re-running a refresh-retriable
         record.
         """
-        _require("map_partitions: data", data, rdd=True)
+        require("map_partitions: data", data, rdd=True)
         plan = self._plan(data, fn, name, stage, custom_stage, record_id=record_id,
                           source=source, refresh=refresh)
-        if _is_dataframe(data):
+        if is_dataframe(data):
             in_schema = data.schema
             out_schema = struct(schema) if schema is not None else in_schema
             run = functools.partial(df_partition, plan, fn, flat, in_schema, out_schema)
@@ -394,7 +365,7 @@ class Job:
         if isinstance(max_redrives, bool) or not isinstance(max_redrives, int) \
                 or max_redrives < 1:
             raise ValueError(f"max_redrives: expected an int >= 1, got {max_redrives!r}")
-        if not _is_dataframe(dlq_df):
+        if not is_dataframe(dlq_df):
             raise TypeError("dlq_df: expected a DataFrame from spillway.spark.read_dlq")
         rows = redrive_frame(dlq_df, max_redrives, include_resolved=bool(include_resolved))
         plan = self._plan(rows, fn, name, stage, custom_stage, record_id=redrive_record_id,
@@ -416,7 +387,7 @@ class Job:
         must therefore be row-wise (map, filter, explode: the output of a batch is the
         concatenation of the outputs of its parts), not an aggregate over the batch.
         """
-        _require("map_in_pandas: df", df)
+        require("map_in_pandas: df", df)
         plan = self._plan(df, fn, name, stage, custom_stage, record_id=record_id, source=source,
                           refresh=refresh)
         out_schema = struct(schema)
@@ -430,7 +401,7 @@ class Job:
                      refresh: Callable[[], None] | None = None) -> Any:
         """``df.mapInArrow`` with ``fn(pyarrow.RecordBatch) -> RecordBatch | Table`` per batch;
         failures isolated by bisection, as in `map_in_pandas`."""
-        _require("map_in_arrow: df", df)
+        require("map_in_arrow: df", df)
         plan = self._plan(df, fn, name, stage, custom_stage, record_id=record_id, source=source,
                           refresh=refresh)
         out_schema = struct(schema)
@@ -471,7 +442,7 @@ class Job:
         """
         from pyspark.sql.types import StructType
 
-        _require("deserialize: df", df)
+        require("deserialize: df", df)
         native, native_types = _deserialize.native_steps(
             (("key", key, key_type, key_column, "KEY_CONVERTER", key_options),
              ("value", value, value_type, value_column, "VALUE_CONVERTER", value_options)))
@@ -557,14 +528,14 @@ class Job:
         may be written more than once (a chunk that failed half-way is re-written in halves),
         so ``write_fn`` must be idempotent, as Kafka Connect asks of sink tasks.
         """
-        _require("foreach_partition: data", data, rdd=True)
+        require("foreach_partition: data", data, rdd=True)
         plan = self._plan(data, write_fn, name, stage, custom_stage, record_id=record_id,
                           source=source, refresh=refresh)
         self._foreach(data, plan, write_fn, batch_size=batch_size, batch_id=batch_id)
 
     def _foreach(self, data: Any, plan: WrapperPlan, write: Callable[[list], Any], *,
                  batch_size: int, batch_id: int | None) -> None:
-        _require("foreach_partition: data", data, rdd=True)
+        require("foreach_partition: data", data, rdd=True)
         if batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {batch_size}")
         check_foreach_partition(data)
