@@ -73,14 +73,20 @@ def effective_prefix(settings: DlqSettings, required: str) -> str:
     return settings.prefix or required
 
 
+def _check_valid_name(name: str, prop: str) -> None:
+    """A valid Kafka topic name, not one of Kafka's internal ones; else TopicGuardrailError
+    naming `prop`."""
+    if not valid_topic_name(name):
+        raise TopicGuardrailError(prop, invalid_topic_message(name))
+    if name.startswith("__"):
+        raise TopicGuardrailError(prop, internal_name_message(name))
+
+
 def check_created_name(name: str, required_prefix: str, what: str) -> None:
     """The operator's tools create topics (``spillway dlq create-topic``, ``redrive
     --create-target``) under the rules a DLQ topic name obeys: a valid name, not internal, and
     starting with the operator's prefix. TopicGuardrailError naming `what` (the option)."""
-    if not valid_topic_name(name):
-        raise TopicGuardrailError(what, invalid_topic_message(name))
-    if name.startswith("__"):
-        raise TopicGuardrailError(what, internal_name_message(name))
+    _check_valid_name(name, what)
     if required_prefix and not name.startswith(required_prefix):
         raise TopicGuardrailError(what, (
             f"{name!r} does not start with {required_prefix!r}, the operator's prefix for the "
@@ -100,10 +106,7 @@ def check_topic_name(settings: DlqSettings, required_prefix: str = DEFAULT_REQUI
     name = settings.topic
     if not name:
         return
-    if not valid_topic_name(name):
-        raise TopicGuardrailError(TOPIC_PROP, invalid_topic_message(name))
-    if name.startswith("__"):
-        raise TopicGuardrailError(TOPIC_PROP, internal_name_message(name))
+    _check_valid_name(name, TOPIC_PROP)
     prefix = effective_prefix(settings, required_prefix)
     if prefix and not name.startswith(prefix):
         raise TopicGuardrailError(TOPIC_PROP, prefix_message(name, prefix))

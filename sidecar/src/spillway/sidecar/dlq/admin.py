@@ -218,6 +218,15 @@ class TopicAdmin:
         return False
 
 
+def check_layout(partitions: int, replication_factor: int) -> None:
+    """ValueError naming the option when a topic to create asks for fewer than one partition
+    or replica (``--partitions``, ``--replication-factor``)."""
+    if partitions < 1:
+        raise ValueError(f"--partitions must be >= 1, got {partitions}")
+    if replication_factor < 1:
+        raise ValueError(f"--replication-factor must be >= 1, got {replication_factor}")
+
+
 def check_replication(replication_factor: int, brokers: int, *, servers: str, topic: str,
                       setting: str, what: str = "topic") -> None:
     """TopicGuardrailError naming `setting` and both numbers when the cluster has fewer brokers
@@ -251,10 +260,7 @@ def create_dlq_topic(admin: TopicAdmin, topic: str, *, partitions: int, replicat
     request, DlqError when the topic exists (unless `if_not_exists` and it may be used as a
     DLQ) or Kafka fails."""
     check_created_name(topic, required_prefix, "--topic")
-    if partitions < 1:
-        raise ValueError(f"--partitions must be >= 1, got {partitions}")
-    if replication_factor < 1:
-        raise ValueError(f"--replication-factor must be >= 1, got {replication_factor}")
+    check_layout(partitions, replication_factor)
     meta, brokers = admin.lookup(topic, timeout_s)
     if meta is None:
         check_replication(replication_factor, brokers, servers=admin.servers, topic=topic,

@@ -39,7 +39,7 @@ from ..core.guardrails import DEFAULT_REQUIRED_PREFIX, check_created_name
 from ..core.names import invalid_topic_message, valid_topic_name
 from ..errors import DlqError
 from . import ledger
-from .admin import TopicAdmin, check_replication
+from .admin import TopicAdmin, check_layout, check_replication
 from .redrive_rules import (
     MAX_REMEMBERED_IDS,
     UNKNOWN_SOURCE,
@@ -74,10 +74,7 @@ def prepare_target(admin: TopicAdmin, target: str, new: NewTarget | None, *, dry
     (TopicGuardrailError, a ValueError) when `new` breaks the operator's rules; DlqError when
     it is missing and `new` is None."""
     if new is not None:
-        if new.partitions < 1:
-            raise ValueError(f"--partitions must be >= 1, got {new.partitions}")
-        if new.replication_factor < 1:
-            raise ValueError(f"--replication-factor must be >= 1, got {new.replication_factor}")
+        check_layout(new.partitions, new.replication_factor)
     meta, brokers = admin.lookup(target, timeout_s)
     if meta is not None:
         return False

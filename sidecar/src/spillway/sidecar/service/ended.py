@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 
+from spillway.sidecar.core.counters import KIP_NAMES, add_counts, copy_counts
 from spillway.sidecar.core.model import Counts, JobSummary
 
 #: Outcomes of a run, in the order they are shown.
@@ -92,10 +93,6 @@ def kept_summary(s: JobSummary) -> JobSummary:
                    by_exception_class=_cut(s.by_exception_class))
 
 
-_SUMMED = ("total_record_failures", "total_record_errors", "total_records_skipped",
-           "total_retries", "total_errors_logged", "dropped_records")
-
-
 class EndedRuns:
     """The last ``max_runs`` runs that ended here, and the totals of every run that did.
     Thread-safe."""
@@ -124,9 +121,7 @@ class EndedRuns:
             final = leave()
             if final is None:
                 return None
-            c = final.counts
-            for name in _SUMMED:
-                setattr(self._counts, name, getattr(self._counts, name) + getattr(c, name))
+            add_counts(self._counts, final.counts)
             self._processed += final.records_processed
             self._dlq += final.dlq_records_written
             outcome = outcome_of(final, expired=expired)
@@ -167,9 +162,9 @@ class EndedRuns:
         """The totals given the live runs' sidecar-wide counters (`PolicyEngine.counters`, read
         within `reading()`)."""
         with self._lock:
-            counts = Counts(**{name: getattr(self._counts, name) for name in _SUMMED})
-            for name, kip in _KIP.items():
-                setattr(counts, name, getattr(counts, name) + int(live.get(kip, 0)))
+            counts = copy_counts(self._counts)
+            add_counts(counts, Counts(**{name: int(live.get(kip, 0))
+                                         for name, kip in KIP_NAMES.items()}))
             return Totals(
                 records_processed=self._processed + int(live.get("records-processed", 0)),
                 counts=counts,
@@ -184,12 +179,6 @@ class EndedRuns:
     def __len__(self) -> int:
         with self._lock:
             return len(self._kept)
-
-
-_KIP = {"total_record_failures": "total-record-failures",
-        "total_record_errors": "total-record-errors",
-        "total_records_skipped": "total-records-skipped", "total_retries": "total-retries",
-        "total_errors_logged": "total-errors-logged", "dropped_records": "dropped-records"}
 
 
 def totals_rows(totals: Totals) -> Iterable[tuple[str, dict[str, str], float]]:

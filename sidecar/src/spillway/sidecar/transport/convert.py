@@ -313,6 +313,11 @@ def _u64(n: int) -> int:
     return n if 0 <= n <= _U64_MAX else (_U64_MAX if n > 0 else 0)
 
 
+def _i64(n: int) -> int:
+    """A timestamp clamped to what an int64 field carries."""
+    return min(max(n, -_I64_MAX), _I64_MAX)
+
+
 def _entries(d: dict[str, int]) -> list[pb.CountEntry]:
     return [pb.CountEntry(key=k, count=_u64(c)) for k, c in sorted(d.items())]
 
@@ -328,7 +333,7 @@ def summary_to_pb(s: m.JobSummary, sidecar_id: str) -> pb.JobSummary:
         total_retries=_u64(c.total_retries),
         total_errors_logged=_u64(c.total_errors_logged),
         dlq_records_written=_u64(s.dlq_records_written),
-        last_error_timestamp_ms=min(max(c.last_error_timestamp_ms, -_I64_MAX), _I64_MAX),
+        last_error_timestamp_ms=_i64(c.last_error_timestamp_ms),
         by_stage=_entries(s.by_stage),
         by_category=_entries(s.by_category),
         by_exception_class=_entries(s.by_exception_class),
@@ -433,7 +438,7 @@ def totals_to_pb(t: Totals) -> pb.SidecarTotals:
 
 
 def _ms(seconds: float) -> int:
-    return min(max(int(seconds * 1000), -_I64_MAX), _I64_MAX)
+    return _i64(int(seconds * 1000))
 
 
 def ended_run_pb(r: EndedRun, sidecar_id: str) -> pb.EndedRun:
