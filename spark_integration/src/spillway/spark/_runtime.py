@@ -402,9 +402,14 @@ class TaskSession:
         escrowed = spec.job_token
         if isinstance(escrowed, EscrowedToken) and escrowed.load() is None:
             # claimed once per process, then used as any token
-            reg = claim_client(self.client).register_job(
-                JobRun(spec.name, spec.run_id, None), spec.props, home=spec.home,
-                home_instance_id=spec.home_instance_id, claim_token=True)
+            claimer = claim_client(self.client)
+            try:
+                reg = claimer.register_job(
+                    JobRun(spec.name, spec.run_id, None), spec.props, home=spec.home,
+                    home_instance_id=spec.home_instance_id, claim_token=True)
+            finally:
+                if claimer is not self.client:   # a channel of its own, used this once
+                    claimer.close()
             escrowed.accept(reg.job_token)
             return reg
         return self.client.register_job(spec.run, spec.props, home=spec.home,
