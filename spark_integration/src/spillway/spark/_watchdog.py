@@ -2,7 +2,7 @@
 
 A record that hangs may hang in C code that holds the GIL (a regular expression, a library
 call without a timeout): no thread of the worker can stop it, and no signal handler written in
-Python runs. So the limit is kept by a *watchdog process*, forked once per Python worker the
+Python runs. So the limit is kept by a *watchdog process*, started once per Python worker the
 first time a wrapper with a record timeout runs in it, sharing one page of memory with the
 worker (the *board*):
 
@@ -24,8 +24,10 @@ import contextlib
 import mmap
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -42,29 +44,26 @@ class Watchdog:
 
     def __init__(self) -> None:
         self.owner = os.getpid()
-        self.page = mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED)
+        # a file the watchdog maps too (it is a new program: an anonymous page would not reach it)
+        self._file = _board_file()
+        self.page = mmap.mmap(self._file.fileno(), 4096, flags=mmap.MAP_SHARED)
         self.board = memoryview(self.page).cast("q")
         self.pid = 0
+        self._proc: subprocess.Popen | None = None
 
     def _start(self) -> None:
-        with warnings.catch_warnings():  # 3.12+ warns on fork with threads: the child runs only
-            warnings.simplefilter("ignore", DeprecationWarning)  # the loop below
-            pid = os.fork()
-        if pid == 0:
-            try:
-                _watch(self.board, self.page, self.owner)
-            finally:
-                os._exit(0)
-        self.pid = pid
+        # A new interpreter, not a fork: a fork of a worker whose gRPC threads run inherits
+        # gRPC's at-fork state, which killed the watchdog (seen in CI), leaving records unwatched.
+        fd = self._file.fileno()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _program(), str(fd), str(self.owner)],
+            pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.pid = self._proc.pid
 
     def _running(self) -> bool:
-        """Whether the watchdog still runs (it dies with the thread that forked it, and that
+        """Whether the watchdog still runs (it dies with the thread that started it, and that
         thread may have ended); reaps it when it does not."""
-        try:
-            pid, _ = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        return pid == 0
+        return self._proc is not None and self._proc.poll() is None
 
     def arm(self, crumb_path: str, timed_out: str, timeout_ms: int) -> None:
         """Watch this worker's records against ``timeout_ms``; past it, write ``timed_out`` to
@@ -126,9 +125,8 @@ def _watch(board: memoryview, page: mmap.mmap, worker: int) -> None:
 
 
 def _die_with(worker: int) -> None:
-    """Close what the fork inherited (the worker's socket to Spark must close when the worker
-    dies) and die with the worker."""
-    os.closerange(3, _max_fd())
+    """Die with the worker (the kernel's parent-death signal, and a check for a worker that
+    died before it was set)."""
     try:
         import ctypes
 
@@ -139,11 +137,37 @@ def _die_with(worker: int) -> None:
         os._exit(0)
 
 
-def _max_fd() -> int:
-    try:
-        return os.sysconf("SC_OPEN_MAX")
-    except (ValueError, OSError):  # pragma: no cover
-        return 4096
+def _board_file():
+    """The board's backing file: in memory (memfd) where Linux has it, else a temporary file."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("spillway-watchdog", 0)   # not close-on-exec: passed to the child
+        f = os.fdopen(fd, "w+b")
+    else:  # pragma: no cover - not Linux
+        f = tempfile.TemporaryFile()
+    f.truncate(4096)
+    return f
+
+
+_source: str | None = None
+
+
+def _program() -> str:
+    """This module's source, run by the watchdog's interpreter as its program (found through
+    the module's loader, so a zipped package works too)."""
+    global _source
+    if _source is None:
+        import inspect
+
+        _source = inspect.getsource(sys.modules[__name__])
+    return _source
+
+
+def _main(argv: list[str]) -> None:
+    """The watchdog process: map the board (fd ``argv[1]``), watch worker ``argv[2]``."""
+    fd, worker = int(argv[1]), int(argv[2])
+    page = mmap.mmap(fd, 4096, flags=mmap.MAP_SHARED)
+    os.close(fd)   # the mapping stays
+    _watch(memoryview(page).cast("q"), page, worker)
 
 
 _watchdog: Watchdog | None = None
@@ -156,3 +180,10 @@ def watchdog() -> Watchdog:
     if _watchdog is None or _watchdog.owner != os.getpid():
         _watchdog = Watchdog()
     return _watchdog
+
+
+if __name__ == "__main__":   # the watchdog's own interpreter (`Watchdog._start`)
+    try:
+        _main(sys.argv)
+    finally:
+        os._exit(0)
