@@ -140,7 +140,7 @@ def _die_with(worker: int) -> None:
 def _board_file():
     """The board's backing file: in memory (memfd) where Linux has it, else a temporary file."""
     if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("spillway-watchdog", 0)   # not close-on-exec: passed to the child
+        fd = os.memfd_create("spillway-watchdog")   # close-on-exec: only the watchdog gets it
         f = os.fdopen(fd, "w+b")
     else:  # pragma: no cover - not Linux
         f = tempfile.TemporaryFile()
