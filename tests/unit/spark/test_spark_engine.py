@@ -77,8 +77,8 @@ class FakeSession:
     def failed(self, exc, record):
         self.failures.append((record.record_id, type(exc).__name__))
 
-    def skipped(self, record, verdict):
-        self.skipped_ids.append(record.record_id)
+    def skipped(self, records, verdicts):
+        self.skipped_ids += [r.record_id for r in records]
 
 
 def ids(i):
@@ -688,3 +688,44 @@ def test_max_inflight_must_be_positive():
     with pytest.raises(ValueError, match="report_max_inflight"):
         _engine(FakeSession(skip_data), RowAdapter(lambda x: x, ids=ids), FakeClock(),
                 max_inflight=0)
+
+
+def test_a_report_goes_once_its_records_bytes_reach_the_bound_whatever_their_number():
+    """report_max_bytes: records of 1 KiB with a 3 KiB bound go three a report (the fourth
+    starts the next), though the batch size would take 1,000."""
+    def fn(x):
+        raise ValueError("poison")
+
+    session, clock = FakeSession(skip_data), FakeClock()
+    engine = _engine(session, RowAdapter(fn, ids=ids), clock, batch_size=1000, max_bytes=3000)
+    assert list(engine.rows([b"v" * 1024] * 7)) == []
+    assert [len(r) for r in session.reports] == [3, 3, 1]
+    assert len(session.skipped_ids) == 7
+
+
+def test_report_bounds_below_one_are_refused_naming_them():
+    with pytest.raises(ValueError, match="report_max_bytes: must be >= 1, got 0"):
+        _engine(FakeSession(skip_data), RowAdapter(lambda x: x, ids=ids), FakeClock(),
+                max_bytes=0)
+
+
+def test_a_mixed_answer_tells_the_session_its_skipped_records_once_in_report_order():
+    """Only an all-SKIP answer is followed per report without looking at each verdict; a mixed
+    one still retries its RETRY records and tells the session the rest, in order."""
+    tries: dict = {}
+
+    def fn(x):
+        tries[x] = tries.get(x, 0) + 1
+        if tries[x] == 1:
+            raise (RetriableError if x % 2 else ValueError)(f"bad {x}")
+        return x
+
+    def policy(r):
+        if r.exception.class_name.endswith("RetriableError"):
+            return pb.ACTION_RETRY, 0, pb.CATEGORY_RETRIABLE, False
+        return skip_data(r)
+
+    session, clock = FakeSession(policy), FakeClock()
+    out = list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=4).rows(range(4)))
+    assert sorted(out) == [1, 3]
+    assert session.skipped_ids == [ids(0), ids(2)]

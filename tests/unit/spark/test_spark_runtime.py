@@ -241,6 +241,7 @@ def test_sidecar_address_precedence(monkeypatch):
     ({"on_sidecar_unavailable": "drop"}, "on_sidecar_unavailable"),
     ({"flush_timeout_s": 0}, "flush_timeout_s"),
     ({"report_batch_size": 0}, "report_batch_size"),
+    ({"report_max_bytes": 0}, "report_max_bytes"),
     ({"sidecar": "nohost"}, "sidecar: expected host:port"),
 ])
 def test_bad_job_settings_are_refused_naming_the_setting(kwargs, field):

@@ -89,6 +89,16 @@ def frame_signature(tb: Any) -> tuple[tuple, tuple]:
     return tuple(key), tuple(codes)
 
 
+def frame_key(tb: Any) -> tuple:
+    """`frame_signature`'s signature alone (a lookup keyed by it needs no code objects: an
+    entry that matches holds its own)."""
+    key: list = []
+    while tb is not None:
+        key += (id(tb.tb_frame.f_code), tb.tb_lasti)
+        tb = tb.tb_next
+    return tuple(key)
+
+
 #: The process's cache, used by `format_stack_trace`.
 stack_cache = StackCache()
 

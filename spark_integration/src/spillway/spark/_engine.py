@@ -62,6 +62,11 @@ Submit = Callable[..., "Future[list[pb.Verdict]]"]
 
 KIP_STAGE_NAMES = {pb.STAGE_SINK: "TASK_PUT", pb.STAGE_PRODUCE: "KAFKA_PRODUCE"}
 _DONE = object()
+# A report is sent once its records' keys and values reach this much, whatever their number:
+# a report of large records stays far below the sidecar's 64 MiB message limit, and a task
+# holds at most about (in flight + 1) of these per wrapper.
+REPORT_MAX_BYTES = 4 * 1024 * 1024
+REPORT_BATCH_SIZE = 1024
 _FAIL, _RETRY, _SKIP = pb.ACTION_FAIL, pb.ACTION_RETRY, pb.ACTION_SKIP
 
 
@@ -164,19 +169,23 @@ class Session(Protocol):
 
     def failed(self, exc: BaseException, record: Failure) -> None: ...
 
-    def skipped(self, record: Failure, verdict: pb.Verdict) -> None: ...
+    def skipped(self, records: Sequence[Failure], verdicts: Sequence[pb.Verdict]
+                ) -> None: ...
 
 
 class Engine:
     def __init__(self, session: Session, adapter: Adapter, *, stage: StageRef,
                  function_name: str, count_stages: Sequence[StageRef] | None = None,
-                 batch_size: int = 256, linger_s: float = 0.5,
+                 batch_size: int = REPORT_BATCH_SIZE, linger_s: float = 0.5,
                  refresh: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
-                 submit: Submit | None = None, max_inflight: int = 1) -> None:
+                 submit: Submit | None = None, max_inflight: int = 1,
+                 max_bytes: int = REPORT_MAX_BYTES) -> None:
         if batch_size < 1:
             raise ValueError(f"report_batch_size: must be >= 1, got {batch_size}")
+        if max_bytes < 1:
+            raise ValueError(f"report_max_bytes: must be >= 1, got {max_bytes}")
         if max_inflight < 1:
             raise ValueError(f"report_max_inflight: must be >= 1, got {max_inflight}")
         self.session = session
@@ -185,6 +194,7 @@ class Engine:
         self.function_name = function_name
         self.count_stages = tuple(count_stages or (stage,))
         self.batch_size = batch_size
+        self.max_bytes = max_bytes
         self.linger_s = linger_s
         self.refresh = refresh
         self.clock = clock
@@ -193,6 +203,7 @@ class Engine:
         self._waiting: list[tuple[float, int, Unit]] = []
         self._pending: list[Unit] = []
         self._pending_since = 0.0
+        self._pending_bytes = 0  # keys and values of the pending records
         self._seq = itertools.count()
         self._refresh_due = False
         self._exhausted = False
@@ -320,7 +331,7 @@ class Engine:
     def _maybe_report(self) -> None:
         if not self._pending:
             return
-        if len(self._pending) >= self.batch_size:
+        if len(self._pending) >= self.batch_size or self._pending_bytes >= self.max_bytes:
             self._report()  # waits for the oldest report in flight when at the bound
         elif not self._inflight and self.clock() - self._pending_since >= self.linger_s:
             self._report()
@@ -389,24 +400,28 @@ class Engine:
         trim_traceback(exc)
         ctx = self.adapter.context(unit)  # (again on a retry: not kept while the report waits)
         unit.exc = exc
-        unit.record = reported(self.session, ctx, exc, stage, fname, unit.attempt)
+        unit.record = record = reported(self.session, ctx, exc, stage, fname, unit.attempt)
         release_traceback(exc)
         if not self._pending:
             self._pending_since = self.clock()
         self._pending.append(unit)
+        if record.value is not None:
+            self._pending_bytes += len(record.value)
+        if record.key is not None:
+            self._pending_bytes += len(record.key)
 
     def _report(self) -> None:
         """Send the pending failures: at once, or (with ``submit``) in the background, once
         fewer than ``max_inflight`` reports are in flight (the oldest is waited for)."""
         if self.submit is None:
-            batch, self._pending = self._pending, []
+            batch, self._pending, self._pending_bytes = self._pending, [], 0
             self._apply(batch, self.session.report([u.record for u in batch]))
             return
         if len(self._inflight) >= self.max_inflight:
             self._collect(wait=True)
         if not self._pending:  # pragma: no cover - a collect does not add failures
             return
-        batch, self._pending = self._pending, []
+        batch, self._pending, self._pending_bytes = self._pending, [], 0
         future = self.submit(self.session.report, [u.record for u in batch])
         self._inflight.append((batch, future))
         future.add_done_callback(self._landed.append)
@@ -439,11 +454,10 @@ def reported(session: Session, ctx: RecordContext, exc: BaseException, stage: St
     ``function_name``) as its report carries it; the session is told (logs, metrics, span)."""
     if isinstance(exc, _DEATHS):
         name_payload(exc, ctx)
-    record = columns.failure(
-        ctx.record_id, stage.stage, exc, custom_stage=stage.custom,
-        function_name=function_name, source=ctx.source, key=ctx.key, value=ctx.value,
-        headers=ctx.headers, timestamp_ms=ctx.timestamp_ms, attempt=attempt,
-        context=session.trace_context, payload=payload_for(stage.stage, ctx))
+    record = columns.failure_of(
+        ctx.record_id, stage.stage, exc, stage.custom, function_name, ctx.source, ctx.key,
+        ctx.value, ctx.headers, ctx.timestamp_ms, attempt, session.trace_context,
+        payload_for(stage.stage, ctx))
     session.failed(exc, record)
     return record
 
@@ -468,24 +482,31 @@ def follow(session: Session, batch: Sequence[Unit], verdicts: Sequence[pb.Verdic
     """Apply the verdicts of one report of ``batch`` (failed units: their ``record`` and
     ``exc``), the one verdict path of every wrapper (the loop above, and `_udf` for a UDF's
     row). FAIL raises the error the verdict names before anything else is applied (the
-    verdict that fails the job first); SKIP is told to the session (the sidecar dead-letters
-    the record); RETRY counts the unit's next attempt and is returned with its verdict, for
-    the caller to run again (the loop after the delay, a UDF in place); any other action is
-    a SidecarProtocolError."""
+    verdict that fails the job first); SKIP is told to the session, once per report (the
+    sidecar dead-letters those records); RETRY counts the unit's next attempt and is returned
+    with its verdict, for the caller to run again (the loop after the delay, a UDF in place);
+    any other action is a SidecarProtocolError."""
     if len(batch) != len(verdicts):
         for _ in zip(batch, verdicts, strict=True):  # raises, naming the shorter one
             pass
-    actions = [v.action for v in verdicts]
+    # verdict columns give their actions without a verdict object each (`VerdictColumns`)
+    actions = getattr(verdicts, "actions", None)
+    if actions is None:
+        actions = [v.action for v in verdicts]
+    if actions.count(_SKIP) == len(actions):   # the usual answer: every record dead-lettered
+        session.skipped([u.record for u in batch], verdicts)
+        return []
     if _FAIL in actions:
-        fails = [(u, v) for u, v, a in zip(batch, verdicts, actions) if a == _FAIL]
+        fails = [(u, verdicts[i]) for i, (u, a) in enumerate(zip(batch, actions)) if a == _FAIL]
         unit, verdict = next(((u, v) for u, v in fails if v.job_failed), fails[0])
         raise error_for_verdict(session.job, unit.record, verdict) from with_trace(
             unit.exc, unit.record.exception.stack_trace)
     retries = []
-    skipped = session.skipped
+    skipped_records, skipped_verdicts = [], []
     for unit, verdict, action in zip(batch, verdicts, actions):
         if action == _SKIP:
-            skipped(unit.record, verdict)
+            skipped_records.append(unit.record)
+            skipped_verdicts.append(verdict)
         elif action == _RETRY:
             unit.attempt += 1
             retries.append((unit, verdict))
@@ -493,4 +514,6 @@ def follow(session: Session, batch: Sequence[Unit], verdicts: Sequence[pb.Verdic
             raise SidecarProtocolError(
                 f"ReportFailures: verdict for record {verdict.record_id!r} has no action "
                 f"({pb.Action.Name(verdict.action)})") from unit.exc
+    if skipped_records:
+        session.skipped(skipped_records, skipped_verdicts)
     return retries

@@ -64,7 +64,7 @@ def make_engine(plan: WrapperPlan, session: TaskSession, adapter: Any,
     return Engine(session, adapter, stage=wrapper.stage, function_name=wrapper.function_name,
                   count_stages=count_stages, batch_size=spec.report_batch_size,
                   linger_s=spec.report_linger_s, refresh=plan.refresh, submit=worker().submit,
-                  max_inflight=spec.report_max_inflight)
+                  max_inflight=spec.report_max_inflight, max_bytes=spec.report_max_bytes)
 
 
 def drive(session: TaskSession, engine: Engine, outputs: Iterator[Any],

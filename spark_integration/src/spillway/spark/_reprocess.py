@@ -30,7 +30,7 @@ When a task has finished (its dead letters acknowledged by Kafka), it records in
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from spillway.client import dlq_ledger, kafka_auth
@@ -186,10 +186,11 @@ class ReprocessSession(TaskSession):
             return  # dead-lettered again: that stands
         self.notes[k] = (resolution, hist.get(REDRIVE_OF, b""), new_record_id)
 
-    def skipped(self, record: Any, verdict: Any) -> None:
-        super().skipped(record, verdict)
-        if verdict.dead_lettered:
-            self.note("superseded", _history(record.headers), record.record_id)
+    def skipped(self, records: Sequence[Any], verdicts: Sequence[Any]) -> None:
+        super().skipped(records, verdicts)
+        for record, verdict in zip(records, verdicts):
+            if verdict.dead_lettered:
+                self.note("superseded", _history(record.headers), record.record_id)
 
     def close(self, ok: bool, exc: BaseException | None = None) -> None:
         super().close(ok, exc)  # the flush barrier: dead letters acknowledged first

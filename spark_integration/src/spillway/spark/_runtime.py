@@ -63,7 +63,7 @@ from spillway.client.runs import JobRun, JobToken, Registration
 from spillway.v1 import sidecar_pb2 as pb
 
 from . import _tracing
-from ._engine import StageRef
+from ._engine import REPORT_BATCH_SIZE, REPORT_MAX_BYTES, StageRef
 from ._taskinfo import current_task
 from ._token import EscrowedToken, TokenFile, claim_client
 
@@ -101,7 +101,8 @@ class JobSpec:
     properties: tuple[tuple[str, str], ...] = ()
     sidecar: str | None = None
     address_env: str = ADDRESS_ENV
-    report_batch_size: int = 256
+    report_batch_size: int = REPORT_BATCH_SIZE
+    report_max_bytes: int = REPORT_MAX_BYTES
     report_linger_s: float = 0.5
     # reports of one wrapper in one task sent and not yet answered (the verdict loop goes on
     # meanwhile; a full batch beyond this waits for the oldest)
@@ -134,8 +135,9 @@ class JobSpec:
         for name in ("flush_timeout_s", "rpc_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
-        if self.report_batch_size < 1:
-            raise ValueError(f"report_batch_size: must be >= 1, got {self.report_batch_size}")
+        for name in ("report_batch_size", "report_max_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if isinstance(self.report_max_inflight, bool) or \
                 not isinstance(self.report_max_inflight, int) or self.report_max_inflight < 1:
             raise ValueError(f"report_max_inflight: expected an int >= 1, got "
@@ -373,9 +375,11 @@ class TaskSession:
             "spillway.stage": pb.Stage.Name(record.stage).removeprefix("STAGE_"),
         })
 
-    def skipped(self, record: Failure, verdict: pb.Verdict) -> None:
-        self.skips += 1
-        log.debug("spillway: record %s skipped: %s", record.record_id, verdict.reason)
+    def skipped(self, records: Sequence[Failure], verdicts: Sequence[pb.Verdict]) -> None:
+        self.skips += len(records)
+        if log.isEnabledFor(logging.DEBUG):
+            for record, verdict in zip(records, verdicts):
+                log.debug("spillway: record %s skipped: %s", record.record_id, verdict.reason)
 
     def report(self, records: list[Failure]) -> list[pb.Verdict]:
         self.reports += 1

@@ -45,7 +45,7 @@ from spillway.client.runs import JobRun, JobToken, Registration, new_run_id
 
 from . import _deserialize, _ship
 from ._compat import active_run_id, check_foreach_partition
-from ._engine import StageRef
+from ._engine import REPORT_BATCH_SIZE, REPORT_MAX_BYTES, StageRef
 from ._partitions import (
     deserialize_partition,
     df_partition,
@@ -112,8 +112,9 @@ class Job:
     then fails. Nothing is ever dropped: a report that cannot be delivered fails the task.
     A sidecar applying backpressure is always waited for, up to ``sidecar_wait_s``.
 
-    Failed records go to the sidecar in reports of up to ``report_batch_size``, a partial one
-    once its oldest record waited ``report_linger_s``. Reports are sent in the background while
+    Failed records go to the sidecar in reports of up to ``report_batch_size`` records or
+    ``report_max_bytes`` of their keys and values (whichever comes first), a partial one once
+    its oldest record waited ``report_linger_s``. Reports are sent in the background while
     the task goes on with its rows, at most ``report_max_inflight`` per wrapper and task (a
     full batch beyond that waits for the oldest report's verdicts); verdicts are followed in
     the order the reports were sent.
@@ -129,16 +130,18 @@ class Job:
     def __init__(self, name: str, properties: Mapping[str, str] | None = None, *,
                  sidecar: str | None = None, address_env: str = ADDRESS_ENV,
                  on_sidecar_unavailable: str = "fail", sidecar_wait_s: float = 120.0,
-                 report_batch_size: int = 256, report_linger_s: float = 0.5,
+                 report_batch_size: int = REPORT_BATCH_SIZE, report_linger_s: float = 0.5,
                  counts_interval_s: float = 10.0, flush_timeout_s: float = 60.0,
                  rpc_timeout_s: float = 10.0, run_id: str | None = None,
-                 report_max_inflight: int = 2) -> None:
+                 report_max_inflight: int = 2,
+                 report_max_bytes: int = REPORT_MAX_BYTES) -> None:
         props = tuple(sorted((str(k), str(v)) for k, v in (properties or {}).items()))
         self.spec = JobSpec(
             name=name.strip() if isinstance(name, str) else name, properties=props,
             sidecar=sidecar, address_env=address_env,
             on_sidecar_unavailable=on_sidecar_unavailable, sidecar_wait_s=sidecar_wait_s,
-            report_batch_size=report_batch_size, report_linger_s=report_linger_s,
+            report_batch_size=report_batch_size, report_max_bytes=report_max_bytes,
+            report_linger_s=report_linger_s,
             report_max_inflight=report_max_inflight, counts_interval_s=counts_interval_s,
             flush_timeout_s=flush_timeout_s,
             rpc_timeout_s=rpc_timeout_s)

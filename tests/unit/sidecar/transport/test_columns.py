@@ -232,6 +232,12 @@ def test_verdict_columns_read_back_as_the_verdicts():
                    dead_letter=True),
     ]
     assert len(wire.reasons) == 3 and not wire.rules
+    # the actions are read without a verdict object each; indexing, slices and joining the
+    # answers of two halves (`_split`) give the same verdicts
+    assert list(got.actions) == [pb.ACTION_SKIP, pb.ACTION_RETRY, pb.ACTION_FAIL]
+    assert len(got) == 3 and got[-1].to_pb() == list(got)[2].to_pb()
+    assert [v.record_id for v in got[1:]] == ["b", "c"]
+    assert [v.record_id for v in got + got[:1]] == ["a", "b", "c", "a"]
 
 
 def test_verdict_columns_write_a_run_once_and_keep_every_difference():
