@@ -37,7 +37,7 @@ from .report_format import ReportFormats, run_report_formats
 NODE_COUNTS = (1, 2, 4)
 SYNC = "sync"   # (a) at the largest node count, each report waiting for the home (baseline)
 CLIENTS = 4
-BATCH = 256
+BATCH = 1024   # records per report: an executor's default (`Job(report_batch_size=...)`)
 COALESCED = 8   # (b2): reports per call, as a node serving several executors coalesces them
 # issue 24's targets
 HOME_US_TARGET = 2.0

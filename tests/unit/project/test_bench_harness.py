@@ -711,3 +711,13 @@ def test_a_full_run_on_a_busy_machine_is_refused_unless_allowed(monkeypatch, cap
     assert cli.main(["--only", "1"]) == 2
     err = capsys.readouterr().err
     assert "busy" in err and "--allow-busy" in err and "1.00 cores" in err
+
+
+def test_the_cluster_target_reports_as_an_executor_does_by_default():
+    """Target 11's clients send reports of the size an executor's Job sends by default."""
+    import inspect
+
+    from bench.targets import cluster
+    from spillway.spark import Job
+
+    assert cluster.BATCH == inspect.signature(Job).parameters["report_batch_size"].default
