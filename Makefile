@@ -15,7 +15,8 @@ XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 
 $(STAMP): requirements/dev.txt client/pyproject.toml sidecar/pyproject.toml spark_integration/pyproject.toml \
 		sidecar/src/spillway/sidecar/core/_idindex.c \
-		spark_integration/src/spillway/spark/_udfcall.c
+		spark_integration/src/spillway/spark/_udfcall.c \
+		spark_integration/src/spillway/spark/_framekey.c
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "spillway needs Python 3.11+ (found $$($(PYTHON) --version))"; exit 1; }
 	@command -v java >/dev/null || { echo "spillway's Spark job needs Java 17 on PATH"; exit 1; }

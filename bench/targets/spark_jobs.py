@@ -18,6 +18,7 @@ from ..model import TargetResult, fmt, ratio_check
 from ..profiling import Recording, section
 from ..runner import Context, missing_prerequisite
 from .common import POLICY_ONLY, alternate_runs, dlq_props, profiled
+from .failure_key import run_failure_key
 from .sparkutil import python_daemons, ship_workloads, timed_workers
 
 PARTITIONS = 8
@@ -231,7 +232,8 @@ def run_error_path(ctx: Context, result: TargetResult) -> None:
         "three alternated run by run. CPU per failed record over the same action: Spark's "
         "Python workers (every PySpark daemon and the workers it forked, live or exited, from "
         "their /proc counters; the executor side is the difference from catch-and-drop) and, "
-        "for spillway, the sidecar process.")
+        "for spillway, the sidecar process. Then, in the harness's process, what the executors' "
+        "frame signature extension saves (`failure_key.py`).")
     ship_workloads()
     sidecar = ctx.infra.sidecar(name="errors")
     spark = ctx.infra.spark
@@ -297,6 +299,7 @@ def run_error_path(ctx: Context, result: TargetResult) -> None:
             _profile_workers(ctx, result, f"{pct:g}% failing rows, {rows:,} rows",
                              lambda w=wrapped: w(0), extra_pids=[sidecar.pid],
                              label=f"errors-{pct:g}")
+    run_failure_key(ctx, result)
 
 
 def _executor_reading(pct, bare, peer, cand, side) -> str:

@@ -1,15 +1,16 @@
 """Which of spillway's C extensions a process uses: every one that was built, except those
 named in ``SPILLWAY_NO_EXTENSIONS`` (comma-separated, or ``all``). Each extension has a Python
 fallback with the same results; the switch lets the benchmarks run both side by side (targets
-3 and 11) and an operator rule one out while investigating (docs/CONFIGURATION.md)."""
+3, 4 and 11) and an operator rule one out while investigating (docs/CONFIGURATION.md)."""
 
 from __future__ import annotations
 
 import os
 
 ENV = "SPILLWAY_NO_EXTENSIONS"
-# sidecar/core/_idindex.c (the id tables' loops), spark/_udfcall.c (the @job.udf per-row call)
-NAMES = frozenset({"idindex", "udfcall"})
+# sidecar/core/_idindex.c (the id tables' loops), spark/_udfcall.c (the @job.udf per-row call),
+# spark/_framekey.c (a failed record's frame signature)
+NAMES = frozenset({"idindex", "udfcall", "framekey"})
 
 
 def enabled(name: str) -> bool:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opentelemetry.context import Context
-from spillway.client import columns, report
+from spillway.client import columns, extensions, report
 from spillway.client.columns import Failure
 from spillway.client.errors import SidecarProtocolError, error_for_verdict
 from spillway.client.markers import RecordTimeoutError, WorkerCrashError
@@ -464,6 +464,23 @@ def reported(session: Session, ctx: RecordContext, exc: BaseException, stage: St
 
 _DEATHS = (WorkerCrashError, RecordTimeoutError)
 _PAYLOAD = "record payload sha256:"
+
+
+def use_native_frame_key() -> bool:
+    """Give the client the C frame signature (`_framekey.c`: about 0.6 us less a failed
+    record) where it was built and not ruled out (``SPILLWAY_NO_EXTENSIONS=framekey``);
+    whether it did. Once per process, when this module is imported."""
+    if not extensions.enabled("framekey"):
+        return False
+    try:
+        from ._framekey import frame_key
+    except ImportError:   # built without a C compiler: the client's Python version stays
+        return False
+    columns.use_frame_key(frame_key)
+    return True
+
+
+use_native_frame_key()
 
 
 def name_payload(exc: BaseException, ctx: RecordContext) -> None:
