@@ -37,7 +37,7 @@ class Sizes:
     def full(cls) -> Sizes:
         return cls(runs=5, dlq_records=60_000, rpc_single=3_000, rpc_batched=100_000,
                    rpc_per_client=25_000, happy_rows=5_000_000, error_rows=1_000_000,
-                   durability_per_client=20_000, tracing_records=30_000,
+                   durability_per_client=20_000, tracing_records=90_000,
                    memory_records=1_000_000, many_total=128_000, jobs_closed=10_000,
                    deser_rows=500_000,
                    profile=True)
