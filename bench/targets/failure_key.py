@@ -1,5 +1,5 @@
 """Target 4, what the executors' frame signature extension (`spark/_framekey.c`) saves: a
-failed record described for its report (`columns.failure_of`, what the verdict loop does per
+failed record described for its report (`columns.failure`, what the verdict loop does per
 failed record) with the C frame signature against the client's Python one, in this process,
 alternated.
 
@@ -42,8 +42,8 @@ def _described(excs: list[BaseException], key) -> float:
     stage = pb.STAGE_TRANSFORMATION
     t0 = time.thread_time()
     for i, exc in enumerate(excs):
-        columns.failure_of(f"r{i}", stage, exc, "", "bench.parse_order", None, None,
-                           b"v" * 200, (), None, 1, None, "stage-input")
+        columns.failure(f"r{i}", stage, exc, function_name="bench.parse_order",
+                        value=b"v" * 200, payload="stage-input")
     return (time.thread_time() - t0) / len(excs) * 1e6
 
 
@@ -77,7 +77,7 @@ def _reading(with_c: Figure, without: Figure, n: int) -> str:
     if not (c and p):
         return "The frame signature's C extension: not measured."
     return (f"What the frame signature's C extension (`spark/_framekey.c`, `framekey`) saves the "
-            f"executors: describing a failed record for its report (`columns.failure_of`, "
+            f"executors: describing a failed record for its report (`columns.failure`, "
             f"{n:,} JSONDecodeErrors of `parse_order`, in the harness's process, alternated) "
             f"takes {fmt(c)} µs with it and {fmt(p)} µs with the client's Python frame "
             f"signature ({p - c:+.2f} µs a failed record saved, {c / p:.3f}x).")

@@ -454,10 +454,11 @@ def reported(session: Session, ctx: RecordContext, exc: BaseException, stage: St
     ``function_name``) as its report carries it; the session is told (logs, metrics, span)."""
     if isinstance(exc, _DEATHS):
         name_payload(exc, ctx)
-    record = columns.failure_of(
-        ctx.record_id, stage.stage, exc, stage.custom, function_name, ctx.source, ctx.key,
-        ctx.value, ctx.headers, ctx.timestamp_ms, attempt, session.trace_context,
-        payload_for(stage.stage, ctx))
+    record = columns.failure(
+        ctx.record_id, stage.stage, exc, custom_stage=stage.custom,
+        function_name=function_name, source=ctx.source, key=ctx.key, value=ctx.value,
+        headers=ctx.headers, timestamp_ms=ctx.timestamp_ms, attempt=attempt,
+        context=session.trace_context, payload=payload_for(stage.stage, ctx))
     session.failed(exc, record)
     return record
 
