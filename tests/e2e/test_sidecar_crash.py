@@ -6,16 +6,17 @@ replay little that Kafka already had (docs/DLQ.md states the bound and the measu
 from __future__ import annotations
 
 import pytest
+from spillway.sidecar.dlq.drain import MAX_INFLIGHT_BYTES
 from support.sidecar_crash import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 KILLS = 2
 # Per kill, what may be written twice: the records in flight (producer.max.inflight.bytes,
-# 512 KiB by default; these records take ~340 bytes spooled, a report being one marshalled
-# segment whose records share their reason's bytes, so 330 is the divisor) and the
+# MAX_INFLIGHT_BYTES by default; these records take ~340 bytes spooled, a report being one
+# marshalled segment whose records share their reason's bytes, so 330 is the divisor) and the
 # acknowledged records not yet settled in the spool (at most 1,000: the drain's delete_batch).
-BOUND_PER_KILL = 512 * 1024 // 330 + 1_000
+BOUND_PER_KILL = MAX_INFLIGHT_BYTES // 330 + 1_000
 
 
 def test_kill_9_of_the_sidecar_loses_nothing_and_replays_at_most_the_in_flight_window(

@@ -382,7 +382,7 @@ _PROPS: list[Prop] = [
          "saved no measurable CPU (docs/BENCHMARKS.md) and was removed", job=False),
     Prop("producer.batch.size", p_int(1, 2**31 - 1), "1000000",
          "DLQ producer batch size, bytes", job=False),
-    Prop("producer.max.inflight.bytes", p_int(1024, 2**31 - 1), str(512 * 1024),
+    Prop("producer.max.inflight.bytes", p_int(1024, 2**31 - 1), str(1024 * 1024),
          "DLQ record bytes handed to the producer and not yet acknowledged; what is in flight "
          "when the sidecar crashes may be written twice (docs/DLQ.md)", job=False),
     Prop("flush.timeout.ms", p_int(1, DAY_MS), "60000",

@@ -62,7 +62,7 @@ from typing import Any
 from ..core.model import DlqRecord
 from ..core.ports import Clock, RandomSource, SystemClock
 from ..errors import BackpressureError, ConfigError, DlqError
-from .drain import Drain, DrainSettings, OnAck
+from .drain import MAX_INFLIGHT_BYTES, Drain, DrainSettings, OnAck
 from .handoff import Handoff
 from .memqueue import MemoryQueue
 from .producer import KafkaDlqProducer, producer_config
@@ -95,7 +95,7 @@ class DlqPipeline:
         on_ack: OnAck | None = None,
         read_chunk: int = 5_000,
         max_inflight_records: int = 20_000,
-        max_inflight_bytes: int = 512 * 1024,
+        max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
         handoff_bytes: int = 16 * 1024 * 1024,
         handoff_records: int = 16_384,
         delete_batch: int = 1_000,
