@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ._engine import StageFailure, StageRef, Unit
-from ._records import PLAIN_ROWS, RecordContext, context_of, row_json
+from ._records import RecordContext, context_of
 
 IdFactory = Callable[[int], str]  # partition row index -> positional record id
 
@@ -38,10 +38,8 @@ class RowAdapter:
         return None
 
     def context(self, unit: Unit) -> RecordContext:
-        row = unit.payload
-        if self.record_id is None and self.source is None and type(row) in PLAIN_ROWS:
-            return RecordContext(self.ids(unit.offset), None, None, row_json(row))  # context_of's
-        return context_of(row, lambda: self.ids(unit.offset), self.record_id, self.source)
+        return context_of(unit.payload, lambda: self.ids(unit.offset), self.record_id,
+                          self.source)
 
 
 def row_units(rows: Iterable[Any]) -> Iterator[Unit]:

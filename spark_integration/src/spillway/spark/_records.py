@@ -221,7 +221,7 @@ def row_json(row: Any) -> bytes:
     return _encode_row(payload).encode("utf-8")
 
 
-PLAIN_ROWS = (bytes, str)  # rows that are values, not mappings
+_PLAIN = (bytes, str)  # rows that are values, not mappings
 
 
 def context_of(row: Any, fallback_id: Callable[[], str],
@@ -230,7 +230,7 @@ def context_of(row: Any, fallback_id: Callable[[], str],
     """The context of a failed row: Kafka coordinates, original key/value/headers/timestamp when
     the row (or what ``source(row)`` returns) has the Kafka source columns; else a positional
     id and the row as JSON."""
-    if source is None and type(row) in PLAIN_ROWS:  # no columns: a positional id, the row as JSON
+    if source is None and type(row) in _PLAIN:  # no columns: a positional id, the row as JSON
         rid = str(record_id(row)) if record_id is not None else ""
         return RecordContext(rid or fallback_id(), None, None, row_json(row))
     m = as_mapping(source(row) if source is not None else row)
