@@ -265,7 +265,10 @@ def test_committed_records_reach_the_producer_from_memory_without_reading_the_sp
     _wait_for(lambda: p.stats()["spool-depth"] == 0)  # acknowledged rows are deleted
 
 
-@pytest.mark.parametrize("bound", [{"handoff_bytes": 2_000}, {"handoff_records": 30}],
+# a durable spool's commits wait as spooled bytes (bounded by bytes); without a spool they
+# wait as objects (bounded by records too)
+@pytest.mark.parametrize("bound", [{"handoff_bytes": 2_000},
+                                   {"handoff_records": 30, "spool_enable": False}],
                          ids=["bytes", "records"])
 def test_a_full_hand_off_falls_back_to_the_spool_in_order_then_resumes(fake, pipeline, bound):
     p = pipeline(max_inflight_bytes=3_000, **bound)
@@ -299,7 +302,7 @@ def test_the_hand_off_resumes_though_a_commit_lands_during_every_read_back(fake,
     # A drain that has read the spool to its end takes the next commits from memory again,
     # even when a new commit lands while it reads (a steady load): it used to wait for a read
     # with no commit at all meanwhile, and until then read every later record back from SQLite.
-    p = pipeline(max_inflight_bytes=3_000, handoff_records=30)
+    p = pipeline(max_inflight_bytes=3_000, handoff_bytes=2_000)
     p.submit([rec("warm", "t0")])
     assert p.wait_task("t0", 5) == 1
     prod = fake.made[0]

@@ -161,6 +161,19 @@ def decode_columns(rid: int, ends: bytes, segs: bytes, data: bytes, *, start: in
         first = last
 
 
+def decode_segments(segments: Sequence[tuple[bytes, int]], records: list[DlqRecord],
+                    sizes: list[int]) -> None:
+    """Records encoded by `encode_segments`, and the bytes each accounts for (`seg_sizes`, as
+    the spool's rows say), appended to `records` and `sizes`: the hand-off keeps a commit's
+    records so and the drain makes them when it takes them."""
+    for blob, count in segments:
+        items = marshal.loads(blob)
+        if type(items) is not list or len(items) != count:
+            raise DlqError("corrupt DLQ segment: it does not decode to its records")
+        records.extend(map(new_dlq_record, items))
+        sizes += seg_sizes(len(blob), count)
+
+
 def split_segments(segments: list[tuple[bytes, int]]) -> list[list[tuple[bytes, int]]]:
     """Cut segments into batch rows, in order: a row takes segments while they fit in ROW_BYTES
     (a larger segment gets a row of its own) and ROW_RECORDS records."""

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import collections
 import threading
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
 from ..core.model import DlqRecord
+from .codec import decode_segments
 from .store import FreshRun, Placed
 
 _SEQ, _SIZE = itemgetter(0), itemgetter(3)   # of a Placed
@@ -40,17 +42,24 @@ class Entry:
 
 
 class Handoff:
-    """Committed records on their way from the spool's writer to the drain, in seq order."""
+    """Committed records on their way from the spool's writer to the drain, in seq order.
+
+    A commit whose records were all new is kept as the spool stored it (its segments and seqs:
+    about its spooled bytes in memory, no object per record) and made into entries when the
+    drain takes it; the drain would otherwise read the same bytes back from SQLite once a burst
+    passed the hand-off. A commit that also named spooled records (duplicates) keeps its new
+    records' entries, and so does a store that does not encode them (spool.enable=false)."""
 
     def __init__(self, *, max_bytes: int, max_records: int, skipped_upto: int) -> None:
         self._max_bytes = max(1, max_bytes)
-        # records too: the bytes bound counts spooled bytes, and a record's objects in memory
+        # entries too: the bytes bound counts spooled bytes, and a record's objects in memory
         # take several times its share of a report's spooled bytes (which share header bytes)
         self._max_records = max(1, max_records)
         self._lock = threading.Lock()
-        # groups: [the fresh entries of one commit, in seq order, their bytes]
+        # groups: [one commit's entries in seq order (None while packed), their bytes,
+        #          (segments, seqs) while packed]
         self._groups: collections.deque[list] = collections.deque()
-        self._n = 0       # entries in it
+        self._n = 0       # entries (objects) in it
         self._bytes = 0
         # read by the drain without the lock (a stale value costs it one more round)
         self.skipped_upto = skipped_upto
@@ -63,34 +72,43 @@ class Handoff:
              all_fresh: bool) -> None:
         """Runs in the spool's writer right after the commit, in seq order: the commit's new
         records, or, when the hand-off is full, a note that the drain must read them back."""
-        if type(placed) is FreshRun:
-            entries = list(map(Entry, placed.seqs, records, placed.sizes))
-            size = sum(placed.sizes)
-        elif all_fresh:
-            entries = list(map(Entry, map(_SEQ, placed), records, map(_SIZE, placed)))
-            size = sum(map(_SIZE, placed))
+        packed = None
+        entries: list[Entry] | None = None
+        if type(placed) is FreshRun and placed.segments is not None:
+            if not placed.seqs:
+                return
+            packed = (placed.segments, array("q", placed.seqs))
+            size = sum(len(blob) for blob, _ in placed.segments)
+            last, n = placed.seqs[-1], 0
         else:
-            entries = [Entry(p.seq, rec, p.size)
-                       for rec, p in zip(records, placed, strict=True) if p.fresh]
-            size = sum(e.size for e in entries)
-        if not entries:
-            return
+            if type(placed) is FreshRun:
+                entries = list(map(Entry, placed.seqs, records, placed.sizes))
+                size = sum(placed.sizes)
+            elif all_fresh:
+                entries = list(map(Entry, map(_SEQ, placed), records, map(_SIZE, placed)))
+                size = sum(map(_SIZE, placed))
+            else:
+                entries = [Entry(p.seq, rec, p.size)
+                           for rec, p in zip(records, placed, strict=True) if p.fresh]
+                size = sum(e.size for e in entries)
+            if not entries:
+                return
+            last, n = entries[-1].seq, len(entries)
         with self._lock:
             if self._overflow:   # until the drain has read back what was skipped
-                self.skipped_upto = entries[-1].seq
+                self.skipped_upto = last
                 return
-            if (self._bytes + size > self._max_bytes
-                    or self._n + len(entries) > self._max_records):
+            if self._bytes + size > self._max_bytes or self._n + n > self._max_records:
                 # the drain is behind (Kafka slow or gone): let go of what waits here too, the
                 # drain reads it back from the spool when its turn comes
                 self._overflow = True
                 self.overflows += 1
-                self.skipped_upto = entries[-1].seq
+                self.skipped_upto = last
                 self._groups.clear()
                 self._n = self._bytes = 0
                 return
-            self._groups.append([entries, size])
-            self._n += len(entries)
+            self._groups.append([entries, size, packed])
+            self._n += n
             self._bytes += size
 
     def waiting(self) -> bool:
@@ -102,38 +120,59 @@ class Handoff:
         `budget` bytes are left (the last one may pass it), whole commits at once where they
         fit; none while rows up to ``skipped_upto`` are still to be read from the spool.
         Returns (the entries, ``skipped_upto``, whether nothing was here to take)."""
-        taken: list[Entry] = []
+        parts: list = []   # entries, or a packed commit's (segments, seqs), in order
+        count = 0
         with self._lock:
             skipped = self.skipped_upto
             if cursor < skipped:
-                return taken, skipped, False
+                return [], skipped, False
             groups = self._groups
-            while groups and len(taken) < limit and budget > 0:
-                group = groups[0]      # [entries of one commit, their bytes]
-                entries, size = group
-                if len(entries) <= limit - len(taken) and size <= budget:
+            while groups and count < limit and budget > 0:
+                group = groups[0]      # [entries or None, their bytes, packed or None]
+                entries, size, packed = group
+                k = len(entries) if packed is None else len(packed[1])
+                if k <= limit - count and size <= budget:
                     groups.popleft()
-                    k = len(entries)
-                    taken += entries
-                else:   # part of it
+                    parts.append(entries if packed is None else packed)
+                    if packed is None:
+                        self._n -= k
+                else:   # part of it: a packed commit is made into entries first
+                    if packed is not None:
+                        entries = group[0] = _unpack(*packed)
+                        group[2] = None
+                        self._n += len(entries)
                     k = size = 0
-                    while k < len(entries) and len(taken) + k < limit and budget - size > 0:
+                    while k < len(entries) and count + k < limit and budget - size > 0:
                         size += entries[k].size
                         k += 1
-                    taken += entries[:k]
+                    parts.append(entries[:k])
                     del entries[:k]
                     group[1] -= size
                     if not entries:
                         groups.popleft()
+                    self._n -= k
+                count += k
                 budget -= size
-                self._n -= k
                 self._bytes -= size
-            return taken, skipped, not groups and not taken
+            none_left = not groups and not parts
+        if len(parts) == 1 and type(parts[0]) is list:
+            return parts[0], skipped, none_left
+        taken: list[Entry] = []
+        for part in parts:   # packed commits made into entries outside the lock
+            taken += part if type(part) is list else _unpack(*part)
+        return taken, skipped, none_left
 
     def caught_up(self) -> None:
         """The drain has read the spool to its end: take the next commits again."""
         with self._lock:
             self._overflow = False
+
+
+def _unpack(segments: list[tuple[bytes, int]], seqs: array) -> list[Entry]:
+    records: list[DlqRecord] = []
+    sizes: list[int] = []
+    decode_segments(segments, records, sizes)
+    return list(map(Entry, seqs, records, sizes))
 
 
 __all__ = ["Entry", "Handoff"]

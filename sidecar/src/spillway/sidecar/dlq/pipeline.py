@@ -22,11 +22,12 @@ the spool deletes the row once all of its records are settled.
 once they are in it, i.e. handed to the pipeline's producer side. That mode is NOT crash-safe:
 a crash, or a shutdown before Kafka acknowledged them, loses them (the loss is logged).
 
-Drain worker: one thread, woken by an Event. The spool's writer hands it each committed record
-from memory (``handoff_bytes``, 16 MiB, and ``handoff_records``, 16,384 records: a burst of
-reports from 32 executors fits): nothing just written is read back. When that hand-off is
-full (Kafka behind or gone), and after a restart, the drain reads the spool instead, in seq
-order and in chunks (``read_chunk``), until it has read to the spool's end once (the rows
+Drain worker: one thread, woken by an Event. The spool's writer hands it each commit from
+memory, as the spool stored it (``handoff_bytes``, 32 MiB of spooled records: a burst of
+100,000 failed records fits; ``handoff_records``, 16,384, bounds the records it holds as
+objects instead: duplicates, spool.enable=false): nothing just written is read back. When that
+hand-off is full (Kafka behind or gone), and after a restart, the drain reads the spool instead,
+in seq order and in chunks (``read_chunk``), until it has read to the spool's end once (the rows
 committed meanwhile are read next, the later ones handed over again), so that a million
 spooled records never sit in memory (at most ``max_inflight_records`` / ``max_inflight_bytes`` do,
 plus the hand-off). It hands many records to librdkafka before serving delivery reports (one
@@ -96,7 +97,7 @@ class DlqPipeline:
         read_chunk: int = 5_000,
         max_inflight_records: int = 20_000,
         max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
-        handoff_bytes: int = 16 * 1024 * 1024,
+        handoff_bytes: int = 32 * 1024 * 1024,
         handoff_records: int = 16_384,
         delete_batch: int = 1_000,
         retry_backoff_ms: int = 100,

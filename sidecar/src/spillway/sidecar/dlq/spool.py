@@ -401,13 +401,14 @@ class Spool:
                 owners = list(map(_task_key_of, records))
                 window.remember(zip(keys, zip(seqs, owners)))
                 if len(accepted) == 1:
-                    accepted[0].placed = FreshRun(seqs, owners, all_sizes)
+                    accepted[0].placed = FreshRun(seqs, owners, all_sizes,
+                                                  accepted[0].segments)
                 else:
                     pos = 0
                     for req in accepted:
                         end = pos + req.n
                         req.placed = FreshRun(seqs[pos:end], owners[pos:end],
-                                              all_sizes[pos:end])
+                                              all_sizes[pos:end], req.segments)
                         pos = end
             else:
                 spooled: dict[DedupKey, tuple[int, str]] = {}

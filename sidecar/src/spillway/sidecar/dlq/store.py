@@ -34,13 +34,17 @@ _new_placed = partial(tuple.__new__, Placed)
 class FreshRun(Sequence[Placed]):
     """The placements of a request whose records were all new, as columns (seqs, owners,
     sizes): the usual commit makes no `Placed` per record (one per record cost the spool's
-    writer about as much as encoding them); one is made only when asked for by index."""
+    writer about as much as encoding them); one is made only when asked for by index.
+    ``segments``: the records as the spool stored them (`codec.encode_segments`), in seq order,
+    when the store encodes them (the hand-off keeps them so, not as objects)."""
 
-    __slots__ = ("seqs", "owners", "sizes")
+    __slots__ = ("seqs", "owners", "sizes", "segments")
     fresh = True
 
-    def __init__(self, seqs: list[int], owners: list[str], sizes: list[int]) -> None:
+    def __init__(self, seqs: list[int], owners: list[str], sizes: list[int],
+                 segments: list[tuple[bytes, int]] | None = None) -> None:
         self.seqs, self.owners, self.sizes = seqs, owners, sizes
+        self.segments = segments
 
     def __len__(self) -> int:
         return len(self.seqs)
