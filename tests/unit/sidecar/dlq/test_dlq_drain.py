@@ -28,8 +28,12 @@ class FakeProducer:
         self.delivered: list[bytes] = []
         self.per_poll: int | None = None   # at most this many deliveries per poll (a slow Kafka)
 
-    def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
-        self.queue.append((value, on_delivery))
+    # confluent-kafka's signature, which the pipeline calls by position
+    def produce(self, topic, value=None, key=None, partition=-1, callback=None,
+                on_delivery=None, timestamp=0, headers=None):
+        assert partition == -1 and timestamp == 0 and on_delivery is None
+        assert headers is None or type(headers) is list
+        self.queue.append((value, callback))
 
     def poll(self, timeout=0):
         if not self.open.is_set():

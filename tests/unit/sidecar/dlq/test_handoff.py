@@ -56,3 +56,17 @@ def test_records_given_as_objects_count_against_the_records_bound():
     h = Handoff(max_bytes=1 << 20, max_records=2, skipped_upto=0)
     h.give(records, FreshRun([1, 2, 3], ["t"] * 3, [10, 10, 10]), True)   # no segments
     assert h.overflows == 1 and h.skipped_upto == 3
+
+
+def test_commits_wait_as_objects_up_to_the_records_bound_then_as_spooled_bytes():
+    h = Handoff(max_bytes=1 << 20, max_records=5, skipped_upto=0)
+    a, b, c = _recs("f", 3), _recs("g", 4), _recs("h", 2)
+    h.give(a, _packed(a, 1), True)
+    h.give(b, _packed(b, 4), True)    # 3 + 4 objects would pass 5: kept as bytes
+    h.give(c, _packed(c, 8), True)    # 3 + 2: objects again
+    forms = [group[0] is not None for group in h._groups]
+    assert forms == [True, False, True] and h.overflows == 0
+    assert h._groups[0][0][0].rec is a[0]    # the writer's objects themselves, not decoded
+    taken, _, none_left = h.take(0, 100, 1 << 20)
+    assert [e.seq for e in taken] == list(range(1, 10)) and [e.rec for e in taken] == a + b + c
+    assert not none_left and h.take(9, 100, 1 << 20) == ([], 0, True)
