@@ -10,6 +10,7 @@ import ctypes
 import glob
 import io
 import os
+import time
 from collections import Counter
 
 import confluent_kafka
@@ -143,6 +144,11 @@ def test_retriable_errors_are_retried_until_success(mock, pipeline):
     # produces again: 4 failed requests = 2 failed deliveries per record, the 3rd attempt lands
     mock.fail_produce(*[NOT_ENOUGH_REPLICAS] * 4)
     p.submit([rec(i) for i in range(N)])
+    # no barrier until they are written: a waiting one has librdkafka send at once, and a
+    # retry round's records (due a few µs apart) could then go in two requests
+    deadline = time.monotonic() + 20
+    while delta(p, before)["dlq-records-written"] < N and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert p.wait_task("job/0.0.0/1", 20) == N
     d = delta(p, before)
     assert d["deadletterqueue-produce-requests"] == 3 * N

@@ -464,6 +464,31 @@ def test_a_flush_barrier_returns_only_once_its_records_are_settled_in_the_spool(
     assert p.stats()["spool-depth"] == 0    # settled when it returned
 
 
+def test_a_waiting_flush_barrier_has_the_drain_send_what_lingers(tmp_path):
+    """librdkafka holds records for linger.ms; a task's flush barrier should not wait for it:
+    while one waits, the drain calls the producer's flush(), which sends them at once. This
+    fake delivers only inside flush(), as a producer whose linger never ends would."""
+
+    class Lingering(FakeProducer):
+        flushes = 0
+
+        def poll(self, timeout=0):
+            time.sleep(min(timeout, 0.01))
+            return 0
+
+        def flush(self, timeout=0):
+            Lingering.flushes += 1
+            return FakeProducer.poll(self, timeout) and len(self.queue)
+
+    p = DlqPipeline("fake:9092", spool_dir=str(tmp_path), producer_factory=Lingering).start()
+    try:
+        p.submit([rec(f"r{i}", "t1") for i in range(10)])
+        assert p.wait_task("t1", 5) == 10      # never delivered without the barrier's flush()
+        assert Lingering.flushes >= 1 and p.stats()["spool-depth"] == 0
+    finally:
+        p.shutdown(1.0)
+
+
 def test_an_ended_runs_settled_task_counts_are_forgotten_and_wait_run_sees_only_its_run(
         fake, pipeline):
     p = pipeline()

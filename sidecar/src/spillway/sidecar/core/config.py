@@ -375,7 +375,9 @@ _PROPS: list[Prop] = [
     Prop("kafka.check.interval.ms", p_int(1000, DAY_MS), "30000",
          "how often the sidecar checks that its Kafka answers (health service spillway.kafka, "
          "metric spillway_kafka_reachable); the first check runs at start-up", job=False),
-    Prop("producer.linger.ms", p_int(0, 900_000), "20", "DLQ producer linger, ms", job=False),
+    Prop("producer.linger.ms", p_int(0, 900_000), "20",
+         "DLQ producer linger, ms (a task's flush barrier has what lingers sent at once)",
+         job=False),
     Prop("producer.native", lambda name, raw: p_bool(name, raw) if raw.strip() else None, "",
          "deprecated, no effect (true or false accepted; a warning at start-up): DLQ records "
          "are always produced through confluent-kafka's produce(), spillway's own C producer "

@@ -43,6 +43,13 @@ _TRIM_AFTER_RECORDS = 10_000  # records drained before an idle drain gives memor
 # Acknowledged records are settled in the spool (one small transaction) at least this often:
 # what was acknowledged but not yet settled is produced again after a crash.
 SETTLE_AFTER_S = 0.05
+# While a flush barrier waits, what librdkafka holds for linger.ms is sent at once: its flush()
+# ignores linger.ms, given this long to send (and serve delivery reports meanwhile). A barrier
+# then waits about 10 ms, where it waited linger.ms (20) and more.
+KICK_S = 0.002
+# How long one poll waits for delivery reports while records are in flight: a barrier that
+# comes meanwhile is seen by the next round (one round costs the drain a few µs).
+INFLIGHT_POLL_S = 0.005
 
 
 _seq_of, _rec_of, _size_of = attrgetter("seq"), attrgetter("rec"), attrgetter("size")
@@ -111,6 +118,7 @@ class Drain:
         self._written_since_trim = 0
         self._trim_at = 0.0
         self._avg_size = 1024  # of the rows read from the spool: sizes the next read
+        self._unsent = False   # produced since the last flush() a barrier asked for
 
         self.last_error = ""
         self._c_requests = 0
@@ -187,11 +195,20 @@ class Drain:
                 produced = True
             produced = self._read_more() or produced
         more_to_read = self._more_to_read()
-        self._producer.poll(0 if produced or more_to_read else
-                            (0.05 if self._inflight else 0))
+        counts = self._counts
+        barrier = counts.flush_waiters > 0 or counts.task_waiters > 0
+        self._unsent = self._unsent or produced
+        if barrier and self._unsent and self._inflight and not more_to_read:
+            # a flush barrier waits on records librdkafka may still hold for linger.ms:
+            # its flush() sends them now (a bounded wait that serves delivery reports)
+            self._unsent = False
+            self._producer.flush(KICK_S)
+        else:
+            self._producer.poll(0 if produced or more_to_read else
+                                (INFLIGHT_POLL_S if self._inflight else 0))
         self._handle_reports()
-        flushing = self._counts.flush_waiters > 0
-        self._commit_acks(force=flushing or self._stop.is_set())
+        flushing = counts.flush_waiters > 0
+        self._commit_acks(force=barrier or self._stop.is_set())
         if flushing:
             self._update_done_through()
         if self._inflight or produced or more_to_read or self._suspects:

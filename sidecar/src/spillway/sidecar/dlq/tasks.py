@@ -60,6 +60,7 @@ class TaskCounts:
         self._rejected_pending: dict[int, str] = {}
         # flush barriers waiting (`wait_done`): the drain settles at once while there are any
         self.flush_waiters = 0
+        self.task_waiters = 0   # FlushTask barriers waiting (`wait_task`)
         # acknowledgement rounds (`acked`, counted by the drain thread, its only writer) and the
         # last one settled in the store: a flush barrier returns once its task's records are
         # settled, so that a crash right after it does not produce them again
@@ -193,28 +194,37 @@ class TaskCounts:
         past the deadline."""
         deadline = self._clock.monotonic() + timeout_s
         with self._cv:
-            while True:
-                t = self._tasks.get(task_key)
-                if t is None:
-                    return 0
-                if t.rejected:
-                    raise DlqError(
-                        f"{t.rejected} DLQ record(s) of task {task_key} can never be written to "
-                        f"Kafka ({t.last_error}); they are kept in the spool's rejected table "
-                        f"({t.acked} acknowledged, {t.pending} pending)")
-                if t.pending <= 0 and (t.ack_gen <= self._settled_gen or self._closed):
-                    return t.acked
-                if self._closed:
-                    raise DlqError(f"the DLQ pipeline shut down with {t.pending} record(s) of "
-                                   f"task {task_key} not yet acknowledged; they stay spooled")
-                remaining = deadline - self._clock.monotonic()
-                if remaining <= 0:
-                    error = last_error()
-                    raise FlushTimeoutError(
-                        f"{t.pending} DLQ record(s) of task {task_key} not acknowledged by Kafka "
-                        f"within {timeout_s:g}s ({t.acked} were); they stay spooled and will be "
-                        f"delivered later" + (f"; last error: {error}" if error else ""))
-                self._cv.wait(min(remaining, 0.1))
+            self.task_waiters += 1
+            try:
+                return self._wait_task(task_key, timeout_s, deadline, last_error)
+            finally:
+                self.task_waiters -= 1
+
+    def _wait_task(self, task_key: str, timeout_s: float, deadline: float,
+                   last_error: Callable[[], str]) -> int:
+        """`wait_task`'s loop, under the condition's lock."""
+        while True:
+            t = self._tasks.get(task_key)
+            if t is None:
+                return 0
+            if t.rejected:
+                raise DlqError(
+                    f"{t.rejected} DLQ record(s) of task {task_key} can never be written to "
+                    f"Kafka ({t.last_error}); they are kept in the spool's rejected table "
+                    f"({t.acked} acknowledged, {t.pending} pending)")
+            if t.pending <= 0 and (t.ack_gen <= self._settled_gen or self._closed):
+                return t.acked
+            if self._closed:
+                raise DlqError(f"the DLQ pipeline shut down with {t.pending} record(s) of "
+                               f"task {task_key} not yet acknowledged; they stay spooled")
+            remaining = deadline - self._clock.monotonic()
+            if remaining <= 0:
+                error = last_error()
+                raise FlushTimeoutError(
+                    f"{t.pending} DLQ record(s) of task {task_key} not acknowledged by Kafka "
+                    f"within {timeout_s:g}s ({t.acked} were); they stay spooled and will be "
+                    f"delivered later" + (f"; last error: {error}" if error else ""))
+            self._cv.wait(min(remaining, 0.1))
 
     def wait_run(self, prefix: str, timeout_s: float) -> int:
         """`DlqPipeline.wait_run`."""
