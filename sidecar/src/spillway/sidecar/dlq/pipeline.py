@@ -23,10 +23,9 @@ once they are in it, i.e. handed to the pipeline's producer side. That mode is N
 a crash, or a shutdown before Kafka acknowledged them, loses them (the loss is logged).
 
 Drain worker: one thread, woken by an Event. The spool's writer hands it each commit from
-memory, as the spool stored it (``handoff_bytes``, 32 MiB of spooled records: a burst of
-100,000 failed records fits; ``handoff_records``, 16,384, bounds the records it holds as
-objects instead: duplicates, spool.enable=false): nothing just written is read back. When that
-hand-off is full (Kafka behind or gone), and after a restart, the drain reads the spool instead,
+memory (`handoff.Handoff`: ``handoff_records``, 16,384, as objects; past them, as the spool
+stored them, ``handoff_bytes``, 32 MiB: a burst of 100,000 failed records fits): nothing just
+written is read back. When that hand-off is full (Kafka behind or gone), and after a restart, the drain reads the spool instead,
 in seq order and in chunks (``read_chunk``), until it has read to the spool's end once (the rows
 committed meanwhile are read next, the later ones handed over again), so that a million
 spooled records never sit in memory (at most ``max_inflight_records`` / ``max_inflight_bytes`` do,
