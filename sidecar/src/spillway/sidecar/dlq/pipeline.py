@@ -26,13 +26,13 @@ Drain worker: one thread, woken by an Event. The spool's writer hands it each co
 memory (`handoff.Handoff`: ``handoff_records``, 16,384, as objects; past them, as the spool
 stored them, ``handoff_bytes``, 32 MiB: a burst of 100,000 failed records fits): nothing just
 written is read back. When that hand-off is full (Kafka behind or gone), and after a restart,
-the drain reads the spool instead, in seq order and in chunks (``read_chunk``), until it has read to the spool's end once (the rows
-committed meanwhile are read next, the later ones handed over again), so that a million
-spooled records never sit in memory (at most ``max_inflight_records`` / ``max_inflight_bytes`` do,
-plus the hand-off). It hands many records to librdkafka before serving delivery reports (one
-poll per batch, never one flush per record), settles acknowledged records in batches, gives
-freed heap back to the OS once a large backlog has drained, and acts on failures by their
-category (see `producer.classify`):
+the drain reads the spool instead, in seq order and in chunks (``read_chunk``), until it has
+read to the spool's end once (the rows committed meanwhile are read next, the later ones handed
+over again), so that a million spooled records never sit in memory (at most
+``max_inflight_records`` / ``max_inflight_bytes`` do, plus the hand-off). It hands many records
+to librdkafka before serving delivery reports (one poll per batch, never one flush per record),
+settles acknowledged records in batches, gives freed heap back to the OS once a large backlog
+has drained, and acts on failures by their category (see `producer.classify`):
 
 - retriable: produced again after an exponential backoff (``write-retries``);
 - fatal (producer unusable): the producer is closed and rebuilt, its records produced again;
