@@ -314,8 +314,17 @@ class Infra:
 
     # --- teardown -----------------------------------------------------------------------------
 
-    def close(self) -> None:
-        for fn in reversed(self._closers):
+    def end_target(self) -> None:
+        """Stop what one target started: its closers, its sidecars and the broker, so that no
+        target runs beside an earlier one's idle sidecars or on a broker holding its records
+        (Tansu keeps them all in memory). Spark stays: a JVM started again per target would
+        cost each Spark target a warm-up."""
+        self._close_target()
+        self._stop_broker()
+
+    def _close_target(self) -> None:
+        closers, self._closers = self._closers, []
+        for fn in reversed(closers):
             try:
                 fn()
             except Exception:  # noqa: BLE001 - best effort teardown
@@ -326,18 +335,25 @@ class Infra:
             except Exception:  # noqa: BLE001
                 pass
         self._sidecars.clear()
+
+    def _stop_broker(self) -> None:
+        with self._broker_lock:
+            broker, self._broker = self._broker, None
+        if broker is not None:
+            try:
+                broker.resume()
+                broker.stop()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def close(self) -> None:
+        self._close_target()
         if self._spark is not None:
             try:
                 self._spark.stop()
             except Exception:  # noqa: BLE001
                 pass
             self._spark = None
-        if self._broker is not None:
-            try:
-                self._broker.resume()
-                self._broker.stop()
-            except Exception:  # noqa: BLE001
-                pass
-            self._broker = None
+        self._stop_broker()
         if not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -125,6 +125,7 @@ def run_target(spec: TargetSpec, ctx: Context) -> TargetResult:
         ctx.log(f"[{spec.number}] {spec.key}: ERROR\n{tb}")
     result.seconds = time.monotonic() - t0
     busy = watch.stop()
+    ctx.infra.end_target()
     result.machine = busy.text()
     result.disturbed = busy.cores > load.DISTURBED_CORES
     if result.disturbed:

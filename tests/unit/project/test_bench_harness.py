@@ -327,8 +327,18 @@ def test_missing_prerequisite_names_what_is_missing():
     assert missing_prerequisite(["json:nope.deeper"]) == "json:nope.deeper does not exist yet"
 
 
+class _Ended:
+    """An Infra stand-in that counts the targets it was told ended."""
+
+    def __init__(self) -> None:
+        self.ended = 0
+
+    def end_target(self) -> None:
+        self.ended += 1
+
+
 def _ctx():
-    return Context(infra=None, sizes=Sizes.short(), short=True, log=lambda m: None)
+    return Context(infra=_Ended(), sizes=Sizes.short(), short=True, log=lambda m: None)
 
 
 def test_run_target_reports_not_run_instead_of_crashing():
@@ -341,7 +351,9 @@ def test_run_target_isolates_a_failing_target():
     def boom(ctx, result):
         raise BenchError("the sidecar did not start\nlog follows")
 
-    r = run_target(_spec("a", 1, run=boom), _ctx())
+    ctx = _ctx()
+    r = run_target(_spec("a", 1, run=boom), ctx)
+    assert ctx.infra.ended == 1   # what it started stops with it, the broker too
     assert r.status == STATUS_ERROR
     assert r.reason == "BenchError: the sidecar did not start"
     assert any("traceback" in n for n in r.notes)
@@ -592,6 +604,39 @@ def test_the_broker_is_started_once_when_many_threads_ask_for_it(monkeypatch, tm
     for t in threads:
         t.join()
     assert len(started) == 1 and all(b is started[0] for b in seen)
+
+
+def test_a_target_ends_with_its_closers_and_broker_and_the_next_gets_a_fresh_one(
+        monkeypatch, tmp_path):
+    from spillway.sidecar.runtime import embedded
+
+    from bench import infra
+
+    events = []
+
+    class Broker:
+        def __init__(self, log_path=None):
+            events.append("start")
+
+        def start(self):
+            return self
+
+        def resume(self):
+            pass
+
+        def stop(self):
+            events.append("stop")
+
+    monkeypatch.setattr(embedded, "EmbeddedBroker", Broker)
+    box = infra.Infra(workdir=str(tmp_path), keep_workdir=True)
+    first = box.broker
+    box.on_close(lambda: events.append("closer"))
+    box.end_target()
+    assert events == ["start", "closer", "stop"]
+    assert box.broker is not first and events[-1] == "start"
+    box.end_target()
+    box.close()                       # nothing left to stop twice
+    assert events == ["start", "closer", "stop", "start", "stop"]
 
 
 def test_cpu_children_are_the_live_child_processes(tmp_path):
