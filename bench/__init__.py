@@ -4,7 +4,7 @@
     python -m bench --short         # small enough for CI (a few minutes)
     python -m bench --only rpc,8    # chosen targets, by name or number
 
-It starts what the targets need — one Tansu broker per harness run, sidecars as their own
+It starts what the targets need — a fresh Tansu broker per target, sidecars as their own
 processes through `spillway serve`, client processes, local Spark — alternates baseline and
 candidate runs (ABAB…), and reports medians and min–max over several runs, each target's
 ratio, its threshold and whether it is met. Figures are reported, never asserted.

@@ -18,7 +18,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUTPUT = os.path.join(REPO_ROOT, "docs", "BENCHMARKS.md")
 
 METHOD = [
-    "One Tansu broker (Kafka protocol, memory storage) per harness run; a fresh topic and a "
+    "One Tansu broker (Kafka protocol, memory storage) per target, started fresh when the "
+    "target starts and stopped with its sidecars when it ends; a fresh topic and a "
     "fresh job name per measurement. Sidecars run as their own processes, started with "
     "`python -m spillway.sidecar.cli.main serve --listen 127.0.0.1:0 ...` as a user starts them. "
     "Client load comes from separate processes (`bench.loadgen`, the real `SidecarClient`), "

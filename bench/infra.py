@@ -1,7 +1,8 @@
-"""What the benchmarks run against: one Tansu broker per harness run, sidecar processes started
+"""What the benchmarks run against: a Tansu broker per target, sidecar processes started
 through the CLI the way a user starts them, fresh topics, RSS readings, the local Spark session.
 
-Everything started here is stopped by `Infra.close()` (the harness calls it in a finally).
+A target's broker, sidecars and closers stop when it ends (`Infra.end_target`, which the runner
+calls); everything, Spark too, by `Infra.close()` (the harness calls it in a finally).
 """
 
 from __future__ import annotations
