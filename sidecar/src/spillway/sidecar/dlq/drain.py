@@ -48,7 +48,8 @@ SETTLE_AFTER_S = 0.05
 # then waits about 10 ms, where it waited linger.ms (20) and more.
 KICK_S = 0.002
 # How long one poll waits for delivery reports while records are in flight: a barrier that
-# comes meanwhile is seen by the next round (one round costs the drain a few µs).
+# comes meanwhile is seen by the next round (an idle round costs about 20 µs: 0.4% of a core
+# while records wait on Kafka, through an outage too).
 INFLIGHT_POLL_S = 0.005
 
 
