@@ -20,6 +20,17 @@
 
 static PyObject *s_tb_frame, *s_tb_lasti, *s_tb_next, *s_f_code;
 
+/* Append `item`, a new reference or NULL (an error already set), and drop the reference. */
+static int
+append_new(PyObject *list, PyObject *item)
+{
+    if (item == NULL)
+        return -1;
+    int bad = PyList_Append(list, item);
+    Py_DECREF(item);
+    return bad;
+}
+
 static PyObject *
 frame_key(PyObject *module, PyObject *tb)
 {
@@ -38,18 +49,8 @@ frame_key(PyObject *module, PyObject *tb)
             goto fail;
         PyObject *id = PyLong_FromVoidPtr(code);   /* what id() gives */
         Py_DECREF(code);
-        if (id == NULL)
-            goto fail;
-        int bad = PyList_Append(items, id);
-        Py_DECREF(id);
-        if (bad)
-            goto fail;
-        PyObject *lasti = PyObject_GetAttr(tb, s_tb_lasti);
-        if (lasti == NULL)
-            goto fail;
-        bad = PyList_Append(items, lasti);
-        Py_DECREF(lasti);
-        if (bad)
+        if (append_new(items, id) < 0 ||
+                append_new(items, PyObject_GetAttr(tb, s_tb_lasti)) < 0)
             goto fail;
         PyObject *next = PyObject_GetAttr(tb, s_tb_next);
         if (next == NULL)

@@ -140,9 +140,7 @@ def decode_columns(rid: int, ends: bytes, segs: bytes, data: bytes, *, start: in
         lo, hi = max(first, start), min(last, stop)
         if hi > lo and (done is None or not all(done[lo:hi])):
             seg_start = e[first - 1] if first else 0
-            items = marshal.loads(memoryview(data)[seg_start:e[last - 1]])
-            if type(items) is not list or len(items) != count:
-                raise DlqError("corrupt DLQ spool row: a segment does not decode to its records")
+            items = _segment_items(memoryview(data)[seg_start:e[last - 1]], count)
             picked = items[lo - first:hi - first]
             size = map(sub, e[lo:hi], [e[lo - 1] if lo else 0, *e[lo:hi - 1]])
             index = range(base | lo, base | hi)
@@ -167,11 +165,16 @@ def decode_segments(segments: Sequence[tuple[bytes, int]], records: list[DlqReco
     the spool's rows say), appended to `records` and `sizes`: the hand-off keeps a commit's
     records so and the drain makes them when it takes them."""
     for blob, count in segments:
-        items = marshal.loads(blob)
-        if type(items) is not list or len(items) != count:
-            raise DlqError("corrupt DLQ segment: it does not decode to its records")
-        records.extend(map(new_dlq_record, items))
+        records.extend(map(new_dlq_record, _segment_items(blob, count)))
         sizes += seg_sizes(len(blob), count)
+
+
+def _segment_items(blob: bytes | memoryview, count: int) -> list:
+    """One segment's field tuples (`encode_segments`), checked to be its `count` records."""
+    items = marshal.loads(blob)
+    if type(items) is not list or len(items) != count:
+        raise DlqError("corrupt DLQ spool row: a segment does not decode to its records")
+    return items
 
 
 def split_segments(segments: list[tuple[bytes, int]]) -> list[list[tuple[bytes, int]]]:
