@@ -32,21 +32,27 @@ def read_all(bootstrap: str, topic: str, idle_s: float = 2.0, timeout_s: float =
     """Every record of every partition of `topic`, read until each partition has reported its
     end (partition EOF: the consumer is at the high watermark of the broker's own fetch answer)
     and `settle_s` more passes with nothing new; should no EOF come, until `idle_s` passes with
-    nothing new. Records acknowledged by Kafka before the call are below that watermark, so
-    nothing they hold is missed, and a test no longer waits out a fixed idle period per read.
+    nothing new after the broker's first answer. Records acknowledged by Kafka before the call
+    are below that watermark, so nothing they hold is missed, and a test no longer waits out a
+    fixed idle period per read. The idle clock starts at the first answer, not at the call: on a
+    loaded machine connecting and the first fetch can take longer than `idle_s`, and that is not
+    "nothing new" (it read an empty topic that held 30 records once, in CI).
 
     Uses assign() (no group join) and does not trust the listed high watermark (Tansu's lags).
+    A topic that does not exist reads as empty.
     """
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
                   "enable.auto.commit": False, "auto.offset.reset": "earliest",
                   "enable.partition.eof": True})
     try:
-        md = c.list_topics(topic, timeout=10)
-        parts = set(md.topics[topic].partitions) if topic in md.topics else set()
+        start = time.monotonic()
+        parts = _partitions(c, topic, start + timeout_s)
         c.assign([TopicPartition(topic, p, 0) for p in parts])
         out, at_end = [], set()
-        last = start = ended = time.monotonic()
-        while time.monotonic() - last < idle_s and time.monotonic() - start < timeout_s:
+        last = ended = None             # when the broker last answered; when an EOF last came
+        while parts and time.monotonic() - start < timeout_s:
+            if last is not None and time.monotonic() - last >= idle_s:
+                break
             msgs = c.consume(1000, 0.1)
             for m in msgs:
                 err = m.error()
@@ -58,11 +64,27 @@ def read_all(bootstrap: str, topic: str, idle_s: float = 2.0, timeout_s: float =
                     ended = time.monotonic()
             if msgs:
                 last = time.monotonic()
-            if at_end >= parts and time.monotonic() - max(ended, last) >= settle_s:
+            if ended is not None and at_end >= parts and \
+                    time.monotonic() - max(ended, last) >= settle_s:
                 break
         return out
     finally:
         c.close()
+
+
+def _partitions(consumer: Consumer, topic: str, deadline: float) -> set[int]:
+    """The topic's partitions; none if it does not exist. Asked again while the answer is
+    transient (an error other than unknown topic, or no partitions yet)."""
+    while True:
+        md = consumer.list_topics(topic, timeout=10)
+        meta = md.topics.get(topic)
+        if meta is None:
+            return set()
+        if meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return set()
+        if (meta.error is None and meta.partitions) or time.monotonic() >= deadline:
+            return set(meta.partitions)
+        time.sleep(0.1)
 
 
 def header_map(msg) -> dict[str, bytes]:
