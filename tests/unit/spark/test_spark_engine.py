@@ -499,6 +499,45 @@ def test_reports_go_in_the_background_and_rows_keep_flowing():
     assert submit.in_flight == 0 and session.counts == {"TRANSFORMATION": 10}
 
 
+class ImmediateSubmit(ManualSubmit):
+    def __call__(self, fn, *args):
+        future = super().__call__(fn, *args)
+        self.land()
+        return future
+
+
+def test_failures_while_a_report_waits_join_it_with_their_own_positions():
+    """While a report is pending or in flight the fast loop queues a failure where it happens
+    (it does not leave the run for each one): each failed row still gets its own positional id,
+    a report never exceeds the batch size, and every row is counted once."""
+    session, clock, submit = FakeSession(skip_data), FakeClock(), ManualSubmit()
+    runs = []
+    processed = session.processed
+    session.processed = lambda stages, n: (runs.append(n), processed(stages, n))
+
+    def fn(x):
+        if x == 42:                 # amid five failures in a row, the first report lands
+            submit.land(0)
+        if x == 60:                 # the rest land, and from now on at once
+            for i in range(len(submit.calls)):
+                submit.land(i)
+            submit.__class__ = ImmediateSubmit
+        if x % 3 == 0 or 40 <= x <= 44:
+            raise ValueError(x)
+        return x
+
+    failing = [x for x in range(90) if x % 3 == 0 or 40 <= x <= 44]
+    out = list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=4, linger_s=100,
+                       submit=submit, max_inflight=8).rows(range(90)))
+    assert sorted(out) == sorted(set(range(90)) - set(failing))
+    reported = [r.record_id for batch in session.reports for r in batch]
+    assert sorted(reported) == sorted(ids(x) for x in failing)      # each exactly once
+    assert all(len(batch) <= 4 for batch in session.reports)
+    assert session.counts == {"TRANSFORMATION": 90}
+    if MODE["rows"] == "fast":
+        assert len(runs) < len(failing) // 2    # not one run per failure
+
+
 def test_a_full_batch_waits_for_the_report_in_flight():
     session, clock = FakeSession(skip_data), FakeClock()
     from concurrent.futures import ThreadPoolExecutor
