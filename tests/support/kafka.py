@@ -90,3 +90,27 @@ def _partitions(consumer: Consumer, topic: str, deadline: float) -> set[int]:
 def header_map(msg) -> dict[str, bytes]:
     """A consumed record's headers by name (the last value of a name given twice)."""
     return {k: v for k, v in (msg.headers() or [])}
+
+
+def freezing_at_assign(make, broker, seconds: float, timers: list):
+    """A consumer factory like ``make`` whose consumers freeze ``broker`` (SIGSTOP, resumed after
+    ``seconds`` by a timer appended to ``timers``: cancel them) as they assign partitions: the
+    broker's first answer comes late, as from a loaded machine or a remote cluster's handshakes."""
+    import threading
+
+    class Freezing:
+        def __init__(self, consumer):
+            self._consumer = consumer
+
+        def assign(self, partitions):
+            broker.pause()
+            timer = threading.Timer(seconds, broker.resume)
+            timer.daemon = True
+            timer.start()
+            timers.append(timer)
+            return self._consumer.assign(partitions)
+
+        def __getattr__(self, name):
+            return getattr(self._consumer, name)
+
+    return lambda *args: Freezing(make(*args))

@@ -26,7 +26,7 @@ from spillway.sidecar.core.model import (
 from spillway.sidecar.core.settings import job_settings
 from spillway.sidecar.dlq import DlqPipeline
 from spillway.sidecar.dlq.tools import tail
-from support.kafka import create_topic, read_all
+from support.kafka import create_topic, freezing_at_assign, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -358,3 +358,102 @@ def test_redrive_with_an_uncreatable_ledger_is_a_clean_error(broker, dlq_topic, 
     assert cli(*base, "--ledger-topic", "bad topic name!") == 2
     err = capsys.readouterr().err
     assert "ledger topic: " in err and "'bad topic name!'" in err and "--no-ledger" in err
+
+
+# --- the first answer -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def frozen_at_assign(tmp_path, monkeypatch):
+    """A broker of its own holding 20 records over 2 partitions, and ``freeze(s)``: the next
+    `read_topic` finds it frozen from the moment it assigns its partitions, for ``s`` seconds."""
+    from confluent_kafka import Producer
+    from spillway.sidecar.dlq import tools
+    from spillway.sidecar.runtime.embedded import EmbeddedBroker
+
+    b = EmbeddedBroker(log_path=str(tmp_path / "tansu.log")).start()
+    topic = "dlq.slow-first-answer"
+    create_topic(b.bootstrap_servers, topic, partitions=2)
+    p = Producer({"bootstrap.servers": b.bootstrap_servers})
+    for i in range(20):
+        p.produce(topic, value=b"v%d" % i, key=b"%d" % i)
+    assert p.flush(10) == 0
+    del p   # an open connection holds Tansu's stop for 5 s
+    timers: list = []
+    make = tools._consumer
+
+    def freeze(seconds: float) -> None:
+        monkeypatch.setattr(tools, "_consumer", freezing_at_assign(make, b, seconds, timers))
+
+    try:
+        yield b.bootstrap_servers, topic, freeze
+    finally:
+        for timer in timers:
+            timer.cancel()
+        b.resume()
+        b.stop()
+
+
+def test_a_slow_first_answer_is_not_read_as_an_empty_topic(frozen_at_assign):
+    """The idle period counts from the broker's answers: a first fetch slower than it still
+    reads every record (it once ended such a read empty, and a redrive would have sent nothing,
+    or read its ledger as empty and sent again what it had resolved)."""
+    from spillway.sidecar.dlq.tools import read_topic
+
+    bootstrap, topic, freeze = frozen_at_assign
+    freeze(1.5)
+    got = list(read_topic(bootstrap, topic, idle_s=0.3, timeout_s=20))
+    assert sorted(int(m.key) for m in got) == list(range(20))
+
+
+def test_a_partition_the_broker_never_answers_is_an_error_naming_it(frozen_at_assign):
+    from spillway.sidecar.dlq.tools import read_topic
+    from spillway.sidecar.errors import DlqError
+
+    bootstrap, topic, freeze = frozen_at_assign
+    freeze(30)
+    began = time.monotonic()
+    with pytest.raises(DlqError, match=r"reading 'dlq.slow-first-answer': the broker did not "
+                                       r"answer for partition\(s\) 0, 1 within 1s"):
+        list(read_topic(bootstrap, topic, idle_s=0.3, timeout_s=1))
+    assert time.monotonic() - began < 15
+
+
+def test_a_read_that_fails_part_way_settles_what_was_sent_then_fails(
+        broker, topic_name, tmp_path, capsys, monkeypatch):
+    """The DLQ topic's read fails after three records went out (here: an error raised by the
+    read itself after its third record): those three are acknowledged and in the ledger (a
+    later redrive skips them), the summary says so, and the command fails naming the error."""
+    from spillway.sidecar.dlq import redrive as redrive_module
+    from spillway.sidecar.errors import DlqError
+
+    create_topic(broker.bootstrap_servers, topic_name)
+    target = topic_name + ".target"
+    create_topic(broker.bootstrap_servers, target)
+    items = [("orders", failed(f"o{i}", Stage.TRANSFORMATION, "builtins.ValueError",
+                               value=f"v{i}".encode()), T0 + i, {}) for i in range(10)]
+    dead_letter(broker.bootstrap_servers, topic_name, tmp_path, items)
+    real = redrive_module.read_topic
+
+    def failing(bootstrap, topic, **kw):
+        if topic != topic_name:          # the ledger is read as it is
+            yield from real(bootstrap, topic, **kw)
+            return
+        for i, msg in enumerate(real(bootstrap, topic, **kw)):
+            if i == 3:
+                raise DlqError(f"reading {topic!r}: the broker did not answer for "
+                               f"partition(s) 0 within 10s")
+            yield msg
+
+    monkeypatch.setattr(redrive_module, "read_topic", failing)
+    base = ["dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
+            topic_name, "--target", target, "--idle-ms", "400", "--allow-stage-input"]
+    assert cli(*base) == 2
+    out, err = capsys.readouterr()
+    assert out.strip().splitlines()[-1].startswith("scanned=3 matched=3 redriven=3 ")
+    assert err.strip().endswith("the broker did not answer for partition(s) 0 within 10s")
+    assert len(read_all(broker.bootstrap_servers, target, idle_s=0.5)) == 3
+    assert len(read_all(broker.bootstrap_servers, topic_name + ".ledger", idle_s=0.5)) == 3
+    monkeypatch.setattr(redrive_module, "read_topic", real)
+    assert cli(*base) == 0
+    assert "redriven=7 skipped (loop protection)=0" in capsys.readouterr().out

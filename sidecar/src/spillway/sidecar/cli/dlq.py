@@ -39,7 +39,8 @@ def _add_client_options(p: argparse.ArgumentParser, *, idle: bool = True) -> Non
         return
     p.add_argument("--idle-ms", type=int, default=2000,
                    help="the end of the topic is reached when nothing new arrives for this long "
-                        "(default 2000)")
+                        "after every partition answered once (default 2000); a partition with "
+                        "no answer in 10 s is an error")
 
 
 def _add_creation_options(p: argparse.ArgumentParser, what: str) -> None:

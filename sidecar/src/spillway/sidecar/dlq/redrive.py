@@ -27,7 +27,7 @@ import functools
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -52,7 +52,7 @@ from .redrive_rules import (
     stage_input_conflict,
     stage_input_skip,
 )
-from .tools import TopicNotFoundError, quiet, read_topic
+from .tools import DlqMessage, TopicNotFoundError, quiet, read_topic
 
 # how long a topic just created may take to show in the cluster's metadata
 _NEW_TOPIC_WAIT_S = 10.0
@@ -201,8 +201,20 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
             print(f"redrive: {total} record(s) to scan in {topic!r} (its watermarks)",
                   file=progress, flush=True)
 
-    for msg in read_topic(bootstrap, topic, idle_s=idle_s, consumer_conf=client_conf,
-                          on_span=spanned):
+    read_failed: list[DlqError] = []
+
+    def records() -> Iterator[DlqMessage]:
+        """The DLQ topic's records. A read that fails once records were sent ends them: what
+        was sent is still flushed and written to the ledger below, then the error is raised."""
+        try:
+            yield from read_topic(bootstrap, topic, idle_s=idle_s, consumer_conf=client_conf,
+                                  on_span=spanned)
+        except DlqError as exc:
+            if not sent:
+                raise
+            read_failed.append(exc)
+
+    for msg in records():
         summary.scanned += 1
         if progress is not None and time.monotonic() - shown >= progress_every_s:
             shown = time.monotonic()
@@ -309,6 +321,8 @@ def redrive(bootstrap: str, topic: str, target: str, *, flt: RedriveFilter | Non
         print(f"redrive done in {time.monotonic() - started:.1f}s: {summary.line(dry_run)}",
               file=progress, flush=True)
     print(summary.line(dry_run), file=out, flush=True)
+    if read_failed:
+        raise read_failed[0]
     return summary
 
 

@@ -99,10 +99,12 @@ def format_message(msg: DlqMessage, *, max_bytes: int = 300) -> str:
 
 
 def _consumer(bootstrap: str, conf: Mapping[str, Any] | None) -> Consumer:
+    # fetch.wait.max.ms: a broker holds a fetch of an empty partition this long before its end
+    # is answered (500 by default), and the idle period only starts once every one answered
     c = {"bootstrap.servers": bootstrap, "group.id": f"spillway-dlq-tool-{uuid.uuid4().hex}",
-         "enable.auto.commit": False, "auto.offset.reset": "earliest",
-         "enable.partition.eof": False}
+         "enable.auto.commit": False, "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100}
     c.update(conf or {})
+    c["enable.partition.eof"] = True   # a partition's end is its answer (`read_topic`)
     return Consumer(quiet(c))
 
 
@@ -134,7 +136,12 @@ def read_topic(bootstrap: str, topic: str, *, newest: int | None = None, follow:
     """Every record of `topic` (all partitions) from the beginning, or from the `newest` records
     of each partition; stops after `idle_s` without news unless `follow`. ``on_span``: called
     once before the first record with how many records the watermarks say there are to read
-    (None when they could not be read)."""
+    (None when they could not be read).
+
+    The idle period counts from the broker's answers, not from the start: until every partition
+    has answered once (a record, or its end), a slow first fetch (a loaded machine, a remote
+    cluster's connections and authentication) is not "nothing new" that would end the read
+    empty. A partition with no answer within `timeout_s` is a DlqError naming it."""
     consumer = _consumer(bootstrap, consumer_conf)
     try:
         parts = _partitions(consumer, topic, timeout_s)
@@ -160,21 +167,32 @@ def read_topic(bootstrap: str, topic: str, *, newest: int | None = None, follow:
         if on_span is not None:
             on_span(span)
         consumer.assign(assignment)
-        last = time.monotonic()
+        unanswered = set(parts)
+        began = last = time.monotonic()
         while not should_stop():
             msgs = consumer.consume(500, 0.2)
             for m in msgs:
                 if m.error():
                     if m.error().code() == KafkaError._PARTITION_EOF:
+                        unanswered.discard(m.partition())
                         continue
                     raise DlqError(f"reading {topic!r} failed: {m.error()}")
+                unanswered.discard(m.partition())
                 ts_type, ts = m.timestamp()
                 yield DlqMessage(m.topic(), m.partition(), m.offset(),
                                  ts if ts_type != 0 else None, m.key(), m.value(),
                                  tuple(m.headers() or ()))
+            now = time.monotonic()
             if msgs:
-                last = time.monotonic()
-            elif not follow and time.monotonic() - last >= idle_s:
+                last = now
+            elif follow:
+                continue
+            elif unanswered:
+                if now - began >= timeout_s:
+                    raise DlqError(
+                        f"reading {topic!r}: the broker did not answer for partition(s) "
+                        f"{', '.join(map(str, sorted(unanswered)))} within {timeout_s:g}s")
+            elif now - last >= idle_s:
                 return
     finally:
         consumer.close()
