@@ -68,6 +68,9 @@ LEDGER_SCHEMA = "ledger_key string, resolution string, ledger_partition int, led
 RESOLVED_MODES = ("show", "hide", "only")
 
 _IDLE_S = 5.0  # a partition whose end offset is not reached after this long without news ends
+# ...counted from the broker's first answer for it (a record or its end): a slow first fetch is
+# not "no news"; no first answer within this long is an error, not a read that ends empty
+_FIRST_ANSWER_S = 60.0
 _ARROW_ROWS = 4096  # rows per Arrow batch on Spark Connect
 _TAIL_IDLE_S = 1.0  # the driver's read of each partition's last batch ends after this long idle
 
@@ -230,12 +233,18 @@ def _read_range(r: _Range, flt: _Filter) -> Iterator[tuple]:
     consumer = _consumer(r.bootstrap, dict(r.conf))
     try:
         consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
-        last = time.monotonic()
+        began = time.monotonic()
+        last = None   # the broker's last answer
         nxt = r.start
         while nxt < r.end:
             msgs = consumer.consume(500, 0.5)
             if not msgs:
-                if time.monotonic() - last > _IDLE_S:
+                if last is None:
+                    if time.monotonic() - began > _FIRST_ANSWER_S:
+                        raise RuntimeError(
+                            f"reading {r.topic}[{r.partition}]: the broker did not answer "
+                            f"within {_FIRST_ANSWER_S:g}s")
+                elif time.monotonic() - last > _IDLE_S:
                     return  # the broker's watermark ran ahead of what it serves: stop
                 continue
             last = time.monotonic()
@@ -317,9 +326,17 @@ def _true_ends(consumer, topic: str, marks: Mapping[int, tuple[int, int]],
     consumer.assign(probe)
     deadline = time.monotonic() + timeout_s
     last = time.monotonic()
-    while time.monotonic() - last < _TAIL_IDLE_S and time.monotonic() < deadline:
+    unanswered = {tp.partition for tp in probe}   # the idle period counts once all answered
+    while unanswered or time.monotonic() - last < _TAIL_IDLE_S:
+        if time.monotonic() >= deadline:
+            if unanswered:
+                raise RuntimeError(
+                    f"reading the end of {topic}: the broker did not answer for partition(s) "
+                    f"{', '.join(map(str, sorted(unanswered)))} within {timeout_s:g}s")
+            break
         msgs = consumer.consume(500, 0.2)
         for m in msgs:
+            unanswered.discard(m.partition())
             if m.error() is None:
                 ends[m.partition()] = max(ends[m.partition()], m.offset() + 1)
                 last = time.monotonic()

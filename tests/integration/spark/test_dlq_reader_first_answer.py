@@ -1,0 +1,77 @@
+"""`read_dlq`'s Kafka reads (the driver's end probe, an executor's range) against a broker whose
+first answer comes late: the idle periods count from the broker's answers, so a slow first
+fetch reads every record, and a broker that never answers is an error naming the partitions,
+never a read that ends empty. No Spark: the two functions run as the driver and a task would."""
+
+from __future__ import annotations
+
+import pytest
+from spillway.spark import _dlq_reader as reader
+from support.kafka import create_topic, freezing_at_assign
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "dlq.reader-first-answer"
+
+
+@pytest.fixture
+def frozen(tmp_path, monkeypatch):
+    """Its own broker holding 10 records in each of 2 partitions (one produce batch each: Tansu
+    reports that batch's first offset + 1 as the high watermark), and ``freeze(s)``."""
+    from confluent_kafka import Producer
+    from spillway.sidecar.runtime.embedded import EmbeddedBroker
+
+    b = EmbeddedBroker(log_path=str(tmp_path / "tansu.log")).start()
+    create_topic(b.bootstrap_servers, TOPIC, partitions=2)
+    p = Producer({"bootstrap.servers": b.bootstrap_servers, "linger.ms": 50})
+    for part in (0, 1):
+        for i in range(10):
+            p.produce(TOPIC, value=b"v%d" % i, partition=part)
+    assert p.flush(10) == 0
+    del p   # an open connection holds Tansu's stop for 5 s
+    timers: list = []
+    make = reader._consumer
+    monkeypatch.setattr(reader, "_TAIL_IDLE_S", 0.3)
+    monkeypatch.setattr(reader, "_IDLE_S", 0.3)
+
+    def freeze(seconds: float) -> None:
+        monkeypatch.setattr(reader, "_consumer", freezing_at_assign(make, b, seconds, timers))
+
+    try:
+        yield b.bootstrap_servers, freeze
+    finally:
+        for timer in timers:
+            timer.cancel()
+        b.resume()
+        b.stop()
+
+
+def test_the_end_probe_waits_for_a_slow_first_answer(frozen):
+    bootstrap, freeze = frozen
+    marks = {0: (0, 1), 1: (0, 1)}   # as a lagging watermark reports them
+    freeze(1.5)
+    consumer = reader._consumer(bootstrap, {})
+    try:
+        assert reader._true_ends(consumer, TOPIC, marks, timeout_s=20) == {0: 10, 1: 10}
+    finally:
+        consumer.close()
+
+
+def test_the_end_probe_names_the_partitions_the_broker_never_answered(frozen):
+    bootstrap, freeze = frozen
+    freeze(30)
+    consumer = reader._consumer(bootstrap, {})
+    try:
+        with pytest.raises(RuntimeError, match=rf"reading the end of {TOPIC}: the broker did not "
+                                               r"answer for partition\(s\) 0, 1 within 1s"):
+            reader._true_ends(consumer, TOPIC, {0: (0, 1), 1: (0, 1)}, timeout_s=1)
+    finally:
+        consumer.close()
+
+
+def test_a_range_read_waits_for_a_slow_first_answer(frozen):
+    bootstrap, freeze = frozen
+    freeze(1.5)
+    rows = list(reader._read_range(reader._Range(bootstrap, TOPIC, 1, 0, 10, ()),
+                                   reader._Filter()))
+    assert len(rows) == 10
