@@ -280,17 +280,25 @@ def test_tail_follow_prints_new_records_as_they_arrive(broker, dlq_topic, tmp_pa
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-def test_a_second_redrive_of_the_same_range_adds_nothing(broker, topic_name, tmp_path, capsys):
-    """The ledger: the first run records each acknowledged record, the second skips them all;
-    --no-ledger sends them again (and says nothing to the ledger)."""
-    from spillway.client.dlq_ledger import decode
-
+@pytest.fixture
+def ten_dead_letters(broker, topic_name, tmp_path):
+    """Ten records dead-lettered to `topic_name`; the name of an empty topic to redrive to."""
     create_topic(broker.bootstrap_servers, topic_name)
     target = topic_name + ".target"
     create_topic(broker.bootstrap_servers, target)
     items = [("orders", failed(f"o{i}", Stage.TRANSFORMATION, "builtins.ValueError",
                                value=f"v{i}".encode()), T0 + i, {}) for i in range(10)]
     dead_letter(broker.bootstrap_servers, topic_name, tmp_path, items)
+    return target
+
+
+def test_a_second_redrive_of_the_same_range_adds_nothing(broker, topic_name, ten_dead_letters,
+                                                          capsys):
+    """The ledger: the first run records each acknowledged record, the second skips them all;
+    --no-ledger sends them again (and says nothing to the ledger)."""
+    from spillway.client.dlq_ledger import decode
+
+    target = ten_dead_letters
     base = ["dlq", "redrive", "--bootstrap-servers", broker.bootstrap_servers, "--topic",
             topic_name, "--target", target, "--idle-ms", "400", "--allow-stage-input"]
     assert cli(*base) == 0
@@ -420,19 +428,14 @@ def test_a_partition_the_broker_never_answers_is_an_error_naming_it(frozen_at_as
 
 
 def test_a_read_that_fails_part_way_settles_what_was_sent_then_fails(
-        broker, topic_name, tmp_path, capsys, monkeypatch):
+        broker, topic_name, ten_dead_letters, capsys, monkeypatch):
     """The DLQ topic's read fails after three records went out (here: an error raised by the
     read itself after its third record): those three are acknowledged and in the ledger (a
     later redrive skips them), the summary says so, and the command fails naming the error."""
     from spillway.sidecar.dlq import redrive as redrive_module
     from spillway.sidecar.errors import DlqError
 
-    create_topic(broker.bootstrap_servers, topic_name)
-    target = topic_name + ".target"
-    create_topic(broker.bootstrap_servers, target)
-    items = [("orders", failed(f"o{i}", Stage.TRANSFORMATION, "builtins.ValueError",
-                               value=f"v{i}".encode()), T0 + i, {}) for i in range(10)]
-    dead_letter(broker.bootstrap_servers, topic_name, tmp_path, items)
+    target = ten_dead_letters
     real = redrive_module.read_topic
 
     def failing(bootstrap, topic, **kw):
