@@ -92,25 +92,53 @@ def header_map(msg) -> dict[str, bytes]:
     return {k: v for k, v in (msg.headers() or [])}
 
 
-def freezing_at_assign(make, broker, seconds: float, timers: list):
-    """A consumer factory like ``make`` whose consumers freeze ``broker`` (SIGSTOP, resumed after
-    ``seconds`` by a timer appended to ``timers``: cancel them) as they assign partitions: the
-    broker's first answer comes late, as from a loaded machine or a remote cluster's handshakes."""
-    import threading
+class FreezableBroker:
+    """A Tansu broker of a test's own holding a topic's records, whose readers can be made to
+    find it frozen (SIGSTOP) from the moment they assign their partitions: the broker's first
+    answer comes late, as from a loaded machine or a remote cluster's handshakes."""
 
-    class Freezing:
-        def __init__(self, consumer):
-            self._consumer = consumer
+    def __init__(self, log_path: str, topic: str, messages, *, partitions: int = 2,
+                 producer_conf: dict | None = None) -> None:
+        """``messages``: keyword arguments of one ``produce()`` each."""
+        from confluent_kafka import Producer
+        from spillway.sidecar.runtime.embedded import EmbeddedBroker
 
-        def assign(self, partitions):
-            broker.pause()
-            timer = threading.Timer(seconds, broker.resume)
-            timer.daemon = True
-            timer.start()
-            timers.append(timer)
-            return self._consumer.assign(partitions)
+        self.broker = EmbeddedBroker(log_path=log_path).start()
+        self.bootstrap = self.broker.bootstrap_servers
+        self._timers: list = []
+        create_topic(self.bootstrap, topic, partitions=partitions)
+        p = Producer({"bootstrap.servers": self.bootstrap, **(producer_conf or {})})
+        for kw in messages:
+            p.produce(topic, **kw)
+        assert p.flush(10) == 0
+        del p   # an open connection holds Tansu's stop for 5 s
 
-        def __getattr__(self, name):
-            return getattr(self._consumer, name)
+    def freeze_reads(self, module, monkeypatch, seconds: float) -> None:
+        """The consumers ``module._consumer`` makes from now on freeze the broker for
+        ``seconds`` as they assign their partitions."""
+        import threading
 
-    return lambda *args: Freezing(make(*args))
+        make, broker, timers = module._consumer, self.broker, self._timers
+
+        class Freezing:
+            def __init__(self, consumer):
+                self._consumer = consumer
+
+            def assign(self, partitions):
+                broker.pause()
+                timer = threading.Timer(seconds, broker.resume)
+                timer.daemon = True
+                timer.start()
+                timers.append(timer)
+                return self._consumer.assign(partitions)
+
+            def __getattr__(self, name):
+                return getattr(self._consumer, name)
+
+        monkeypatch.setattr(module, "_consumer", lambda *args: Freezing(make(*args)))
+
+    def close(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self.broker.resume()
+        self.broker.stop()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from spillway.spark import _dlq_reader as reader
-from support.kafka import create_topic, freezing_at_assign
+from support.kafka import FreezableBroker
 
 pytestmark = pytest.mark.integration
 
@@ -18,32 +18,16 @@ TOPIC = "dlq.reader-first-answer"
 def frozen(tmp_path, monkeypatch):
     """Its own broker holding 10 records in each of 2 partitions (one produce batch each: Tansu
     reports that batch's first offset + 1 as the high watermark), and ``freeze(s)``."""
-    from confluent_kafka import Producer
-    from spillway.sidecar.runtime.embedded import EmbeddedBroker
-
-    b = EmbeddedBroker(log_path=str(tmp_path / "tansu.log")).start()
-    create_topic(b.bootstrap_servers, TOPIC, partitions=2)
-    p = Producer({"bootstrap.servers": b.bootstrap_servers, "linger.ms": 50})
-    for part in (0, 1):
-        for i in range(10):
-            p.produce(TOPIC, value=b"v%d" % i, partition=part)
-    assert p.flush(10) == 0
-    del p   # an open connection holds Tansu's stop for 5 s
-    timers: list = []
-    make = reader._consumer
+    b = FreezableBroker(str(tmp_path / "tansu.log"), TOPIC,
+                        [{"value": b"v%d" % i, "partition": part}
+                         for part in (0, 1) for i in range(10)],
+                        producer_conf={"linger.ms": 50})
     monkeypatch.setattr(reader, "_TAIL_IDLE_S", 0.3)
     monkeypatch.setattr(reader, "_IDLE_S", 0.3)
-
-    def freeze(seconds: float) -> None:
-        monkeypatch.setattr(reader, "_consumer", freezing_at_assign(make, b, seconds, timers))
-
     try:
-        yield b.bootstrap_servers, freeze
+        yield b.bootstrap, lambda s: b.freeze_reads(reader, monkeypatch, s)
     finally:
-        for timer in timers:
-            timer.cancel()
-        b.resume()
-        b.stop()
+        b.close()
 
 
 def test_the_end_probe_waits_for_a_slow_first_answer(frozen):

@@ -26,7 +26,7 @@ from spillway.sidecar.core.model import (
 from spillway.sidecar.core.settings import job_settings
 from spillway.sidecar.dlq import DlqPipeline
 from spillway.sidecar.dlq.tools import tail
-from support.kafka import create_topic, freezing_at_assign, read_all
+from support.kafka import FreezableBroker, create_topic, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -375,31 +375,15 @@ def test_redrive_with_an_uncreatable_ledger_is_a_clean_error(broker, dlq_topic, 
 def frozen_at_assign(tmp_path, monkeypatch):
     """A broker of its own holding 20 records over 2 partitions, and ``freeze(s)``: the next
     `read_topic` finds it frozen from the moment it assigns its partitions, for ``s`` seconds."""
-    from confluent_kafka import Producer
     from spillway.sidecar.dlq import tools
-    from spillway.sidecar.runtime.embedded import EmbeddedBroker
 
-    b = EmbeddedBroker(log_path=str(tmp_path / "tansu.log")).start()
     topic = "dlq.slow-first-answer"
-    create_topic(b.bootstrap_servers, topic, partitions=2)
-    p = Producer({"bootstrap.servers": b.bootstrap_servers})
-    for i in range(20):
-        p.produce(topic, value=b"v%d" % i, key=b"%d" % i)
-    assert p.flush(10) == 0
-    del p   # an open connection holds Tansu's stop for 5 s
-    timers: list = []
-    make = tools._consumer
-
-    def freeze(seconds: float) -> None:
-        monkeypatch.setattr(tools, "_consumer", freezing_at_assign(make, b, seconds, timers))
-
+    b = FreezableBroker(str(tmp_path / "tansu.log"), topic,
+                        [{"value": b"v%d" % i, "key": b"%d" % i} for i in range(20)])
     try:
-        yield b.bootstrap_servers, topic, freeze
+        yield b.bootstrap, topic, lambda s: b.freeze_reads(tools, monkeypatch, s)
     finally:
-        for timer in timers:
-            timer.cancel()
-        b.resume()
-        b.stop()
+        b.close()
 
 
 def test_a_slow_first_answer_is_not_read_as_an_empty_topic(frozen_at_assign):
