@@ -28,41 +28,28 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from spillway.sidecar.runtime.embedded import listens
+from support.ports import free_port
+
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 _MODE_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _listens_in_group(port: int, pgid: int) -> bool:
     """Whether the socket listening on ``port`` belongs to a process of the process group
-    ``pgid`` (Linux: /proc/net/tcp* and /proc/<pid>/fd). Where /proc cannot tell, yes."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            f = row.split()
-            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(f"socket:[{f[9]}]")
-    if not inodes:
-        return not Path("/proc/net/tcp").exists()
+    ``pgid``. Where /proc cannot tell, yes."""
+    told = False
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.getpgid(int(pid)) != pgid:
                 continue
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                    return True
         except OSError:
             continue
-    return False
+        held = listens(int(pid), port)
+        if held:
+            return True
+        told = told or held is not None
+    return not told
 
 
 def spark_home() -> Path:
@@ -78,7 +65,7 @@ class ConnectServer:
                  conf: Mapping[str, str] | None = None, start_timeout_s: float = 180.0,
                  task_attempts: int = 1) -> None:
         self.workdir = Path(workdir)
-        self.port = _free_port()
+        self.port = free_port()
         self.cores = cores
         self.task_attempts = task_attempts   # local[N] tries a task once; local[N,F] F times
         self.extra_env = dict(env or {})
@@ -133,7 +120,7 @@ class ConnectServer:
         for attempt in range(1, attempts + 1):
             if self._start_once(last=attempt == attempts):
                 return self
-            self.port = _free_port()
+            self.port = free_port()
         raise AssertionError("unreachable")  # _start_once(last=True) returns True or raises
 
     def _start_once(self, *, last: bool) -> bool:

@@ -36,6 +36,29 @@ def test_a_chosen_port_taken_before_the_bind_is_chosen_again(held_port, tmp_path
     broker = EmbeddedBroker(log_path=str(tmp_path / "tansu.log")).start()
     try:
         assert broker.port != held_port
-        assert embedded._listens(broker._proc.pid, broker.port) is True
+        assert embedded.listens(broker._proc.pid, broker.port) is True
     finally:
         broker.stop()
+
+
+@pytest.fixture
+def bound_port():
+    """A port bound but not listening: as a connection's own end holds one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
+def test_a_chosen_port_tansu_cannot_bind_is_chosen_again(bound_port, tmp_path, monkeypatch):
+    ports = iter([bound_port])
+    real = embedded.free_port
+    monkeypatch.setattr(embedded, "free_port", lambda: next(ports, None) or real())
+    broker = EmbeddedBroker(log_path=str(tmp_path / "tansu.log")).start()
+    try:
+        assert broker.port != bound_port
+    finally:
+        broker.stop()
+    fixed = EmbeddedBroker(port=bound_port, log_path=str(tmp_path / "tansu.log"))
+    with pytest.raises(EmbeddedBrokerError, match=rf"Tansu exited with code \d+ at start-up on "
+                                                  rf"port {bound_port}"):
+        fixed.start()

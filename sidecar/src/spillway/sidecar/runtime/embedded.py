@@ -33,30 +33,33 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-class _PortTaken(Exception):
-    pass
+class _StartFailed(Exception):
+    """Tansu did not start on this port (the message says why)."""
 
 
-def _listens(pid: int, port: int) -> bool | None:
-    """Whether process `pid` holds the socket listening on 127.0.0.1:`port` (Linux: its fds
-    against /proc/net/tcp); None where that cannot be told."""
+def listens(pid: int, port: int) -> bool | None:
+    """Whether process `pid` holds the socket listening on loopback port `port` (Linux: its fds
+    against /proc/net/tcp and tcp6); None where /proc cannot tell."""
+    inodes = set()
     try:
-        inodes = set()
-        with open("/proc/net/tcp") as table:
-            for line in table.readlines()[1:]:
-                cols = line.split()
-                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                    inodes.add(cols[9])
+        for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+            if name.endswith("6") and not os.path.exists(name):
+                continue    # IPv6 off
+            with open(name) as table:
+                for line in table.readlines()[1:]:
+                    cols = line.split()
+                    if (len(cols) > 9 and cols[3] == "0A"
+                            and int(cols[1].rsplit(":", 1)[1], 16) == port):
+                        inodes.add(f"socket:[{cols[9]}]")
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return None
     for fd in fds:
         try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
         except OSError:
             continue
-        if link.startswith("socket:[") and link[8:-1] in inodes:
-            return True
     return False
 
 
@@ -75,19 +78,19 @@ class EmbeddedBroker:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 20.0) -> EmbeddedBroker:
-        """A port of its own choosing is chosen again (3 tries) when another process takes it
-        between the choice and Tansu's bind: the port then answers, but not from this broker."""
+        """A port of its own choosing is chosen again (3 tries) when Tansu exits at start-up
+        or another process listens there: a port chosen free can be taken, by a listener or a
+        connection's own end, before Tansu binds it."""
         chosen = not self.port
         for attempt in range(3):
             if chosen:
                 self.port = free_port()
             try:
                 return self._start_once(timeout_s)
-            except _PortTaken:
+            except _StartFailed as exc:
+                self._proc = None
                 if not chosen or attempt == 2:
-                    raise EmbeddedBrokerError(
-                        f"port {self.port} is held by another process; Tansu could not listen "
-                        f"on it") from None
+                    raise EmbeddedBrokerError(str(exc)) from None
         raise AssertionError("unreachable")
 
     def _start_once(self, timeout_s: float) -> EmbeddedBroker:
@@ -113,13 +116,12 @@ class EmbeddedBroker:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 if taken:
-                    self._proc = None
-                    raise _PortTaken
-                raise EmbeddedBrokerError(
-                    f"Tansu exited with code {self._proc.returncode} at start-up on port "
-                    f"{self.port}")
+                    raise _StartFailed(f"port {self.port} is held by another process; Tansu "
+                                       f"could not listen on it")
+                raise _StartFailed(f"Tansu exited with code {self._proc.returncode} at "
+                                   f"start-up on port {self.port}")
             if _port_open(self.port):
-                owned = _listens(self._proc.pid, self.port)
+                owned = listens(self._proc.pid, self.port)
                 if owned is not False:
                     return self
                 taken = True    # someone else's listener: ours will fail its bind and exit
