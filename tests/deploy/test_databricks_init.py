@@ -8,13 +8,13 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from support.ports import free_port
 from support.recipes import (
     Node,
     assert_second_run_changes_nothing,
     assert_serving_once,
     bare_python,
     base_env,
-    free_port,
     probe_from_executor,
     properties,
 )

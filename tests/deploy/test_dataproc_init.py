@@ -6,6 +6,7 @@ the operator's --metadata would). It starts a real sidecar; a second run changes
 from __future__ import annotations
 
 import pytest
+from support.ports import free_port
 from support.recipes import (
     Node,
     assert_second_run_changes_nothing,
@@ -13,7 +14,6 @@ from support.recipes import (
     bare_python,
     base_env,
     executor_env_from_spark_defaults,
-    free_port,
     probe_from_executor,
     properties,
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.ports import free_port
 from support.recipes import (
     DEPLOY,
     Node,
@@ -17,7 +18,6 @@ from support.recipes import (
     bare_python,
     base_env,
     executor_env_from_spark_defaults,
-    free_port,
     probe_from_executor,
     properties,
 )

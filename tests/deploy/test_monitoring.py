@@ -79,7 +79,7 @@ def served() -> Served:
     """One scrape of `spillway serve` (log-only: no Kafka) holding a live run with an error
     and having ended a failed one. The DLQ, spool and Kafka series of a sidecar without Kafka
     are announced (# TYPE) with no sample: their names count, their labels are documented."""
-    from spillway.sidecar.runtime.embedded import free_port
+    from support.ports import free_port
     from spillway.v1 import sidecar_pb2 as pb
     from spillway.v1 import sidecar_pb2_grpc as pb_grpc
 

@@ -13,13 +13,13 @@ import sys
 import zipfile
 
 import pytest
+from support.ports import free_port
 from support.recipes import (
     DEPLOY,
     Node,
     assert_second_run_changes_nothing,
     assert_serving_once,
     base_env,
-    free_port,
     properties,
     tool,
 )

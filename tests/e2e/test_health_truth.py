@@ -89,7 +89,7 @@ def _keys(broker, topic):
 def test_refused_reports_turn_health_not_serving_until_they_fit(broker, tmp_path, topic_name):
     # the setting: spool.max.bytes 300 KB, batches of 20 records of 5 KB (~120 KB each
     # with the DLQ context): the third is refused while the spool holds ~67 % (< 80 %)
-    from spillway.sidecar.runtime.embedded import free_port
+    from support.ports import free_port
 
     probe_address = f"127.0.0.1:{free_port()}"
     proc, address = _spawn(broker, tmp_path, "spool.max.bytes=300000",

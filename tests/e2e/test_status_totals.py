@@ -28,7 +28,7 @@ TOPIC = "dlq.e2e-status-totals"
 def ran(broker, tmp_path_factory):
     """The sidecar (log in its work directory), after three demo runs ended on it; yields its
     address, the operator's environment, the Prometheus port and the demos' summaries."""
-    from spillway.sidecar.runtime.embedded import free_port
+    from support.ports import free_port
 
     work = tmp_path_factory.mktemp("status-totals")
     env = {**os.environ, "XDG_STATE_HOME": str(work / "state"), "GRPC_VERBOSITY": "NONE"}

@@ -19,6 +19,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 
 from spillway.sidecar.runtime.embedded import EmbeddedBroker
+from support.ports import free_port
 from support.tls import Ca, Leaf
 
 
@@ -55,14 +56,6 @@ def client_tls(pki: dict) -> dict[str, str]:
             "ssl.key.password": f"${{directory:{pki['secret']}:ssl-key-password}}"}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class TlsKafka:
     """Tansu on a loopback port behind a TLS proxy on another; `bootstrap_servers` is the
@@ -82,7 +75,7 @@ class TlsKafka:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> TlsKafka:
-        self.port = _free_port()
+        self.port = free_port()
         self._broker = EmbeddedBroker(log_path=str(self.log_path),
                                       advertised_port=self.port).start()
         upstream = self._broker.port

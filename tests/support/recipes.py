@@ -18,7 +18,6 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -75,12 +74,6 @@ def build_bundle(out: Path) -> Path:
             proc = _run(["bash", str(MAKE_BUNDLE), str(out), "--", *offline], env=env)
     assert proc.returncode == 0, f"make-bundle.sh failed:\n{proc.stdout}\n{proc.stderr}"
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bare_python(path: Path) -> Path:

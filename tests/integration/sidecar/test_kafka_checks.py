@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 def test_wrong_bootstrap_address_is_reported_as_kafka_within_the_deadline(tmp_path, caplog,
                                                                          unreachable):
-    from spillway.sidecar.runtime.embedded import free_port
+    from support.ports import free_port
     from spillway.sidecar.server import start_server
 
     wrong = unreachable

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from spillway.sidecar.runtime.embedded import free_port
+from support.ports import free_port
 from support.kafka import read_all
 from support.tls import Ca, write_token
 

@@ -27,7 +27,7 @@ import pytest
 from pyspark import cloudpickle
 from support import serve
 from support.kafka import header_map, read_all
-from support.recipes import free_port
+from support.ports import free_port
 
 pytestmark = pytest.mark.integration
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/

@@ -244,7 +244,7 @@ def test_sink_retries_transient_writes_and_dead_letters_unwritable_rows(
 def test_unreachable_sidecar_fails_the_task_clearly_but_clean_partitions_never_call(spark,
                                                                                    sidecar):
     from spillway.client import SidecarUnavailableError
-    from spillway.sidecar.runtime.embedded import free_port
+    from support.ports import free_port
 
     dead = f"127.0.0.1:{free_port()}"
     # on the driver: declaring the job is the reachability check, naming the address

@@ -1339,7 +1339,7 @@ def test_the_sidecar_healthcheck_passes_on_a_live_sidecar_and_fails_without_one(
         compose, broker, tmp_path):
     """Run `spillway serve` with the compose service's config file and environment (addresses
     moved to loopback), then the compose healthcheck command against it."""
-    from spillway.sidecar.runtime.embedded import free_port
+    from support.ports import free_port
 
     svc = services(compose)["sidecar"]
     listen = environment(svc)["SPILLWAY_LISTEN_ADDRESS"]
