@@ -1,8 +1,9 @@
-"""The C frame signature (`spark/_framekey.c`) gives what the client's Python one gives, for
-every traceback; the engine hands it to the client unless ruled out."""
+"""The C frame signature (`spark/_framekey.c`) gives what the client's Python one gives, packed
+in bytes, for every traceback; the engine hands it to the client unless ruled out."""
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -17,6 +18,11 @@ except ImportError:   # not built: the Python version is all there is (checked b
     native = None
 
 needs_native = pytest.mark.skipif(native is None, reason="spark/_framekey.c was not built")
+
+
+def packed(key: tuple) -> bytes:
+    """The Python version's key as the C version packs it (native Py_intptr_t values)."""
+    return struct.pack(f"@{len(key)}n", *key)
 
 
 def test_the_extension_is_built_where_a_c_compiler_and_pythons_headers_are():
@@ -56,18 +62,38 @@ def _from_generator() -> BaseException:
                          ids=["one frame", "two frames", "41 frames", "generator"])
 def test_the_c_signature_is_the_python_one(exc):
     tb = exc.__traceback__
-    assert native.frame_key(tb) == _stack.frame_key(tb)
-    assert native.frame_key(tb) == _stack.frame_signature(tb)[0]
+    assert native.frame_key(tb) == packed(_stack.frame_key(tb))
+    assert native.frame_key(tb) == packed(_stack.frame_signature(tb)[0])
 
 
 @needs_native
-def test_no_traceback_and_look_alike_chains_give_the_same_tuples():
-    assert native.frame_key(None) == _stack.frame_key(None) == ()
+def test_no_traceback_and_look_alike_chains_give_the_same_values():
+    assert native.frame_key(None) == packed(_stack.frame_key(None)) == b""
     code = compile("pass", "x", "exec")
     chain = SimpleNamespace(tb_frame=SimpleNamespace(f_code=code), tb_lasti=6,
                             tb_next=SimpleNamespace(tb_frame=SimpleNamespace(f_code=code),
                                                     tb_lasti=8, tb_next=None))
-    assert native.frame_key(chain) == _stack.frame_key(chain) == (id(code), 6, id(code), 8)
+    assert _stack.frame_key(chain) == (id(code), 6, id(code), 8)
+    assert native.frame_key(chain) == packed((id(code), 6, id(code), 8))
+
+
+@needs_native
+def test_keys_are_equal_exactly_where_the_python_ones_are():
+    """Deeper than the C version's own buffer (32 frames), and one frame apart at each end."""
+    excs = [_raised(d) for d in (0, 1, 31, 32, 33, 80)] + [_raised(31)]
+    native_keys = [native.frame_key(e.__traceback__) for e in excs]
+    python_keys = [_stack.frame_key(e.__traceback__) for e in excs]
+    for i in range(len(excs)):
+        for j in range(len(excs)):
+            assert (native_keys[i] == native_keys[j]) == (python_keys[i] == python_keys[j])
+    assert native_keys[2] == native_keys[-1]
+
+
+@needs_native
+def test_a_tb_lasti_that_is_not_an_int_is_a_type_error():
+    chain = SimpleNamespace(tb_frame=SimpleNamespace(f_code=None), tb_lasti="6", tb_next=None)
+    with pytest.raises(TypeError):
+        native.frame_key(chain)
 
 
 @needs_native

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 from opentelemetry.context import Context
@@ -63,14 +63,14 @@ def _shared_exception(fields: dict[str, Any]) -> tuple[tuple, pb.ExceptionInfo]:
 # trace, the key's hash: 9 of 15 µs per failed record). The codes keep the signature's ids.
 _alike: dict[tuple, tuple[tuple, tuple, pb.ExceptionInfo]] = {}
 _ALIKE_MESSAGE_CHARS = 4096
-# `_stack.frame_key`, or a C version with the same results (`use_frame_key`)
-_frame_key: Callable[[Any], tuple] = frame_key
+# `_stack.frame_key`, or a C version equal where it is equal (`use_frame_key`)
+_frame_key: Callable[[Any], Hashable] = frame_key
 
 
-def use_frame_key(fn: Callable[[Any], tuple] | None) -> None:
-    """Compute failed records' frame signatures with ``fn``, which must give the tuple
-    `_stack.frame_key` gives for every traceback (spillway.spark's C version, when built);
-    None: the Python version again."""
+def use_frame_key(fn: Callable[[Any], Hashable] | None) -> None:
+    """Compute failed records' frame signatures with ``fn``, whose keys must be equal exactly
+    where `_stack.frame_key`'s tuples are (spillway.spark's C version, when built: the same
+    values packed in bytes); None: the Python version again."""
     global _frame_key
     _frame_key = frame_key if fn is None else fn
 
