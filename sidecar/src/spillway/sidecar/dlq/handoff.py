@@ -81,7 +81,7 @@ class Handoff:
             # (`_n` read without the lock: a stale value only chooses the form)
             if not placed.seqs:
                 return
-            packed = (segments, array("q", placed.seqs))
+            packed = _packed(placed)
             size = sum(len(blob) for blob, _ in segments)
             last, n = placed.seqs[-1], 0
         else:
@@ -103,7 +103,7 @@ class Handoff:
                 self.skipped_upto = last
                 return
             if packed is None and self._n + n > self._max_records and segments is not None:
-                packed, entries, n = (segments, array("q", placed.seqs)), None, 0
+                packed, entries, n = _packed(placed), None, 0
             if self._bytes + size > self._max_bytes or self._n + n > self._max_records:
                 # the drain is behind (Kafka slow or gone): let go of what waits here too, the
                 # drain reads it back from the spool when its turn comes
@@ -172,6 +172,11 @@ class Handoff:
         """The drain has read the spool to its end: take the next commits again."""
         with self._lock:
             self._overflow = False
+
+
+def _packed(placed: FreshRun) -> tuple[list[tuple[bytes, int]], array]:
+    """A commit of new records as the spool stored it: its segments and seqs."""
+    return placed.segments, array("q", placed.seqs)
 
 
 def _unpack(segments: list[tuple[bytes, int]], seqs: array) -> list[Entry]:
