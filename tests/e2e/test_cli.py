@@ -233,3 +233,31 @@ def test_serve_runs_on_glibc_malloc_unless_an_allocator_was_chosen(tmp_path, cho
         proc.kill()
     assert f"allocator: {expected}" in err
     assert err.count("allocator:") == 1  # re-executed once, not in a loop
+
+
+def _thread_names(pid: int) -> list[str]:
+    names = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                names.append(fh.read().strip())
+        except OSError:
+            continue
+    return names
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc: Linux only")
+def test_serve_names_its_threads_for_top(tmp_path, broker):
+    """`top -H` and /proc tell the sidecar's threads apart (runtime/threadnames.py): the drain,
+    the spool's writer and the threads that serve calls, not a row of "python"."""
+    proc, address = _spawn(["--listen", "127.0.0.1:0", "--bootstrap-servers",
+                            broker.bootstrap_servers, "--set", f"spool.dir={tmp_path / 'spool'}"])
+    try:
+        assert rpc.health_at(address) == health_pb2.HealthCheckResponse.SERVING
+        names = _thread_names(proc.pid)
+        assert {"dlq-drain", "spool-writer"} <= set(names), names
+        assert any(n.startswith("rpc_") for n in names), names   # the health call's thread
+        assert not [n for n in names if n.startswith("spillway-")], names
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0

@@ -95,10 +95,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # when this process is the command (main() called by a host program must not restart
         # it). Before the server's imports: the process that re-executes should not pay them
         memtune.reexec_on_system_malloc()
-    from spillway.sidecar.runtime import gctune, shutdown
+    from spillway.sidecar.runtime import gctune, shutdown, threadnames
     from spillway.sidecar.server import start_server
 
     memtune.limit_malloc_arenas()  # before any thread starts (memory returned after a drain)
+    threadnames.name_os_threads()  # before any thread starts: `top -H` tells them apart
     env = dict(os.environ)
     for warning in config.unknown_environment(env):
         logging.getLogger("spillway.sidecar").warning("%s", warning)
