@@ -1,13 +1,15 @@
 """CPU time of benchmark processes from their own counters (``/proc/<pid>/stat``: utime +
 stime, every thread of the process), for figures in CPU per record.
 
-`parse_stat_cpu`, `cpu_used`, `us_per_record` and `per_core_ceiling` are pure (tested in
-tests/unit/project/test_bench_harness.py); `cpu_seconds` and `snapshot` read /proc.
+`parse_stat_cpu`, `cpu_used`, `us_per_record`, `per_core_ceiling`, `thread_role` and
+`roles_used` are pure (tested in tests/unit/project/test_bench_harness.py); `cpu_seconds`,
+`snapshot` and `threads` read /proc.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -90,3 +92,47 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid and fields[0] != "Z":
             out.append(int(entry))
     return sorted(out)
+
+
+_GRPC_THREADS = frozenset({"event_engine", "grpc_global_tim", "lifeguard"})
+
+
+def thread_role(comm: str) -> str:
+    """What a thread does, from its OS name (`spillway serve` names its threads:
+    runtime/threadnames.py): a pool's numbered threads together (``rpc_0``, ``rpc_1`` ->
+    ``rpc_N``), librdkafka's as ``librdkafka``, gRPC's own as ``gRPC``."""
+    if comm.startswith("rdk:"):
+        return "librdkafka"
+    if comm in _GRPC_THREADS or comm.startswith("Thread-"):
+        return "gRPC"   # (``Thread-N (_serve)``: its Python server loop)
+    return re.sub(r"\d+", "N", comm)
+
+
+def threads(pids: Iterable[int]) -> dict[tuple[int, int], tuple[str, float]]:
+    """Each live thread of the processes: (pid, tid) -> (its role, CPU seconds so far)."""
+    out: dict[tuple[int, int], tuple[str, float]] = {}
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8",
+                          errors="replace") as fh:
+                    comm = fh.read().strip()
+                with open(f"/proc/{pid}/task/{tid}/stat", encoding="utf-8",
+                          errors="replace") as fh:
+                    out[(pid, int(tid))] = (thread_role(comm), parse_stat_cpu(fh.read()))
+            except OSError:   # it ended meanwhile
+                continue
+    return out
+
+
+def roles_used(before: Mapping[tuple[int, int], tuple[str, float]],
+               after: Mapping[tuple[int, int], tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds by thread role between two `threads` snapshots: a thread started
+    meanwhile counts from zero; one that ended meanwhile is not in ``after`` and not counted
+    (its last seconds are the difference to the processes' own totals)."""
+    used: dict[str, float] = {}
+    for key, (role, cpu) in after.items():
+        delta = cpu - before.get(key, (role, 0.0))[1]
+        if delta > 0:
+            used[role] = used.get(role, 0.0) + delta
+    return used

@@ -16,10 +16,11 @@ straight to it as a node sends it (TallyFailures, with a peer token the harness 
 from __future__ import annotations
 
 import os
+import statistics
 import secrets
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from spillway.client import extensions
 
@@ -91,6 +92,8 @@ class ClusterRun:
     client_cpu_s: float  # all client processes, together
     broker_cpu_s: float = 0.0
     reports_per_call: float = 0.0   # held reports per confirmation call (provisional nodes)
+    # the nodes' CPU seconds by thread role (`cpu.thread_role`), together
+    node_threads: dict[str, float] = field(default_factory=dict)
 
     def per_record(self) -> dict[str, float]:
         """The run's figures: µs of CPU per record of each role, the home's decided rate and
@@ -174,17 +177,24 @@ class _Cluster:
         pids = [self.home.pid, *(s.pid for s in nodes), *self.pool.pids, *([broker] if broker
                                                                            else [])]
         before: dict[int, float] = {}
+        node_pids = [s.pid for s in nodes]
+        threads0: dict = {}
+
+        def start() -> None:
+            before.update(cpu.snapshot(pids))
+            threads0.update(cpu.threads(node_pids))
+
         confirmed0 = _confirm_counts(nodes)   # read outside the CPU window
         agg = self.pool.run(lambda i: {
             "target": nodes[node_of_client(i, n)].address, "home": self.home.address,
             "job": job, "props": props, "records": self.per_client, "batch": BATCH,
-            "flush": True, "run_no": run_no},
-            on_start=lambda: before.update(cpu.snapshot(pids)))
+            "flush": True, "run_no": run_no}, on_start=start)
         after = cpu.snapshot(pids)
+        node_threads = cpu.roles_used(threads0, cpu.threads(node_pids))
         reports, calls = (a - b for a, b in zip(_confirm_counts(nodes), confirmed0, strict=True))
         self._check(agg, job)
         return ClusterRun(   # the window ends at the last flush: held reports confirmed by then
-            reports_per_call=reports / calls if calls else 0.0,
+            reports_per_call=reports / calls if calls else 0.0, node_threads=node_threads,
             records=agg.records, report_s=agg.seconds,
             home_cpu_s=cpu.cpu_used(before, after, [self.home.pid]),
             node_cpu_s=cpu.cpu_used(before, after, [s.pid for s in nodes]),
@@ -350,10 +360,16 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
     limit = 2 * CLIENTS * per_client
     lim_figs = _figures(result, top, limited=True)
 
+    by_thread: list[dict[str, float]] = []   # the largest node count's runs (not warm-up)
+
     def variant(n: int, sync: bool = False, limited: bool = False):
         def go(run_no: int):
             f = sync_figs if sync else lim_figs if limited else figs[n]
-            m = cluster.run(n, run_no, sync=sync, limit=limit if limited else -1).per_record()
+            one = cluster.run(n, run_no, sync=sync, limit=limit if limited else -1)
+            m = one.per_record()
+            if n == top and not (sync or limited) and run_no >= 1:
+                by_thread.append({role: cpu.us_per_record(s, one.records)
+                                  for role, s in one.node_threads.items()})
             extra = {} if sync else {f.per_call: m["reports_per_call"]}
             return m["home_rate"], {f.home_us: m["home_us"], f.node_us: m["node_us"],
                                     f.client_us: m["client_us"], f.broker_us: m["broker_us"],
@@ -369,6 +385,7 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
     alternate_runs(ctx, result, variants, rates, warmup=True, label="(a) ")
     result.notes.append(_provisional_reading(figs[top], sync_figs, top))
     result.notes.append(_sliced_reading(lim_figs, figs[top], sync_figs, top, limit))
+    result.notes.append(_threads_reading(by_thread, figs[top].node_us.median, top))
 
     sat = _Saturated(ctx, per_client * 2)
     who = f"home saturated by {CLIENTS} stand-in nodes (TallyFailures)"
@@ -502,6 +519,29 @@ def _reading(figs: dict[int, _Figs]) -> str:
     return ("CPU per failed record, medians, by role (the client figure includes building "
             "each record, a columns.Failure, from a template, not formatting a new exception: "
             "target 4 measures the executor side in Spark): " + "; ".join(parts) + "." + need)
+
+
+def _threads_reading(runs: list[dict[str, float]], node_us: float | None, n: int) -> str:
+    """Where the nodes' CPU goes, by thread (the median of each role over the runs), and what
+    would close the gap to the node target."""
+    if not runs or node_us is None:
+        return "The nodes' CPU by thread: not measured."
+    roles = sorted({r for run in runs for r in run},
+                   key=lambda r: -statistics.median(run.get(r, 0.0) for run in runs))
+    med = {r: statistics.median(run.get(r, 0.0) for run in runs) for r in roles}
+    shown = [r for r in roles if med[r] >= 0.3]
+    rest = sum(med[r] for r in roles if r not in shown)
+    parts = [f"{r} {fmt(med[r])}" for r in shown] + ([f"others {fmt(rest)}"] if rest else [])
+    return (f"Where the {n} nodes' CPU goes, by thread as the OS names it (µs per dead-lettered "
+            f"record, medians of the {len(runs)} runs; `cpu.thread_role`): " + ", ".join(parts)
+            + f" (together {fmt(sum(med.values()))}; the node figure, from the processes' own "
+            f"counters, {fmt(node_us)}). `rpc_N` decides each report, builds its DLQ records "
+            "and spools them (held until the home confirms), `spool-writer` writes them to "
+            "SQLite twice (held, then released), `dlq-drain` produces them and settles the "
+            "acknowledged ones, librdkafka sends them. Toward "
+            f"{fmt(NODE_US_TARGET)} µs: a held report written once (about 0.9 µs a record), "
+            "then the report kept as one unit from the wire to the producer, with no Python "
+            "object per record (docs/design/failure-path.md, rounds five to seven).")
 
 
 def _provisional_reading(prov: _Figs, sync: _Figs, n: int) -> str:

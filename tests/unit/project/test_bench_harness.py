@@ -766,3 +766,38 @@ def test_the_cluster_target_reports_as_an_executor_does_by_default():
     from spillway.spark import Job
 
     assert cluster.BATCH == inspect.signature(Job).parameters["report_batch_size"].default
+
+
+@pytest.mark.parametrize("comm, role", [
+    ("rpc_0", "rpc_N"), ("rpc_12", "rpc_N"), ("confirm-call_3", "confirm-call_N"),
+    ("dlq-drain", "dlq-drain"), ("spool-writer", "spool-writer"), ("handler-2", "handler-N"),
+    ("rdk:broker111", "librdkafka"), ("rdk:main", "librdkafka"), ("event_engine", "gRPC"),
+    ("lifeguard", "gRPC"), ("Thread-1 (_serv", "gRPC"), ("python", "python"),
+])
+def test_a_threads_role_is_its_os_name_with_pools_and_libraries_together(comm, role):
+    from bench import cpu
+
+    assert cpu.thread_role(comm) == role
+
+
+def test_roles_used_counts_new_threads_from_zero_and_sums_a_pool():
+    from bench import cpu
+
+    before = {(1, 10): ("rpc_N", 1.0), (1, 11): ("rpc_N", 2.0), (1, 12): ("dlq-drain", 5.0),
+              (1, 13): ("gone", 9.0)}
+    after = {(1, 10): ("rpc_N", 1.5), (1, 11): ("rpc_N", 2.25), (1, 12): ("dlq-drain", 5.0),
+             (1, 14): ("rpc_N", 0.5), (2, 10): ("spool-writer", 0.75)}
+    assert cpu.roles_used(before, after) == {"rpc_N": 1.25, "spool-writer": 0.75}
+
+
+def test_the_threads_reading_names_each_role_by_its_median_and_what_would_close_the_gap():
+    from bench.targets.cluster import _threads_reading
+
+    runs = [{"dlq-drain": 6.0, "rpc_N": 6.5, "librdkafka": 3.0, "trim": 0.1},
+            {"dlq-drain": 7.0, "rpc_N": 5.5, "librdkafka": 2.0},
+            {"dlq-drain": 6.5, "rpc_N": 6.0, "librdkafka": 2.5, "trim": 0.1}]
+    text = _threads_reading(runs, 15.5, 4)
+    assert "dlq-drain 6.50, rpc_N 6.00, librdkafka 2.50, others 0.1 " in text
+    assert "(together 15.1;" in text and "medians of the 3 runs" in text
+    assert "a held report written once" in text
+    assert _threads_reading([], 15.5, 4) == "The nodes' CPU by thread: not measured."
