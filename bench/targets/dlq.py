@@ -46,12 +46,13 @@ def plain_producer_rate(ctx: Context, records: int, cpu_figure):
 
 
 def spark_dlq_rate(ctx: Context, sidecar: SidecarProcess, records: int,
-                   env: dict[str, str] | None = None, cpu_figure=None, worker_figure=None):
+                   env: dict[str, str] | None = None, cpu_figure=None, worker_figure=None, *,
+                   broker_figure=None):
     """Every record of a Kafka-shaped DataFrame fails in ``job.map_partitions``: the rate at
     which they reach the DLQ topic, acknowledged (the action returns after every task passed
     its flush barrier). With `cpu_figure`: ``(rate, {cpu_figure: the sidecar's CPU per
     dead-lettered record over the action})``; with `worker_figure` too, the Spark Python
-    workers' CPU per record (`WorkerCpu`)."""
+    workers' CPU per record (`WorkerCpu`); with `broker_figure`, the broker's."""
     from spillway.spark import Job
 
     ship_workloads()
@@ -62,12 +63,15 @@ def spark_dlq_rate(ctx: Context, sidecar: SidecarProcess, records: int,
     with executor_env(spark, env or {}):
         df = workloads.kafka_frame(spark, records, PARTITIONS, fail_every=1)
         out = job.map_partitions(df, workloads.parse_order, schema=workloads.OUT_SCHEMA)
-    before = cpu.snapshot([sidecar.pid])
+    broker = ctx.infra.broker_pid() if broker_figure is not None else None
+    pids = [sidecar.pid, *([broker] if broker else [])]
+    before = cpu.snapshot(pids)
     if worker_figure is not None:
         seconds, worker_s = timed_workers(lambda: workloads.noop_write(out))
     else:
         seconds = timed(lambda: workloads.noop_write(out))
-    used = cpu.cpu_used(before, cpu.snapshot([sidecar.pid]))
+    after = cpu.snapshot(pids)
+    used = cpu.cpu_used(before, after, [sidecar.pid])
     written = job.summary().dlq_records_written
     if written < records:
         raise BenchError(f"the Spark job returned with {written} of {records} DLQ records "
@@ -77,13 +81,19 @@ def spark_dlq_rate(ctx: Context, sidecar: SidecarProcess, records: int,
         extras[cpu_figure] = cpu.us_per_record(used, records)
     if worker_figure is not None:
         extras[worker_figure] = cpu.us_per_record(worker_s, records)
+    if broker:
+        extras[broker_figure] = cpu.us_per_record(cpu.cpu_used(before, after, [broker]),
+                                                  records)
     return (records / seconds, extras) if extras else records / seconds
 
 
-def handrolled_dlq_rate(ctx: Context, records: int) -> float:
+def handrolled_dlq_rate(ctx: Context, records: int, *, worker_figure=None,
+                        broker_figure=None):
     """Peer (a) on target 1's job: the same rows fail in the same function, and each task
     produces its failures to a fresh DLQ topic itself; the action returns after every task's
-    flush (all acknowledged). The topic's record count is checked after the clock stops."""
+    flush (all acknowledged). The topic's record count is checked after the clock stops.
+    With the figures: ``(rate, {figure: the Spark Python workers' / the broker's CPU per
+    record})``."""
     ship_workloads()
     spark = ctx.infra.spark
     topic = ctx.infra.fresh_topic("peer-a")
@@ -92,9 +102,20 @@ def handrolled_dlq_rate(ctx: Context, records: int) -> float:
     run = functools.partial(peers.kafka_batches, conf, topic, workloads.parse_order,
                             workloads.OUT_NAMES)
     out = df.mapInArrow(run, workloads.OUT_SCHEMA)
-    seconds = timed(lambda: workloads.noop_write(out))
+    broker = ctx.infra.broker_pid() if broker_figure is not None else None
+    before = cpu.snapshot([broker] if broker else [])
+    if worker_figure is not None:
+        seconds, worker_s = timed_workers(lambda: workloads.noop_write(out))
+    else:
+        seconds = timed(lambda: workloads.noop_write(out))
+    after = cpu.snapshot([broker] if broker else [])
     expect_topic_records(ctx, topic, records, "hand-rolled dead-lettering")
-    return records / seconds
+    extras = {}
+    if worker_figure is not None:
+        extras[worker_figure] = cpu.us_per_record(worker_s, records)
+    if broker:
+        extras[broker_figure] = cpu.us_per_record(cpu.cpu_used(before, after), records)
+    return (records / seconds, extras) if extras else records / seconds
 
 
 def expect_topic_records(ctx: Context, topic: str, records: int, who: str,
@@ -142,12 +163,21 @@ def run_dlq_rate(ctx: Context, result: TargetResult) -> None:
     # records from Python (its delivery reports and librdkafka's threads included)
     f_base_cpu = result.figure("plain producer: CPU per record", "µs")
     f_cand_cpu = result.figure("sidecar: CPU per dead-lettered record", "µs")
+    # where each variant's time goes: the 2 cores run Spark, its Python workers, the broker
+    # and (the candidate) the sidecar, so the rates follow the CPU they spend per record
+    f_peer_w = result.figure("peer (a): Spark Python workers' CPU per record", "µs")
+    f_cand_w = result.figure("candidate: Spark Python workers' CPU per record", "µs")
+    f_peer_b = result.figure("peer (a): broker (Tansu) CPU per record", "µs")
+    f_cand_b = result.figure("candidate: broker (Tansu) CPU per record", "µs")
     alternate_runs(ctx, result, {
         f_base.name: lambda _r: plain_producer_rate(ctx, n, f_base_cpu),
-        f_peer.name: lambda _r: handrolled_dlq_rate(ctx, n),
-        f_cand.name: lambda _r: spark_dlq_rate(ctx, sidecar, n, cpu_figure=f_cand_cpu),
+        f_peer.name: lambda _r: handrolled_dlq_rate(ctx, n, worker_figure=f_peer_w,
+                                                    broker_figure=f_peer_b),
+        f_cand.name: lambda _r: spark_dlq_rate(ctx, sidecar, n, cpu_figure=f_cand_cpu,
+                                               worker_figure=f_cand_w, broker_figure=f_cand_b),
     }, {f_base.name: f_base, f_peer.name: f_peer, f_cand.name: f_cand}, warmup=True)
     result.notes.append(_cpu_reading(f_cand_cpu, f_base_cpu))
+    result.notes.append(_where_reading(f_cand_w, f_cand_cpu, f_cand_b, f_peer_w, f_peer_b))
     result.checks.append(ratio_check("dead-letter rate vs plain producer", f_cand, f_base,
                                      ">=", 0.5))
     result.checks.append(ratio_check("dead-letter rate vs hand-rolled (a)", f_cand, f_peer,
@@ -164,6 +194,28 @@ def _tracing_cpu_reading(side: dict, work: dict) -> str:
              f"({w - off_w:+.1f})" for k, (s, w) in med.items() if k != "tracing off"]
     return (f"CPU per record, medians (figures, not targets; against tracing off: sidecar "
             f"{fmt(off_s)} µs, Spark workers {fmt(off_w)} µs): " + "; ".join(parts) + ".")
+
+
+def _where_reading(cand_workers, cand_sidecar, cand_broker, peer_workers, peer_broker) -> str:
+    """Where a dead-lettered record's CPU goes in each variant, and what would close the
+    rate gap."""
+    vals = [f.median for f in (cand_workers, cand_sidecar, cand_broker, peer_workers,
+                               peer_broker)]
+    if None in vals:
+        return "Where the CPU goes: not measured."
+    cw, cs, cb, pw, pb = vals
+    cand, peer = cw + cs + cb, pw + pb
+    return (f"Where a dead-lettered record's CPU goes (medians, Spark's JVM not counted): "
+            f"spillway: the Spark Python workers {fmt(cw)} µs + the sidecar {fmt(cs)} + the "
+            f"broker {fmt(cb)} = {fmt(cand)} µs; peer (a): the workers {fmt(pw)} µs (its "
+            f"producer and librdkafka's threads inside them) + the broker {fmt(pb)} = "
+            f"{fmt(peer)} µs ({fmt(cand / peer)}×). On 2 shared cores the rates follow these "
+            f"sums. The workers' figure also holds what the two ways into the rows cost: "
+            f"`job.map_partitions` hands the function Row objects (each Arrow batch converted "
+            f"with pyspark's converter, its outputs back), peer (a)'s `mapInArrow` function "
+            f"reads the batches' columns itself. What would close "
+            f"the gap: the sidecar's per-record work (target 11 reads it by thread) and the "
+            f"executor side (target 4).")
 
 
 def _cpu_reading(sidecar_cpu, producer_cpu) -> str:
