@@ -801,3 +801,23 @@ def test_the_threads_reading_names_each_role_by_its_median_and_what_would_close_
     assert "(together 15.1;" in text and "medians of the 3 runs" in text
     assert "a held report written once" in text
     assert _threads_reading([], 15.5, 4) == "The nodes' CPU by thread: not measured."
+
+
+def test_the_executor_check_compares_each_variant_above_catch_and_drop_round_by_round():
+    from bench.model import Figure
+    from bench.targets.spark_jobs import _executor_check
+
+    def fig(name, values):
+        f = Figure(name, "µs")
+        for v in values:
+            f.add(v)
+        return f
+
+    bare = fig("bare", [26.0, 27.0, 30.0])
+    peer = fig("peer", [33.0, 34.0, 37.5])       # 7.0, 7.0, 7.5 above: median 7.0
+    cand = fig("cand", [39.0, 41.5, 42.0])       # 13.0, 14.5, 12.0 above: median 13.0
+    check = _executor_check(10.0, bare, peer, cand)
+    assert check.value == pytest.approx(6.0) and check.met is False
+    assert check.threshold == 5.0 and check.unit == "µs"
+    assert "spillway 13.0 µs − (a) 7.0 µs" in check.detail
+    assert _executor_check(10.0, bare, peer, fig("none", [])).met is None
