@@ -99,7 +99,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from spillway.sidecar.server import start_server
 
     memtune.limit_malloc_arenas()  # before any thread starts (memory returned after a drain)
-    threadnames.name_os_threads()  # before any thread starts: `top -H` tells them apart
+    if getattr(args, "own_command_line", False):
+        # before any thread starts: `top -H` tells them apart. Only in a process that is the
+        # command: a host program calling main() keeps its own threads' names and profile hook
+        threadnames.name_os_threads()
     env = dict(os.environ)
     for warning in config.unknown_environment(env):
         logging.getLogger("spillway.sidecar").warning("%s", warning)

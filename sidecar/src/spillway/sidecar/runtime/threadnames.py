@@ -3,10 +3,11 @@
 Python keeps a thread's name to itself (before 3.14): `top -H`, `ps -L` and /proc show every
 thread of the sidecar as "python", so an operator cannot tell the drain producing to Kafka from
 the threads deciding reports or the spool's writer. `name_os_threads()` (once, when `spillway
-serve` starts, before its threads) gives each thread started through `threading` from then on
-its Python name as its OS name, without the ``spillway-`` prefix (Linux keeps 15 bytes):
-``dlq-drain``, ``spool-writer``, ``rpc_0``, ... (docs/OBSERVABILITY.md). gRPC's and
-librdkafka's own threads already carry names (``event_engine``, ``rdk:broker...``).
+serve` starts as its own command, before its threads) gives each thread started through
+`threading` from then on its Python name as its OS name, without the ``spillway-`` prefix
+(Linux keeps 15 bytes): ``dlq-drain``, ``spool-writer``, ``rpc_0``, ...
+(docs/OBSERVABILITY.md). gRPC's and librdkafka's own threads already carry names
+(``event_engine``, ``rdk:broker...``).
 
 How: `threading.setprofile` runs a function in each new thread before its ``run()``; that
 function names the thread and removes itself at its first event, so a thread pays it once and
