@@ -333,10 +333,6 @@ def _executor_reading(pct, bare, peer, cand, side) -> str:
     Python workers' CPU above the catch-and-drop baseline's (`_above`), and what would close
     its gap to (a) at the target's failure rate."""
     m = [f.median or 0.0 for f in (bare, peer, cand, side)]
-
-    def above(f) -> float:
-        return _above(f, bare)
-
     closing = "" if pct != EXECUTOR_PCT else (
         " Where the executor side's time goes, measured off Spark in one process "
         "(docs/design/failure-path.md, rounds four to seven; not in this run): describing the "
@@ -349,8 +345,8 @@ def _executor_reading(pct, bare, peer, cand, side) -> str:
         "from the sidecar.")
     return (f"CPU per failed record at {pct:g}% (Spark's Python workers: every PySpark "
             f"daemon and the workers it forked, from their /proc counters): the executor side "
-            f"of spillway's failure path costs {above(cand):,.1f} µs above catch-and-drop "
+            f"of spillway's failure path costs {_above(cand, bare):,.1f} µs above catch-and-drop "
             f"(median of the rounds' differences; medians {m[2]:,.1f} against {m[0]:,.1f} µs, "
             f"the parse and the rows' own work included), hand-rolled dead-lettering (a) "
-            f"{above(peer):,.1f} µs; the sidecar spends {m[3]:,.1f} µs per failed record "
+            f"{_above(peer, bare):,.1f} µs; the sidecar spends {m[3]:,.1f} µs per failed record "
             f"besides." + closing)

@@ -4,18 +4,18 @@ A port chosen with ``bind(("127.0.0.1", 0))`` comes from the ephemeral range, wh
 ``bind(0)`` and every outgoing connection also draws from: between the choice and the child's own
 bind, another test's process (or a connection's own end) can take it, and the port then answers
 from someone else. These come from below the ephemeral range instead, a block of its own per
-xdist worker, each checked free and not handed out twice by this process; a block starts at a
-random place, so two sessions at once rarely meet."""
+xdist worker, handed out in turn (a port again only after the whole block) and each checked free;
+a block starts at a random place, so two sessions at once rarely meet."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import socket
 
 _FIRST, _BLOCK, _BLOCKS = 20_000, 1_000, 12
-_given: set[int] = set()
-_cursor: list[int] = []
+_turn = itertools.count(random.randrange(_BLOCK))
 
 
 def _ephemeral_low() -> int:
@@ -46,15 +46,10 @@ def _bindable(port: int) -> bool:
 def free_port() -> int:
     block = _block()
     if block is not None:
-        if not _cursor:
-            _cursor.append(random.randrange(len(block)))
         for _ in range(len(block)):
-            port = block[_cursor[0] % len(block)]
-            _cursor[0] += 1
-            if port not in _given and _bindable(port):
-                _given.add(port)
+            port = block[next(_turn) % len(block)]
+            if _bindable(port):
                 return port
-        _given.clear()   # every port of the block handed out once: from the start again
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

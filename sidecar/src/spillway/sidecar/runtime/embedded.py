@@ -82,16 +82,15 @@ class EmbeddedBroker:
         or another process listens there: a port chosen free can be taken, by a listener or a
         connection's own end, before Tansu binds it."""
         chosen = not self.port
-        for attempt in range(3):
+        failed: _StartFailed | None = None
+        for _ in range(3 if chosen else 1):
             if chosen:
                 self.port = free_port()
             try:
                 return self._start_once(timeout_s)
             except _StartFailed as exc:
-                self._proc = None
-                if not chosen or attempt == 2:
-                    raise EmbeddedBrokerError(str(exc)) from None
-        raise AssertionError("unreachable")
+                self._proc, failed = None, exc
+        raise EmbeddedBrokerError(str(failed)) from None
 
     def _start_once(self, timeout_s: float) -> EmbeddedBroker:
         try:

@@ -30,19 +30,13 @@ def os_name(name: str) -> str:
     return short.encode("utf-8")[:_COMM_BYTES].decode("utf-8", "ignore")
 
 
-def name_this_thread(name: str | None = None) -> bool:
-    """Name the calling thread in the OS (`name`, else its Python name); whether it could."""
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
-            f.write(os_name(name or threading.current_thread().name))
-    except OSError:
-        return False
-    return True
-
-
 def _first_event(frame, event, arg) -> None:
     sys.setprofile(None)   # once: the thread runs unprofiled from here on
-    name_this_thread()
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+            f.write(os_name(threading.current_thread().name))
+    except OSError:
+        pass   # (a thread left unnamed runs as well)
 
 
 def name_os_threads() -> bool:
@@ -54,4 +48,4 @@ def name_os_threads() -> bool:
     return True
 
 
-__all__ = ["name_os_threads", "name_this_thread", "os_name"]
+__all__ = ["name_os_threads", "os_name"]
