@@ -26,6 +26,7 @@ from ._adapters import (
     listed,
     unvalued,
 )
+from ._arrow_rows import RowsOf
 from ._compat import arrow_conversions
 from ._engine import Engine, StageRef, Unit
 from ._isolation import TaskIsolation, begin_task
@@ -133,15 +134,14 @@ def _rows_to_batches(rows: Iterator[Any], schema: Any, large: Callable[[], bool]
 
 
 def df_partition(plan: WrapperPlan, fn, flat, in_schema, out_schema, batches, *, ledger=None):
-    import pyarrow as pa
     ArrowTableToRowsConversion, _ = arrow_conversions()
-
+    rows_of = RowsOf(in_schema, ArrowTableToRowsConversion.convert)
     seen = {"large": False}
 
     def rows():
         for b in batches:
             seen["large"] = seen["large"] or _large_types(b)
-            yield from ArrowTableToRowsConversion.convert(pa.Table.from_batches([b]), in_schema)
+            yield from rows_of(b)
 
     spec, wrapper = plan.spec, plan.wrapper
     iso = isolation(plan, current_task())
@@ -188,13 +188,13 @@ def deserialize_partition(plan: WrapperPlan, steps, in_schema, new_schema, batch
     ArrowTableToRowsConversion, to_arrow = arrow_conversions()
 
     parts = {s.part for s in steps}
+    rows_of = RowsOf(in_schema, ArrowTableToRowsConversion.convert)
     cache: dict[str, Any] = {"batch": None, "rows": None}
     seen = {"large": False}
 
     def to_row(batch, i):
         if cache["batch"] is not batch:
-            cache["rows"] = ArrowTableToRowsConversion.convert(pa.Table.from_batches([batch]),
-                                                               in_schema)
+            cache["rows"] = rows_of(batch)
             cache["batch"] = batch
         return cache["rows"][i]
 
