@@ -27,6 +27,7 @@ from ._adapters import (
     unvalued,
 )
 from ._arrow_rows import RowsOf
+from ._collector import wrapper_ended, wrapper_started
 from ._compat import arrow_conversions
 from ._engine import Engine, StageRef, Unit
 from ._isolation import TaskIsolation, begin_task
@@ -72,8 +73,10 @@ def drive(session: TaskSession, engine: Engine, outputs: Iterator[Any],
           iso: TaskIsolation | None = None) -> Iterator[Any]:
     """Run the loop over a partition (``outputs``: engine.run or engine.run_rows); close the
     session (flush barrier) when it ends, then the attempt's isolation (none where no user
-    code runs)."""
+    code runs). While it runs, the collector's young generation is collected less often
+    (`_collector`)."""
     ok, error = False, None
+    wrapper_started(session.spec.gc_young_threshold)
     try:
         yield from outputs
         ok = True
@@ -94,6 +97,7 @@ def drive(session: TaskSession, engine: Engine, outputs: Iterator[Any],
             ok = False
             raise
         finally:
+            wrapper_ended()
             if iso is not None:
                 iso.end(ok)
 

@@ -63,6 +63,7 @@ from spillway.client.runs import JobRun, JobToken, Registration
 from spillway.v1 import sidecar_pb2 as pb
 
 from . import _tracing
+from ._collector import YOUNG_THRESHOLD
 from ._engine import REPORT_BATCH_SIZE, REPORT_MAX_BYTES, StageRef
 from ._taskinfo import current_task
 from ._token import EscrowedToken, TokenFile, claim_client
@@ -123,6 +124,9 @@ class JobSpec:
     home_instance_id: str = ""
     # the run's effective errors.record.timeout.ms (0: none), set by `Job.register`
     record_timeout_ms: int = 0
+    # young collections every this many allocations while a wrapper runs (`_collector`; 0: the
+    # worker's collector is left alone)
+    gc_young_threshold: int = YOUNG_THRESHOLD
 
     def __post_init__(self) -> None:
         check_job_name(self.name)  # the sidecar's rule, refused here on the driver
@@ -132,6 +136,9 @@ class JobSpec:
         for name in ("report_linger_s", "counts_interval_s", "sidecar_wait_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if type(self.gc_young_threshold) is not int or self.gc_young_threshold < 0:
+            raise ValueError(f"gc_young_threshold: must be an int >= 0 (0: leave the workers' "
+                             f"collector alone), got {self.gc_young_threshold!r}")
         for name in ("flush_timeout_s", "rpc_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")

@@ -20,6 +20,7 @@ from spillway.client import extensions
 from spillway.client.columns import Failure
 from spillway.v1 import sidecar_pb2 as pb
 
+from ._collector import wrapper_ended, wrapper_started
 from ._engine import Unit, follow, reported, trim_traceback
 from ._isolation import TaskIsolation, begin_task
 from ._plan import WrapperPlan
@@ -67,6 +68,7 @@ class _UdfState:
         self.isolated: Callable | None = (self.isolation.wrap(fn) if fn is not None
                                          and self.isolation.wraps else None)
         self.run = self.isolated or fn  # what each row of the attempt calls
+        wrapper_started(spec.gc_young_threshold)  # until `retire`
 
     @property
     def rows(self) -> int:
@@ -89,6 +91,7 @@ class _UdfState:
             if self.rows:
                 self.session.park_counts(final=final)
         finally:
+            wrapper_ended()
             self.isolation.end(True)
 
 

@@ -45,6 +45,7 @@ from spillway.client.runs import JobRun, JobToken, Registration, new_run_id
 
 from . import _deserialize, _ship
 from ._compat import active_run_id, check_foreach_partition
+from ._collector import YOUNG_THRESHOLD
 from ._engine import REPORT_BATCH_SIZE, REPORT_MAX_BYTES, StageRef
 from ._partitions import (
     deserialize_partition,
@@ -119,6 +120,12 @@ class Job:
     full batch beyond that waits for the oldest report's verdicts); verdicts are followed in
     the order the reports were sent.
 
+    While a wrapper runs a partition (or a UDF a task), the Python worker's cyclic garbage
+    collector collects its young generation every ``gc_young_threshold`` container allocations
+    (default 20,000; CPython's is 700), then gets its own settings back: with CPython's, walking
+    everything pyspark and pyarrow hold in the worker cost several µs per row of a Kafka source.
+    0 leaves the collector alone; so does a worker that disabled it or set a higher threshold.
+
     A `Job` is one run (``run_id``: default the active Spark application's id, on Spark Connect
     ``connect-<session id>``, else a random one): registered with the driver's sidecar (its
     home) on ``with Job(...)``, `register()` or the first wrapper, ended by `close()` (or
@@ -134,7 +141,8 @@ class Job:
                  counts_interval_s: float = 10.0, flush_timeout_s: float = 60.0,
                  rpc_timeout_s: float = 10.0, run_id: str | None = None,
                  report_max_inflight: int = 2,
-                 report_max_bytes: int = REPORT_MAX_BYTES) -> None:
+                 report_max_bytes: int = REPORT_MAX_BYTES,
+                 gc_young_threshold: int = YOUNG_THRESHOLD) -> None:
         props = tuple(sorted((str(k), str(v)) for k, v in (properties or {}).items()))
         self.spec = JobSpec(
             name=name.strip() if isinstance(name, str) else name, properties=props,
@@ -144,7 +152,7 @@ class Job:
             report_linger_s=report_linger_s,
             report_max_inflight=report_max_inflight, counts_interval_s=counts_interval_s,
             flush_timeout_s=flush_timeout_s,
-            rpc_timeout_s=rpc_timeout_s)
+            rpc_timeout_s=rpc_timeout_s, gc_young_threshold=gc_young_threshold)
         if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
             raise ValueError(f"run_id: expected a non-empty string, got {run_id!r}")
         self._run_id = run_id.strip() if run_id else None
