@@ -768,3 +768,49 @@ def test_a_mixed_answer_tells_the_session_its_skipped_records_once_in_report_ord
     out = list(_engine(session, RowAdapter(fn, ids=ids), clock, batch_size=4).rows(range(4)))
     assert sorted(out) == [1, 3]
     assert session.skipped_ids == [ids(0), ids(2)]
+
+
+def test_with_a_waker_the_row_loop_ends_a_linger_when_the_wake_up_lands():
+    """The fast loop asks for one wake-up per pending report and reads no clock per row: the
+    lonely failure is reported once the wake-up lands in the loop's inbox (`_waker`)."""
+    if MODE["rows"] != "fast":
+        pytest.skip("the general loop checks the linger at every step")
+    from spillway.spark._waker import WAKE
+
+    session, clock = FakeSession(skip_data), FakeClock()
+    asked: list = []
+    seen_reports_at = []
+
+    def fn(x):
+        clock.now += 0.3
+        if x == 4:  # the waker's thread: the deadline (0.3 + 0.5) passed at t=0.9
+            for when, inbox in asked:
+                inbox.append(WAKE)
+        seen_reports_at.append(len(session.reports))
+        if x == 0:
+            raise ValueError("first")
+        return x
+
+    eng = _engine(session, RowAdapter(fn, ids=ids), clock, batch_size=100, linger_s=0.5,
+                  wake=lambda when, inbox: asked.append((when, inbox)))
+    list(eng.rows(range(8)))
+    assert [when for when, _ in asked] == [pytest.approx(0.8)]   # once, at the deadline
+    # past the deadline at t=0.9 (row 2) but reported only after the wake-up (row 4)
+    assert seen_reports_at == [0, 0, 0, 0, 0, 1, 1, 1]
+
+
+def test_the_waker_wakes_each_inbox_at_its_time_an_earlier_one_first():
+    import time
+    from collections import deque
+
+    from spillway.spark._waker import WAKE, Waker
+
+    waker, late, soon = Waker(), deque(), deque()
+    now = time.monotonic()
+    waker.at(now + 3600, late)
+    waker.at(now + 0.05, soon)          # earlier than what the thread already waits for
+    deadline = time.monotonic() + 30
+    while not soon and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert list(soon) == [WAKE] and time.monotonic() >= now + 0.05
+    assert not late

@@ -181,7 +181,8 @@ class Engine:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
                  submit: Submit | None = None, max_inflight: int = 1,
-                 max_bytes: int = REPORT_MAX_BYTES) -> None:
+                 max_bytes: int = REPORT_MAX_BYTES,
+                 wake: Callable[[float, deque], None] | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"report_batch_size: must be >= 1, got {batch_size}")
         if max_bytes < 1:
@@ -212,12 +213,16 @@ class Engine:
         # reports sent and not yet applied, oldest first (applied in this order)
         self._inflight: deque[tuple[list[Unit], Future]] = deque()
         self._landed: deque[Future] = deque()  # appended by the futures' callbacks
+        # ``wake(when, inbox)``: something appends to ``inbox`` at ``when`` (`_waker.Waker`, on
+        # the clock of ``clock``), so the row loop reads no clock per row to end a linger
+        self.wake = wake
+        self._wake_for: float | None = None  # the pending report a wake-up is asked for
 
     def run_rows(self, rows: Iterable[Any]) -> Iterator[Any]:
         """The loop over single records, with a fast path: while no retry or re-run is due,
         rows go through the adapter's ``fn`` in a plain loop with no per-row bookkeeping (while
         a report is pending or in flight, one check per row: has it landed, is the linger
-        over); a failure is queued for reporting and the fast path goes on. Retries hand over
+        over, which with ``wake`` is a wake-up landing too); a failure is queued for reporting and the fast path goes on. Retries hand over
         to the general loop until it is idle again.
         The adapter's ``fn(row)`` gives one output, or an iterable of them with its ``flat``.
         """
@@ -250,6 +255,11 @@ class Engine:
                 watch = bool(self._pending or self._inflight)
                 deadline = (self._pending_since + self.linger_s
                             if self._pending and not self._inflight else None)
+                if deadline is not None and self.wake is not None:
+                    if self._wake_for != self._pending_since:  # once per pending report
+                        self._wake_for = self._pending_since
+                        self.wake(deadline, landed)
+                    deadline = None  # the wake-up lands in `landed`, checked per row anyway
                 n = 0  # rows of this fast run done (a failed one inside the watch loop too)
                 failed: tuple[Any, Exception] | None = None
                 stopped = False

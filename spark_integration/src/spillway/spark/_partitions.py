@@ -62,11 +62,12 @@ def isolation(plan: WrapperPlan, task: pb.TaskIdentity, batch_id: Any = None) ->
 
 def make_engine(plan: WrapperPlan, session: TaskSession, adapter: Any,
                 count_stages: Sequence[StageRef] | None = None) -> Engine:
-    spec, wrapper = plan.spec, plan.wrapper
+    spec, wrapper, w = plan.spec, plan.wrapper, worker()
     return Engine(session, adapter, stage=wrapper.stage, function_name=wrapper.function_name,
                   count_stages=count_stages, batch_size=spec.report_batch_size,
-                  linger_s=spec.report_linger_s, refresh=plan.refresh, submit=worker().submit,
-                  max_inflight=spec.report_max_inflight, max_bytes=spec.report_max_bytes)
+                  linger_s=spec.report_linger_s, refresh=plan.refresh, submit=w.submit,
+                  max_inflight=spec.report_max_inflight, max_bytes=spec.report_max_bytes,
+                  wake=w.waker.at)
 
 
 def drive(session: TaskSession, engine: Engine, outputs: Iterator[Any],

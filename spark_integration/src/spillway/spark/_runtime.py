@@ -66,6 +66,7 @@ from . import _tracing
 from ._collector import YOUNG_THRESHOLD
 from ._engine import REPORT_BATCH_SIZE, REPORT_MAX_BYTES, StageRef
 from ._taskinfo import current_task
+from ._waker import Waker
 from ._token import EscrowedToken, TokenFile, claim_client
 
 log = logging.getLogger("spillway.spark")
@@ -204,6 +205,7 @@ class _Worker:
         self.counts: dict[tuple[str, ...], Counter] = {}
         self.counts_since: dict[tuple[str, ...], float] = {}
         self._reporter: ThreadPoolExecutor | None = None
+        self.waker = Waker()  # ends the verdict loops' lingers (its thread starts when asked)
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Run ``fn(*args)`` on this process's reporting threads (reports sent in the background
