@@ -773,8 +773,6 @@ def test_a_mixed_answer_tells_the_session_its_skipped_records_once_in_report_ord
 def test_with_a_waker_the_row_loop_ends_a_linger_when_the_wake_up_lands():
     """The fast loop asks for one wake-up per pending report and reads no clock per row: the
     lonely failure is reported once the wake-up lands in the loop's inbox (`_waker`)."""
-    if MODE["rows"] != "fast":
-        pytest.skip("the general loop checks the linger at every step")
     from spillway.spark._waker import WAKE
 
     session, clock = FakeSession(skip_data), FakeClock()
@@ -793,7 +791,7 @@ def test_with_a_waker_the_row_loop_ends_a_linger_when_the_wake_up_lands():
 
     eng = _engine(session, RowAdapter(fn, ids=ids), clock, batch_size=100, linger_s=0.5,
                   wake=lambda when, inbox: asked.append((when, inbox)))
-    list(eng.rows(range(8)))
+    list(eng.run_rows(range(8)))   # the general loop checks the linger at every step
     assert [when for when, _ in asked] == [pytest.approx(0.8)]   # once, at the deadline
     # past the deadline at t=0.9 (row 2) but reported only after the wake-up (row 4)
     assert seen_reports_at == [0, 0, 0, 0, 0, 1, 1, 1]

@@ -221,9 +221,9 @@ class Engine:
     def run_rows(self, rows: Iterable[Any]) -> Iterator[Any]:
         """The loop over single records, with a fast path: while no retry or re-run is due,
         rows go through the adapter's ``fn`` in a plain loop with no per-row bookkeeping (while
-        a report is pending or in flight, one check per row: has it landed, is the linger
-        over, which with ``wake`` is a wake-up landing too); a failure is queued for reporting and the fast path goes on. Retries hand over
-        to the general loop until it is idle again.
+        a report is pending or in flight, one check per row: has it landed, is the linger over,
+        which with ``wake`` is a wake-up landing too); a failure is queued for reporting and
+        the fast path goes on. Retries hand over to the general loop until it is idle again.
         The adapter's ``fn(row)`` gives one output, or an iterable of them with its ``flat``.
         """
         fn, flat = self.adapter.fn, self.adapter.flat
