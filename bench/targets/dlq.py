@@ -212,8 +212,9 @@ def _where_reading(cand_workers, cand_sidecar, cand_broker, peer_workers, peer_b
             f"{fmt(peer)} µs ({fmt(cand / peer)}×). On 2 shared cores the rates follow these "
             f"sums. The workers' figure also holds what the two ways into the rows cost: "
             f"`job.map_partitions` hands the function Row objects (each Arrow batch converted "
-            f"with pyspark's converter, its outputs back), peer (a)'s `mapInArrow` function "
-            f"reads the batches' columns itself. What would close "
+            f"by spillway's `_arrow_rows`, the same Rows as pyspark's converter at about a "
+            f"third of its CPU, its outputs back), peer (a)'s `mapInArrow` function reads the "
+            f"batches' columns itself. What would close "
             f"the gap: the sidecar's per-record work (target 11 reads it by thread) and the "
             f"executor side (target 4).")
 

@@ -335,11 +335,12 @@ def _executor_reading(pct, bare, peer, cand, side) -> str:
     m = [f.median or 0.0 for f in (bare, peer, cand, side)]
     closing = "" if pct != EXECUTOR_PCT else (
         " Where the executor side's time goes, measured off Spark in one process "
-        "(docs/design/failure-path.md, rounds four to seven; not in this run): describing the "
+        "(docs/design/failure-path.md, rounds four to eight; not in this run): describing the "
         "failure about 2.6 µs (its way of failing looked up, the frame signature in C), its "
         "context 1-1.6, trimming and releasing its traceback 0.8, the report thread 2-3 "
         "(encoding 0.7, the blocking gRPC call, whose CPU grows with the sidecar's answer "
-        "time), the cyclic collector about 1.4. What would close the gap to (a) + "
+        "time); the cyclic collector, which took about 1.4, runs less often while a wrapper "
+        "runs (`Job(gc_young_threshold=...)`). What would close the gap to (a) + "
         f"{EXECUTOR_ABOVE_PEER_US:g} µs: a report kept as columns from the first failure (no "
         "object per failed record, no encoding pass: about 1-1.5 µs) and a faster answer "
         "from the sidecar.")
