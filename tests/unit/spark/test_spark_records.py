@@ -140,3 +140,22 @@ def test_pandas_checker_skips_only_columns_that_are_exactly_the_declared_type():
     for bad in ({"id": ["x", "y"], "total": [1.0, 2.0]}, {"id": [1, 2], "total": ["a", "b"]}):
         with pytest.raises(OutputSchemaError, match="does not fit the declared type"):
             check(pd.DataFrame(bad))
+
+
+def test_a_value_row_has_the_same_context_through_the_adapter_as_through_context_of():
+    from spillway.spark._adapters import RowAdapter
+    from spillway.spark._engine import Unit
+    from spillway.spark._records import RecordContext, value_context
+
+    ids = positional_ids("TRANSFORMATION", "job", "w", 3)
+    for row in (b'{"order_id": 1, "amount": ', b"", "text \u00e9 \"q\"", ""):
+        unit = Unit(row, 1, 7)
+        expected = RecordContext(ids(7), None, None, row_json(row))
+        got = RowAdapter(len, ids=ids).context(unit)
+        assert got == expected and type(got) is RecordContext
+        assert got.payload == "stage-input" and got.headers == () and got.timestamp_ms is None
+        assert context_of(row, lambda: ids(7)) == expected
+        assert value_context(ids(7), row) == expected
+    # a record_id function or a source still goes through context_of
+    by_id = RowAdapter(len, ids=ids, record_id=lambda r: "id-" + str(len(r)))
+    assert by_id.context(Unit(b"abc", 1, 7)).record_id == "id-3"

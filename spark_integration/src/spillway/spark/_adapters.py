@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ._engine import StageFailure, StageRef, Unit
-from ._records import RecordContext, context_of
+from ._records import VALUE_ROWS, RecordContext, context_of, value_context
 
 IdFactory = Callable[[int], str]  # partition row index -> positional record id
 
@@ -38,8 +38,10 @@ class RowAdapter:
         return None
 
     def context(self, unit: Unit) -> RecordContext:
-        return context_of(unit.payload, lambda: self.ids(unit.offset), self.record_id,
-                          self.source)
+        row = unit.payload
+        if self.source is None and self.record_id is None and type(row) in VALUE_ROWS:
+            return value_context(self.ids(unit.offset), row)
+        return context_of(row, lambda: self.ids(unit.offset), self.record_id, self.source)
 
 
 def row_units(rows: Iterable[Any]) -> Iterator[Unit]:
