@@ -39,6 +39,8 @@ class RowAdapter:
 
     def context(self, unit: Unit) -> RecordContext:
         row = unit.payload
+        # a value row with a positional id skips context_of's fallback-id closure (with
+        # value_context's direct tuple, about 0.4 µs a failed record in the loop)
         if self.source is None and self.record_id is None and type(row) in VALUE_ROWS:
             return value_context(self.ids(unit.offset), row)
         return context_of(row, lambda: self.ids(unit.offset), self.record_id, self.source)

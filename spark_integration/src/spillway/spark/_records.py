@@ -228,9 +228,8 @@ _tuple_new = tuple.__new__
 
 def value_context(record_id: str, row: bytes | str) -> RecordContext:
     """The context of a failed row that is a value (bytes or str), not a mapping: its id, the
-    row as JSON. (Built per failed record: the tuple made directly skips the named tuple's
-    Python-level ``__new__``, and the caller's fallback-id closure; together about 0.4 µs a
-    failed record in the executor's loop.)"""
+    row as JSON. (Built per failed record: the tuple is made directly, without the named
+    tuple's Python-level ``__new__``.)"""
     return _tuple_new(RecordContext, (record_id, None, None, row_json(row), (), None,
                                       "stage-input"))
 
