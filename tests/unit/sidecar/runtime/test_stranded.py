@@ -145,3 +145,15 @@ def test_default_directories_of_other_addresses_are_reported_not_refused(tmp_pat
         stranded.check(str(mine), props(1))                # and never a refusal
     finally:
         serving.close()
+
+
+def test_records_released_from_a_held_row_count_as_pending_not_held(tmp_path):
+    d = tmp_path / "process-1"
+    s = spool_in(d)
+    records = [rec(i) for i in range(3)]
+    rid, segments = s.hold(records, "job@run", b"meta")
+    s.append(records, release=rid, segments=segments)   # in place: the held row stays on disk
+    s.hold([rec(7)], "job@run", b"meta")
+    s.close()
+    held = stranded.holdings(str(d), 3600)
+    assert (held.pending, held.held) == (3, 1)

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ..core.model import DlqRecord
 from .codec import IDX_MASK, ROW_BITS, ROW_BYTES, ROW_RECORDS, decode_row, encode_segments
+from .schema import BATCH_DATA
 from .state import SpoolState
 from .store import DedupKey, dedup_key
 
@@ -34,7 +35,7 @@ class DedupWindow:
         """At open: put the newest recovered records in the window (at most half of it)."""
         room = DEDUP_WINDOW // 2
         window: list[tuple[DedupKey, tuple[int, str]]] = []
-        cur = conn.execute("SELECT id, ends, segs, data FROM batches ORDER BY id DESC")
+        cur = conn.execute(f"{BATCH_DATA} ORDER BY b.id DESC")
         for rid, ends, segs, data in cur:
             row = self._rows[rid]
             for i, rec in reversed(list(decode_row(rid, ends, segs, data, 0, row.done))):

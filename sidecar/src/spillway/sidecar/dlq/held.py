@@ -5,13 +5,16 @@ the records' first dead letters (docs/POLICY.md, "Provisional verdicts").
 reads them back, over the spool's connections and counters it is given. A node that answered a
 report provisionally holds its DLQ records as one row of the ``held`` table (the report's
 records encoded once, as a batch row is, and what the node needs to ask the home again after a
-restart: its run and its ``meta``). The home's answer then either *releases* the row (the
-records it confirmed go into ``batches``, to be produced, and the held row is deleted in the
-same transaction: a kill -9 leaves one or the other, never both and never neither) or *discards*
-it (deleted: every copy was already dead-lettered). Held records count against the spool's
-bounds from the moment they are held, so a release is never refused for room. The spool's writer
-thread writes all three (`hold`, `Spool.append` with ``release=``, `discard`), so they
-group-commit with the spool's other writes.
+restart: its run and its ``meta``). The home's answer then either *releases* the row into
+``batches``, to be produced, or *discards* it (deleted: every copy was already dead-lettered).
+A release of every record of the row, as held, writes a batch row without data and a
+``released`` row naming the held row, whose data the batch row is read from until it is
+deleted with it (`schema.delete_batches`): the records are written once. A release of some of
+them writes their batch row as usual and deletes the held row. Either way in one transaction:
+a kill -9 leaves the row held or released, never both and never neither. Held records count
+against the spool's bounds from the moment they are held, so a release is never refused for
+room. The spool's writer thread writes all three (`hold`, `Spool.append` with ``release=``,
+`discard`), so they group-commit with the spool's other writes.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from array import array
 from ..core.model import DlqRecord
 from ..errors import DlqError
 from .codec import decode_row, seg_sizes
-from .schema import Db
+from .schema import UNRELEASED, Db
 from .state import SpoolState
 
 
@@ -57,8 +60,8 @@ class Holding:
     def load(self) -> int:
         """At open: the held rows' counts (records into the spool's counters); returns their
         bytes."""
-        self._rows = {rid: (n, size) for rid, n, size in
-                      self._db.conn.execute("SELECT id, n, size FROM held")}
+        self._rows = {rid: (n, size) for rid, n, size in self._db.conn.execute(
+            f"SELECT id, n, size FROM held WHERE {UNRELEASED}")}
         self._state.held = sum(n for n, _ in self._rows.values())
         return sum(size for _, size in self._rows.values())
 
@@ -71,6 +74,11 @@ class Holding:
                            "discarded)")
         if n > have[0]:
             raise DlqError(f"held DLQ row {rid} holds {have[0]} records, not {n}")
+
+    def holds_exactly(self, rid: int, n: int) -> bool:
+        """Whether held row `rid` holds `n` records (a release of all of them)."""
+        have = self._rows.get(rid)
+        return have is not None and have[0] == n
 
     def add(self, rid: int, n: int, size: int) -> None:
         """Count a row just held (under the state's lock)."""
@@ -92,14 +100,15 @@ class Holding:
         db = self._db
         with db.rlock:
             return db.reader.execute(
-                "SELECT id, run, meta FROM held ORDER BY id").fetchall()
+                f"SELECT id, run, meta FROM held WHERE {UNRELEASED} ORDER BY id").fetchall()
 
     def held_records(self, rid: int) -> list[DlqRecord]:
         """The records of held row `rid`, in order (DlqError if it is gone)."""
         db = self._db
         with db.rlock:
             row = db.reader.execute(
-                "SELECT ends, segs, data FROM held WHERE id = ?", (rid,)).fetchone()
+                f"SELECT ends, segs, data FROM held WHERE id = ? AND {UNRELEASED}",
+                (rid,)).fetchone()
         if row is None:
             raise DlqError(f"held DLQ row {rid} is not in the spool (released or discarded)")
         return [r.record for _, r in decode_row(0, row[0], row[1], row[2], 0, None)]

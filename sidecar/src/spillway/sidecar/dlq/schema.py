@@ -1,13 +1,15 @@
 """The spool on disk: where it lives, its SQLite schema and connection settings, its lock.
 
-Schema 3 is the only one: ``batches`` (one row per group commit: the concatenated segments, the
-per-record ``ends``, the per-segment record counts ``segs``, the pending count ``n`` and bytes
-``size``), ``settled`` (acknowledged index ranges of partly settled rows), ``rejected`` (one row
-per record Kafka can never accept), ``meta`` and ``held`` (DLQ records held for their run's home
-to confirm, `held.py`; added to schema 3 without a new number: a version without it ignores
-the table, so its rows stay on disk, neither produced nor lost, until a version with it opens
-the spool). Schemas 1 and 2 were development formats that
-no release wrote: a spool in either is refused at open with a message saying so.
+Schema 4: ``batches`` (one row per group commit: the concatenated segments, the per-record
+``ends``, the per-segment record counts ``segs``, the pending count ``n`` and bytes ``size``),
+``settled`` (acknowledged index ranges of partly settled rows), ``rejected`` (one row per record
+Kafka can never accept), ``meta``, ``held`` (DLQ records held for their run's home to confirm,
+`held.py`) and ``released`` (a batch row whose records are a whole held row's, released as they
+were held: the batch row keeps no copy of the data, which stays in the held row until the batch
+row is deleted). Schema 3 (no ``released``) is brought to 4 at open; a version that reads only
+schema 3 refuses a spool of schema 4, whose batch rows it could not read. Schemas 1 and 2 were
+development formats that no release wrote: a spool in either is refused at open with a message
+saying so.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from ..errors import DlqError
 
 DB_NAME = "dlq-spool.sqlite3"
 LOCK_NAME = "dlq-spool.lock"
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
+MIGRATED = ("3",)   # schemas brought to SCHEMA_VERSION at open (tables added, none changed)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (
@@ -66,7 +69,26 @@ CREATE TABLE IF NOT EXISTS held (
     segs BLOB NOT NULL,
     data BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS released (
+    batch INTEGER PRIMARY KEY,
+    held INTEGER NOT NULL
+);
 """
+# A batch row's records as the drain reads them: its own data, or its held row's (`released`)
+BATCH_DATA = ("SELECT b.id, b.ends, b.segs, COALESCE(h.data, b.data) FROM batches b "
+              "LEFT JOIN released r ON r.batch = b.id LEFT JOIN held h ON h.id = r.held")
+# Held rows not yet released (a released one stays until its batch row goes)
+UNRELEASED = "id NOT IN (SELECT held FROM released)"
+
+
+def delete_batches(conn: sqlite3.Connection, lo: int, hi: int) -> None:
+    """Delete batch rows ``lo``..``hi`` with what only they use: their settled ranges, and the
+    held rows they were released from (inside the caller's transaction)."""
+    conn.execute("DELETE FROM held WHERE id IN (SELECT held FROM released WHERE batch "
+                 "BETWEEN ? AND ?)", (lo, hi))
+    conn.execute("DELETE FROM released WHERE batch BETWEEN ? AND ?", (lo, hi))
+    conn.execute("DELETE FROM batches WHERE id BETWEEN ? AND ?", (lo, hi))
+    conn.execute("DELETE FROM settled WHERE row BETWEEN ? AND ?", (lo, hi))
 COLUMNS = "job, record_id, task_key, topic, key, value, headers, traceparent, size"
 PAGE_SIZE = 16384  # bytes per SQLite page for a new spool
 CACHE_KIB = 2048  # SQLite page cache per connection (PRAGMA cache_size, negative = KiB)
@@ -125,7 +147,8 @@ def connect(path: str) -> sqlite3.Connection:
 
 
 def create(conn: sqlite3.Connection, path: str) -> None:
-    """Create the tables of a new spool, or check that an existing one is of schema 3."""
+    """Create the tables of a new spool, or check that an existing one is of schema 4 (one of
+    schema 3 gets the table it lacks)."""
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     found = None
     if "spool" in tables:
@@ -135,10 +158,11 @@ def create(conn: sqlite3.Connection, path: str) -> None:
         found = "2"
     elif "meta" in tables:
         row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
-        found = row[0] if row and row[0] != SCHEMA_VERSION else None
+        found = row[0] if row and row[0] not in (SCHEMA_VERSION, *MIGRATED) else None
     if found is not None:
+        reads = ", ".join((*MIGRATED, SCHEMA_VERSION))
         raise DlqError(f"the DLQ spool {path} is of schema {found}, which this version does not "
-                       f"read (it reads schema {SCHEMA_VERSION}; schemas 1 and 2 were never "
-                       f"released): drain it with the version that wrote it, or move it aside")
+                       f"read (it reads schemas {reads}; schemas 1 and 2 were never released): "
+                       f"drain it with the version that wrote it, or move it aside")
     conn.executescript(SCHEMA)
     conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))

@@ -61,11 +61,14 @@ class Settlement:
         if emptied:
             with conn:
                 for rid in emptied:
-                    conn.execute("DELETE FROM batches WHERE id = ?", (rid,))
-                    conn.execute("DELETE FROM settled WHERE row = ?", (rid,))
+                    schema.delete_batches(conn, rid, rid)
             for rid in emptied:
                 del rows[rid]
-        conn.execute("DELETE FROM settled WHERE row NOT IN (SELECT id FROM batches)")
+        with conn:   # what a deleted batch row left (never written so: its delete takes them)
+            conn.execute("DELETE FROM settled WHERE row NOT IN (SELECT id FROM batches)")
+            conn.execute("DELETE FROM held WHERE id IN (SELECT held FROM released WHERE batch "
+                         "NOT IN (SELECT id FROM batches))")
+            conn.execute("DELETE FROM released WHERE batch NOT IN (SELECT id FROM batches)")
         return settled
 
     def _settle(self, seqs: Sequence[int]
@@ -145,8 +148,7 @@ class Settlement:
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("BEGIN IMMEDIATE")
                 for lo, hi in seq_ranges(emptied) if emptied else ():
-                    conn.execute("DELETE FROM batches WHERE id BETWEEN ? AND ?", (lo, hi))
-                    conn.execute("DELETE FROM settled WHERE row BETWEEN ? AND ?", (lo, hi))
+                    schema.delete_batches(conn, lo, hi)
                 if partial:
                     conn.executemany("INSERT INTO settled (row, lo, hi) VALUES (?, ?, ?)",
                                      partial)
@@ -200,8 +202,8 @@ class Settlement:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 for rid, row, idxs in marks:
-                    ends, segs, data = conn.execute(
-                        "SELECT ends, segs, data FROM batches WHERE id = ?", (rid,)).fetchone()
+                    _, ends, segs, data = conn.execute(
+                        f"{schema.BATCH_DATA} WHERE b.id = ?", (rid,)).fetchone()
                     wanted = set(idxs)
                     found = {i: sr for i, sr in decode_row(rid, ends, segs, data, 0, None)
                              if i in wanted}
@@ -217,8 +219,7 @@ class Settlement:
                              encode_headers(r.headers), r.traceparent, size, errors[seq],
                              now_ms))
                     if rid in emptied:
-                        conn.execute("DELETE FROM batches WHERE id = ?", (rid,))
-                        conn.execute("DELETE FROM settled WHERE row = ?", (rid,))
+                        schema.delete_batches(conn, rid, rid)
                     else:
                         conn.execute("UPDATE batches SET n = n - ?, size = size - ? "
                                      "WHERE id = ?", (len(idxs), moved_bytes, rid))

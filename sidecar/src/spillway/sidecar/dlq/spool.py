@@ -5,7 +5,8 @@ SQLite (stdlib ``sqlite3``) in WAL mode with ``synchronous=FULL``: a committed r
 ``kill -9`` of the sidecar and a power loss. A report's records are serialized once, as one
 segment (one marshal call: a list of their field tuples; cut at _SEG_RECORDS records or 1 MiB).
 One row per group commit (its reports' segments, at most 65,536 records, closed before it would
-pass 1 MiB): the segments concatenated, their record counts (``segs``), per-record end offsets
+pass 1 MiB; a held row released whole is a row of its own that reads the held row's data,
+`held.py`): the segments concatenated, their record counts (``segs``), per-record end offsets
 (``ends``: each segment's bytes split evenly among its records), the count of records not yet
 rejected (``n``) and their bytes (``size``). Rows
 are numbered by AUTOINCREMENT (never reused, even after deletes); a record's ``seq`` is virtual:
@@ -108,6 +109,7 @@ class _Request:
     hold: tuple[str, bytes] | None = None  # (run, meta): a held row (`held.py`), not a batch
     release: int = 0  # a held row these records come from, deleted in the same transaction
     held_id: int = 0  # the held row written (`hold`)
+    as_held: bool = False  # with `release`: `segments` are the held row's (`hold` returned them)
 
 
 class Spool:
@@ -195,20 +197,25 @@ class Spool:
         return pending_bytes
 
     @staticmethod
-    def _insert_row(conn: sqlite3.Connection, segments: list[tuple[bytes, int]]) -> int:
+    def _insert_row(conn: sqlite3.Connection, segments: list[tuple[bytes, int]],
+                    held: int = 0) -> int:
         """One batch row of `segments` (marshalled lists of records, record count). Its ``ends``
         are the per-record ends (each segment's bytes split evenly among its records: what each
         counts against the bounds); ``segs`` the record count per segment (NULL only in rows
-        written before schema 3, where each record is marshalled on its own)."""
+        written before schema 3, where each record is marshalled on its own). ``held``: the
+        held row whose data these segments are (`held.py`): the row keeps no copy of it."""
         sizes: list[int] = []
         for blob, count in segments:
             sizes += seg_sizes(len(blob), count)
         ends = array("I", itertools.accumulate(sizes))
         segs = array("I", [c for _, c in segments]).tobytes()
-        return conn.execute(
+        rid = conn.execute(
             "INSERT INTO batches (n, size, ends, data, segs) VALUES (?, ?, ?, ?, ?)",
-            (len(sizes), ends[-1], ends.tobytes(), b"".join(b for b, _ in segments),
-             segs)).lastrowid
+            (len(sizes), ends[-1], ends.tobytes(),
+             b"" if held else b"".join(b for b, _ in segments), segs)).lastrowid
+        if held:
+            conn.execute("INSERT INTO released (batch, held) VALUES (?, ?)", (rid, held))
+        return rid
 
     # -- writing --------------------------------------------------------------------------
 
@@ -219,16 +226,19 @@ class Spool:
 
         `on_commit(placed)` runs in the writer thread right after the commit, before any later
         delete can run. Raises BackpressureError past the bounds, DlqError if the disk fails.
-        ``release``: held row `records` come from (`held.py`), deleted in the same transaction
+        ``release``: held row `records` come from (`held.py`), released in the same transaction
         (never refused for room: its records were counted when held); no records: the row is
-        discarded. ``segments``: `records` already encoded (`hold`'s).
+        discarded. ``segments``: `records` already encoded; with ``release``, only as `hold`
+        returned them (then, when `records` are all of the row's, the batch row reads the held
+        row's data instead of writing it again).
         """
         if not records and not release:
             return []
+        given = segments is not None and bool(release)
         if segments is None:
             segments = encode_segments(records) if records else []
         req = _Request(records, segments, len(records), sum(len(b) for b, _ in segments),
-                       on_commit, release=release)
+                       on_commit, release=release, as_held=given)
         if not release:
             self._check_room(req)
         self._submit(req)
@@ -337,24 +347,27 @@ class Spool:
             records = (accepted[0].records if len(accepted) == 1 else
                        list(itertools.chain.from_iterable(req.records for req in accepted)))
             keys = dedup_keys(records)
+            whole: set[int] = set()   # held rows released whole, read in place
             if window.all_new(keys):
                 # all new: the requests' segments, in order
-                rows = split_segments([seg for req in accepted for seg in req.segments])
+                rows, srcs = self._rows_of(accepted, whole)
                 plans = None
             else:
                 rows, plans = window.plan(accepted)
+                srcs = [0] * len(rows)
             conn = self._db.conn
             ids: list[int] = []
             held: list[tuple[int, int, int]] = []
             try:
                 if rows or holds or releases:
                     conn.execute("BEGIN IMMEDIATE")
-                    for segments in rows:
-                        ids.append(self._insert_row(conn, segments))
+                    for segments, src in zip(rows, srcs, strict=True):
+                        ids.append(self._insert_row(conn, segments, src))
                     for req in holds:
                         held.append(insert_held(conn, *req.hold, req.segments))
                     for rid in releases:
-                        conn.execute("DELETE FROM held WHERE id = ?", (rid,))
+                        if rid not in whole:   # else deleted with its batch row
+                            conn.execute("DELETE FROM held WHERE id = ?", (rid,))
                     conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 if conn.in_transaction:
@@ -434,6 +447,38 @@ class Spool:
                 with st.lock:  # published once every hook of the group has run
                     st.last_seq = (ids[-1] << ROW_BITS) | (len(row_sizes[-1]) - 1)
 
+    def _rows_of(self, accepted: list[_Request], whole: set[int]
+                 ) -> tuple[list[list[tuple[bytes, int]]], list[int]]:
+        """The batch rows of a commit whose records are all new, in order, and per row the
+        held row it reads its data from (0: its own). A whole held row released as it was
+        held, that fits one batch row, is that row (its id goes into `whole`); the other
+        requests' segments are cut into rows between them."""
+        if not any(req.as_held for req in accepted):
+            rows = split_segments([seg for req in accepted for seg in req.segments])
+            return rows, [0] * len(rows)
+        holding = self._holding
+        rows: list[list[tuple[bytes, int]]] = []
+        srcs: list[int] = []
+        pending: list[tuple[bytes, int]] = []
+        for req in accepted:
+            if (req.as_held and holding.holds_exactly(req.release, req.n)
+                    and len(split_segments(req.segments)) == 1):
+                if pending:
+                    cut = split_segments(pending)
+                    rows += cut
+                    srcs += [0] * len(cut)
+                    pending = []
+                rows.append(req.segments)
+                srcs.append(req.release)
+                whole.add(req.release)
+            else:
+                pending += req.segments
+        if pending:
+            cut = split_segments(pending)
+            rows += cut
+            srcs += [0] * len(cut)
+        return rows, srcs
+
     # -- reading --------------------------------------------------------------------------
 
     def read_batch(self, after_seq: int, limit: int, upto: int | None = None
@@ -459,8 +504,7 @@ class Spool:
         last_row = last >> ROW_BITS
         with db.rlock:
             cur = db.reader.execute(
-                "SELECT id, ends, segs, data FROM batches WHERE id >= ? AND id <= ? "
-                "ORDER BY id",
+                f"{schema.BATCH_DATA} WHERE b.id >= ? AND b.id <= ? ORDER BY b.id",
                 (first_row, last_row))
             try:
                 for rid, ends, segs, data in cur:

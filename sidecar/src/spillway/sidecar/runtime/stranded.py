@@ -117,7 +117,11 @@ def holdings(directory: str, max_idle_s: float) -> Holdings:
                         if "settled" in tables else 0
                     pending = max(total - settled, rows)   # a row kept has a record pending
                 if "held" in tables:   # (a spool written before held rows has none)
-                    held = conn.execute("SELECT COALESCE(SUM(n), 0) FROM held").fetchone()[0]
+                    # a released row stays until its batch row goes (schema 4): counted there
+                    unreleased = (f" WHERE {schema.UNRELEASED}" if "released" in tables
+                                  else "")
+                    held = conn.execute(
+                        f"SELECT COALESCE(SUM(n), 0) FROM held{unreleased}").fetchone()[0]
                 if "rejected" in tables:
                     rejected = conn.execute("SELECT COUNT(*) FROM rejected").fetchone()[0]
         if os.path.exists(store):
