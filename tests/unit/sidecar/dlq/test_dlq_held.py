@@ -210,3 +210,29 @@ def test_a_schema_3_spool_opens_as_schema_4_and_a_newer_one_is_refused(tmp_path)
     with pytest.raises(DlqError, match="is of schema 5, which this version does not read "
                                        r"\(it reads schemas 3, 4"):
         Spool(str(tmp_path), max_bytes=10_000_000, max_records=100)
+
+
+def test_releases_in_place_beside_repeated_reports_lose_nothing_and_store_repeats_once(
+        tmp_path, spool):
+    first = [rec(i) for i in range(100, 110)]
+    seqs_first = spool.append(first)
+    rows = [spool.hold([rec(10 * k + i) for i in range(5)], "job/run", b"m") for k in range(8)]
+    threads = [threading.Thread(target=spool.append, args=([rec(10 * k + i) for i in range(5)],),
+                                kwargs={"release": rid, "segments": segments})
+               for k, (rid, segments) in enumerate(rows)]
+    repeats: list = []
+    threads += [threading.Thread(target=lambda: repeats.append(spool.append(first)))
+                for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert repeats == [seqs_first] * 4               # a repeated report is stored once
+    got = sorted(r.record.record_id for r in spool.read_batch(0, 1000))
+    assert got == sorted([f"r{10 * k + i}" for k in range(8) for i in range(5)]
+                         + [f"r{i}" for i in range(100, 110)])
+    assert spool.held_count() == 0 and spool.held_rows() == []
+    spool.delete([r.seq for r in spool.read_batch(0, 1000)])
+    assert _table(tmp_path, "SELECT COUNT(*) FROM batches UNION ALL SELECT COUNT(*) FROM held "
+                            "UNION ALL SELECT COUNT(*) FROM released") == [(0,), (0,), (0,)]
+    assert spool.bytes() == 0

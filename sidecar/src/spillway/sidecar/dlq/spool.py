@@ -21,7 +21,7 @@ that are neither settled nor rejected are produced again. Duplicates are possibl
 flight, or acknowledged since the last `delete()`), loss is not.
 
 Deduplication: a record reported again while it is still pending and recent is stored once
-(dedup.py).
+(dedup.py); a held row released whole skips that window (its run's home deduplicated it).
 
 Group commit: `append()` hands its records to one writer thread, which combines every request
 queued meanwhile into one transaction (one INSERT per batch row, one fsync) and then wakes each
@@ -110,6 +110,7 @@ class _Request:
     release: int = 0  # a held row these records come from, deleted in the same transaction
     held_id: int = 0  # the held row written (`hold`)
     as_held: bool = False  # with `release`: `segments` are the held row's (`hold` returned them)
+    in_place: bool = False  # released whole: its batch row reads the held row's data
 
 
 class Spool:
@@ -346,15 +347,23 @@ class Spool:
                 accepted = [req for req in accepted if req.hold is None and req.n]
             records = (accepted[0].records if len(accepted) == 1 else
                        list(itertools.chain.from_iterable(req.records for req in accepted)))
-            keys = dedup_keys(records)
-            whole: set[int] = set()   # held rows released whole, read in place
+            # A held row released whole is neither matched against the dedup window nor
+            # remembered in it: its run's home answered each of its records as the record's
+            # first dead letter in the run (docs/POLICY.md, "Provisional verdicts"), and only
+            # such answers put a record of that run into this spool.
+            checked = self._in_place(accepted)
+            keys = dedup_keys(records if checked is accepted else list(
+                itertools.chain.from_iterable(req.records for req in checked)))
             if window.all_new(keys):
                 # all new: the requests' segments, in order
-                rows, srcs = self._rows_of(accepted, whole)
+                rows, srcs = self._rows_of(accepted)
                 plans = None
-            else:
+            else:   # (every record through the window, a held row's copied)
+                for req in accepted:
+                    req.in_place = False
                 rows, plans = window.plan(accepted)
                 srcs = [0] * len(rows)
+            whole = {req.release for req in accepted if req.in_place}
             conn = self._db.conn
             ids: list[int] = []
             held: list[tuple[int, int, int]] = []
@@ -412,7 +421,15 @@ class Spool:
                     seqs.extend(range(rid << ROW_BITS, (rid << ROW_BITS) + len(sizes)))
                     all_sizes += sizes
                 owners = list(map(_task_key_of, records))
-                window.remember(zip(keys, zip(seqs, owners)))
+                if checked is accepted:
+                    window.remember(zip(keys, zip(seqs, owners)))
+                elif checked:
+                    pos, kept = 0, []
+                    for req in accepted:
+                        if not req.in_place:
+                            kept += zip(seqs[pos:pos + req.n], owners[pos:pos + req.n])
+                        pos += req.n
+                    window.remember(zip(keys, kept))
                 if len(accepted) == 1:
                     accepted[0].placed = FreshRun(seqs, owners, all_sizes,
                                                   accepted[0].segments)
@@ -447,22 +464,30 @@ class Spool:
                 with st.lock:  # published once every hook of the group has run
                     st.last_seq = (ids[-1] << ROW_BITS) | (len(row_sizes[-1]) - 1)
 
-    def _rows_of(self, accepted: list[_Request], whole: set[int]
+    def _in_place(self, accepted: list[_Request]) -> list[_Request]:
+        """Mark the requests that release a whole held row as it was held, fitting one batch
+        row (``in_place``); returns the others (`accepted` itself when there are none)."""
+        if not any(req.as_held for req in accepted):
+            return accepted
+        holding = self._holding
+        for req in accepted:
+            req.in_place = (req.as_held and holding.holds_exactly(req.release, req.n)
+                            and len(split_segments(req.segments)) == 1)
+        return [req for req in accepted if not req.in_place]
+
+    def _rows_of(self, accepted: list[_Request]
                  ) -> tuple[list[list[tuple[bytes, int]]], list[int]]:
         """The batch rows of a commit whose records are all new, in order, and per row the
-        held row it reads its data from (0: its own). A whole held row released as it was
-        held, that fits one batch row, is that row (its id goes into `whole`); the other
-        requests' segments are cut into rows between them."""
-        if not any(req.as_held for req in accepted):
+        held row it reads its data from (0: its own): a request released in place is a row
+        of its own; the other requests' segments are cut into rows between them."""
+        if not any(req.in_place for req in accepted):
             rows = split_segments([seg for req in accepted for seg in req.segments])
             return rows, [0] * len(rows)
-        holding = self._holding
         rows: list[list[tuple[bytes, int]]] = []
         srcs: list[int] = []
         pending: list[tuple[bytes, int]] = []
         for req in accepted:
-            if (req.as_held and holding.holds_exactly(req.release, req.n)
-                    and len(split_segments(req.segments)) == 1):
+            if req.in_place:
                 if pending:
                     cut = split_segments(pending)
                     rows += cut
@@ -470,7 +495,6 @@ class Spool:
                     pending = []
                 rows.append(req.segments)
                 srcs.append(req.release)
-                whole.add(req.release)
             else:
                 pending += req.segments
         if pending:
