@@ -7,8 +7,11 @@ import dataclasses
 import pytest
 from spillway.sidecar.core.dlq_record import (
     DlqBuilder,
+    Streak,
     build_dlq_record,
     build_dlq_records,
+    new_dlq_record,
+    record_id_header,
     truncate_utf8,
     valid_traceparent,
 )
@@ -376,10 +379,12 @@ def test_the_builder_matches_the_reference_for_varied_records():
 def test_a_span_of_records_decided_alike_builds_what_each_record_builds_alone():
     """`DlqBuilder.build_streak` puts records that fail the same way and share a trace together
     without `build`'s checks: over spans mixing ways of failing, traces, original headers,
-    payload kinds and fallbacks, every record is what the reference builds for it."""
+    payload kinds and fallbacks, every record is what the reference builds for it, and every
+    run of them it notes (`Streak`) describes its records exactly."""
     import random
 
     rnd = random.Random(11)
+    in_streaks = 0
     own = "00-aaf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
     excs = [ExceptionInfo("builtins.ValueError", message="bad", stack_trace="Traceback\n é"),
             ExceptionInfo("builtins.KeyError", message="'k'")]
@@ -411,13 +416,26 @@ def test_a_span_of_records_decided_alike_builds_what_each_record_builds_alone():
                 start = rnd.randrange(len(recs))
                 count = rnd.randint(0, len(recs) - start)
                 out: list = [None]
-                builder.build_streak(recs, start, count, v, fallback, out)
+                streaks: list[Streak] = []
+                builder.build_streak(recs, start, count, v, fallback, out, streaks)
                 assert out[0] is None and len(out) == count + 1
                 assert out[1:] == [_reference(s, r, v, TASK, now_ms=123, sidecar_id="sc",
                                               fallback=fallback)
                                    for r in recs[start:start + count]]
                 n += count
-    assert n > 1000
+                # each streak noted is exactly its records, in order, none overlapping
+                pos = 1
+                for st in streaks:
+                    assert st.start >= pos and st.n >= 1 and st.start + st.n <= len(out)
+                    pos = st.start + st.n
+                    for rec in out[st.start:pos]:
+                        assert rec == new_dlq_record((
+                            st.topic, rec.key if st.copied else None,
+                            rec.value if st.copied else None,
+                            st.before + (record_id_header(rec.record_id),) + st.after,
+                            rec.record_id, st.job, st.task_key, st.traceparent))
+                    in_streaks += st.n
+    assert n > 1000 and in_streaks > n // 4   # (context headers: never a streak)
 
 
 def test_build_dlq_records_builds_each_record_of_a_report():

@@ -90,6 +90,30 @@ def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "backslashreplace")
 
 
+def record_id_header(record_id: str, name: str = H_RECORD_ID) -> Header:
+    """The header naming a DLQ record's id, as its builder writes it."""
+    return (name, _utf8(record_id))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Streak:
+    """DLQ records ``start`` .. ``start + n - 1`` of one build (`DlqBuilder.build_streak`)
+    that differ only in their id, key and value: each is ``topic``, its source record's key
+    and value when ``copied`` (else none), the headers ``before + (record_id_header(its id),)
+    + after``, ``job``, ``task_key`` and ``traceparent``. The spool stores such records as
+    columns (`dlq.codec`), with no tuple per record."""
+
+    start: int
+    n: int
+    topic: str
+    copied: bool
+    before: tuple[Header, ...]
+    after: tuple[Header, ...]
+    job: str
+    task_key: str
+    traceparent: str
+
+
 def truncate_utf8(text: str, max_bytes: int) -> bytes:
     """`text` as UTF-8, at most `max_bytes` long, cut on a character boundary.
 
@@ -372,7 +396,8 @@ class DlqBuilder:
                                self._run, self._task_key, parent))
 
     def build_streak(self, records: Sequence[FailedRecord], start: int, n: int,
-                     verdict: Verdict, fallback_traceparent: str, out: list[DlqRecord]) -> None:
+                     verdict: Verdict, fallback_traceparent: str, out: list[DlqRecord],
+                     streaks: list[Streak] | None = None) -> None:
         """`build` for each of ``records[start:start + n]`` (a streak of records decided alike:
         one `verdict` for all), appended to `out`.
 
@@ -381,7 +406,7 @@ class DlqBuilder:
         (and so its shared headers and trace headers), the rest are put together here without
         `build`'s checks. Anything else (context headers, which need each record's
         coordinates; original headers; another way of failing or trace) goes through
-        `build`."""
+        `build`. ``streaks``: each run of such records in `out` is noted there (`Streak`)."""
         build = self.build
         p = self._p
         if p.context:
@@ -399,6 +424,7 @@ class DlqBuilder:
             if self._trace_fb is not fallback_traceparent:   # the cached trace is not for it
                 continue
             mid, post, parent = self._mid, self._post + self._trace_b, self._trace_parent
+            first = len(out) - 1
             while i < end:
                 r = records[i]
                 if (r.exception is not exc or r.stage is not stage or r.payload is not payload
@@ -410,6 +436,11 @@ class DlqBuilder:
                                 mid + ((h_rid, utf8(rid)),) + post, rid, run, task_key_,
                                 parent)))
                 i += 1
+            if streaks is not None and len(out) - first > 1:
+                if not _shaped(out[first], topic, mid, post, run, task_key_, parent, copy):
+                    first += 1
+                streaks.append(Streak(first, len(out) - first, topic, copy, mid, post, run,
+                                      task_key_, parent))
 
     def _share(self, key: tuple) -> None:
         """The headers records failing and decided this way share (`key`: exception,
@@ -456,6 +487,17 @@ class DlqBuilder:
                 return text, (raw_state.decode("ascii", "replace")
                               if raw_state is not None else "")
         return "", ""
+
+
+def _shaped(rec: DlqRecord, topic: str, before: tuple, after: tuple, job: str, task_key_: str,
+            parent: str, copied: bool) -> bool:
+    """Whether `rec` (the first record of a streak, made by `build`) has a `Streak`'s shape."""
+    h, k = rec.headers, len(before)
+    return (rec.topic == topic and rec.job == job and rec.task_key == task_key_
+            and rec.traceparent == parent and len(h) == k + 1 + len(after)
+            and h[:k] == before and h[k + 1:] == after
+            and h[k] == record_id_header(rec.record_id)
+            and (copied or (rec.key is None and rec.value is None)))
 
 
 def build_dlq_record(settings: JobSettings, record: FailedRecord, verdict: Verdict,

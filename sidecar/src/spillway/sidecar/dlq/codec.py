@@ -1,7 +1,9 @@
 """How the spool stores DLQ records: the header codec, segments and batch rows (pure, no I/O).
 
-A report's records are serialized once, as one segment: one `marshal` call over a list of their
-field tuples (cut at SEG_RECORDS records or ROW_BYTES). A batch row holds segments while they fit
+A report's records are serialized once, as segments: one `marshal` call each, over a list of
+their field tuples, or, for records that differ only in their id, key and value
+(`core.dlq_record.Streak`), over a tuple of what they share and their ids, keys and values as
+columns (cut at SEG_RECORDS records or ROW_BYTES). A batch row holds segments while they fit
 in ROW_BYTES and ROW_RECORDS records; a record's seq is virtual, ``row_id * 2**ROW_BITS + index``,
 so that seqs keep arrival order. The rejected table keeps a record's headers as a marshalled
 tuple (`encode_headers`).
@@ -13,9 +15,9 @@ import marshal
 from array import array
 from collections.abc import Sequence
 from itertools import compress
-from operator import not_, sub
+from operator import attrgetter, not_, sub
 
-from ..core.dlq_record import new_dlq_record
+from ..core.dlq_record import H_RECORD_ID, Streak, new_dlq_record, record_id_header
 from ..core.model import DlqRecord, Header
 from ..errors import DlqError
 from .store import SpooledRecord
@@ -26,6 +28,10 @@ ROW_RECORDS = 1 << ROW_BITS  # records per batch row at most
 ROW_BYTES = 1024 * 1024  # a batch row is closed once it holds this much
 SEG_RECORDS = 4096  # records per segment (one marshal call) at most
 _MARSHAL_VERSION = 4
+_STREAK = 1   # the first field of a segment of a streak's columns (a plain segment is a list)
+MIN_STREAK = 32   # records: a shorter streak is encoded as field tuples, with its neighbours
+_STREAK_FIELDS = 11
+_id_of, _key_of, _value_of = attrgetter("record_id"), attrgetter("key"), attrgetter("value")
 
 
 def encode_headers(headers: Sequence[Header]) -> bytes:
@@ -48,18 +54,52 @@ def record_size(rec: DlqRecord, headers_blob: bytes) -> int:
             + len(rec.record_id) + len(rec.job) + len(rec.task_key) + len(rec.traceparent))
 
 
-def encode_segments(records: Sequence[DlqRecord]) -> list[tuple[bytes, int]]:
-    """A report's records as stored: one marshal call per segment (a list of their field
-    tuples), with its record count. One call per report instead of one per record: marshal's
-    per-call set-up and its reference table (the header names repeat in every record) are paid
-    once. A segment holds at most SEG_RECORDS records and, unless it is one record, at most
-    ROW_BYTES (a larger one is cut and encoded again: rare, reports are small)."""
+def encode_segments(records: Sequence[DlqRecord], streaks: Sequence[Streak] = ()
+                    ) -> list[tuple[bytes, int]]:
+    """A report's records as stored: one marshal call per segment, with its record count. One
+    call per report instead of one per record: marshal's per-call set-up and its reference
+    table (the header names repeat in every record) are paid once. ``streaks`` (in order, not
+    overlapping): runs of `records` that differ only in their id, key and value, encoded as
+    columns (no tuple per record); the others as a list of their field tuples. A segment holds
+    at most SEG_RECORDS records and, unless it is one record, at most ROW_BYTES (a larger one
+    is cut and encoded again: rare, reports are small)."""
+    out: list[tuple[bytes, int]] = []
+    pos = end = 0
+    for s in streaks:
+        if s.start < end or s.n < 1 or s.start + s.n > len(records):
+            raise ValueError(f"streak {s.start}..{s.start + s.n - 1} is not within "
+                             f"{end}..{len(records) - 1} (streaks in order, not overlapping)")
+        end = s.start + s.n
+        if s.n < MIN_STREAK:   # its shared headers would cost more than its records' tuples
+            continue
+        _encode_plain(records[pos:s.start], out)
+        for i in range(s.start, end, SEG_RECORDS):
+            _encode_streak(s, records[i:min(i + SEG_RECORDS, end)], out)
+        pos = end
+    _encode_plain(records[pos:] if pos else records, out)
+    return out
+
+
+def _encode_plain(records: Sequence[DlqRecord], out: list[tuple[bytes, int]]) -> None:
     fields = [(r.topic, r.key, r.value, r.headers if type(r.headers) is tuple else tuple(r.headers),
                r.record_id, r.job, r.task_key, r.traceparent) for r in records]
-    out: list[tuple[bytes, int]] = []
     for i in range(0, len(fields), SEG_RECORDS):
         _encode_into(fields[i:i + SEG_RECORDS], out)
-    return out
+
+
+def _encode_streak(s: Streak, records: Sequence[DlqRecord], out: list[tuple[bytes, int]]
+                   ) -> None:
+    blob = marshal.dumps((_STREAK, s.topic, s.before, H_RECORD_ID, s.after, s.job,
+                          s.task_key, s.traceparent, list(map(_id_of, records)),
+                          list(map(_key_of, records)) if s.copied else None,
+                          list(map(_value_of, records)) if s.copied else None),
+                         _MARSHAL_VERSION)
+    if len(blob) <= ROW_BYTES or len(records) == 1:
+        out.append((blob, len(records)))
+        return
+    half = len(records) // 2   # a half that is still too large is cut again
+    _encode_streak(s, records[:half], out)
+    _encode_streak(s, records[half:], out)
 
 
 def _encode_into(fields: list[tuple], out: list[tuple[bytes, int]]) -> None:
@@ -172,9 +212,26 @@ def decode_segments(segments: Sequence[tuple[bytes, int]], records: list[DlqReco
 def _segment_items(blob: bytes | memoryview, count: int) -> list:
     """One segment's field tuples (`encode_segments`), checked to be its `count` records."""
     items = marshal.loads(blob)
+    if type(items) is tuple:
+        return _streak_items(items, count)
     if type(items) is not list or len(items) != count:
         raise DlqError("corrupt DLQ spool row: a segment does not decode to its records")
     return items
+
+
+def _streak_items(columns: tuple, count: int) -> list:
+    """A streak's segment (`_encode_streak`) as its records' field tuples."""
+    if len(columns) != _STREAK_FIELDS or columns[0] != _STREAK:
+        raise DlqError("corrupt DLQ spool row: a segment is neither records nor a streak")
+    _, topic, before, name, after, job, task_key, parent, ids, keys, values = columns
+    if (type(ids) is not list or len(ids) != count or type(before) is not tuple
+            or type(after) is not tuple or (keys is None) != (values is None)
+            or (keys is not None and (len(keys) != count or len(values) != count))):
+        raise DlqError("corrupt DLQ spool row: a streak does not decode to its records")
+    if keys is None:
+        keys = values = [None] * count
+    return [(topic, k, v, before + (record_id_header(i, name),) + after, i, job, task_key,
+             parent) for i, k, v in zip(ids, keys, values)]
 
 
 def split_segments(segments: list[tuple[bytes, int]]) -> list[list[tuple[bytes, int]]]:

@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
+from ..core.dlq_record import Streak
 from ..core.model import DlqRecord
 from .codec import encode_headers, record_size
 from .store import (
@@ -37,8 +38,10 @@ class MemoryQueue:
         self._bytes = 0
         self._last_seq = 0
 
-    def append(self, records: Sequence[DlqRecord], on_commit: OnCommit | None = None
-               ) -> list[int]:
+    def append(self, records: Sequence[DlqRecord], on_commit: OnCommit | None = None, *,
+               streaks: Sequence[Streak] = ()) -> list[int]:
+        """``streaks`` (how `records` were built) are of no use to a queue that does not
+        encode its records."""
         if not records:
             return []
         sized = []

@@ -59,6 +59,7 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
+from ..core.dlq_record import Streak
 from ..core.model import DlqRecord
 from ..core.ports import Clock, RandomSource, SystemClock
 from ..errors import BackpressureError, ConfigError, DlqError
@@ -168,12 +169,13 @@ class DlqPipeline:
         return self
 
     def submit(self, records: Sequence[DlqRecord], *, release: int = 0,
-               segments: list | None = None) -> None:
+               segments: list | None = None, streaks: Sequence[Streak] = ()) -> None:
         """Return once every record is durable in the spool (group-committed); with
         spool.enable=false, once it is in the in-memory queue. Raises BackpressureError when the
         spool is at its high-water mark (none of `records` is then stored). ``release``: the
         held row (`hold`) `records` are confirmed from (no records: the row is discarded);
-        ``segments``: their encoding, from `hold`."""
+        ``segments``: their encoding, from `hold`; ``streaks``: how they were built
+        (`core.dlq_record.Streak`: a durable spool stores those records as columns)."""
         if not records and not release:
             return
         store, drain = self._store, self._drain
@@ -197,9 +199,10 @@ class DlqPipeline:
 
         try:
             if release:
-                store.append(records, on_commit, release=release, segments=segments)
+                store.append(records, on_commit, release=release, segments=segments,
+                             streaks=streaks)
             else:
-                store.append(records, on_commit)
+                store.append(records, on_commit, streaks=streaks)
         except BackpressureError:
             self._c_backpressure += 1
             raise
@@ -210,7 +213,8 @@ class DlqPipeline:
         """Whether records can be held for a home's confirmation (a durable spool)."""
         return isinstance(self._store, Spool)
 
-    def hold(self, records: Sequence[DlqRecord], run: str, meta: bytes) -> tuple[int, list]:
+    def hold(self, records: Sequence[DlqRecord], run: str, meta: bytes,
+             streaks: Sequence[Streak] = ()) -> tuple[int, list]:
         """Hold `records` in the spool until `submit(..., release=...)` (`held.py`); returns
         the held row's id and the records' segments. BackpressureError past the bounds."""
         store = self._store
@@ -219,7 +223,7 @@ class DlqPipeline:
         if self._closing:
             raise DlqError("the DLQ pipeline is shutting down and accepts no more records")
         try:
-            return store.hold(records, run, meta)
+            return store.hold(records, run, meta, streaks)
         except BackpressureError:
             self._c_backpressure += 1
             raise

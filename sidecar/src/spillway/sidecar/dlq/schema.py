@@ -6,10 +6,11 @@ Schema 4: ``batches`` (one row per group commit: the concatenated segments, the 
 Kafka can never accept), ``meta``, ``held`` (DLQ records held for their run's home to confirm,
 `held.py`) and ``released`` (a batch row whose records are a whole held row's, released as they
 were held: the batch row keeps no copy of the data, which stays in the held row until the batch
-row is deleted). Schema 3 (no ``released``) is brought to 4 at open; a version that reads only
-schema 3 refuses a spool of schema 4, whose batch rows it could not read. Schemas 1 and 2 were
-development formats that no release wrote: a spool in either is refused at open with a message
-saying so.
+row is deleted). A row's segments are lists of record tuples or, new in schema 4, a streak's
+columns (`codec.py`). Schema 3 (no ``released``, no streaks) is brought to 4 at open; a
+version that reads only schema 3 refuses a spool of schema 4, whose rows it could not read.
+Schemas 1 and 2 were development formats that no release wrote: a spool in either is refused at
+open with a message saying so.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..core.dlq_record import Streak
 from ..core.model import DlqRecord
 from ..errors import DlqError
 from . import perms, schema
@@ -221,8 +222,8 @@ class Spool:
     # -- writing --------------------------------------------------------------------------
 
     def append(self, records: Sequence[DlqRecord], on_commit: OnCommit | None = None, *,
-               release: int = 0, segments: list[tuple[bytes, int]] | None = None
-               ) -> list[int]:
+               release: int = 0, segments: list[tuple[bytes, int]] | None = None,
+               streaks: Sequence[Streak] = ()) -> list[int]:
         """Store `records` durably; return their seqs (an already-spooled record: its seq).
 
         `on_commit(placed)` runs in the writer thread right after the commit, before any later
@@ -231,13 +232,14 @@ class Spool:
         (never refused for room: its records were counted when held); no records: the row is
         discarded. ``segments``: `records` already encoded; with ``release``, only as `hold`
         returned them (then, when `records` are all of the row's, the batch row reads the held
-        row's data instead of writing it again).
+        row's data instead of writing it again). ``streaks``: how `records` were built
+        (`codec.encode_segments`).
         """
         if not records and not release:
             return []
         given = segments is not None and bool(release)
         if segments is None:
-            segments = encode_segments(records) if records else []
+            segments = encode_segments(records, streaks) if records else []
         req = _Request(records, segments, len(records), sum(len(b) for b, _ in segments),
                        on_commit, release=release, as_held=given)
         if not release:
@@ -246,12 +248,13 @@ class Spool:
         placed = req.placed
         return list(placed.seqs) if type(placed) is FreshRun else [p.seq for p in placed]
 
-    def hold(self, records: Sequence[DlqRecord], run: str, meta: bytes
-             ) -> tuple[int, list[tuple[bytes, int]]]:
+    def hold(self, records: Sequence[DlqRecord], run: str, meta: bytes,
+             streaks: Sequence[Streak] = ()) -> tuple[int, list[tuple[bytes, int]]]:
         """Store `records` durably as one held row (`held.py`), with the `run` they belong to
         and the `meta` their confirmation needs; return its id and the records' segments (for
-        `append(..., release=id, segments=...)`). BackpressureError past the bounds."""
-        segments = encode_segments(records)
+        `append(..., release=id, segments=...)`). BackpressureError past the bounds.
+        ``streaks``: how `records` were built (`codec.encode_segments`)."""
+        segments = encode_segments(records, streaks)
         req = _Request(records, segments, len(records), sum(len(b) for b, _ in segments),
                        None, hold=(run, meta))
         self._check_room(req)

@@ -12,6 +12,7 @@ from itertools import repeat
 from operator import attrgetter
 from typing import NamedTuple, Protocol, overload
 
+from ..core.dlq_record import Streak
 from ..core.model import DlqRecord
 from ..errors import BackpressureError
 
@@ -114,8 +115,8 @@ class RecordStore(Protocol):
     max_records: int
     max_bytes: int
 
-    def append(self, records: Sequence[DlqRecord], on_commit: OnCommit | None = None
-               ) -> list[int]: ...
+    def append(self, records: Sequence[DlqRecord], on_commit: OnCommit | None = None, *,
+               streaks: Sequence[Streak] = ()) -> list[int]: ...
     def read_batch(self, after_seq: int, limit: int, upto: int | None = None
                    ) -> list[SpooledRecord]: ...
     def read_columns(self, after_seq: int, limit: int, upto: int | None = None

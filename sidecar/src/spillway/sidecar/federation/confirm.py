@@ -218,9 +218,10 @@ class Confirmations:
         build = DlqBuilder(self._engine.settings(key), task, now_ms=SystemClock().wall_ms(),
                            sidecar_id=self._sidecar_id, run=key, run_id=run.run_id).build_streak
         dlq: list = []
+        streaks: list = []
         for i, (v, n) in zip(accumulate((n for _, n in spans), initial=0), spans):
-            build(records, i, n, v, traceparent, dlq)
-        rid, segments = self._pipeline.hold(dlq, key, report.SerializeToString())
+            build(records, i, n, v, traceparent, dlq, streaks)
+        rid, segments = self._pipeline.hold(dlq, key, report.SerializeToString(), streaks)
         return Held(rid, key, tk, report, token, records, dlq, segments)
 
     def confirm_later(self, run: Run, guard: Held) -> None:

@@ -157,12 +157,14 @@ class Reporting:
                                    sidecar_id=self._sidecar_id, run=key,
                                    run_id=report.run_id).build_streak
                 dlq: list = []
+                streaks: list = []
                 for i, n, v in to_dlq:
-                    build(records, i, n, v, own, dlq)
+                    build(records, i, n, v, own, dlq, streaks)
                 with tracer.start_as_current_span(
                         "spillway.spool", attributes={"spillway.records": len(dlq)}):
                     try:   # durable (spooled) before we answer; held copies go with it
-                        self._pipeline.submit(dlq, release=guard.rid if guard else 0)
+                        self._pipeline.submit(dlq, release=guard.rid if guard else 0,
+                                              streaks=streaks)
                     except BaseException:
                         # nothing spooled: the home must not answer a re-report "already in
                         # the DLQ" (one dead letter per record id), so it forgets these
