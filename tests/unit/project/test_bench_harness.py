@@ -799,7 +799,7 @@ def test_the_threads_reading_names_each_role_by_its_median_and_what_would_close_
     text = _threads_reading(runs, 15.5, 4)
     assert "dlq-drain 6.50, rpc_N 6.00, librdkafka 2.50, others 0.1 " in text
     assert "(together 15.1;" in text and "medians of the 3 runs" in text
-    assert "a held report written once" in text
+    assert "the report kept as one unit" in text and "SQLite once" in text
     assert _threads_reading([], 15.5, 4) == "The nodes' CPU by thread: not measured."
 
 
