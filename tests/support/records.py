@@ -1,8 +1,23 @@
-"""Failed records for tests that drive a sidecar by hand."""
+"""Failed records for tests that drive a sidecar by hand, or its builder of DLQ records."""
 
 from __future__ import annotations
 
+from spillway.sidecar.core.model import FailedRecord
 from spillway.v1 import sidecar_pb2 as pb
+
+
+class SharedTrace(FailedRecord):
+    """A record whose (traceparent, tracestate) tuple is shared with every record of the same
+    trace, as a report's columns give them (`ColumnRecord.trace`): the DLQ record builder works
+    a trace out once and reuses it (its streaks rely on it)."""
+
+    __slots__ = ()
+    _pairs: dict = {}
+
+    @property
+    def trace(self):
+        pair = (self.traceparent, self.tracestate)
+        return self._pairs.setdefault(pair, pair)
 
 
 def value_errors(*ids: str) -> list[pb.FailedRecord]:

@@ -28,6 +28,8 @@ from spillway.sidecar.core.model import (
 )
 from spillway.sidecar.core.settings import job_settings
 
+from support.records import SharedTrace
+
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TASK = TaskIdentity(stage_id=3, partition_id=7, attempt_number=1, task_attempt_id=1234,
                     executor_id="2", host="worker-1")
@@ -307,20 +309,6 @@ def _reference(settings, record, verdict, task, *, now_ms, sidecar_id, fallback=
         traceparent=parent)
 
 
-class _SharedTrace(FailedRecord):
-    """A record whose (traceparent, tracestate) tuple is shared with every record of the same
-    trace, as a report's columns give them (`ColumnRecord.trace`): the builder works a trace
-    out once and reuses it."""
-
-    __slots__ = ()
-    _pairs: dict = {}
-
-    @property
-    def trace(self):
-        pair = (self.traceparent, self.tracestate)
-        return self._pairs.setdefault(pair, pair)
-
-
 def test_the_builder_matches_the_reference_for_varied_records():
     import random
 
@@ -365,7 +353,7 @@ def test_the_builder_matches_the_reference_for_varied_records():
                                     "why é", rnd.randint(1, 12))
                         assert build_dlq_record(s, rec, v, TASK, now_ms=123, sidecar_id="sc") \
                             == _reference(s, rec, v, TASK, now_ms=123, sidecar_id="sc")
-                        shared = _SharedTrace(*(getattr(rec, f.name)
+                        shared = SharedTrace(*(getattr(rec, f.name)
                                                 for f in dataclasses.fields(rec)))
                         for fallback in ("", own, bad):
                             want = _reference(s, rec, v, TASK, now_ms=123, sidecar_id="sc",
@@ -399,7 +387,7 @@ def test_a_span_of_records_decided_alike_builds_what_each_record_builds_alone():
                 "errors.deadletterqueue.copy.record.enable": copy})
             for _ in range(30):
                 # mostly alike, now and then another way of failing, trace or original headers
-                recs = [_SharedTrace(*(getattr(r, f.name) for f in dataclasses.fields(r)))
+                recs = [SharedTrace(*(getattr(r, f.name) for f in dataclasses.fields(r)))
                         for r in (failed(
                             record_id=f"r-{k}", exception=excs[rnd.random() < 0.1],
                             stage=stages[rnd.random() < 0.05], function_name=fns[
@@ -417,7 +405,7 @@ def test_a_span_of_records_decided_alike_builds_what_each_record_builds_alone():
                 count = rnd.randint(0, len(recs) - start)
                 out: list = [None]
                 streaks: list[Streak] = []
-                builder.build_streak(recs, start, count, v, fallback, out, streaks)
+                builder.build_streak(recs, start, count, v, fallback, out, streaks=streaks)
                 assert out[0] is None and len(out) == count + 1
                 assert out[1:] == [_reference(s, r, v, TASK, now_ms=123, sidecar_id="sc",
                                               fallback=fallback)

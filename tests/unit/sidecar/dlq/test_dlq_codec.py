@@ -8,17 +8,7 @@ import marshal
 
 import pytest
 from spillway.sidecar.core.dlq_record import DlqBuilder, Streak
-from spillway.sidecar.core.model import (
-    Action,
-    Category,
-    ExceptionInfo,
-    FailedRecord,
-    SourceCoordinates,
-    Stage,
-    StageRef,
-    TaskIdentity,
-    Verdict,
-)
+from spillway.sidecar.core import model
 from spillway.sidecar.core.settings import job_settings
 from spillway.sidecar.dlq.codec import (
     ROW_BYTES,
@@ -30,44 +20,34 @@ from spillway.sidecar.dlq.codec import (
 from spillway.sidecar.dlq.spool import Spool
 from spillway.sidecar.errors import DlqError
 
-TASK = TaskIdentity(stage_id=3, partition_id=7, attempt_number=1, task_attempt_id=1234,
+from support.records import SharedTrace
+
+TASK = model.TaskIdentity(stage_id=3, partition_id=7, attempt_number=1, task_attempt_id=1234,
                     executor_id="2", host="worker-1")
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-VERDICT = Verdict("", Action.SKIP, Category.DATA, "why é", 1)
-
-
-class _Column(FailedRecord):
-    """A record as a report's columns give it: one (traceparent, tracestate) tuple per trace
-    (`transport/columns.py`), which the builder's streaks rely on."""
-
-    __slots__ = ()
-    _pairs: dict = {}
-
-    @property
-    def trace(self):
-        pair = (self.traceparent, self.tracestate)
-        return self._pairs.setdefault(pair, pair)
+VERDICT = model.Verdict("", model.Action.SKIP, model.Category.DATA, "why é", 1)
 
 
 def report(n: int, *, value_size: int = 20, alike: bool = True, first: int = 0
-           ) -> list[FailedRecord]:
-    excs = [ExceptionInfo("builtins.ValueError", message="bad é", stack_trace="Traceback\n é"),
-            ExceptionInfo("builtins.KeyError", message="'k'")]
-    stage = StageRef(Stage.TRANSFORMATION)
-    return [_Column(record_id=f"r-{i}-é\udc80", stage=stage,
+           ) -> list[model.FailedRecord]:
+    excs = [model.ExceptionInfo("builtins.ValueError", message="bad é",
+                                stack_trace="Traceback\n é"),
+            model.ExceptionInfo("builtins.KeyError", message="'k'")]
+    stage = model.StageRef(model.Stage.TRANSFORMATION)
+    return [SharedTrace(record_id=f"r-{i}-é\udc80", stage=stage,
                          exception=excs[0 if alike or i % 50 else 1], function_name="f.g",
-                         source=SourceCoordinates("t", 0, i),
+                         source=model.SourceCoordinates("t", 0, i),
                          key=None if i % 5 == 0 else b"k%d" % i, value=b"v" * value_size,
                          traceparent=TP) for i in range(first, first + n)]
 
 
-def built(records: list[FailedRecord], copy: str = "true") -> tuple[list, list[Streak]]:
+def built(records: list[model.FailedRecord], copy: str = "true") -> tuple[list, list[Streak]]:
     s = job_settings("job", {"errors.deadletterqueue.topic.name": "dlq.x",
                              "errors.deadletterqueue.copy.record.enable": copy})
     out: list = []
     streaks: list[Streak] = []
     DlqBuilder(s, TASK, now_ms=5, sidecar_id="sc", run="job@run").build_streak(
-        records, 0, len(records), VERDICT, "", out, streaks)
+        records, 0, len(records), VERDICT, "", out, streaks=streaks)
     return out, streaks
 
 

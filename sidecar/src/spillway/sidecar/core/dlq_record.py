@@ -113,6 +113,15 @@ class Streak:
     task_key: str
     traceparent: str
 
+    def describes(self, rec: DlqRecord) -> bool:
+        """Whether `rec` has this streak's shape (whatever its id, key and value)."""
+        h, k = rec.headers, len(self.before)
+        return (rec.topic == self.topic and rec.job == self.job
+                and rec.task_key == self.task_key and rec.traceparent == self.traceparent
+                and len(h) == k + 1 + len(self.after) and h[:k] == self.before
+                and h[k + 1:] == self.after and h[k] == record_id_header(rec.record_id)
+                and (self.copied or (rec.key is None and rec.value is None)))
+
 
 def truncate_utf8(text: str, max_bytes: int) -> bytes:
     """`text` as UTF-8, at most `max_bytes` long, cut on a character boundary.
@@ -396,7 +405,7 @@ class DlqBuilder:
                                self._run, self._task_key, parent))
 
     def build_streak(self, records: Sequence[FailedRecord], start: int, n: int,
-                     verdict: Verdict, fallback_traceparent: str, out: list[DlqRecord],
+                     verdict: Verdict, fallback_traceparent: str, out: list[DlqRecord], *,
                      streaks: list[Streak] | None = None) -> None:
         """`build` for each of ``records[start:start + n]`` (a streak of records decided alike:
         one `verdict` for all), appended to `out`.
@@ -437,10 +446,12 @@ class DlqBuilder:
                                 parent)))
                 i += 1
             if streaks is not None and len(out) - first > 1:
-                if not _shaped(out[first], topic, mid, post, run, task_key_, parent, copy):
-                    first += 1
-                streaks.append(Streak(first, len(out) - first, topic, copy, mid, post, run,
-                                      task_key_, parent))
+                # its first record, made by `build`, is of the streak when shaped alike
+                streak = Streak(first, len(out) - first, topic, copy, mid, post, run,
+                                task_key_, parent)
+                if not streak.describes(out[first]):
+                    streak = dataclasses.replace(streak, start=first + 1, n=streak.n - 1)
+                streaks.append(streak)
 
     def _share(self, key: tuple) -> None:
         """The headers records failing and decided this way share (`key`: exception,
@@ -487,17 +498,6 @@ class DlqBuilder:
                 return text, (raw_state.decode("ascii", "replace")
                               if raw_state is not None else "")
         return "", ""
-
-
-def _shaped(rec: DlqRecord, topic: str, before: tuple, after: tuple, job: str, task_key_: str,
-            parent: str, copied: bool) -> bool:
-    """Whether `rec` (the first record of a streak, made by `build`) has a `Streak`'s shape."""
-    h, k = rec.headers, len(before)
-    return (rec.topic == topic and rec.job == job and rec.task_key == task_key_
-            and rec.traceparent == parent and len(h) == k + 1 + len(after)
-            and h[:k] == before and h[k + 1:] == after
-            and h[k] == record_id_header(rec.record_id)
-            and (copied or (rec.key is None and rec.value is None)))
 
 
 def build_dlq_record(settings: JobSettings, record: FailedRecord, verdict: Verdict,

@@ -234,6 +234,32 @@ def _streak_items(columns: tuple, count: int) -> list:
              parent) for i, k, v in zip(ids, keys, values)]
 
 
+def rows_in_order(parts: Sequence[tuple[list[tuple[bytes, int]], int]]
+                  ) -> tuple[list[list[tuple[bytes, int]]], list[int]]:
+    """The batch rows of a commit's parts, in order (each part a request's segments and the
+    held row they are read from, 0: none), and per row its held row: a part read from a held
+    row is a row of its own; the other parts' segments are cut into rows between them."""
+    rows: list[list[tuple[bytes, int]]] = []
+    srcs: list[int] = []
+    pending: list[tuple[bytes, int]] = []
+    for segments, held in parts:
+        if not held:
+            pending += segments
+            continue
+        if pending:
+            cut = split_segments(pending)
+            rows += cut
+            srcs += [0] * len(cut)
+            pending = []
+        rows.append(segments)
+        srcs.append(held)
+    if pending:
+        cut = split_segments(pending)
+        rows += cut
+        srcs += [0] * len(cut)
+    return rows, srcs
+
+
 def split_segments(segments: list[tuple[bytes, int]]) -> list[list[tuple[bytes, int]]]:
     """Cut segments into batch rows, in order: a row takes segments while they fit in ROW_BYTES
     (a larger segment gets a row of its own) and ROW_RECORDS records."""

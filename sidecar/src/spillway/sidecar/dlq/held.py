@@ -25,7 +25,7 @@ from array import array
 
 from ..core.model import DlqRecord
 from ..errors import DlqError
-from .codec import decode_row, seg_sizes
+from .codec import decode_row, seg_sizes, split_segments
 from .schema import UNRELEASED, Db
 from .state import SpoolState
 
@@ -75,10 +75,19 @@ class Holding:
         if n > have[0]:
             raise DlqError(f"held DLQ row {rid} holds {have[0]} records, not {n}")
 
-    def holds_exactly(self, rid: int, n: int) -> bool:
-        """Whether held row `rid` holds `n` records (a release of all of them)."""
-        have = self._rows.get(rid)
-        return have is not None and have[0] == n
+    def mark_whole(self, requests: list) -> list:
+        """Mark the spool's requests that release a whole held row as it was held (their
+        ``as_held`` segments, every record of the row, fitting one batch row): ``in_place``,
+        the batch row to read the held row's data. Returns the others (`requests` itself when
+        none could be)."""
+        if not any(req.as_held for req in requests):
+            return requests
+        rows = self._rows
+        for req in requests:
+            have = rows.get(req.release) if req.as_held else None
+            req.in_place = (have is not None and have[0] == req.n
+                            and len(split_segments(req.segments)) == 1)
+        return [req for req in requests if not req.in_place]
 
     def add(self, rid: int, n: int, size: int) -> None:
         """Count a row just held (under the state's lock)."""

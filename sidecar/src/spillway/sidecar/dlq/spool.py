@@ -71,8 +71,8 @@ from .codec import (
     decode_columns,
     encode_segments,
     record_from_row,
+    rows_in_order,
     seg_sizes,
-    split_segments,
 )
 from .dedup import DedupWindow
 from .held import Holding, insert_held
@@ -354,12 +354,13 @@ class Spool:
             # remembered in it: its run's home answered each of its records as the record's
             # first dead letter in the run (docs/POLICY.md, "Provisional verdicts"), and only
             # such answers put a record of that run into this spool.
-            checked = self._in_place(accepted)
+            checked = holding.mark_whole(accepted)
             keys = dedup_keys(records if checked is accepted else list(
                 itertools.chain.from_iterable(req.records for req in checked)))
             if window.all_new(keys):
                 # all new: the requests' segments, in order
-                rows, srcs = self._rows_of(accepted)
+                rows, srcs = rows_in_order([(req.segments, req.release if req.in_place else 0)
+                                            for req in accepted])
                 plans = None
             else:   # (every record through the window, a held row's copied)
                 for req in accepted:
@@ -466,45 +467,6 @@ class Spool:
             if ids:
                 with st.lock:  # published once every hook of the group has run
                     st.last_seq = (ids[-1] << ROW_BITS) | (len(row_sizes[-1]) - 1)
-
-    def _in_place(self, accepted: list[_Request]) -> list[_Request]:
-        """Mark the requests that release a whole held row as it was held, fitting one batch
-        row (``in_place``); returns the others (`accepted` itself when there are none)."""
-        if not any(req.as_held for req in accepted):
-            return accepted
-        holding = self._holding
-        for req in accepted:
-            req.in_place = (req.as_held and holding.holds_exactly(req.release, req.n)
-                            and len(split_segments(req.segments)) == 1)
-        return [req for req in accepted if not req.in_place]
-
-    def _rows_of(self, accepted: list[_Request]
-                 ) -> tuple[list[list[tuple[bytes, int]]], list[int]]:
-        """The batch rows of a commit whose records are all new, in order, and per row the
-        held row it reads its data from (0: its own): a request released in place is a row
-        of its own; the other requests' segments are cut into rows between them."""
-        if not any(req.in_place for req in accepted):
-            rows = split_segments([seg for req in accepted for seg in req.segments])
-            return rows, [0] * len(rows)
-        rows: list[list[tuple[bytes, int]]] = []
-        srcs: list[int] = []
-        pending: list[tuple[bytes, int]] = []
-        for req in accepted:
-            if req.in_place:
-                if pending:
-                    cut = split_segments(pending)
-                    rows += cut
-                    srcs += [0] * len(cut)
-                    pending = []
-                rows.append(req.segments)
-                srcs.append(req.release)
-            else:
-                pending += req.segments
-        if pending:
-            cut = split_segments(pending)
-            rows += cut
-            srcs += [0] * len(cut)
-        return rows, srcs
 
     # -- reading --------------------------------------------------------------------------
 

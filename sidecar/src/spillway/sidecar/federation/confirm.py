@@ -220,7 +220,7 @@ class Confirmations:
         dlq: list = []
         streaks: list = []
         for i, (v, n) in zip(accumulate((n for _, n in spans), initial=0), spans):
-            build(records, i, n, v, traceparent, dlq, streaks)
+            build(records, i, n, v, traceparent, dlq, streaks=streaks)
         rid, segments = self._pipeline.hold(dlq, key, report.SerializeToString(), streaks)
         return Held(rid, key, tk, report, token, records, dlq, segments)
 

@@ -159,7 +159,7 @@ class Reporting:
                 dlq: list = []
                 streaks: list = []
                 for i, n, v in to_dlq:
-                    build(records, i, n, v, own, dlq, streaks)
+                    build(records, i, n, v, own, dlq, streaks=streaks)
                 with tracer.start_as_current_span(
                         "spillway.spool", attributes={"spillway.records": len(dlq)}):
                     try:   # durable (spooled) before we answer; held copies go with it
