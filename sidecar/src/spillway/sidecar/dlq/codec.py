@@ -14,8 +14,8 @@ from __future__ import annotations
 import marshal
 from array import array
 from collections.abc import Sequence
-from itertools import compress
-from operator import attrgetter, not_, sub
+from itertools import compress, groupby
+from operator import attrgetter, itemgetter, not_, sub
 
 from ..core.dlq_record import H_RECORD_ID, Streak, new_dlq_record, record_id_header
 from ..core.model import DlqRecord, Header
@@ -241,22 +241,15 @@ def rows_in_order(parts: Sequence[tuple[list[tuple[bytes, int]], int]]
     row is a row of its own; the other parts' segments are cut into rows between them."""
     rows: list[list[tuple[bytes, int]]] = []
     srcs: list[int] = []
-    pending: list[tuple[bytes, int]] = []
-    for segments, held in parts:
-        if not held:
-            pending += segments
-            continue
-        if pending:
-            cut = split_segments(pending)
+    for held, group in groupby(parts, key=itemgetter(1)):
+        if held:
+            for segments, _ in group:
+                rows.append(segments)
+                srcs.append(held)
+        else:
+            cut = split_segments([seg for segments, _ in group for seg in segments])
             rows += cut
             srcs += [0] * len(cut)
-            pending = []
-        rows.append(segments)
-        srcs.append(held)
-    if pending:
-        cut = split_segments(pending)
-        rows += cut
-        srcs += [0] * len(cut)
     return rows, srcs
 
 

@@ -75,19 +75,14 @@ class Holding:
         if n > have[0]:
             raise DlqError(f"held DLQ row {rid} holds {have[0]} records, not {n}")
 
-    def mark_whole(self, requests: list) -> list:
-        """Mark the spool's requests that release a whole held row as it was held (their
-        ``as_held`` segments, every record of the row, fitting one batch row): ``in_place``,
-        the batch row to read the held row's data. Returns the others (`requests` itself when
-        none could be)."""
-        if not any(req.as_held for req in requests):
-            return requests
+    def whole_rows(self, releases: list[tuple[int, int, list[tuple[bytes, int]]]]) -> set[int]:
+        """Of `releases` (held row, records released, their segments as the row holds them),
+        the rows released whole that fit one batch row: a batch row can read their data in
+        place."""
         rows = self._rows
-        for req in requests:
-            have = rows.get(req.release) if req.as_held else None
-            req.in_place = (have is not None and have[0] == req.n
-                            and len(split_segments(req.segments)) == 1)
-        return [req for req in requests if not req.in_place]
+        return {rid for rid, n, segments in releases
+                if (have := rows.get(rid)) is not None and have[0] == n
+                and len(split_segments(segments)) == 1}
 
     def add(self, rid: int, n: int, size: int) -> None:
         """Count a row just held (under the state's lock)."""

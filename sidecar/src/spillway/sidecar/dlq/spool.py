@@ -111,7 +111,6 @@ class _Request:
     release: int = 0  # a held row these records come from, deleted in the same transaction
     held_id: int = 0  # the held row written (`hold`)
     as_held: bool = False  # with `release`: `segments` are the held row's (`hold` returned them)
-    in_place: bool = False  # released whole: its batch row reads the held row's data
 
 
 class Spool:
@@ -354,20 +353,21 @@ class Spool:
             # remembered in it: its run's home answered each of its records as the record's
             # first dead letter in the run (docs/POLICY.md, "Provisional verdicts"), and only
             # such answers put a record of that run into this spool.
-            checked = holding.mark_whole(accepted)
+            whole = holding.whole_rows([(req.release, req.n, req.segments)
+                                        for req in accepted if req.as_held])
+            checked = ([req for req in accepted if req.release not in whole] if whole
+                       else accepted)
             keys = dedup_keys(records if checked is accepted else list(
                 itertools.chain.from_iterable(req.records for req in checked)))
             if window.all_new(keys):
                 # all new: the requests' segments, in order
-                rows, srcs = rows_in_order([(req.segments, req.release if req.in_place else 0)
-                                            for req in accepted])
+                rows, srcs = rows_in_order([(req.segments, req.release if req.release in whole
+                                             else 0) for req in accepted])
                 plans = None
             else:   # (every record through the window, a held row's copied)
-                for req in accepted:
-                    req.in_place = False
+                whole = set()
                 rows, plans = window.plan(accepted)
                 srcs = [0] * len(rows)
-            whole = {req.release for req in accepted if req.in_place}
             conn = self._db.conn
             ids: list[int] = []
             held: list[tuple[int, int, int]] = []
@@ -430,7 +430,7 @@ class Spool:
                 elif checked:
                     pos, kept = 0, []
                     for req in accepted:
-                        if not req.in_place:
+                        if req.release not in whole:
                             kept += zip(seqs[pos:pos + req.n], owners[pos:pos + req.n])
                         pos += req.n
                     window.remember(zip(keys, kept))
