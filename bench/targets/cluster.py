@@ -348,7 +348,12 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
         "Report formats: one node sidecar, the same clients and records reported as columns "
         "(RecordColumns, what spillway.spark sends a sidecar that takes them; also what (a) "
         "and (d) send) or as one FailedRecord message per record (older clients), alternated; "
-        "CPU of the node and of the clients per dead-lettered record. (g) The id tables' C "
+        "CPU of the node and of the clients per dead-lettered record. (f) The producer path: "
+        "one node sidecar whose drain hands its records to librdkafka in one C call a batch "
+        "(`dlq/_produce.c`) and one started with `SPILLWAY_NO_EXTENSIONS=produce` "
+        "(confluent-kafka's produce() per record), the same clients and column reports, "
+        "alternated; the node's CPU per dead-lettered record, and its drain thread's and "
+        "librdkafka's threads'. (g) The id tables' C "
         "extension: (b2)'s saturating tallies to its home and to a second home started with "
         "`SPILLWAY_NO_EXTENSIONS=idindex` (the same loops in Python), alternated; the home's "
         "CPU per decided record with and without.")
@@ -435,7 +440,7 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
     # (e) one node fed columns against FailedRecord messages (report_format.py)
     run_report_formats(ctx, result, ReportFormats(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
                                                   BATCH, per_client))
-    # (f) one node's producer path: confluent-kafka's produce() (producer_paths.py)
+    # (f) the C produce loop against confluent-kafka's produce() (producer_paths.py)
     run_producer_paths(ctx, result, ProducerPaths(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
                                                   BATCH, per_client))
     if ctx.sizes.profile and result.met is False:

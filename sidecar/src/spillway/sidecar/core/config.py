@@ -379,9 +379,10 @@ _PROPS: list[Prop] = [
          "DLQ producer linger, ms (a task's flush barrier has what lingers sent at once)",
          job=False),
     Prop("producer.native", lambda name, raw: p_bool(name, raw) if raw.strip() else None, "",
-         "deprecated, no effect (true or false accepted; a warning at start-up): DLQ records "
-         "are always produced through confluent-kafka's produce(), spillway's own C producer "
-         "saved no measurable CPU (docs/BENCHMARKS.md) and was removed", job=False),
+         "deprecated, no effect (true or false accepted; a warning at start-up): the DLQ "
+         "drain's produce loop is C where the sidecar's extension was built, on "
+         "confluent-kafka's producer (docs/DLQ.md, \"Producing\"); "
+         "SPILLWAY_NO_EXTENSIONS=produce turns it off", job=False),
     Prop("producer.batch.size", p_int(1, 2**31 - 1), "1000000",
          "DLQ producer batch size, bytes", job=False),
     Prop("producer.max.inflight.bytes", p_int(1024, 2**31 - 1), str(1024 * 1024),

@@ -34,12 +34,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
+from spillway.client import extensions
 from spillway.client.kafka_auth import scrub
 
 from ..core.model import DlqRecord
 from ..errors import ConfigError, DlqError
 
 log = logging.getLogger(__name__)
+
+# The produce calls and delivery reports in C (`_produce.c`), on confluent-kafka's own producer;
+# optional: without it (not built, or librdkafka not found) produce() does the same per record.
+try:
+    from . import _produce as _native
+    _native.bind(Producer)
+except ImportError as exc:  # pragma: no cover - the extension is built where a C compiler is
+    _native = None
+    NATIVE_MISSING = str(exc)
+else:
+    NATIVE_MISSING = ""
+_QUEUE_FULL = KafkaError._QUEUE_FULL
+_PLUGINS = "plugin.library.paths"
 
 PASSTHROUGH = "producer.kafka."
 # produce() takes its arguments by position here: (topic, value, key, partition, callback,
@@ -61,6 +75,7 @@ _LOCKED = {
     "on_delivery": "the pipeline owns the delivery callback",
     "error_cb": "the pipeline owns the error callback",
     "delivery.report.only.error": "the pipeline needs every record's delivery report",
+    "spillway.acks": "the pipeline names its delivery reports' sink itself",
 }
 
 
@@ -205,6 +220,10 @@ class KafkaDlqProducer:
         self._factory = factory or Producer
         self._producer: Any = None
         self._deliveries = _Deliveries()
+        # the C produce loop and its delivery reports' sink (one per producer generation), on
+        # confluent-kafka's Producer only (SPILLWAY_NO_EXTENSIONS=produce: produce() instead)
+        self.native = factory is None and _native is not None and extensions.enabled("produce")
+        self._acks: Any = None
         self._lock = threading.Lock()
         self.fatal_error: DeliveryFailure | None = None
         self.last_error: DeliveryFailure | None = None
@@ -222,7 +241,7 @@ class KafkaDlqProducer:
                 conf = dict(self._config)
                 conf["error_cb"] = self._on_error
                 conf.setdefault("logger", logger)
-                self._producer = self._factory(conf)
+                self._producer = self._build(conf)
             except KafkaException as exc:
                 why = exc.args[0].str() if exc.args else str(exc)
                 raise ConfigError("producer.kafka", f"invalid DLQ producer settings: "
@@ -230,6 +249,28 @@ class KafkaDlqProducer:
             self.builds += 1
             self.fatal_error = None
         return self._producer
+
+    def _build(self, conf: dict[str, Any]) -> Any:
+        if not self.native:
+            return self._factory(conf)
+        # this module is a librdkafka plugin too: its interceptor notes each record's delivery
+        # report in the sink the conf names (set after the plugin is loaded: dict order)
+        acks = _native.Acks()
+        plugins = conf.get(_PLUGINS)
+        with_plugin = dict(conf)
+        with_plugin[_PLUGINS] = f"{plugins};{_native.__file__}" if plugins else _native.__file__
+        with_plugin["spillway.acks"] = str(acks.slot)
+        try:
+            producer = self._factory(with_plugin)
+        except KafkaException as exc:
+            producer = self._factory(conf)   # the settings' own error is raised from here
+            self.native = False
+            why = exc.args[0].str() if exc.args else str(exc)
+            log.warning("the DLQ producer's C produce loop could not be loaded (%s): producing "
+                        "through confluent-kafka's produce()", scrub(why, self._config))
+            return producer
+        self._acks = acks
+        return producer
 
     def _on_error(self, err: KafkaError) -> None:
         failure = classify(err)
@@ -244,6 +285,8 @@ class KafkaDlqProducer:
     def take_reports(self) -> tuple[list[int], list[int], list[tuple[int, DeliveryFailure]]]:
         """The reports collected since the last call: acknowledged tokens, their partitions
         (-1 when unknown), and the failed tokens with their classified failure."""
+        if self._acks is not None:
+            self._collect()
         d = self._deliveries
         if not d.acked and not d.failed:
             return [], [], []
@@ -256,10 +299,29 @@ class KafkaDlqProducer:
             out.append((token, failure))
         return acked, partitions, out
 
+    def _collect(self) -> None:
+        """Move the C sink's reports into this generation's `_Deliveries`."""
+        try:
+            acked, partitions, failed = self._acks.take()
+        except MemoryError:   # reports lost: the records in flight are produced again
+            self.fatal_error = self.fatal_error or DeliveryFailure(
+                KafkaError._FATAL, "_FATAL", "delivery reports lost (out of memory)",
+                Outcome.REBUILD, "application-recoverable", True)
+            return
+        d = self._deliveries
+        if acked:
+            d.acked += acked
+            d.partitions += partitions
+        for token, code in failed:
+            d.failed.append((token, KafkaError(code)))
+
     def _refused(self, exc: KafkaException) -> ProduceRefused:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         if err is None:
             raise DlqError(f"DLQ produce failed: {exc}") from exc
+        return self._refused_by(err)
+
+    def _refused_by(self, err: KafkaError) -> ProduceRefused:
         failure = classify(err)
         self.last_error = failure
         if failure.outcome is Outcome.REBUILD:
@@ -272,6 +334,15 @@ class KafkaDlqProducer:
         BufferError when its queue stays full for `max_wait_s` (the caller retries later).
         ``poll=False``: the caller polls itself once after a batch of produce calls."""
         p = self._get()
+        if self._acks is not None:
+            n, refused = self._produce_native(p, [token], [rec], max_wait_s)
+            if refused is not None:
+                raise refused
+            if not n:
+                raise BufferError("librdkafka's queue stayed full")
+            if poll:
+                self.poll(0)
+            return
         report = functools.partial(self._deliveries.report, token)
         headers = list(rec.headers) if rec.headers else None
         deadline = 0.0
@@ -298,7 +369,10 @@ class KafkaDlqProducer:
         one, why (the caller files that one as failed and goes on after it). Fewer taken and no
         refusal: its queue stayed full for `max_wait_s` (the caller keeps the rest for
         later). ``partitions``: whether their delivery reports note the partition (-1 else)."""
-        produce = self._get().produce
+        p = self._get()
+        if self._acks is not None:
+            return self._produce_native(p, tokens, records, max_wait_s)
+        produce = p.produce
         d = self._deliveries
         report = d.report if partitions else d.report_unplaced
         partial, any_partition = functools.partial, _ANY_PARTITION
@@ -320,6 +394,26 @@ class KafkaDlqProducer:
             except KafkaException as exc:
                 return n, self._refused(exc)
             n += 1
+        return n, None
+
+    def _produce_native(self, p: Any, tokens: Sequence[int], records: Sequence[DlqRecord],
+                        max_wait_s: float) -> tuple[int, ProduceRefused | None]:
+        """`produce_many` in one C loop (its delivery reports come through the sink)."""
+        tokens = tokens if type(tokens) is list else list(tokens)
+        records = records if type(records) is list else list(records)
+        n, total, deadline = 0, len(records), 0.0
+        while n < total:
+            n, code = _native.produce(p, tokens, records, n)
+            if not code:
+                break
+            if code != _QUEUE_FULL:
+                return n, self._refused_by(KafkaError(code))
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + max_wait_s
+            elif now >= deadline:
+                break
+            self.poll(0.05)
         return n, None
 
     def _raised(self, exc: KafkaException) -> None:
@@ -360,6 +454,9 @@ class KafkaDlqProducer:
             return len(self._producer)
 
     def _discard(self) -> None:
+        if self._acks is not None:
+            self._collect()
+            self._acks = None   # the old generation's later reports go to its sink alone
         p, self._producer = self._producer, None
         # reports served until now are kept (close() flushes first); what the old producer
         # reports from here on (its purged records, late reports) goes to lists nobody reads

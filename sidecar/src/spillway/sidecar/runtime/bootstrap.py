@@ -32,6 +32,7 @@ from spillway.sidecar.core.handlers import HandlerRules
 from spillway.sidecar.core.policy import PolicyEngine
 from spillway.sidecar.core.ports import SystemClock
 from spillway.sidecar.core.settings import job_settings
+from spillway.sidecar.dlq import producer
 from spillway.sidecar.errors import ConfigError
 from spillway.sidecar.federation.confirm import Confirmations
 from spillway.sidecar.federation.tallying import HomeTally, NodeTally
@@ -377,10 +378,18 @@ def start_server(
         log.warning("the id tables' C extension is turned off (%s): their per-id loops run in "
                     "Python, which about doubles what a run's home spends per record",
                     extensions.ENV)
+    if producer.NATIVE_MISSING:
+        log.warning("the DLQ drain's C produce loop is not available (%s): each record goes "
+                    "through confluent-kafka's produce(), about 4 µs more of a node's CPU per "
+                    "dead-lettered record (docs/DEPLOY.md)", producer.NATIVE_MISSING)
+    elif not extensions.enabled("produce"):
+        log.warning("the DLQ drain's C produce loop is turned off (%s): each record goes "
+                    "through confluent-kafka's produce(), about 4 µs more of a node's CPU per "
+                    "dead-lettered record", extensions.ENV)
     if props["producer.native"] is not None:
-        log.warning("producer.native is deprecated and has no effect: DLQ records are always "
-                    "produced through confluent-kafka's produce(); spillway's own C producer "
-                    "saved no measurable CPU per record and was removed (docs/BENCHMARKS.md)")
+        log.warning("producer.native is deprecated and has no effect: the DLQ drain's produce "
+                    "loop is C where the sidecar's extension was built (%s=produce turns it "
+                    "off; docs/DLQ.md, \"Producing\")", extensions.ENV)
     return running
 
 
