@@ -241,8 +241,9 @@ def test_producer_passthrough_cannot_weaken_the_guarantees(tmp_path):
 
 @pytest.mark.parametrize("value", [None, "true", "false"])
 def test_producer_native_is_accepted_and_said_to_have_no_effect_once_at_start(value, caplog):
-    """The native producer was removed: a configuration that still sets producer.native
-    starts, and a warning says once that it has no effect and why; unset, nothing is said."""
+    """producer.native is deprecated: a configuration that still sets it starts, and a
+    warning says once that it has no effect and what decides instead; unset, nothing is
+    said."""
     import logging
 
     from spillway.sidecar.server import start_server
@@ -256,7 +257,25 @@ def test_producer_native_is_accepted_and_said_to_have_no_effect_once_at_start(va
         running.stop(0)
     said = [r.getMessage() for r in caplog.records if "producer.native" in r.getMessage()]
     assert len(said) == (0 if value is None else 1)
-    assert not said or ("no effect" in said[0] and "confluent-kafka's produce()" in said[0])
+    assert not said or ("no effect" in said[0] and "SPILLWAY_NO_EXTENSIONS=produce" in said[0])
+
+
+@pytest.mark.parametrize("off", [False, True])
+def test_a_sidecar_says_when_its_c_produce_loop_is_turned_off(off, caplog, monkeypatch):
+    import logging
+
+    from spillway.sidecar.server import start_server
+
+    if off:
+        monkeypatch.setenv("SPILLWAY_NO_EXTENSIONS", "produce")
+    props = {"listen.address": "127.0.0.1:0", "spool.enable": "false",
+             "bootstrap.servers": "127.0.0.1:1"}
+    with caplog.at_level(logging.WARNING, logger="spillway.sidecar.runtime.bootstrap"):
+        running = start_server(props)
+        running.stop(0)
+    said = [r.getMessage() for r in caplog.records if "C produce loop" in r.getMessage()]
+    assert len(said) == (1 if off else 0)
+    assert not said or "turned off (SPILLWAY_NO_EXTENSIONS)" in said[0]
 
 
 def test_producer_native_still_refuses_a_value_that_is_not_a_boolean():
