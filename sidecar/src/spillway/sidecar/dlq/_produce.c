@@ -5,12 +5,13 @@
  * module makes both one C loop over a batch:
  *
  * - produce: rd_kafka_produceva() on the producer's rd_kafka_t for each record of a batch
- *   (topic, key, value and headers read from the DlqRecord objects), each with a per-message
- *   state shaped as confluent-kafka's own (`Producer_msgstate`: its handle and no callback),
- *   which its dr_msg_cb frees in poll() without calling into Python;
+ *   (topic, key, value and headers read from the DlqRecord objects), each with a small state
+ *   holding its token;
  * - delivery reports: this module is also a librdkafka plugin (`conf_init`, loaded through the
  *   producer's `plugin.library.paths`), whose on_acknowledgement interceptor notes each
- *   record's token, error code and partition in an `Acks` sink, taken in one call a round.
+ *   record's token, error code and partition in an `Acks` sink, taken in one call a round, and
+ *   frees the state, so that confluent-kafka's own delivery callback has nothing to do (it
+ *   would otherwise take the GIL once per record).
  *
  * librdkafka is the one confluent-kafka loaded (found among the process's shared objects, its
  * functions looked up by name): only its public ABI is declared here, as rdkafka.h has it. The
@@ -113,9 +114,10 @@ static struct {
 
 static PyObject *producer_type;   /* confluent_kafka.Producer, given to bind() */
 
-/* confluent-kafka's Handle begins with its rd_kafka_t (confluent_kafka.h); its per-message
- * state is {Handle *self; PyObject *dr_cb;}, freed by its dr_msg_cb, which calls nothing when
- * dr_cb is NULL. The token follows, read by the interceptor only. */
+/* confluent-kafka's Handle begins with its rd_kafka_t (confluent_kafka.h). A record's state
+ * (its token) is freed by the interceptor, which clears the message's opaque pointer; it is
+ * shaped as confluent-kafka's own (`Producer_msgstate`: {Handle *self; PyObject *dr_cb;}),
+ * which its dr_msg_cb would free calling nothing, should a report ever reach it unseen. */
 typedef struct { PyObject_HEAD rd_kafka_t *rk; } cfl_handle;
 typedef struct { void *self; void *dr_cb; int64_t token; } msgstate;
 
@@ -182,6 +184,13 @@ on_ack(rd_kafka_t *rk, rd_kafka_message_t *m, void *opaque)
     msgstate *ms = m->_private;
     if (producing || ms == NULL)
         return 0;
+    /* The report's state is taken here, before librdkafka queues the report for poll(): with
+     * none left, confluent-kafka's dr_msg_cb returns at once, where it would take the GIL
+     * (and give it back) for each record to free the state. The message is the report's
+     * own until then; only its opaque pointer is cleared. */
+    int64_t token = ms->token;
+    m->_private = NULL;
+    free(ms);
     pthread_mutex_lock(&a->mu);
     if (a->n == a->cap) {
         size_t cap = a->cap ? a->cap * 2 : 4096;
@@ -198,7 +207,7 @@ on_ack(rd_kafka_t *rk, rd_kafka_message_t *m, void *opaque)
         }
         a->cap = cap;
     }
-    a->tokens[a->n] = ms->token;
+    a->tokens[a->n] = token;
     a->parts[a->n] = m->partition;
     a->errs[a->n] = m->err;
     a->n++;
