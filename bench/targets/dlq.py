@@ -229,8 +229,9 @@ def _cpu_reading(sidecar_cpu, producer_cpu) -> str:
             f"record producing the same records with nine headers (its delivery reports and "
             f"librdkafka's threads included): {fmt(side / floor)}× the floor of producing them "
             f"from Python. The sidecar's records carry its default headers (about a dozen; "
-            f"more with errors.deadletterqueue.context.headers.enable), each one converted by "
-            f"every produce() call.")
+            f"more with errors.deadletterqueue.context.headers.enable), each one copied by "
+            f"librdkafka for every record, and go through its spool and its home's decision "
+            f"first.")
 
 
 def profile_dlq_job(ctx: Context, result: TargetResult, sidecar: SidecarProcess, n: int,

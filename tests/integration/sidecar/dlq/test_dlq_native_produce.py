@@ -179,3 +179,34 @@ def test_bad_records_are_refused_by_name(broker, topic_name):
             prod.produce_many([1], [rec])
     assert prod.outstanding() == 0
     prod.close(0)
+
+
+def test_no_sink_left_falls_back_to_produce(broker, topic_name, monkeypatch, caplog):
+    """Acks() refuses past its registry's bound (256 alive): the producer is built without the
+    C loop, says so, and produces all the same."""
+    create_topic(broker.bootstrap_servers, topic_name)
+    real = producer_mod._native
+
+    def no_room():
+        raise RuntimeError("too many acknowledgement sinks alive")
+
+    monkeypatch.setattr(producer_mod, "_native", types.SimpleNamespace(
+        Acks=no_room, produce=real.produce, __file__=real.__file__))
+    prod = KafkaDlqProducer(producer_config(broker.bootstrap_servers, linger_ms=5,
+                                            batch_size=1000))
+    with caplog.at_level(logging.WARNING, logger="spillway.sidecar.dlq.producer"):
+        assert prod.produce_many([1], _records(topic_name, 1)) == (1, None)
+    assert not prod.native and "too many acknowledgement sinks" in caplog.text
+    assert _settle(prod, 1)[0] == [1]
+    prod.close(10)
+
+
+def test_sinks_are_given_back(broker):
+    """Each producer generation takes a sink and gives it back once its client is gone: far
+    more generations than the registry holds come and go."""
+    for _ in range(300):
+        prod = KafkaDlqProducer(producer_config(broker.bootstrap_servers, linger_ms=5,
+                                                batch_size=1000))
+        assert prod.produce_many([], []) == (0, None)   # builds the client
+        assert prod.native
+        prod.close(0)

@@ -255,7 +255,13 @@ class KafkaDlqProducer:
             return self._factory(conf)
         # this module is a librdkafka plugin too: its interceptor notes each record's delivery
         # report in the sink the conf names (set after the plugin is loaded: dict order)
-        acks = _native.Acks()
+        try:
+            acks = _native.Acks()
+        except RuntimeError as exc:   # 256 sinks alive in this process: its registry's bound
+            self.native = False
+            log.warning("the DLQ producer's C produce loop could not be used (%s): producing "
+                        "through confluent-kafka's produce()", exc)
+            return self._factory(conf)
         plugins = conf.get(_PLUGINS)
         with_plugin = dict(conf)
         with_plugin[_PLUGINS] = f"{plugins};{_native.__file__}" if plugins else _native.__file__
