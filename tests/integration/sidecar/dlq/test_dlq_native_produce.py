@@ -210,3 +210,20 @@ def test_sinks_are_given_back(broker):
         assert prod.produce_many([], []) == (0, None)   # builds the client
         assert prod.native
         prod.close(0)
+
+
+@pytest.mark.parametrize("off", [False, True])
+def test_a_topic_librdkafka_refuses_is_refused_alike(unreachable, monkeypatch, off):
+    """A topic name librdkafka will not take (over 512 bytes) is refused synchronously, as
+    invalid, the same through the C loop as through produce()."""
+    if off:
+        monkeypatch.setenv("SPILLWAY_NO_EXTENSIONS", "produce")
+    prod = KafkaDlqProducer(producer_config(unreachable, linger_ms=5, batch_size=1000))
+    assert prod.native is not off
+    rec = DlqRecord(topic="t" * 600, key=None, value=b"", headers=(), record_id="x", job="j",
+                    task_key="t")
+    n, refused = prod.produce_many([1], [rec])
+    assert n == 0 and refused is not None
+    assert refused.failure.code == KafkaError._INVALID_ARG
+    assert refused.failure.outcome is Outcome.REJECT
+    prod.close(0)
