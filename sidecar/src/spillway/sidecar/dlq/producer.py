@@ -258,10 +258,7 @@ class KafkaDlqProducer:
         try:
             acks = _native.Acks()
         except RuntimeError as exc:   # 256 sinks alive in this process: its registry's bound
-            self.native = False
-            log.warning("the DLQ producer's C produce loop could not be used (%s): producing "
-                        "through confluent-kafka's produce()", exc)
-            return self._factory(conf)
+            return self._without_native(conf, str(exc))
         plugins = conf.get(_PLUGINS)
         with_plugin = dict(conf)
         with_plugin[_PLUGINS] = f"{plugins};{_native.__file__}" if plugins else _native.__file__
@@ -269,13 +266,17 @@ class KafkaDlqProducer:
         try:
             producer = self._factory(with_plugin)
         except KafkaException as exc:
-            producer = self._factory(conf)   # the settings' own error is raised from here
-            self.native = False
-            why = exc.args[0].str() if exc.args else str(exc)
-            log.warning("the DLQ producer's C produce loop could not be loaded (%s): producing "
-                        "through confluent-kafka's produce()", scrub(why, self._config))
-            return producer
+            return self._without_native(conf, exc.args[0].str() if exc.args else str(exc))
         self._acks = acks
+        return producer
+
+    def _without_native(self, conf: dict[str, Any], why: str) -> Any:
+        """The producer built without the C loop (the settings' own error, if any, is raised
+        from here), and a warning saying why."""
+        producer = self._factory(conf)
+        self.native = False
+        log.warning("the DLQ producer's C produce loop could not be loaded (%s): producing "
+                    "through confluent-kafka's produce()", scrub(why, self._config))
         return producer
 
     def _on_error(self, err: KafkaError) -> None:

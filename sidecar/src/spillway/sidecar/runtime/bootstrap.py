@@ -378,14 +378,12 @@ def start_server(
         log.warning("the id tables' C extension is turned off (%s): their per-id loops run in "
                     "Python, which about doubles what a run's home spends per record",
                     extensions.ENV)
-    if producer.NATIVE_MISSING:
-        log.warning("the DLQ drain's C produce loop is not available (%s): each record goes "
-                    "through confluent-kafka's produce(), about 4 µs more of a node's CPU per "
-                    "dead-lettered record (docs/DEPLOY.md)", producer.NATIVE_MISSING)
-    elif not extensions.enabled("produce"):
-        log.warning("the DLQ drain's C produce loop is turned off (%s): each record goes "
-                    "through confluent-kafka's produce(), about 4 µs more of a node's CPU per "
-                    "dead-lettered record", extensions.ENV)
+    without = (("not available", producer.NATIVE_MISSING) if producer.NATIVE_MISSING else
+               None if extensions.enabled("produce") else ("turned off", extensions.ENV))
+    if without:
+        log.warning("the DLQ drain's C produce loop is %s (%s): each record goes through "
+                    "confluent-kafka's produce(), about 4 µs more of a node's CPU per "
+                    "dead-lettered record (docs/DEPLOY.md)", *without)
     if props["producer.native"] is not None:
         log.warning("producer.native is deprecated and has no effect: the DLQ drain's produce "
                     "loop is C where the sidecar's extension was built (%s=produce turns it "
