@@ -227,3 +227,30 @@ def test_a_topic_librdkafka_refuses_is_refused_alike(unreachable, monkeypatch, o
     assert refused.failure.code == KafkaError._INVALID_ARG
     assert refused.failure.outcome is Outcome.REJECT
     prod.close(0)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_bounded_hand_over_stops_before_a_requests_worth(broker, topic_name, monkeypatch,
+                                                           native):
+    """`max_bytes` bounds what one call hands over by librdkafka's own bound of each record's
+    size (the first is always taken), from `start` on: the drain hands a request's worth."""
+    from spillway.sidecar.dlq.producer import wire_size
+
+    create_topic(broker.bootstrap_servers, topic_name)
+    if not native:
+        monkeypatch.setenv("SPILLWAY_NO_EXTENSIONS", "produce")
+    prod = KafkaDlqProducer(producer_config(broker.bootstrap_servers, linger_ms=5,
+                                            batch_size=100_000))
+    assert prod.native is native
+    records = [DlqRecord(topic=topic_name, key=b"k", value=b"v" * 100,
+                         headers=(("spillway.record.id", f"r{i}".encode()), ("n", None)),
+                         record_id=f"r{i}", job="j", task_key="t") for i in range(20)]
+    size = wire_size(records[0])
+    assert size == 36 + 1 + 100 + (10 + 18 + 2) + (10 + 1)
+    tokens = list(range(20))
+    assert prod.produce_many(tokens, records, max_bytes=3 * size + size // 2) == (3, None)
+    assert prod.produce_many(tokens, records, start=3, max_bytes=1) == (4, None)  # the first
+    assert prod.produce_many(tokens, records, start=4, max_bytes=16 * (size + 1)) == (20, None)
+    acked, _, failed = _settle(prod, 20)
+    assert sorted(acked) == tokens and failed == []
+    prod.close(10)

@@ -566,8 +566,13 @@ as_mem(PyObject *o, const char **buf, Py_ssize_t *len, const char *what)
     return -1;
 }
 
+/* librdkafka's upper bound of a record's size in a request (rd_kafka_msg_wire_size: the v2
+ * record's varints at their widest) and of one header's (its two length varints) */
+#define WIRE_OVERHEAD 36
+#define HEADER_OVERHEAD 10
+
 static rd_kafka_headers_t *
-build_headers(PyObject *hs)
+build_headers(PyObject *hs, Py_ssize_t *wire)
 {
     int is_tuple = PyTuple_Check(hs);
     if (!is_tuple && !PyList_Check(hs)) {
@@ -589,6 +594,7 @@ build_headers(PyObject *hs)
         if (name == NULL || as_mem(PyTuple_GetItem(pair, 1), &val, &vlen, "header value") < 0)
             goto fail;
         lib.header_add(h, name, nlen, val, val ? vlen : 0);
+        *wire += HEADER_OVERHEAD + nlen + vlen;
     }
     return h;
 fail:
@@ -598,21 +604,23 @@ fail:
 
 static PyObject *s_topic, *s_key, *s_value, *s_headers;
 
-/* produce(producer, tokens, records, start) -> (next, code): hands records[start:] to
- * librdkafka, each reported under its token, until one is refused; `next` is the index of the
- * first record not taken (len(records) when all were), `code` why (0 when all were taken,
- * -184 when librdkafka's queue is full, else the error that refused records[next]). */
+/* produce(producer, tokens, records, start, max_bytes) -> (next, code): hands records[start:]
+ * to librdkafka, each reported under its token, until one is refused or the next would take
+ * the records handed over past `max_bytes` of request (librdkafka's own bound of a record's
+ * size: the first record is always taken; 0: no bound); `next` is the index of the first record
+ * not taken (len(records) when all were), `code` why (0 when all were taken or the bytes were
+ * reached, -184 when librdkafka's queue is full, else the error that refused records[next]). */
 static PyObject *
 produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "produce(producer, tokens, records, start)");
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "produce(producer, tokens, records, start, max_bytes)");
         return NULL;
     }
     PyObject *producer = args[0], *tokens = args[1], *records = args[2];
-    Py_ssize_t start = PyLong_AsSsize_t(args[3]);
-    if (start < 0 && PyErr_Occurred())
+    Py_ssize_t start = PyLong_AsSsize_t(args[3]), max_bytes = PyLong_AsSsize_t(args[4]);
+    if ((start < 0 || max_bytes < 0) && PyErr_Occurred())
         return NULL;
     if (!lib.bound || producer_type == NULL
             || !PyObject_IsInstance(producer, producer_type)) {
@@ -629,7 +637,7 @@ produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "the producer is closed");
         return NULL;
     }
-    Py_ssize_t total = PyList_Size(records), i = start;
+    Py_ssize_t total = PyList_Size(records), i = start, taken_bytes = 0;
     int code = 0;
     PyObject *topic_obj = NULL;   /* the topic of `rkt` */
     rd_kafka_topic_t *rkt = NULL;
@@ -675,9 +683,15 @@ produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto error;
         }
         rd_kafka_headers_t *h = NULL;
-        if (hs != Py_None && PyObject_IsTrue(hs) && !(h = build_headers(hs))) {
+        Py_ssize_t wire = WIRE_OVERHEAD + kl + vl;
+        if (hs != Py_None && PyObject_IsTrue(hs) && !(h = build_headers(hs, &wire))) {
             Py_DECREF(key); Py_DECREF(value); Py_DECREF(hs);
             goto error;
+        }
+        if (max_bytes > 0 && i > start && taken_bytes + wire > max_bytes) {
+            if (h) lib.headers_destroy(h);
+            Py_DECREF(key); Py_DECREF(value); Py_DECREF(hs);
+            break;
         }
         msgstate *ms = malloc(sizeof(*ms));
         if (ms == NULL) {
@@ -711,6 +725,7 @@ produce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             if (h) lib.headers_destroy(h);
             break;
         }
+        taken_bytes += wire;
     }
     if (rkt)
         lib.topic_destroy(rkt);
@@ -726,7 +741,7 @@ error:
 static PyMethodDef methods[] = {
     {"bind", bind, METH_O, "bind(confluent_kafka.Producer) -> the path of the librdkafka used"},
     {"produce", (PyCFunction)(void (*)(void))produce, METH_FASTCALL,
-     "produce(producer, tokens, records, start) -> (next, code)"},
+     "produce(producer, tokens, records, start, max_bytes) -> (next, code)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -151,6 +151,51 @@ class ProduceRefused(DlqError):
         super().__init__(str(failure))
 
 
+# What librdkafka puts in one produce request around its records (the request's and the record
+# batch's headers, the topic's name): kept out of `request_bounds`.
+_REQUEST_FRAMING = 4096
+# librdkafka's upper bound of a record's size in a request (rd_kafka_msg_wire_size: a v2
+# record's varints at their widest) and of a header's (its two length varints), as _produce.c
+_WIRE_OVERHEAD, _HEADER_OVERHEAD = 36, 10
+
+
+def request_bounds(conf: Mapping[str, Any]) -> tuple[int, int]:
+    """The bytes (librdkafka's bound of its records' sizes) and records one produce request
+    holds: ``batch.size`` and ``message.max.bytes`` bound the first, ``batch.num.messages``
+    the second (librdkafka's defaults where not set)."""
+    def setting(name: str, default: int) -> int:
+        try:
+            return int(conf.get(name, default))
+        except (TypeError, ValueError):
+            return default
+    size = min(setting("batch.size", 1_000_000), setting("message.max.bytes", 1_000_000))
+    return max(1, size - _REQUEST_FRAMING), max(1, setting("batch.num.messages", 10_000))
+
+
+def linger_of(conf: Mapping[str, Any]) -> float:
+    """The producer's ``linger.ms`` (or its alias ``queue.buffering.max.ms``, the last set)."""
+    value: Any = 5   # librdkafka's default
+    for name, v in conf.items():
+        if name in ("linger.ms", "queue.buffering.max.ms"):
+            value = v
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        return 5.0
+
+
+def _length(b: bytes | str | None) -> int:
+    return 0 if b is None else len(b) if isinstance(b, bytes) else len(b.encode())
+
+
+def wire_size(rec: DlqRecord) -> int:
+    """librdkafka's upper bound of a record's size in a produce request."""
+    n = _WIRE_OVERHEAD + _length(rec.key) + _length(rec.value)
+    for name, value in rec.headers or ():
+        n += _HEADER_OVERHEAD + _length(name) + _length(value)
+    return n
+
+
 def producer_config(bootstrap_servers: str, *, linger_ms: int, batch_size: int,
                     overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """librdkafka settings of the DLQ producer; `overrides` are ``producer.kafka.*`` values
@@ -216,6 +261,7 @@ class KafkaDlqProducer:
     def __init__(self, config: Mapping[str, Any], *,
                  factory: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self._config = dict(config)
+        self.request_bytes, self.request_records = request_bounds(self._config)
         # confluent-kafka's Producer, or the factory given (tests' fakes)
         self._factory = factory or Producer
         self._producer: Any = None
@@ -342,7 +388,7 @@ class KafkaDlqProducer:
         ``poll=False``: the caller polls itself once after a batch of produce calls."""
         p = self._get()
         if self._acks is not None:
-            n, refused = self._produce_native(p, [token], [rec], max_wait_s)
+            n, refused = self._produce_native(p, [token], [rec], 0, max_wait_s, 0)
             if refused is not None:
                 raise refused
             if not n:
@@ -369,21 +415,28 @@ class KafkaDlqProducer:
             self.poll(0)
 
     def produce_many(self, tokens: Sequence[int], records: Sequence[DlqRecord], *,
-                     max_wait_s: float = 0.5, partitions: bool = True
-                     ) -> tuple[int, ProduceRefused | None]:
-        """Hand ``records`` (each reported under its ``tokens[i]``) to librdkafka in order,
-        without polling in between; returns how many it took, and, when it refused the next
-        one, why (the caller files that one as failed and goes on after it). Fewer taken and no
-        refusal: its queue stayed full for `max_wait_s` (the caller keeps the rest for
-        later). ``partitions``: whether their delivery reports note the partition (-1 else)."""
+                     start: int = 0, max_wait_s: float = 0.5, partitions: bool = True,
+                     max_bytes: int = 0) -> tuple[int, ProduceRefused | None]:
+        """Hand ``records[start:]`` (each reported under its ``tokens[i]``) to librdkafka in
+        order, without polling in between; returns the index of the first it did not take
+        (len(records): all taken), and, when it refused that one, why (the caller files it as
+        failed and goes on after it). Not all taken and no refusal: the next would have taken
+        those handed over past ``max_bytes`` (by `wire_size` in C; through produce(), by the
+        first one's; the first is always taken; 0: no bound), or librdkafka's queue stayed
+        full for `max_wait_s` (the caller keeps the rest for later). ``partitions``: whether
+        their delivery reports note the partition (-1 else)."""
         p = self._get()
         if self._acks is not None:
-            return self._produce_native(p, tokens, records, max_wait_s)
+            return self._produce_native(p, tokens, records, start, max_wait_s, max_bytes)
         produce = p.produce
         d = self._deliveries
         report = d.report if partitions else d.report_unplaced
         partial, any_partition = functools.partial, _ANY_PARTITION
-        n, total, deadline = 0, len(records), 0.0
+        n, total, deadline = start, len(records), 0.0
+        if max_bytes and total > start:
+            # by the first record's size (`wire_size` of each would cost more than its produce
+            # call): the records handed over together are alike (a report's, or a backlog's)
+            total = min(total, start + max(1, max_bytes // wire_size(records[start])))
         while n < total:
             rec = records[n]
             headers = rec.headers
@@ -404,17 +457,21 @@ class KafkaDlqProducer:
         return n, None
 
     def _produce_native(self, p: Any, tokens: Sequence[int], records: Sequence[DlqRecord],
-                        max_wait_s: float) -> tuple[int, ProduceRefused | None]:
+                        start: int, max_wait_s: float, max_bytes: int
+                        ) -> tuple[int, ProduceRefused | None]:
         """`produce_many` in one C loop (its delivery reports come through the sink)."""
         tokens = tokens if type(tokens) is list else list(tokens)
         records = records if type(records) is list else list(records)
-        n, total, deadline = 0, len(records), 0.0
+        n, total, deadline = start, len(records), 0.0
         while n < total:
-            n, code = _native.produce(p, tokens, records, n)
+            began = n
+            n, code = _native.produce(p, tokens, records, n, max_bytes)
             if not code:
                 break
             if code != _QUEUE_FULL:
                 return n, self._refused_by(KafkaError(code))
+            if max_bytes and n > began:   # a bounded hand-over: the rest goes with the next
+                break
             now = time.monotonic()
             if not deadline:
                 deadline = now + max_wait_s
