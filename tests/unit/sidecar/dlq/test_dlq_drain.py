@@ -549,3 +549,85 @@ def test_a_delivery_report_asks_its_partition_only_when_the_batch_spans_need_it(
     prod.produce_many([3], [rec("c", "t")])   # (the drain asks while spans are exported)
     prod.poll(0)
     assert prod.take_reports() == ([3], [3], []) and asked == [1]
+
+
+def test_the_drain_hands_librdkafka_one_requests_worth_and_queues_one_more_at_most(tmp_path):
+    """librdkafka's idempotent producer sends a partition's next request only once the last is
+    answered, and polls without sleeping while records it could send wait: the drain hands it a
+    request's worth (batch.size) at a time, with at most the next one waiting behind it."""
+    most = [0]
+
+    class Holding(FakeProducer):
+        def produce(self, *args, **kw):
+            super().produce(*args, **kw)
+            most[0] = max(most[0], len(self.queue))
+
+    made: list[Holding] = []
+
+    def factory(conf: dict) -> Holding:
+        made.append(Holding(conf))
+        made[-1].open.clear()   # Kafka answers nothing until the test says so
+        return made[-1]
+
+    # request_bounds: 10,000 - 4,096 bytes a request; a 1,000-byte record is 1,056 of them (its
+    # value, the 36 bytes librdkafka's bound adds, and its header's 10 + 10 + 0): 5 a request
+    p = DlqPipeline("fake:9092", spool_dir=str(tmp_path), producer_factory=factory,
+                    producer_overrides={"batch.size": 10_000}).start()
+    try:
+        p.submit([DlqRecord(topic="dlq.t", key=None, value=b"v" * 1000,
+                            headers=(("spillway.x", None),), record_id=f"r{i}", job="job",
+                            task_key="t1") for i in range(40)])
+        deadline = time.monotonic() + 5
+        while most[0] < 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)   # the drain goes round while nothing is answered: nothing more handed
+        assert most[0] == 10 and len(made[-1].queue) == 10
+        made[-1].open.set()
+        assert p.wait_task("t1", 5) == 40
+        assert most[0] == 10 and sorted(made[-1].delivered) == [b"v" * 1000] * 40
+    finally:
+        p.shutdown(1.0)
+
+
+def test_pending_entries_are_handed_over_from_an_index_and_let_go_of_once_handed():
+    from spillway.sidecar.dlq.drain import Pending
+    from spillway.sidecar.dlq.handoff import Entry
+
+    entries = [Entry(seq, rec(f"r{seq}", "t"), 10) for seq in range(1, 6)]
+    p = Pending()
+    p.extend(entries[:3])
+    assert len(p) == 3 and p.first_seq() == 1 and p.seqs == [1, 2, 3]
+    assert p.handed(2) == entries[:2] and len(p) == 1 and p.first_seq() == 3
+    p.extend(entries[3:])   # what was handed over is let go of first
+    assert p.seqs == [3, 4, 5] and p.recs == [e.rec for e in entries[2:]] and p.at == 0
+    assert p.handed(3) == entries[2:] and len(p) == 0 and p.entries == [] and p.seqs == []
+
+
+@pytest.mark.parametrize("conf, bounds", [
+    ({}, (1_000_000 - 4096, 10_000)),
+    ({"batch.size": 200_000, "batch.num.messages": "500"}, (200_000 - 4096, 500)),
+    ({"batch.size": 5_000_000, "message.max.bytes": 2_000_000}, (2_000_000 - 4096, 10_000)),
+    ({"batch.size": "not a number"}, (1_000_000 - 4096, 10_000)),
+    ({"batch.size": 100}, (1, 10_000)),
+])
+def test_one_produce_requests_worth_follows_librdkafkas_settings(conf, bounds):
+    from spillway.sidecar.dlq.producer import request_bounds
+    assert request_bounds(conf) == bounds
+
+
+@pytest.mark.parametrize("conf, ms", [
+    ({}, 5.0), ({"linger.ms": 20}, 20.0), ({"queue.buffering.max.ms": "7"}, 7.0),
+    ({"linger.ms": 20, "queue.buffering.max.ms": 3}, 3.0),   # an alias: the last set wins
+    ({"linger.ms": "soon"}, 5.0),
+])
+def test_the_drains_linger_is_the_producers(conf, ms):
+    from spillway.sidecar.dlq.producer import linger_of
+    assert linger_of(conf) == ms
+
+
+def test_a_records_bound_in_a_request_counts_its_key_value_and_headers():
+    from spillway.sidecar.dlq.producer import wire_size
+    r = DlqRecord(topic="t", key="ké", value=b"v" * 100,
+                  headers=(("a", b"xy"), ("b", None), ("c", "é")), record_id="r", job="j",
+                  task_key="t")
+    assert wire_size(r) == 36 + 3 + 100 + (10 + 1 + 2) + (10 + 1) + (10 + 1 + 2)

@@ -376,18 +376,19 @@ _PROPS: list[Prop] = [
          "how often the sidecar checks that its Kafka answers (health service spillway.kafka, "
          "metric spillway_kafka_reachable); the first check runs at start-up", job=False),
     Prop("producer.linger.ms", p_int(0, 900_000), "20",
-         "DLQ producer linger, ms (a task's flush barrier has what lingers sent at once)",
-         job=False),
+         "DLQ producer linger, ms: how long after a produce request the drain gathers records "
+         "for the next (a full one, or a flush barrier waiting, goes at once)", job=False),
     Prop("producer.native", lambda name, raw: p_bool(name, raw) if raw.strip() else None, "",
          "deprecated, no effect (true or false accepted; a warning at start-up): the DLQ "
          "drain's produce loop is C where the sidecar's extension was built, on "
          "confluent-kafka's producer (docs/DLQ.md, \"Producing\"); "
          "SPILLWAY_NO_EXTENSIONS=produce turns it off", job=False),
     Prop("producer.batch.size", p_int(1, 2**31 - 1), "1000000",
-         "DLQ producer batch size, bytes", job=False),
+         "DLQ producer batch size, bytes: also what the drain hands librdkafka at a time, one "
+         "produce request's worth (docs/DLQ.md, \"Producing\")", job=False),
     Prop("producer.max.inflight.bytes", p_int(1024, 2**31 - 1), str(1024 * 1024),
-         "DLQ record bytes handed to the producer and not yet acknowledged; what is in flight "
-         "when the sidecar crashes may be written twice (docs/DLQ.md)", job=False),
+         "DLQ record bytes the drain takes for the producer and holds until acknowledged; what "
+         "is in flight when the sidecar crashes may be written twice (docs/DLQ.md)", job=False),
     Prop("flush.timeout.ms", p_int(1, DAY_MS), "60000",
          "default flush-barrier deadline when the client sets none, ms", job=False),
     Prop("telemetry.enable", p_bool, "true",

@@ -1,11 +1,22 @@
 """The DLQ pipeline's drain worker: one thread's rounds of reading, producing and settling.
 
 Each round (`_step`) takes the records the spool's writer handed over in memory, or reads the
-spool when that hand-off overflowed or after a restart; hands up to ``max_inflight_records`` /
-``max_inflight_bytes`` of them to the producer; serves delivery reports (`_handle_reports`): an
-acknowledged record is settled in the spool in batches (`_commit_acks`), a failed one is
+spool when that hand-off overflowed or after a restart (up to ``max_inflight_records`` /
+``max_inflight_bytes`` held); hands librdkafka one produce request's worth of them at a time,
+only once it has reported on the last (`_send`); serves delivery reports (`_handle_reports`):
+an acknowledged record is settled in the spool in batches (`_commit_acks`), a failed one is
 retried, produced alone, rejected or makes the producer be rebuilt by its category
 (`_on_failure`, see `producer.classify`).
+
+One request at a time: librdkafka's idempotent producer sends a partition's next request only
+once the last is answered (it counts records in flight against its limit of five requests), and
+while records it could send wait for that, its broker thread polls without sleeping: 5-8 µs of
+CPU a dead-lettered record, against about 2 when it holds nothing meanwhile (docs/design/
+failure-path.md, round eleven). So the records wait in the drain instead, and it gathers them
+as librdkafka's linger would: the next request's worth is taken when a full one waits, a flush
+barrier does, or ``linger.ms`` after the last; it waits in librdkafka behind the one in flight,
+not yet due (handed over less than ``linger.ms`` ago), and once that one is answered the drain
+has it sent at once (librdkafka's `flush()` ignores ``linger.ms`` while it runs).
 
 `Drain` is one of the parts `pipeline.DlqPipeline` is composed of, built when the pipeline
 starts: it owns its thread, the entries it holds (in flight, to retry, suspects) and its
@@ -29,6 +40,7 @@ from typing import Any
 
 from spillway.sidecar.runtime.memtune import release_memory
 
+from ..core.model import DlqRecord
 from ..core.ports import Clock, RandomSource
 from ..errors import DlqError
 from .handoff import Entry, Handoff
@@ -43,10 +55,11 @@ _TRIM_AFTER_RECORDS = 10_000  # records drained before an idle drain gives memor
 # Acknowledged records are settled in the spool (one small transaction) at least this often:
 # what was acknowledged but not yet settled is produced again after a crash.
 SETTLE_AFTER_S = 0.05
-# While a flush barrier waits, what librdkafka holds for linger.ms is sent at once: its flush()
-# ignores linger.ms, given this long to send (and serve delivery reports meanwhile). A barrier
-# then waits about 10 ms, where it waited linger.ms (20) and more.
-KICK_S = 0.002
+# How long librdkafka's flush() is given to send a request's worth at once (it ignores
+# linger.ms while it runs; its broker thread must wake meanwhile): the drain waits this long
+# for that request's reports. Missed (a broker thread not scheduled in time), the request goes
+# after linger.ms.
+KICK_S = 0.01
 # How long one poll waits for delivery reports while records are in flight: a barrier that
 # comes meanwhile is seen by the next round (an idle round costs about 20 µs: 0.4% of a core
 # while records wait on Kafka, through an outage too).
@@ -74,6 +87,44 @@ class DrainSettings:
     delete_batch: int = 1_000
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 5_000
+    linger_ms: float = 20
+
+
+class Pending:
+    """Entries taken (from the hand-off or the spool) and not yet handed to librdkafka, in seq
+    order. Their tokens and records are kept as the lists the producer reads from an index:
+    handing a request's worth of a large backlog over copies nothing."""
+
+    __slots__ = ("entries", "seqs", "recs", "at")
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.seqs: list[int] = []
+        self.recs: list[DlqRecord] = []
+        self.at = 0   # the first not handed over
+
+    def __len__(self) -> int:
+        return len(self.entries) - self.at
+
+    def extend(self, entries: list[Entry]) -> None:
+        if self.at:   # what was handed over is let go of before more is added
+            del self.entries[:self.at], self.seqs[:self.at], self.recs[:self.at]
+            self.at = 0
+        self.entries += entries
+        self.seqs += map(_seq_of, entries)
+        self.recs += map(_rec_of, entries)
+
+    def first_seq(self) -> int:
+        return self.entries[self.at].seq
+
+    def handed(self, upto: int) -> list[Entry]:
+        """Those up to index `upto` are handed over: returns them."""
+        done = self.entries[self.at:upto]
+        if upto >= len(self.entries):
+            self.entries, self.seqs, self.recs, self.at = [], [], [], 0
+        else:
+            self.at = upto
+        return done
 
 
 class Drain:
@@ -100,6 +151,7 @@ class Drain:
         self._delete_batch = max(1, settings.delete_batch)
         self._backoff_s = settings.retry_backoff_ms / 1000.0
         self._backoff_max_s = settings.retry_backoff_max_ms / 1000.0
+        self._linger_s = max(0, settings.linger_ms) / 1000.0
 
         self._wake = threading.Event()
         self.wake = self._wake.set   # a new record, a waiter: go on at once
@@ -108,6 +160,10 @@ class Drain:
                                         daemon=True)
         self._cursor = 0
         self._inflight: dict[int, Entry] = {}
+        # taken, not yet handed to librdkafka (a request's worth is handed over at a time)
+        self._pending = Pending()
+        self._sent_t = -1e9   # when the last request's worth was handed over
+        self._queued = 0      # records of the last request's worth, until it is sent
         self._retry: list[tuple[float, Entry]] = []
         self._suspects: collections.deque[Entry] = collections.deque()
         self._probe: int | None = None
@@ -119,7 +175,6 @@ class Drain:
         self._written_since_trim = 0
         self._trim_at = 0.0
         self._avg_size = 1024  # of the rows read from the spool: sizes the next read
-        self._unsent = False   # produced since the last flush() a barrier asked for
 
         self.last_error = ""
         self._c_requests = 0
@@ -186,38 +241,48 @@ class Drain:
         if self._producer.fatal_error is not None:
             self._rebuild(str(self._producer.fatal_error))
         produced = False
+        counts = self._counts
+        barrier = counts.flush_waiters > 0 or counts.task_waiters > 0
         if self._suspects:
             produced = self._probe_next()
-        else:
-            while self._retry and self._retry[0][0] <= now:
+        elif not self._inflight:   # librdkafka has reported on everything handed over
+            # retries due within linger.ms go together, as librdkafka's linger would send them
+            # (they are due microseconds apart after a failed request)
+            horizon = now + self._linger_s
+            while self._retry and self._retry[0][0] <= horizon:
                 _, e = heapq.heappop(self._retry)
                 if not self._produce(e):
                     break
                 produced = True
-            produced = self._read_more() or produced
-        more_to_read = self._more_to_read()
-        counts = self._counts
-        barrier = counts.flush_waiters > 0 or counts.task_waiters > 0
-        self._unsent = self._unsent or produced
-        if barrier and self._unsent and self._inflight and not more_to_read:
-            # a flush barrier waits on records librdkafka may still hold for linger.ms:
-            # its flush() sends them now (a bounded wait that serves delivery reports)
-            self._unsent = False
+            if self._due(now, barrier):
+                produced = self._send(now) > 0 or produced
+            if produced:
+                self._queued = len(self._inflight)
+        elif not self._queued and self._due(now, barrier):
+            # the next request's worth waits in librdkafka while the last is answered (for
+            # linger.ms: past it, librdkafka would poll for a chance to send it)
+            self._queued = self._send(now)
+            produced = self._queued > 0
+        if self._queued and len(self._inflight) <= self._queued:
+            # all before it is answered: it goes now (librdkafka's flush() sends without
+            # waiting for linger.ms; given this long to, serving delivery reports meanwhile)
+            self._queued = 0
             self._producer.flush(KICK_S)
         else:
-            self._producer.poll(0 if produced or more_to_read else
-                                (INFLIGHT_POLL_S if self._inflight else 0))
+            # returns at the first delivery report
+            self._producer.poll(INFLIGHT_POLL_S if self._inflight and not produced else 0)
         self._handle_reports()
         flushing = counts.flush_waiters > 0
         self._commit_acks(force=barrier or self._stop.is_set())
         if flushing:
             self._update_done_through()
-        if self._inflight or produced or more_to_read or self._suspects:
+        if self._inflight or self._suspects:
             return 0.0  # (rows left over after a failed delete or reject wait for the next wake)
-        if self._more_to_read():
-            # the window was full when this round began and its reports came back during
-            # the poll above: go on reading at once instead of idling a second per window
-            return 0.0
+        if self._pending or self._more_to_read():
+            # the reports came back during the wait above: the next request's worth goes now,
+            # or once linger.ms has passed since the last (woken early by a barrier)
+            return 0.0 if self._due(self._clock.monotonic(), barrier) else \
+                max(0.001, self._sent_t + self._linger_s - self._clock.monotonic())
         if self._cursor < self._handoff.skipped_upto and self._room() > 0:
             # skipped rows whose commit is not published yet (the writer wakes the drain
             # before it publishes): look again shortly, not in a second
@@ -226,6 +291,23 @@ class Drain:
             return max(0.0, min(1.0, self._retry[0][0] - self._clock.monotonic()))
         self._trim_when_idle()
         return 1.0
+
+    def _due(self, now: float, barrier: bool) -> bool:
+        """Whether the next request's worth goes now: a barrier waits, the drain stops, a full
+        request waits (the last was cut by its bound, or the spool holds a backlog), or
+        linger.ms has passed since the last."""
+        return (barrier or bool(self._pending) or self._stop.is_set()
+                or self._cursor < self._handoff.skipped_upto
+                or now - self._sent_t >= self._linger_s)
+
+    def _send(self, now: float) -> int:
+        """Take what is waiting (as the window allows) and hand librdkafka one request's worth
+        of it, the rest kept in order for the next; returns how many it took."""
+        self._pending.extend(self._read_more())
+        if not self._pending:
+            return 0
+        self._sent_t = now
+        return self._produce_new()
 
     def _more_to_read(self) -> bool:
         room = self._room()
@@ -268,18 +350,18 @@ class Drain:
 
     def _room(self) -> int:
         held = len(self._inflight) + len(self._retry) + len(self._suspects)
-        held += len(self._acked_pending)
+        held += len(self._acked_pending) + len(self._pending)
         if self._held_bytes >= self._max_inflight_bytes:
             return 0
         return self._max_inflight - held
 
-    def _read_more(self) -> bool:
+    def _read_more(self) -> list[Entry]:
         """Take new rows: those the hand-off skipped (it was full, or they were recovered at
         start) from the spool, in seq order, then the ones handed over in memory."""
         room = self._room()
         budget = self._max_inflight_bytes - self._held_bytes
         if room <= 0 or budget <= 0:
-            return False
+            return []
         last = self._store.last_seq()  # every row up to it has been handed off or skipped
         taken, skipped, none_left = self._handoff.take(self._cursor, min(self._chunk, room),
                                                        budget)
@@ -287,19 +369,20 @@ class Drain:
             self._cursor = max(self._cursor, last)  # rows up to `last` all taken
         if taken:
             self._cursor = taken[-1].seq
-            return self._produce_new(taken)
+            self._held_bytes += sum(map(_size_of, taken))
+            return taken
         if self._cursor < skipped:
             return self._read_spool(skipped, last)
-        return False
+        return []
 
-    def _read_spool(self, skipped: int, last: int) -> bool:
+    def _read_spool(self, skipped: int, last: int) -> list[Entry]:
         """Read skipped rows (seq <= `skipped`) from the spool, `last` being the last
         published seq. The hand-off hands over only rows past `skipped`, so nothing is taken
         twice; once the drain has read up to it, it goes back to the hand-off, whose rows are
         the next ones in seq order."""
         limit = self._spool_readable(self._room(), last)
         if limit <= 0:
-            return False
+            return []
         upto = min(skipped, last)  # skipped rows are committed, published once their hooks ran
         seqs, records, sizes = self._store.read_columns(self._cursor, limit, upto)
         entries = list(map(Entry, seqs, records, sizes))
@@ -314,44 +397,34 @@ class Drain:
             # caught up: the hand-off takes the next commits again, and the rows skipped
             # meanwhile (after `upto`) are read in the next round
             self._handoff.caught_up()
-        return self._produce_new(entries)
+        self._held_bytes += sum(sizes[:len(entries)])
+        return entries
 
-    def _produce_new(self, entries: list[Entry]) -> bool:
-        """Hand new entries to librdkafka in one go; when its queue stays full, the rest is
-        kept for later, in order."""
-        if not entries:
-            return False
+    def _produce_new(self) -> int:
+        """Hand librdkafka one request's worth of the pending entries, in order (fewer when
+        its queue stays full), the rest staying pending; returns how many it took."""
+        pending = self._pending
         traced = self._tracer is not None and self._traced()
         sent_ns = time.time_ns()
-        inflight = self._inflight
         producer = self._producer
-        i, total = 0, len(entries)
-        while i < total:
-            batch = entries[i:] if i else entries
-            n, refused = producer.produce_many(list(map(_seq_of, batch)),
-                                               list(map(_rec_of, batch)), max_wait_s=0.5,
-                                               partitions=traced)
-            sent = batch if n == len(batch) else batch[:n]
-            inflight.update(zip(map(_seq_of, sent), sent))
-            if traced:   # the start of the records' batch span
-                for e in sent:
-                    e.sent_ns = sent_ns
-            self._held_bytes += sum(map(_size_of, sent))
-            self._c_requests += n
-            i += n
-            if refused is not None:  # refused synchronously (e.g. too large): filed alone
-                e = entries[i]
-                self._held_bytes += e.size
-                self._c_requests += 1
-                self._on_failure(e, refused.failure, refused_alone=True)
-                i += 1
-            elif i < total:  # librdkafka full
-                now = self._clock.monotonic()
-                for r in entries[i:]:
-                    self._held_bytes += r.size
-                    heapq.heappush(self._retry, (now, r))
-                return i > 0
-        return True
+        seqs, recs, at = pending.seqs, pending.recs, pending.at
+        if len(seqs) - at > producer.request_records:   # librdkafka's batch.num.messages
+            end = at + producer.request_records
+            seqs, recs, at = seqs[at:end], recs[at:end], 0
+        n, refused = producer.produce_many(seqs, recs, start=at, max_wait_s=0.5,
+                                           partitions=traced,
+                                           max_bytes=producer.request_bytes)
+        sent = pending.handed(pending.at + n - at)
+        self._inflight.update(zip(map(_seq_of, sent), sent))
+        if traced:   # the start of the records' batch span
+            for e in sent:
+                e.sent_ns = sent_ns
+        self._c_requests += len(sent)
+        if refused is not None:  # refused synchronously (e.g. too large): filed alone
+            e = pending.handed(pending.at + 1)[0]
+            self._c_requests += 1
+            self._on_failure(e, refused.failure, refused_alone=True)
+        return len(sent)
 
     def _produce(self, e: Entry, *, solo: bool = False) -> bool:
         """Hand one entry to librdkafka; False when its queue stays full (entry kept)."""
@@ -481,7 +554,7 @@ class Drain:
             self._counts.all_settled()   # every acknowledgement is settled
             return
         if not (force or len(self._acked_pending) >= self._delete_batch
-                or not self._inflight
+                or not (self._inflight or self._pending or self._handoff.waiting())
                 or self._clock.monotonic() - self._first_ack_t >= SETTLE_AFTER_S):
             return
         seqs, self._acked_pending = self._acked_pending, []
@@ -500,6 +573,8 @@ class Drain:
         low = self._cursor + 1
         if self._inflight:
             low = min(low, min(self._inflight))
+        if self._pending:
+            low = min(low, self._pending.first_seq())
         if self._retry:
             low = min(low, min(e.seq for _, e in self._retry))
         if self._suspects:
@@ -516,4 +591,5 @@ class Drain:
         for e in self._inflight.values():
             heapq.heappush(self._retry, (now, e))
         self._inflight.clear()
+        self._queued = 0
         self._probe = None

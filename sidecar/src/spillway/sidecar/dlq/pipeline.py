@@ -66,7 +66,7 @@ from ..errors import BackpressureError, ConfigError, DlqError
 from .drain import MAX_INFLIGHT_BYTES, Drain, DrainSettings, OnAck
 from .handoff import Handoff
 from .memqueue import MemoryQueue
-from .producer import KafkaDlqProducer, producer_config
+from .producer import KafkaDlqProducer, linger_of, producer_config
 from .schema import default_spool_dir
 from .spool import Spool
 from .store import FreshRun, Placed, RecordStore
@@ -127,7 +127,8 @@ class DlqPipeline:
         self._settings = DrainSettings(
             read_chunk=read_chunk, max_inflight_records=max_inflight_records,
             max_inflight_bytes=max_inflight_bytes, delete_batch=delete_batch,
-            retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms)
+            retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
+            linger_ms=linger_of(self._config))
         self._handoff_bytes = handoff_bytes
         self._handoff_records = handoff_records
         self._producer = KafkaDlqProducer(self._config, factory=producer_factory)
