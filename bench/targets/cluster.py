@@ -543,12 +543,12 @@ def _threads_reading(runs: list[dict[str, float]], node_us: float | None, n: int
             f"counters, {fmt(node_us)}). `rpc_N` decides each report, builds its DLQ records "
             "and spools them (held until the home confirms), `spool-writer` writes them to "
             "SQLite once (held; a release of the whole report reads the held row in place), "
-            "`dlq-drain` produces them (one C call a batch, (f)) and settles the acknowledged "
-            "ones, librdkafka sends them. Toward "
+            "`dlq-drain` produces them (one C call a produce request's worth, (f)) and settles "
+            "the acknowledged ones, librdkafka sends them (one request at a time, its broker "
+            "thread asleep meanwhile: docs/design/failure-path.md, round eleven). Toward "
             f"{fmt(NODE_US_TARGET)} µs: the report kept as one unit from the wire to the "
             "producer, with no Python object per record (the DLQ records, the hand-off's "
-            "entries), and librdkafka's threads, which spend more per record the more "
-            "producers share the machine (docs/design/failure-path.md, round ten).")
+            "entries, the per-task counts).")
 
 
 def _provisional_reading(prov: _Figs, sync: _Figs, n: int) -> str:
