@@ -243,22 +243,23 @@ class Drain:
         produced = False
         counts = self._counts
         barrier = counts.flush_waiters > 0 or counts.task_waiters > 0
-        if self._suspects:
-            produced = self._probe_next()
-        elif not self._inflight:   # librdkafka has reported on everything handed over
-            # retries due within linger.ms go together, as librdkafka's linger would send them
-            # (they are due microseconds apart after a failed request)
-            horizon = now + self._linger_s
-            while self._retry and self._retry[0][0] <= horizon:
-                _, e = heapq.heappop(self._retry)
-                if not self._produce(e):
-                    break
-                produced = True
-            if self._due(now, barrier):
-                produced = self._send(now) > 0 or produced
-            if produced:
+        if not self._inflight:   # librdkafka has reported on everything handed over
+            if self._suspects:
+                produced = self._probe_next()
+            else:
+                # retries due within linger.ms go together, as librdkafka's linger would send
+                # them (they are due microseconds apart after a failed request)
+                horizon = now + self._linger_s
+                while self._retry and self._retry[0][0] <= horizon:
+                    _, e = heapq.heappop(self._retry)
+                    if not self._produce(e):
+                        break
+                    produced = True
+                if self._due(now, barrier):
+                    produced = self._send(now) > 0 or produced
+            if produced:   # sent at once, below
                 self._queued = len(self._inflight)
-        elif not self._queued and self._due(now, barrier):
+        elif not self._suspects and not self._queued and self._due(now, barrier):
             # the next request's worth waits in librdkafka while the last is answered (for
             # linger.ms: past it, librdkafka would poll for a chance to send it)
             self._queued = self._send(now)
@@ -281,8 +282,9 @@ class Drain:
         if self._pending or self._more_to_read():
             # the reports came back during the wait above: the next request's worth goes now,
             # or once linger.ms has passed since the last (woken early by a barrier)
-            return 0.0 if self._due(self._clock.monotonic(), barrier) else \
-                max(0.001, self._sent_t + self._linger_s - self._clock.monotonic())
+            now = self._clock.monotonic()
+            return 0.0 if self._due(now, barrier) else \
+                max(0.001, self._sent_t + self._linger_s - now)
         if self._cursor < self._handoff.skipped_upto and self._room() > 0:
             # skipped rows whose commit is not published yet (the writer wakes the drain
             # before it publishes): look again shortly, not in a second
@@ -448,8 +450,9 @@ class Drain:
         return True
 
     def _probe_next(self) -> bool:
-        """Produce one suspect alone: nothing else queued in librdkafka, nothing else sent."""
-        if self._probe is not None or self._inflight or self._producer.outstanding():
+        """Produce one suspect alone: nothing else queued in librdkafka, nothing else sent (the
+        caller has it sent at once, as any request's worth)."""
+        if self._probe is not None or self._producer.outstanding():
             return False
         e = self._suspects.popleft()
         self._probe = e.seq
@@ -458,8 +461,6 @@ class Drain:
             return False
         if e.seq not in self._inflight:  # refused synchronously: already re-filed
             self._probe = None
-        else:
-            self._producer.flush(0)  # send it now, without waiting for linger.ms
         return True
 
     def _handle_reports(self) -> None:
