@@ -1,7 +1,8 @@
 """Counts that outlive a run (issue 45), end to end: `spillway serve` and Tansu as their own
 processes, three short demo jobs (each its own Spark application, a real local Spark, one after
-the other in one driver process) that dead-letter some records and end, then `spillway status` (text and --json) as the operator runs
-it and a scrape of the Prometheus endpoint: the runs are gone, their counts are not."""
+the other in one driver process) that dead-letter some records and end, then `spillway status`
+(text and --json) as the operator runs it and a scrape of the Prometheus endpoint: the runs are
+gone, their counts are not."""
 
 from __future__ import annotations
 
