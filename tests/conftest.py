@@ -82,6 +82,13 @@ def topic_name():
     return f"dlq.test-{uuid.uuid4().hex[:10]}"
 
 
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # once, in the controller, before any worker starts
+        from support.bytecode import precompile
+
+        precompile()
+
+
 # --- grouping for pytest-xdist ----------------------------------------------------------------
 
 

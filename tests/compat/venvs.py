@@ -255,6 +255,11 @@ def make_venv(combo: Combo, where: Path, wheels_dir: Path) -> Path:
         _clone(_template(combo, python, wh, wheels_dir, targets), venv)
     vpy = str(venv / "bin" / "python")
     _install(combo, vpy, wh, wheels_dir, targets)   # our wheels, the pins re-resolved
+    # our modules' bytecode, as a default `pip install` (not --no-compile) leaves it: the job's
+    # Spark workers would otherwise compile them in every process (tests/support/bytecode.py)
+    proc = _run([vpy, "-c", "import compileall, sysconfig; compileall.compile_dir("
+                 "sysconfig.get_paths()['purelib'] + '/spillway', quiet=2)"])
+    assert proc.returncode == 0, proc.stderr
     check = _run([vpy, "-m", "pip", "--disable-pip-version-check", "check"])
     assert check.returncode == 0, f"compat {combo.name}: pip check:\n{check.stdout}"
     return venv / "bin" / "python"
