@@ -47,6 +47,11 @@ pin_loopback()  # before any Spark, here or in a subprocess: the driver binds to
 # it starts, away from the machine's own directory
 os.environ.setdefault("SPILLWAY_CRUMB_DIR", tempfile.mkdtemp(prefix="spillway-crumbs-"))
 quick_jvms()    # short-lived test JVMs: client JIT, serial GC (support/spark.py)
+# Spark's Python workers import the installed pyspark, not its bytecode-less zip
+# (support/sitepath/sitecustomize.py); a process that sets its own PYTHONPATH goes without
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [os.path.join(os.path.dirname(__file__), "support", "sitepath"),
+                  os.environ.get("PYTHONPATH")]))
 
 # Hypothesis: no per-example deadline and no "too slow" health check. Both time the example on
 # the wall clock (200 ms by default), which a loaded 2-core machine running four workers and

@@ -54,7 +54,8 @@ def ran(broker, tmp_path_factory):
                   "sys.exit(next((rc for rc in map(demo.main, json.loads(sys.argv[1])) if rc), 0))")
         demo = subprocess.run([sys.executable, "-c", driver, json.dumps(runs)],
                               capture_output=True, text=True, timeout=540, cwd=paths.ROOT,
-                              env={**env, "PYTHONPATH": str(paths.ROOT / "tests")})
+                              env={**env, "PYTHONPATH": os.pathsep.join(
+                                  [str(paths.ROOT / "tests"), env.get("PYTHONPATH", "")])})
         assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
         summaries = [json.loads(out.read_text()) for out in outs]
         yield address, env, port, summaries
