@@ -50,13 +50,15 @@ def test_broker_paused_during_a_burst(own_broker, tmp_path):
 
         own_broker.pause()
         paused_at = time.monotonic()
-        slowest_submit = 0.0
         during_start = total
         for _ in range(50):  # the burst goes on: the spool takes it
-            t0 = time.monotonic()
             p.submit(batch(topic, total, size, "outage/0.0.0/2"))
-            slowest_submit = max(slowest_submit, time.monotonic() - t0)
             total += size
+        # every submit returned while Kafka could acknowledge none of the burst: submit() answers
+        # from the spool, it never waits for the broker (a count, not a clock: no flake on a
+        # loaded machine)
+        burst = p.stats()
+        assert burst["spool-depth"] >= total - during_start
         long_wait: dict[str, object] = {}
 
         def waiter() -> None:
@@ -71,8 +73,10 @@ def test_broker_paused_during_a_burst(own_broker, tmp_path):
         t0 = time.monotonic()
         with pytest.raises(FlushTimeoutError, match="not acknowledged by Kafka within 3s"):
             p.wait_task("outage/0.0.0/2", 3.0)
-        # fails at its deadline, never hangs (the slack is for a busy machine's scheduling)
-        assert 3.0 <= time.monotonic() - t0 < 5.0
+        # fails at its deadline, not before; never waits for the broker (which stays paused
+        # until this thread resumes it: a wait past the deadline would hang the test; the upper
+        # bound only leaves room for a busy machine's scheduling)
+        assert 3.0 <= time.monotonic() - t0 < 3.0 + 5.0
 
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - paused_at)))
         during = p.stats()
@@ -97,7 +101,6 @@ def test_broker_paused_during_a_burst(own_broker, tmp_path):
     assert duplicates <= stats["possible-duplicates"]
     assert stats["dlq-records-written"] >= total
     assert stats["spool-depth"] == 0
-    assert slowest_submit < 1.0
     print(f"\n{total} records, outage {OUTAGE_S}s: produce failures "
           f"{stats['deadletterqueue-produce-failures']:.0f}, retries "
           f"{stats['write-retries']:.0f}, duplicates {duplicates}, "

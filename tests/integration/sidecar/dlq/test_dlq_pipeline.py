@@ -143,7 +143,7 @@ def test_unreachable_kafka_times_out_then_a_restart_delivers_the_spool(
     with pytest.raises(FlushTimeoutError, match="40 DLQ record\\(s\\) of task job/0.0.0/7 not "
                                                 "acknowledged by Kafka within 0.5s"):
         p.wait_task("job/0.0.0/7", 0.5)
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 5.0  # its deadline, with room for a busy machine
     t0 = time.monotonic()
     assert p.shutdown(1.0) is False  # never hangs on a broker that is not there
     assert time.monotonic() - t0 < 5.0
