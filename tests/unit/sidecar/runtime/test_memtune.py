@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 import pytest
-from spillway.sidecar.runtime import memtune
+from spillway.sidecar.runtime import memtune, restart
 from support.fakes import FakeClock
 
 
@@ -24,26 +25,28 @@ def test_not_wanted_off_linux(monkeypatch):
 
 def test_no_reexec_without_the_interpreters_command_line(monkeypatch):
     monkeypatch.delenv("PYTHONMALLOC", raising=False)
-    monkeypatch.setattr(memtune, "wanted", lambda environ=None: True)
-    monkeypatch.setattr(memtune.sys, "orig_argv", [])
+    monkeypatch.setattr(restart.sys, "orig_argv", [])
     called = []
-    monkeypatch.setattr(memtune.os, "execv", lambda *a: called.append(a))
-    memtune.reexec_on_system_malloc()
+    monkeypatch.setattr(restart.os, "execv", lambda *a: called.append(a))
+    restart.reexec({"PYTHONMALLOC": "malloc"})
     assert called == []
+    assert "PYTHONMALLOC" not in restart.os.environ
 
 
 def test_reexec_keeps_the_command_line_and_the_interpreter(monkeypatch):
-    environ = {k: v for k, v in memtune.os.environ.items() if k != "PYTHONMALLOC"}
-    monkeypatch.setattr(memtune.os, "environ", environ)
-    monkeypatch.setattr(memtune, "wanted", lambda environ=None: True)
-    monkeypatch.setattr(memtune.sys, "orig_argv", ["python", "-m", "spillway.sidecar.cli",
-                                                   "serve", "--listen", "127.0.0.1:0"])
+    environ = {k: v for k, v in restart.os.environ.items()
+               if k not in ("PYTHONMALLOC", "PYTHONHASHSEED")}
+    monkeypatch.setattr(restart.os, "environ", environ)
+    monkeypatch.setattr(restart.sys, "orig_argv", ["python", "-m", "spillway.sidecar.cli",
+                                                    "serve", "--listen", "127.0.0.1:0"])
     called = []
-    monkeypatch.setattr(memtune.os, "execv", lambda path, argv: called.append((path, argv)))
-    memtune.reexec_on_system_malloc()
+    monkeypatch.setattr(restart.os, "execv", lambda path, argv: called.append((path, argv)))
+    restart.reexec({})  # nothing to change: no exec
+    restart.reexec({"PYTHONMALLOC": "malloc", "PYTHONHASHSEED": "7"})
     assert called == [(sys.executable, [sys.executable, "-m", "spillway.sidecar.cli", "serve",
                                         "--listen", "127.0.0.1:0"])]
-    assert environ["PYTHONMALLOC"] == "malloc"  # the loop guard
+    # the loop guard: the new process finds them set
+    assert (environ["PYTHONMALLOC"], environ["PYTHONHASHSEED"]) == ("malloc", "7")
 
 
 def test_main_called_by_a_host_program_never_reexecutes(monkeypatch):
@@ -57,26 +60,39 @@ def test_main_called_by_a_host_program_never_reexecutes(monkeypatch):
     assert seen == [False, True]
 
 
-def test_serve_reexecutes_before_the_servers_imports():
-    """The process that re-executes pays only for the command line's parser: neither the
-    server, Kafka's client nor the DLQ tools are imported before the exec (~0.5 s of CPU for
-    every sidecar started, twice over)."""
+_BEFORE_EXEC = (
+    "import os, sys\n"
+    "from spillway.sidecar.cli import main as cli\n"
+    "from spillway.sidecar.runtime import memtune\n"
+    "def execv(*a):\n"
+    "    heavy = [m for m in ('spillway.sidecar.server', 'spillway.sidecar.service.servicer', "
+    "'opentelemetry.sdk.trace') if m in sys.modules]\n"
+    "    print('exec', heavy, os.environ.get('PYTHONMALLOC'), "
+    "os.environ.get('PYTHONHASHSEED') is not None); sys.exit(0)\n"
+    "os.execv = execv\n"
+    "memtune.wanted = lambda environ=None: True\n"
+    "sys.argv = ['spillway', 'serve'] + sys.argv[1:]\n"
+    "cli.main()\n")
+
+
+@pytest.mark.parametrize("flags, seed", [
+    (["--listen", "127.0.0.1:0"], False),  # no run states kept: glibc's malloc only
+    (["--listen", "127.0.0.1:0", "--bootstrap-servers", "127.0.0.1:9", "--set",
+      "spool.dir={tmp}"], True),
+])
+def test_serve_reexecutes_once_before_the_servers_imports(flags, seed, tmp_path):
+    """The process that re-executes pays for the command line's parser and for finding the
+    spool's hash seed, not for the server: one exec carries both the allocator and the seed
+    (the server's imports were ~0.2 s of CPU, and a second exec ~0.6 s more, per start)."""
     import subprocess
 
-    code = ("import sys\n"
-            "from spillway.sidecar.cli import main as cli\n"
-            "from spillway.sidecar.runtime import memtune\n"
-            "def execv(*a):\n"
-            "    heavy = [m for m in ('spillway.sidecar.server', 'spillway.sidecar.dlq', "
-            "'confluent_kafka', 'opentelemetry.sdk.trace') if m in sys.modules]\n"
-            "    print('exec', heavy); sys.exit(0)\n"
-            "memtune.os.execv = execv\n"
-            "memtune.wanted = lambda environ=None: True\n"
-            "sys.argv = ['spillway', 'serve', '--listen', '127.0.0.1:0']\n"
-            "cli.main()\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60)
-    assert out.stdout.strip() == "exec []", out.stdout + out.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONMALLOC", "PYTHONHASHSEED")}
+    argv = [f.format(tmp=tmp_path / "spool") for f in flags]
+    out = subprocess.run([sys.executable, "-c", _BEFORE_EXEC, *argv], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.stdout.strip() == f"exec [] malloc {seed}", out.stdout + out.stderr
+    if seed:
+        assert (tmp_path / "spool" / "hashseed").stat().st_mode & 0o777 == 0o600
 
 
 def _wait_for(pred, timeout_s=5.0):

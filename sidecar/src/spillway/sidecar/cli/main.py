@@ -87,48 +87,69 @@ def _check_free(prop: str, host: str, port: int) -> None:
             raise ConfigError(prop, f"cannot listen on {host}:{port}: {why}") from None
 
 
+def _restart_env(props: dict, spool_dir: str | None) -> dict[str, str]:
+    """What this process must be re-executed with (runtime/restart.py); empty: nothing."""
+    from spillway.sidecar.runtime import memtune, restart
+
+    updates = {}
+    if memtune.wanted():  # glibc's malloc, so a burst's memory goes back (memtune.py)
+        updates[memtune.ENV] = memtune.CHOICE
+    if spool_dir is not None:
+        from spillway.sidecar.service import runstate
+
+        if runstate.wanted(props):
+            # run states are kept as hash() digests: the same seed after a restart (runstate.py)
+            seed = runstate.hash_seed(spool_dir)
+            if seed is not None and os.environ.get(restart.HASH_SEED) != seed:
+                updates[restart.HASH_SEED] = seed
+    return updates
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from spillway.sidecar.runtime import memtune
+    from spillway.sidecar.runtime import memtune, restart
 
-    if getattr(args, "own_command_line", False):
-        # glibc's malloc instead of pymalloc, so a burst's memory goes back (memtune.py); only
-        # when this process is the command (main() called by a host program must not restart
-        # it). Before the server's imports: the process that re-executes should not pay them
-        memtune.reexec_on_system_malloc()
-    from spillway.sidecar.runtime import gctune, shutdown, threadnames
-    from spillway.sidecar.server import start_server
-
-    memtune.limit_malloc_arenas()  # before any thread starts (memory returned after a drain)
-    if getattr(args, "own_command_line", False):
-        # before any thread starts: `top -H` tells them apart. Only in a process that is the
-        # command: a host program calling main() keeps its own threads' names and profile hook
-        threadnames.name_os_threads()
+    own = getattr(args, "own_command_line", False)
     env = dict(os.environ)
-    for warning in config.unknown_environment(env):
-        logging.getLogger("spillway.sidecar").warning("%s", warning)
     raw = serve_properties(args, env)
     props = config.parse(raw)
     role = None
     if args.process_role:  # one of several processes, started by the supervisor below
-        from spillway.sidecar.runtime.processes import ProcessRole, die_with_parent
+        from spillway.sidecar.runtime.processes import ProcessRole
 
         role = ProcessRole.from_json(args.process_role)
+    supervisor = role is None and props["sidecar.processes"] > 1
+    spool_dir = None
+    if not supervisor:
+        from spillway.sidecar.dlq import default_spool_dir
+
+        spool_dir = props["spool.dir"] or default_spool_dir(raw)
+        if role is None:  # (the supervisor checked the directories of all its processes)
+            from spillway.sidecar.runtime import stranded
+
+            stranded.check(spool_dir, props)
+    if own:
+        # only when this process is the command: main() called by a host program must not
+        # restart it. Once, before the server's imports (restart.py)
+        restart.reexec(_restart_env(props, spool_dir))
+    from spillway.sidecar.runtime import gctune, shutdown, threadnames
+
+    memtune.limit_malloc_arenas()  # before any thread starts (memory returned after a drain)
+    if own:
+        # before any thread starts: `top -H` tells them apart. Only in a process that is the
+        # command: a host program calling main() keeps its own threads' names and profile hook
+        threadnames.name_os_threads()
+    for warning in config.unknown_environment(env):
+        logging.getLogger("spillway.sidecar").warning("%s", warning)
+    if role is not None:
+        from spillway.sidecar.runtime.processes import die_with_parent
+
         die_with_parent(role.parent_pid)
-    elif props["sidecar.processes"] > 1:
+    elif supervisor:
         from spillway.sidecar.runtime.processes import supervise
 
         return supervise(args, raw, props)
-    from spillway.sidecar.dlq import default_spool_dir
-    from spillway.sidecar.service.runstate import pin_hash_seed, wanted
+    from spillway.sidecar.server import start_server
 
-    spool_dir = props["spool.dir"] or default_spool_dir(raw)
-    if role is None:  # (the supervisor checked the directories of all its processes)
-        from spillway.sidecar.runtime import stranded
-
-        stranded.check(spool_dir, props)
-    if getattr(args, "own_command_line", False) and wanted(props):
-        # run states are kept as hash() digests: the same seed after a restart (runstate.py)
-        pin_hash_seed(spool_dir)
     if props.get("listen.address") and role is None:  # the supervisor holds a shared one
         host, _, port = props["listen.address"].rpartition(":")
         _check_free("listen.address", host, int(port))
@@ -159,7 +180,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     while not done.wait(0.5):
         pass
     running.stop(shutdown.stop_budget_s(running.sidecar.props["shutdown.grace.ms"]))
-    if getattr(args, "own_command_line", False):  # the process is ours to end (shutdown.py)
+    if own:  # the process is ours to end (shutdown.py)
         shutdown.exit_watchdog()
     return 0
 

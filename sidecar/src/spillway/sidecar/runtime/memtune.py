@@ -107,28 +107,6 @@ def allocator() -> str:
     return name or "pymalloc"
 
 
-def reexec_on_system_malloc() -> None:
-    """Replace this process with the same command line on glibc's malloc; returns only when
-    that is not wanted or not possible (then pymalloc stays, with a debug line)."""
-    if not wanted():
-        return
-    orig = list(getattr(sys, "orig_argv", []) or [])
-    if not orig or not sys.executable:
-        log.debug("allocator: the interpreter's command line is unknown, staying on pymalloc")
-        return
-    os.environ[ENV] = CHOICE  # also the loop guard: the new process sees it and goes on
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        # argv[0] as sys.executable: a bare "python" would be looked up on PATH again and
-        # could leave the virtualenv
-        os.execv(sys.executable, [sys.executable, *orig[1:]])
-    except OSError as exc:  # pragma: no cover - the interpreter that runs us can run again
-        del os.environ[ENV]
-        log.warning("allocator: cannot re-execute on glibc's malloc (%s), staying on pymalloc",
-                    exc)
-
-
 class Trimmer:
     """Calls `release_memory()` once at least `threshold` units of state (ended job runs) were
     freed and nothing more was freed for `quiet_s`: a burst of EndJobs is trimmed once, after

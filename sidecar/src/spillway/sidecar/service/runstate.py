@@ -12,7 +12,7 @@ Record ids are remembered as digests from Python's ``hash()`` (fast, and keyed b
 process's hash seed, so nobody outside can craft colliding ids; payloads as digests keyed by
 the run's token, `tolerance.payload_tag`): a kept state is only usable by a process with the
 same seed and digest format (`FORMAT`). `spillway serve` therefore pins the seed per spool
-(`pin_hash_seed`: a random seed kept 0600 in the spool's directory, the process re-executed
+(`hash_seed`: a random seed kept 0600 in the spool's directory, the process re-executed
 with ``PYTHONHASHSEED`` set to it); kept states written under another seed (a sidecar embedded
 without it) are dropped at start, with a warning, rather than misread.
 
@@ -324,12 +324,11 @@ def directory(props: Mapping, raw: Mapping[str, str]) -> str | None:
     return (props["spool.dir"] or default_spool_dir(raw)) if wanted(props) else None
 
 
-def pin_hash_seed(directory: str | os.PathLike) -> None:
-    """Re-execute this process (the `spillway serve` command) with ``PYTHONHASHSEED`` set to
-    the seed kept in `directory` (created, random, 0600, on first use), unless it already runs
-    with it; returns when it does, or when the seed cannot be kept (then a warning)."""
+def hash_seed(directory: str | os.PathLike) -> str | None:
+    """The hash seed kept in `directory` (created, random, 0600, on first use), which `spillway
+    serve` runs under (runtime/restart.py: ``PYTHONHASHSEED``); None when it cannot be kept
+    (then a warning: a restart will not resume runs)."""
     import secrets
-    import sys
 
     d = Path(directory)
     path = d / SEED_FILE
@@ -347,15 +346,5 @@ def pin_hash_seed(directory: str | os.PathLike) -> None:
     except (OSError, ValueError) as exc:
         log.warning("cannot keep the hash seed in %s (%s): a restart will not resume runs",
                     directory, exc)
-        return
-    if os.environ.get("PYTHONHASHSEED") == seed:
-        return
-    orig = list(getattr(sys, "orig_argv", []) or [])
-    if not orig or not sys.executable:
-        log.warning("the command line is unknown: cannot pin the hash seed; a restart will not "
-                    "resume runs")
-        return
-    os.environ["PYTHONHASHSEED"] = seed
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, *orig[1:]])
+        return None
+    return seed
