@@ -39,7 +39,7 @@ def test_wrong_bootstrap_address_is_reported_as_kafka_within_the_deadline(tmp_pa
         assert err.value.code.name == "FAILED_PRECONDITION"
         message = str(err.value)
         assert wrong in message and "Kafka" in message and "sidecar answered" in message
-        assert elapsed < 4.0 + 1.0  # the client's own deadline (plus scheduling slack)
+        assert elapsed < 4.0 + 4.0  # the client's own deadline (plus a loaded machine's scheduling)
         # health: the sidecar serves, its Kafka service does not
         deadline = time.monotonic() + 15
         while client.health("spillway.kafka") != "NOT_SERVING":
