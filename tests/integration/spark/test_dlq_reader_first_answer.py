@@ -59,3 +59,29 @@ def test_a_range_read_waits_for_a_slow_first_answer(frozen):
     rows = list(reader._read_range(reader._Range(bootstrap, TOPIC, 1, 0, 10, ()),
                                    reader._Filter()))
     assert len(rows) == 10
+
+
+def test_a_range_read_never_asks_for_more_than_the_range_holds(frozen, monkeypatch):
+    """consume(n) returns once it has n records, or at its timeout: asked for 500 while a range
+    held 4, each small range's read waited out the whole timeout (0.5 s) before its rows."""
+    bootstrap, _ = frozen
+    asked = []
+    real = reader._consumer
+
+    class Spy:
+        def __init__(self, consumer):
+            self._c = consumer
+
+        def consume(self, num_messages, timeout):
+            asked.append(num_messages)
+            return self._c.consume(num_messages, timeout)
+
+        def __getattr__(self, name):
+            return getattr(self._c, name)
+
+    monkeypatch.setattr(reader, "_consumer", lambda *a: Spy(real(*a)))
+    rows = list(reader._read_range(reader._Range(bootstrap, TOPIC, 0, 3, 7, ()),
+                                   reader._Filter()))
+    offset = reader._COLUMNS.index("offset")
+    assert [r[offset] for r in rows] == [3, 4, 5, 6]
+    assert asked and asked[0] == 4 and all(n <= 4 for n in asked)

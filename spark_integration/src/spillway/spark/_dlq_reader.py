@@ -237,7 +237,9 @@ def _read_range(r: _Range, flt: _Filter) -> Iterator[tuple]:
         last = None   # the broker's last answer
         nxt = r.start
         while nxt < r.end:
-            msgs = consumer.consume(500, 0.5)
+            # at most what the range still holds: consume() returns once it has that many, so
+            # a small range is not held for the whole timeout waiting for 500 (0.5 s a range)
+            msgs = consumer.consume(min(500, r.end - nxt), 0.5)
             if not msgs:
                 if last is None:
                     if time.monotonic() - began > _FIRST_ANSWER_S:
