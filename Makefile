@@ -14,7 +14,8 @@ XDIST   := $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 	bench bench-short protos venv clean
 
 $(STAMP): requirements/dev.txt client/pyproject.toml sidecar/pyproject.toml spark_integration/pyproject.toml \
-		sidecar/src/spillway/sidecar/core/_idindex.c sidecar/src/spillway/sidecar/dlq/_produce.c \
+		sidecar/src/spillway/sidecar/core/_idindex.c sidecar/src/spillway/sidecar/core/_slots.c \
+		sidecar/src/spillway/sidecar/dlq/_produce.c \
 		spark_integration/src/spillway/spark/_udfcall.c \
 		spark_integration/src/spillway/spark/_framekey.c
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \

@@ -32,7 +32,7 @@ from ..profiling import Recording, section
 from ..runner import Context
 from .common import alternate_runs, dlq_props, profiled
 from .node_processes import NodeProcesses, run_node_processes
-from .producer_paths import ProducerPaths, run_producer_paths
+from .node_extensions import PRODUCE, SLOTS, ExtensionPaths, run_extension_paths
 from .report_format import ReportFormats, run_report_formats
 
 NODE_COUNTS = (1, 2, 4)
@@ -356,7 +356,11 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
         "librdkafka's threads'. (g) The id tables' C "
         "extension: (b2)'s saturating tallies to its home and to a second home started with "
         "`SPILLWAY_NO_EXTENSIONS=idindex` (the same loops in Python), alternated; the home's "
-        "CPU per decided record with and without.")
+        "CPU per decided record with and without. (h) Per-record objects: (f)'s setting with "
+        "one node whose report views, DLQ records, their headers and the drain's entries are "
+        "made column-wise in C (`core/_slots.c`) and one started with "
+        "`SPILLWAY_NO_EXTENSIONS=slots` (their Python constructors), alternated; the node's "
+        "CPU per dead-lettered record, and its call threads', spool writer's and drain's.")
     cluster = _Cluster(ctx, per_client)
     figs = {n: _figures(result, n) for n in NODE_COUNTS}
     top = max(NODE_COUNTS)
@@ -440,9 +444,11 @@ def run_cluster(ctx: Context, result: TargetResult) -> None:
     # (e) one node fed columns against FailedRecord messages (report_format.py)
     run_report_formats(ctx, result, ReportFormats(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
                                                   BATCH, per_client))
-    # (f) the C produce loop against confluent-kafka's produce() (producer_paths.py)
-    run_producer_paths(ctx, result, ProducerPaths(ctx, SIDECAR_PROPS, _job_props, CLIENTS,
-                                                  BATCH, per_client))
+    # (f) the C produce loop against confluent-kafka's produce(), (h) per-record objects made
+    # in C against their constructors (node_extensions.py)
+    for ext in (PRODUCE, SLOTS):
+        run_extension_paths(ctx, result, ExtensionPaths(ctx, ext, SIDECAR_PROPS, _job_props,
+                                                        CLIENTS, BATCH, per_client))
     if ctx.sizes.profile and result.met is False:
         _profile(ctx, result, cluster)
 

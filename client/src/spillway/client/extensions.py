@@ -10,8 +10,9 @@ import os
 ENV = "SPILLWAY_NO_EXTENSIONS"
 # sidecar/core/_idindex.c (the id tables' loops), spark/_udfcall.c (the @job.udf per-row call),
 # spark/_framekey.c (a failed record's frame signature), sidecar/dlq/_produce.c (the DLQ
-# drain's produce calls and delivery reports)
-NAMES = frozenset({"idindex", "udfcall", "framekey", "produce"})
+# drain's produce calls and delivery reports), sidecar/core/_slots.c (a node's per-record
+# objects)
+NAMES = frozenset({"idindex", "udfcall", "framekey", "produce", "slots"})
 
 
 def enabled(name: str) -> bool:

@@ -30,7 +30,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 
+from . import slots
 from .model import DlqRecord, FailedRecord, Header, TaskIdentity, Verdict, task_key
 from .settings import JobSettings
 
@@ -282,6 +284,43 @@ def _dlq_record_factory() -> tuple[Callable[[tuple], DlqRecord], bool]:
 # A DlqRecord from its row, fast (the builder; the spool's decoding, `dlq.codec`)
 new_dlq_record, FAST_DLQ_RECORDS = _dlq_record_factory()
 
+# A streak's DlqRecords made column-wise in C (`slots`): with their source records' keys and
+# values, or context-only (no key, no value)
+_SAMPLE_RECORD = {"topic": "t", "key": b"k", "value": b"v", "headers": (("h", b"1"),),
+                  "record_id": "r", "job": "j", "task_key": "j/1", "traceparent": ""}
+_COPIED = slots.Maker(DlqRecord, ("key", "value", "headers", "record_id"),
+                      ("topic", "job", "task_key", "traceparent"),
+                      lambda v: DlqRecord(**v), _SAMPLE_RECORD)
+_CONTEXT_ONLY = slots.Maker(DlqRecord, ("headers", "record_id"),
+                            ("topic", "key", "value", "job", "task_key", "traceparent"),
+                            lambda v: DlqRecord(**v), {**_SAMPLE_RECORD, "key": None,
+                                                       "value": None})
+# what the records of a streak share with its first (`DlqBuilder.build_streak`); with their
+# source records' copied, also no original headers (the empty tuple is one object)
+_ALIKE = ("exception", "stage", "payload", "function_name", "trace")
+_ALIKE_COPIED = (*_ALIKE, "headers")
+_id_of, _key_of, _value_of = attrgetter("record_id"), attrgetter("key"), attrgetter("value")
+
+
+
+def streak_records(topic: str, before: tuple[Header, ...], name: str, after: tuple[Header, ...],
+                   ids: list[str], keys: list | None, values: list | None, job: str,
+                   task_key_: str, traceparent: str) -> list[DlqRecord]:
+    """The DlqRecords of a streak's columns (`Streak`; the spool stores one so): record ids
+    `ids`, each with the headers ``before + ((name, its id),) + after``, and `keys` and
+    `values` (None: context-only records), as lists of the ids' length."""
+    maker = _COPIED if keys is not None else _CONTEXT_ONLY
+    if maker.native():   # column-wise, in C
+        heads = slots.id_headers(before, name, ids, after)
+        if keys is not None:
+            return maker.make((keys, values, heads, ids), (topic, job, task_key_, traceparent))
+        return maker.make((heads, ids), (topic, None, None, job, task_key_, traceparent))
+    if keys is None:
+        keys = values = [None] * len(ids)
+    return [new_dlq_record((topic, k, v, before + (record_id_header(i, name),) + after, i, job,
+                            task_key_, traceparent)) for i, k, v in zip(ids, keys, values)]
+
+
 _category_b: dict[object, bytes] = {}
 _STAGE_INPUT_B = b"stage-input"
 _PAYLOAD_B = {"source": b"source", "stage-input": _STAGE_INPUT_B}
@@ -434,6 +473,19 @@ class DlqBuilder:
                 continue
             mid, post, parent = self._mid, self._post + self._trace_b, self._trace_parent
             first = len(out) - 1
+            maker = _COPIED if copy else _CONTEXT_ONLY
+            if type(records) is list and maker.native():   # column-wise, in C
+                stop = slots.alike_until(
+                    records, i, end, _ALIKE_COPIED if copy else _ALIKE,
+                    (exc, stage, payload, fn, trace, ()) if copy else
+                    (exc, stage, payload, fn, trace))
+                if stop > i:
+                    chunk = records[i:stop]
+                    out += streak_records(
+                        topic, mid, h_rid, post, list(map(_id_of, chunk)),
+                        list(map(_key_of, chunk)) if copy else None,
+                        list(map(_value_of, chunk)) if copy else None, run, task_key_, parent)
+                    i = stop
             while i < end:
                 r = records[i]
                 if (r.exception is not exc or r.stage is not stage or r.payload is not payload

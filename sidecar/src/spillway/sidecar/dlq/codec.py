@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from itertools import compress, groupby
 from operator import attrgetter, itemgetter, not_, sub
 
-from ..core.dlq_record import H_RECORD_ID, Streak, new_dlq_record, record_id_header
+from ..core.dlq_record import H_RECORD_ID, Streak, new_dlq_record, streak_records
 from ..core.model import DlqRecord, Header
 from ..errors import DlqError
 from .store import SpooledRecord
@@ -180,19 +180,16 @@ def decode_columns(rid: int, ends: bytes, segs: bytes, data: bytes, *, start: in
         lo, hi = max(first, start), min(last, stop)
         if hi > lo and (done is None or not all(done[lo:hi])):
             seg_start = e[first - 1] if first else 0
-            items = _segment_items(memoryview(data)[seg_start:e[last - 1]], count)
-            picked = items[lo - first:hi - first]
+            picked = _segment_records(memoryview(data)[seg_start:e[last - 1]], count,
+                                      lo - first, hi - first)
             size = map(sub, e[lo:hi], [e[lo - 1] if lo else 0, *e[lo:hi - 1]])
             index = range(base | lo, base | hi)
             if done is not None:
                 keep = list(map(not_, done[lo:hi]))
-                picked, size, index = (list(compress(picked, keep)), compress(size, keep),
-                                       compress(index, keep))
-            if set(map(type, picked)) != {tuple} or set(map(len, picked)) != {8}:
-                raise DlqError("corrupt DLQ spool row: a record does not decode to its 8 "
-                               "fields")
+                picked, size, index = compress(picked, keep), compress(size, keep), \
+                    compress(index, keep)
             seqs.extend(index)
-            records.extend(map(new_dlq_record, picked))
+            records.extend(picked)
             sizes.extend(size)
         if last >= stop:
             return
@@ -205,33 +202,40 @@ def decode_segments(segments: Sequence[tuple[bytes, int]], records: list[DlqReco
     the spool's rows say), appended to `records` and `sizes`: the hand-off keeps a commit's
     records so and the drain makes them when it takes them."""
     for blob, count in segments:
-        records.extend(map(new_dlq_record, _segment_items(blob, count)))
+        records += _segment_records(blob, count, 0, count)
         sizes += seg_sizes(len(blob), count)
 
 
-def _segment_items(blob: bytes | memoryview, count: int) -> list:
-    """One segment's field tuples (`encode_segments`), checked to be its `count` records."""
+def _segment_records(blob: bytes | memoryview, count: int, lo: int, hi: int
+                     ) -> list[DlqRecord]:
+    """Records `lo` .. `hi` - 1 of one segment (`encode_segments`), checked to be of its
+    `count` records."""
     items = marshal.loads(blob)
     if type(items) is tuple:
-        return _streak_items(items, count)
+        return _streak_records(items, count, lo, hi)
     if type(items) is not list or len(items) != count:
         raise DlqError("corrupt DLQ spool row: a segment does not decode to its records")
-    return items
+    picked = items[lo:hi]
+    if set(map(type, picked)) != {tuple} or set(map(len, picked)) != {8}:
+        raise DlqError("corrupt DLQ spool row: a record does not decode to its 8 fields")
+    return list(map(new_dlq_record, picked))
 
 
-def _streak_items(columns: tuple, count: int) -> list:
-    """A streak's segment (`_encode_streak`) as its records' field tuples."""
+def _streak_records(columns: tuple, count: int, lo: int, hi: int) -> list[DlqRecord]:
+    """Records `lo` .. `hi` - 1 of a streak's segment (`_encode_streak`)."""
     if len(columns) != _STREAK_FIELDS or columns[0] != _STREAK:
         raise DlqError("corrupt DLQ spool row: a segment is neither records nor a streak")
     _, topic, before, name, after, job, task_key, parent, ids, keys, values = columns
     if (type(ids) is not list or len(ids) != count or type(before) is not tuple
             or type(after) is not tuple or (keys is None) != (values is None)
-            or (keys is not None and (len(keys) != count or len(values) != count))):
+            or (keys is not None and (type(keys) is not list or type(values) is not list
+                                      or len(keys) != count or len(values) != count))
+            or type(name) is not str or (ids and set(map(type, ids)) != {str})):
         raise DlqError("corrupt DLQ spool row: a streak does not decode to its records")
-    if keys is None:
-        keys = values = [None] * count
-    return [(topic, k, v, before + (record_id_header(i, name),) + after, i, job, task_key,
-             parent) for i, k, v in zip(ids, keys, values)]
+    if keys is not None:
+        keys, values = keys[lo:hi], values[lo:hi]
+    return streak_records(topic, before, name, after, ids[lo:hi], keys, values, job, task_key,
+                          parent)
 
 
 def rows_in_order(parts: Sequence[tuple[list[tuple[bytes, int]], int]]

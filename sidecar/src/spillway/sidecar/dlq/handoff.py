@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
+from ..core import slots
 from ..core.model import DlqRecord
 from .codec import decode_segments
 from .store import FreshRun, Placed
@@ -39,6 +40,23 @@ class Entry:
 
     def __lt__(self, other: Entry) -> bool:  # heap tie-break
         return self.seq < other.seq
+
+
+# Entries made column-wise in C (`core.slots`): a commit's records each get one
+_ENTRIES = slots.Maker(Entry, ("seq", "rec", "size"), ("attempts", "solo", "sent_ns"),
+                       lambda v: Entry(**v), {"seq": 1, "rec": None, "size": 2, "attempts": 0,
+                                              "solo": False, "sent_ns": 0})
+_NEW = (0, False, 0)   # a new entry's attempts, solo and sent_ns
+
+
+def entries_of(seqs: Sequence[int], records: Sequence[DlqRecord], sizes: Sequence[int]
+               ) -> list[Entry]:
+    """A new `Entry` per record, in order."""
+    if _ENTRIES.native():
+        return _ENTRIES.make((seqs if type(seqs) is list else list(seqs),
+                              records if type(records) is list else list(records),
+                              sizes if type(sizes) is list else list(sizes)), _NEW)
+    return list(map(Entry, seqs, records, sizes))
 
 
 class Handoff:
@@ -86,10 +104,11 @@ class Handoff:
             last, n = placed.seqs[-1], 0
         else:
             if type(placed) is FreshRun:
-                entries = list(map(Entry, placed.seqs, records, placed.sizes))
+                entries = entries_of(placed.seqs, records, placed.sizes)
                 size = sum(placed.sizes)
             elif all_fresh:
-                entries = list(map(Entry, map(_SEQ, placed), records, map(_SIZE, placed)))
+                entries = entries_of(list(map(_SEQ, placed)), records,
+                                     list(map(_SIZE, placed)))
                 size = sum(map(_SIZE, placed))
             else:
                 entries = [Entry(p.seq, rec, p.size)
@@ -183,7 +202,7 @@ def _unpack(segments: list[tuple[bytes, int]], seqs: array) -> list[Entry]:
     records: list[DlqRecord] = []
     sizes: list[int] = []
     decode_segments(segments, records, sizes)
-    return list(map(Entry, seqs, records, sizes))
+    return entries_of(seqs, records, sizes)
 
 
 __all__ = ["Entry", "Handoff"]

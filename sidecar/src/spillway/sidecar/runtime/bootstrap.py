@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from spillway.client import extensions
-from spillway.sidecar.core import config, idtable
+from spillway.sidecar.core import config, idtable, slots
 from spillway.sidecar.core.guardrails import check_topic_name
 from spillway.sidecar.core.handlers import HandlerRules
 from spillway.sidecar.core.policy import PolicyEngine
@@ -157,6 +157,7 @@ def configure(raw: Mapping[str, str]) -> Parts:
     props = config.parse(raw)
     try:
         idtable.use_extension(extensions.enabled("idindex"))
+        slots.use_extension(extensions.enabled("slots"))
     except ValueError as e:
         raise ConfigError(extensions.ENV, str(e)) from None
     job_defaults = {k: v for k, v in raw.items() if k in config.JOB_PROPERTIES}
@@ -378,6 +379,12 @@ def start_server(
         log.warning("the id tables' C extension is turned off (%s): their per-id loops run in "
                     "Python, which about doubles what a run's home spends per record",
                     extensions.ENV)
+    if not slots.NATIVE:
+        log.warning("a report's per-record objects are made by their Python constructors, not "
+                    "column-wise in C (%s): about 15%% more of a node's CPU per dead-lettered "
+                    "record (docs/DEPLOY.md)",
+                    "turned off, " + extensions.ENV if slots.BUILT else
+                    "the sidecar was installed without its C extension")
     without = (("not available", producer.NATIVE_MISSING) if producer.NATIVE_MISSING else
                None if extensions.enabled("produce") else ("turned off", extensions.ENV))
     if without:

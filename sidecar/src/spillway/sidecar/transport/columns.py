@@ -14,9 +14,11 @@ reason once.
 from __future__ import annotations
 
 from itertools import accumulate
+from operator import itemgetter
 
 from spillway.client.columns import NO_KEY, NO_TIMESTAMP, NO_VALUE, unpack_le
 from spillway.sidecar.core import model as m
+from spillway.sidecar.core import slots
 from spillway.sidecar.transport import convert
 from spillway.sidecar.transport.tally import encode_streaks
 from spillway.v1 import sidecar_pb2 as pb
@@ -101,6 +103,23 @@ class ColumnRecord(convert.RecordView):
         return self.trace[1]
 
 
+def _sample(v: dict) -> ColumnRecord:
+    return ColumnRecord((v["stage"], v["exception"], v["function_name"], v["payload"]), v["_c"],
+                        (v["_i"], v["record_id"], v["key"], v["value"], v["headers"], v["trace"]))
+
+
+# A report's views made column-wise in C (`core.slots`): its records failing one way, or
+# several (each record's way of failing a column too)
+_PER_ROW = ("record_id", "_i", "key", "value", "headers", "trace")
+_KIND = ("stage", "exception", "function_name", "payload")
+_SAMPLE = {"record_id": "r", "_i": 0, "key": b"k", "value": None, "headers": (("h", None),),
+           "trace": _NO_TRACE, "stage": m.StageRef(m.Stage.TRANSFORMATION),
+           "exception": m.ExceptionInfo("builtins.ValueError", message="m"),
+           "function_name": "f", "payload": m.PAYLOAD_SOURCE, "_c": _Columns(pb.RecordColumns())}
+_ONE_KIND = slots.Maker(ColumnRecord, _PER_ROW, (*_KIND, "_c"), _sample, _SAMPLE)
+_KINDS = slots.Maker(ColumnRecord, (*_PER_ROW, *_KIND), ("_c",), _sample, _SAMPLE)
+
+
 def _headers(cols: _Columns, n: int) -> list[tuple[m.Header, ...]]:
     """Each record's original headers (none sent: every record's is empty)."""
     ends = cols.header_ends
@@ -144,6 +163,13 @@ def records(c: pb.RecordColumns) -> list[ColumnRecord]:
         absent = cols.absent
         keys = [None if a & NO_KEY else k for k, a in zip(keys, absent)]
         values = [None if a & NO_VALUE else v for v, a in zip(values, absent)]
+    if _ONE_KIND.native():   # made column-wise, in C
+        columns = [list(ids), list(range(n)), keys, values, _headers(cols, n),
+                   _traces(cols, n)]
+        if not c.kind_index:
+            return _ONE_KIND.make(columns, (*kinds[0], cols))
+        per = [kinds[k] for k in unpack_le("I", c.kind_index)]
+        return _KINDS.make(columns + [list(map(itemgetter(j), per)) for j in range(4)], (cols,))
     rows = zip(range(n), ids, keys, values, _headers(cols, n), _traces(cols, n))
     if not c.kind_index:
         kind = kinds[0]
