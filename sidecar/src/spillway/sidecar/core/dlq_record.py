@@ -303,8 +303,8 @@ _id_of, _key_of, _value_of = attrgetter("record_id"), attrgetter("key"), attrget
 
 
 
-def streak_records(topic: str, before: tuple[Header, ...], name: str, after: tuple[Header, ...],
-                   ids: list[str], keys: list | None, values: list | None, job: str,
+def streak_records(ids: list[str], keys: list | None, values: list | None, *, topic: str,
+                   before: tuple[Header, ...], name: str, after: tuple[Header, ...], job: str,
                    task_key_: str, traceparent: str) -> list[DlqRecord]:
     """The DlqRecords of a streak's columns (`Streak`; the spool stores one so): record ids
     `ids`, each with the headers ``before + ((name, its id),) + after``, and `keys` and
@@ -482,9 +482,10 @@ class DlqBuilder:
                 if stop > i:
                     chunk = records[i:stop]
                     out += streak_records(
-                        topic, mid, h_rid, post, list(map(_id_of, chunk)),
-                        list(map(_key_of, chunk)) if copy else None,
-                        list(map(_value_of, chunk)) if copy else None, run, task_key_, parent)
+                        list(map(_id_of, chunk)), list(map(_key_of, chunk)) if copy else None,
+                        list(map(_value_of, chunk)) if copy else None, topic=topic,
+                        before=mid, name=h_rid, after=post, job=run, task_key_=task_key_,
+                        traceparent=parent)
                     i = stop
             while i < end:
                 r = records[i]

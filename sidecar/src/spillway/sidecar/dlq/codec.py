@@ -234,8 +234,8 @@ def _streak_records(columns: tuple, count: int, lo: int, hi: int) -> list[DlqRec
         raise DlqError("corrupt DLQ spool row: a streak does not decode to its records")
     if keys is not None:
         keys, values = keys[lo:hi], values[lo:hi]
-    return streak_records(topic, before, name, after, ids[lo:hi], keys, values, job, task_key,
-                          parent)
+    return streak_records(ids[lo:hi], keys, values, topic=topic, before=before, name=name,
+                          after=after, job=job, task_key_=task_key, traceparent=parent)
 
 
 def rows_in_order(parts: Sequence[tuple[list[tuple[bytes, int]], int]]
