@@ -163,7 +163,7 @@ def records(c: pb.RecordColumns) -> list[ColumnRecord]:
         absent = cols.absent
         keys = [None if a & NO_KEY else k for k, a in zip(keys, absent)]
         values = [None if a & NO_VALUE else v for v, a in zip(values, absent)]
-    if _ONE_KIND.native():   # made column-wise, in C
+    if (_KINDS if c.kind_index else _ONE_KIND).native():   # made column-wise, in C
         columns = [list(ids), list(range(n)), keys, values, _headers(cols, n),
                    _traces(cols, n)]
         if not c.kind_index:
