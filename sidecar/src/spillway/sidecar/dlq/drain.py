@@ -43,7 +43,7 @@ from spillway.sidecar.runtime.memtune import release_memory
 from ..core.model import DlqRecord
 from ..core.ports import Clock, RandomSource
 from ..errors import DlqError
-from .handoff import Entry, Handoff
+from .handoff import Entry, Handoff, entries_of
 from .producer import DeliveryFailure, KafkaDlqProducer, Outcome, ProduceRefused
 from .store import RecordStore
 from .tasks import TaskCounts
@@ -387,7 +387,7 @@ class Drain:
             return []
         upto = min(skipped, last)  # skipped rows are committed, published once their hooks ran
         seqs, records, sizes = self._store.read_columns(self._cursor, limit, upto)
-        entries = list(map(Entry, seqs, records, sizes))
+        entries = entries_of(seqs, records, sizes)
         self._c_spool_reads += len(entries)
         if entries:
             self._cursor = seqs[-1]

@@ -205,4 +205,4 @@ def _unpack(segments: list[tuple[bytes, int]], seqs: array) -> list[Entry]:
     return entries_of(seqs, records, sizes)
 
 
-__all__ = ["Entry", "Handoff"]
+__all__ = ["Entry", "Handoff", "entries_of"]
