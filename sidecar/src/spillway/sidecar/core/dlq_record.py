@@ -302,7 +302,6 @@ _ALIKE_COPIED = (*_ALIKE, "headers")
 _id_of, _key_of, _value_of = attrgetter("record_id"), attrgetter("key"), attrgetter("value")
 
 
-
 def streak_records(ids: list[str], keys: list | None, values: list | None, *, topic: str,
                    before: tuple[Header, ...], name: str, after: tuple[Header, ...], job: str,
                    task_key_: str, traceparent: str) -> list[DlqRecord]:
