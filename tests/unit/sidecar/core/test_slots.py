@@ -222,18 +222,28 @@ def test_alike_until_and_id_headers_answer_as_their_python_loops(on):
 
 
 @native
-def test_the_extension_turned_off_by_the_environment_makes_objects_in_python(monkeypatch):
-    """SPILLWAY_NO_EXTENSIONS=slots: the benchmarks' side-by-side switch (target 11 (h))."""
+def test_the_extension_turned_off_by_the_environment_makes_objects_in_python(monkeypatch,
+                                                                             caplog):
+    """SPILLWAY_NO_EXTENSIONS=slots: the benchmarks' side-by-side switch (target 11 (h)); the
+    start says so, and a start with the extension says nothing about it."""
+    import logging
+
     from spillway.sidecar.server import start_server
 
-    monkeypatch.setenv("SPILLWAY_NO_EXTENSIONS", "slots")
-    try:
-        running = start_server({"listen.address": "127.0.0.1:0", "spool.enable": "false"})
-        running.stop(0)
-        assert not slots.NATIVE
-    finally:
-        slots.use_extension(True)
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "per-record objects" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="spillway.sidecar.runtime.bootstrap"):
+        start_server({"listen.address": "127.0.0.1:0", "spool.enable": "false"}).stop(0)
+        assert slots.NATIVE and not said()
+        monkeypatch.setenv("SPILLWAY_NO_EXTENSIONS", "slots")
+        try:
+            start_server({"listen.address": "127.0.0.1:0", "spool.enable": "false"}).stop(0)
+            assert not slots.NATIVE
+        finally:
+            slots.use_extension(True)
     assert slots.NATIVE
+    assert len(said()) == 1 and "turned off, SPILLWAY_NO_EXTENSIONS" in said()[0]
 
 
 def _streak_blob(**change) -> tuple[bytes, int]:

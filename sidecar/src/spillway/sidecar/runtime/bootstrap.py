@@ -381,7 +381,7 @@ def start_server(
                     extensions.ENV)
     if not slots.NATIVE:
         log.warning("a report's per-record objects are made by their Python constructors, not "
-                    "column-wise in C (%s): about 15%% more of a node's CPU per dead-lettered "
+                    "column-wise in C (%s): about 10-20%% more of a node's CPU per dead-lettered "
                     "record (docs/DEPLOY.md)",
                     "turned off, " + extensions.ENV if slots.BUILT else
                     "the sidecar was installed without its C extension")
