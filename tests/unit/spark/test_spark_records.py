@@ -159,3 +159,53 @@ def test_a_value_row_has_the_same_context_through_the_adapter_as_through_context
     # a record_id function or a source still goes through context_of
     by_id = RowAdapter(len, ids=ids, record_id=lambda r: "id-" + str(len(r)))
     assert by_id.context(Unit(b"abc", 1, 7)).record_id == "id-3"
+
+
+def _mapped(row, fallback, record_id=None, source=None):
+    """`context_of` through the mapping of the row's fields (the path for dicts and Series)."""
+    subject = source(row) if source is not None else row
+    return context_of(row, fallback, record_id, lambda _: dict(zip(subject.__fields__, subject)))
+
+
+def _row(fields, values):
+    r = tuple.__new__(Row, values)
+    r.__dict__["__fields__"] = fields
+    return r
+
+
+KAFKA = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"]
+WHEN = dt.datetime(2026, 3, 29, 1, 30, 5, 123456)
+
+
+@pytest.mark.parametrize("fields, values", [
+    (KAFKA, [b"k", b"v", "orders", 3, 17, WHEN, 0, []]),
+    (KAFKA, [None, b"v", "orders", 3, 17, None, 0, None]),
+    (KAFKA, [b"k", None, "orders", 3, 17, WHEN, 0, [_row(["key", "value"], ["h", b"1"]),
+                                                   _row(["key", "value"], ["g", None])]]),
+    (KAFKA, ["text key", b"v", "orders", 3, 17, WHEN, 0, []]),          # not bytes: JSON
+    (KAFKA, [b"k", bytearray(b"v"), "orders", 0, 0, WHEN, 0, []]),
+    (KAFKA, [b"k", b"v", None, 3, 17, WHEN, 0, []]),                   # no coordinates
+    (["topic", "partition", "offset", "id"], ["orders", 1, 2, 7]),     # no key, value
+    (["value", "topic", "partition", "offset", "value"], [b"a", "t", 1, 2, b"b"]),  # twice
+    (["topic", "partition", "offset", "timestamp"], ["t", 1, 2, 1_700_000_000_000]),
+    (["id", "name"], [1, "x"]),
+], ids=[f"shape{i}" for i in range(10)])
+def test_a_rows_context_read_by_index_is_the_mappings(fields, values):
+    row = _row(fields, values)
+    for record_id in (None, lambda r: "mine"):
+        assert context_of(row, lambda: "fb", record_id) == _mapped(row, lambda: "fb", record_id)
+    other = _row(["id"], [1])   # a source function that returns the Kafka row
+    assert (context_of(other, lambda: "fb", None, lambda _: row)
+            == _mapped(other, lambda: "fb", None, lambda _: row))
+
+
+def test_rows_of_other_field_lists_each_get_their_own_columns():
+    a = _row(["topic", "partition", "offset"], ["a", 1, 2])
+    b = _row(["offset", "partition", "topic"], [5, 4, "b"])
+    names = ["topic", "partition", "offset"]
+    c = _row(names, [7, 8, 9])
+    assert [context_of(r, lambda: "fb").record_id for r in (a, b, a, c, b)] == [
+        "a/1/2", "b/4/5", "a/1/2", "7/8/9", "b/4/5"]
+    assert context_of(c, lambda: "fb").record_id == "7/8/9"
+    names.reverse()   # a field list changed in place is read again
+    assert context_of(c, lambda: "fb").record_id == "9/8/7"

@@ -234,6 +234,35 @@ def value_context(record_id: str, row: bytes | str) -> RecordContext:
                                       "stage-input"))
 
 
+_PLAN_NAMES = ("topic", "partition", "offset", "headers", "timestamp", "key", "value")
+_item = tuple.__getitem__   # a Row's column by index (Row's own __getitem__ is Python code)
+
+
+class _RowPlan:
+    """Where a Row's Kafka source columns are, by its field names: a batch's Rows share one
+    list of names, so a failed row reads its columns by index instead of through a dict of
+    all its fields (`as_mapping`). A name given twice is its last column, as in that dict."""
+
+    __slots__ = ("fields", "names", "at")
+    last: _RowPlan | None = None   # the plan of the last Rows seen (one worker: one thread)
+
+    def __init__(self, fields: list[str]) -> None:
+        self.fields = fields            # the names' list itself, and a copy to check it against
+        self.names = list(fields)
+        where = {name: i for i, name in enumerate(fields)}
+        self.at = tuple(where.get(n, -1) for n in _PLAN_NAMES)
+
+    @classmethod
+    def of(cls, fields: Any) -> _RowPlan | None:
+        last = cls.last
+        if last is not None and fields is last.fields and fields == last.names:
+            return last
+        if type(fields) is not list or not all(type(n) is str for n in fields):
+            return None
+        cls.last = plan = cls(fields)
+        return plan
+
+
 def context_of(row: Any, fallback_id: Callable[[], str],
                record_id: Callable[[Any], str] | None = None,
                source: Callable[[Any], Any] | None = None) -> RecordContext:
@@ -243,7 +272,11 @@ def context_of(row: Any, fallback_id: Callable[[], str],
     if source is None and type(row) in VALUE_ROWS:  # no columns: a positional id, the row as JSON
         rid = str(record_id(row)) if record_id is not None else ""
         return value_context(rid or fallback_id(), row)
-    m = as_mapping(source(row) if source is not None else row)
+    subject = source(row) if source is not None else row
+    if type(subject) is Row and len(subject) == len(fields := subject.__dict__.get(
+            "__fields__") or ()) and (plan := _RowPlan.of(fields)) is not None:
+        return _row_context(row, subject, plan, fallback_id, record_id)
+    m = as_mapping(subject)
     rid = str(record_id(row)) if record_id is not None else ""
     coords = None
     if m is not None:
@@ -266,3 +299,39 @@ def context_of(row: Any, fallback_id: Callable[[], str],
         if (raw_value is None or value is not None) and (raw_key is None or key is not None):
             return RecordContext(rid, coords, key, value, headers, ts, "source")
     return RecordContext(rid, coords, None, row_json(row), headers, ts)
+
+
+def _row_context(row: Any, subject: Row, plan: _RowPlan, fallback_id: Callable[[], str],
+                 record_id: Callable[[Any], str] | None) -> RecordContext:
+    """`context_of` for a Row, its columns read by `plan`: the same context as through
+    `as_mapping` (the values of native types taken as they are, as `_scalar` would)."""
+    native, item = _NATIVE, _item
+    it, ip, io, ih, its, ik, iv = plan.at
+    t = item(subject, it) if it >= 0 else None
+    p = item(subject, ip) if ip >= 0 else None
+    o = item(subject, io) if io >= 0 else None
+    rid = str(record_id(row)) if record_id is not None else ""
+    if type(t) not in native:
+        t = _scalar(t)
+    if type(p) not in native:
+        p = _scalar(p)
+    if type(o) not in native:
+        o = _scalar(o)
+    if t is None or p is None or o is None:
+        return RecordContext(rid or fallback_id(), None, None, row_json(row), (), None)
+    coords = (str(t), int(p), int(o))
+    rid = rid or f"{coords[0]}/{coords[1]}/{coords[2]}"
+    h = item(subject, ih) if ih >= 0 else None
+    headers = () if h is None or (type(h) is list and not h) else headers_of(h)
+    ts = item(subject, its) if its >= 0 else None
+    if ts is not None:   # a datetime as `timestamp_ms` reads it, without its checks
+        ts = int(ts.timestamp() * 1000) if type(ts) is _dt.datetime else timestamp_ms(ts)
+    if ik >= 0 or iv >= 0:
+        k = item(subject, ik) if ik >= 0 else None
+        v = item(subject, iv) if iv >= 0 else None
+        key = _bytes(k if type(k) in native else _scalar(k)) if k is not None else None
+        value = _bytes(v if type(v) in native else _scalar(v)) if v is not None else None
+        if (v is None or value is not None) and (k is None or key is not None):
+            return _tuple_new(RecordContext, (rid, coords, key, value, headers, ts, "source"))
+    return _tuple_new(RecordContext, (rid, coords, None, row_json(row), headers, ts,
+                                      "stage-input"))
