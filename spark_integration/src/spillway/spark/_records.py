@@ -27,6 +27,7 @@ import datetime as _dt
 import decimal
 import json
 from collections.abc import Callable, Mapping
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from pyspark.sql.types import Row
@@ -235,22 +236,25 @@ def value_context(record_id: str, row: bytes | str) -> RecordContext:
 
 
 _PLAN_NAMES = ("topic", "partition", "offset", "headers", "timestamp", "key", "value")
-_item = tuple.__getitem__   # a Row's column by index (Row's own __getitem__ is Python code)
+_ONE_MORE = (None,)   # a Row's columns and a None to read an absent column from (index -1)
 
 
 class _RowPlan:
     """Where a Row's Kafka source columns are, by its field names: a batch's Rows share one
     list of names, so a failed row reads its columns by index instead of through a dict of
-    all its fields (`as_mapping`). A name given twice is its last column, as in that dict."""
+    all its fields (`as_mapping`). A name given twice is its last column, as in that dict.
+    (Read from the Row as a plain tuple: Row's own ``__getitem__`` is Python code.)"""
 
-    __slots__ = ("fields", "names", "at")
+    __slots__ = ("fields", "names", "pick", "has_kv")
     last: _RowPlan | None = None   # the plan of the last Rows seen (one worker: one thread)
 
     def __init__(self, fields: list[str]) -> None:
         self.fields = fields            # the names' list itself, and a copy to check it against
         self.names = list(fields)
         where = {name: i for i, name in enumerate(fields)}
-        self.at = tuple(where.get(n, -1) for n in _PLAN_NAMES)
+        at = [where.get(n, -1) for n in _PLAN_NAMES]
+        self.pick = itemgetter(*at)     # the columns of `_PLAN_NAMES`, from the row + (None,)
+        self.has_kv = at[5] >= 0 or at[6] >= 0
 
     @classmethod
     def of(cls, fields: Any) -> _RowPlan | None:
@@ -273,44 +277,25 @@ def context_of(row: Any, fallback_id: Callable[[], str],
         rid = str(record_id(row)) if record_id is not None else ""
         return value_context(rid or fallback_id(), row)
     subject = source(row) if source is not None else row
+    rid = str(record_id(row)) if record_id is not None else ""
     if type(subject) is Row and len(subject) == len(fields := subject.__dict__.get(
             "__fields__") or ()) and (plan := _RowPlan.of(fields)) is not None:
-        return _row_context(row, subject, plan, fallback_id, record_id)
-    m = as_mapping(subject)
-    rid = str(record_id(row)) if record_id is not None else ""
-    coords = None
-    if m is not None:
-        get = m.get
-        topic, partition, offset = (_scalar(get("topic")), _scalar(get("partition")),
-                                    _scalar(get("offset")))
-        if topic is not None and partition is not None and offset is not None:
-            coords = (str(topic), int(partition), int(offset))
-            rid = rid or f"{coords[0]}/{coords[1]}/{coords[2]}"
-    rid = rid or fallback_id()
-    if coords is None:
-        return RecordContext(rid, None, None, row_json(row), (), None)
-    headers, ts = get("headers"), get("timestamp")
-    headers = headers_of(headers) if headers is not None else ()
-    ts = timestamp_ms(ts) if ts is not None else None
-    if "value" in m or "key" in m:
-        raw_key, raw_value = get("key"), get("value")
-        key = _bytes(_scalar(raw_key)) if raw_key is not None else None
-        value = _bytes(_scalar(raw_value)) if raw_value is not None else None
-        if (raw_value is None or value is not None) and (raw_key is None or key is not None):
-            return RecordContext(rid, coords, key, value, headers, ts, "source")
-    return RecordContext(rid, coords, None, row_json(row), headers, ts)
+        columns, has_kv = plan.pick(tuple.__add__(subject, _ONE_MORE)), plan.has_kv
+    else:
+        m = as_mapping(subject)
+        if m is None:
+            return RecordContext(rid or fallback_id(), None, None, row_json(row), (), None)
+        columns, has_kv = tuple(map(m.get, _PLAN_NAMES)), "value" in m or "key" in m
+    return _kafka_context(row, rid, columns, has_kv, fallback_id)
 
 
-def _row_context(row: Any, subject: Row, plan: _RowPlan, fallback_id: Callable[[], str],
-                 record_id: Callable[[Any], str] | None) -> RecordContext:
-    """`context_of` for a Row, its columns read by `plan`: the same context as through
-    `as_mapping` (the values of native types taken as they are, as `_scalar` would)."""
-    native, item = _NATIVE, _item
-    it, ip, io, ih, its, ik, iv = plan.at
-    t = item(subject, it) if it >= 0 else None
-    p = item(subject, ip) if ip >= 0 else None
-    o = item(subject, io) if io >= 0 else None
-    rid = str(record_id(row)) if record_id is not None else ""
+def _kafka_context(row: Any, rid: str, columns: tuple, has_kv: bool,
+                   fallback_id: Callable[[], str]) -> RecordContext:
+    """`context_of` from the row's `_PLAN_NAMES` columns (None where absent); `has_kv`: whether
+    it has a key or a value column. Values of native types are taken as they are, as `_scalar`
+    would."""
+    native = _NATIVE
+    t, p, o, h, ts, k, v = columns
     if type(t) not in native:
         t = _scalar(t)
     if type(p) not in native:
@@ -321,14 +306,10 @@ def _row_context(row: Any, subject: Row, plan: _RowPlan, fallback_id: Callable[[
         return RecordContext(rid or fallback_id(), None, None, row_json(row), (), None)
     coords = (str(t), int(p), int(o))
     rid = rid or f"{coords[0]}/{coords[1]}/{coords[2]}"
-    h = item(subject, ih) if ih >= 0 else None
     headers = () if h is None or (type(h) is list and not h) else headers_of(h)
-    ts = item(subject, its) if its >= 0 else None
     if ts is not None:   # a datetime as `timestamp_ms` reads it, without its checks
         ts = int(ts.timestamp() * 1000) if type(ts) is _dt.datetime else timestamp_ms(ts)
-    if ik >= 0 or iv >= 0:
-        k = item(subject, ik) if ik >= 0 else None
-        v = item(subject, iv) if iv >= 0 else None
+    if has_kv:
         key = _bytes(k if type(k) in native else _scalar(k)) if k is not None else None
         value = _bytes(v if type(v) in native else _scalar(v)) if v is not None else None
         if (v is None or value is not None) and (k is None or key is not None):

@@ -32,7 +32,7 @@ def use_extension(on: bool) -> None:
     """Whether per-record objects are made in C (where the extension was built) or by the
     callers' Python loops. Decided once by the sidecar's start: the benchmarks compare the two
     side by side (target 11 (h)), and an operator can rule the extension out
-    (docs/CONFIGURATION.md)."""
+    (docs/DEPLOY.md)."""
     global _native, NATIVE
     _native = _built if on else None
     NATIVE = _native is not None
